@@ -1,0 +1,25 @@
+# The two commands: `make run` (the main job) and `make test` (everything CI checks).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PACKAGES := appliance firmware
+
+.PHONY: setup run test lint bench-engine demo-firmware
+
+setup:
+	@bash scripts/setup.sh
+
+demo-firmware: setup
+	$(PY) -m firmware.demo
+
+run: setup
+	$(PY) -m appliance.cli run-demo
+
+lint: setup
+	$(VENV)/bin/ruff check $(PACKAGES) tests bench
+	$(VENV)/bin/mypy $(PACKAGES)
+
+test: lint
+	$(VENV)/bin/pytest -q
+
+bench-engine: setup
+	$(PY) bench/engine.py

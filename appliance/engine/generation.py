@@ -1,0 +1,165 @@
+"""One request's generation as a state machine: each step() runs one prefill shard or one decode
+token and returns the events it produced. The worker thread drives it; it never blocks on I/O."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from appliance.engine.chat import Prompt
+from appliance.engine.prefix_cache import DIGESTS_PER_FLOW, PrefixCache, block_digests
+from appliance.engine.request import Event, Finished, GenerationRequest, Prefilled, TextDelta
+from appliance.engine.sampling import Sampler
+from appliance.engine.session import KVCache, ModelSession
+from appliance.engine.shards import plan_shards
+from appliance.engine.stops import StopMatcher
+from appliance.engine.tokenizer import StreamDecoder, TextTokenizer
+from appliance.engine.trace import Trace
+
+
+@dataclass(frozen=True)
+class ShardPolicy:
+    max_tokens_per_shard: int
+    split_algorithm: str
+
+
+class Generation:
+    def __init__(
+        self,
+        request: GenerationRequest,
+        prompt: Prompt,
+        session: ModelSession,
+        tokenizer: TextTokenizer,
+        prefix_cache: PrefixCache | None,
+        shard_policy: ShardPolicy,
+        trace: Trace,
+    ) -> None:
+        self.request = request
+        self.prompt = prompt
+        self.session = session
+        self.prefix_cache = prefix_cache
+        self.shard_policy = shard_policy
+        self.trace = trace
+        self.eos = set(session.facts.eos_token_ids)
+        self.sampler = Sampler(request.temperature, request.top_k, request.top_p, request.seed)
+        self.decoder = StreamDecoder(tokenizer)
+        self.stops = StopMatcher(request.stop_sequences)
+        self.cache: KVCache | None = None
+        self.shards: list[tuple[int, int]] = []
+        self.generated: list[int] = []
+        self.next_token: int | None = None
+        self.done = False
+        self._prefill_started = 0.0
+        block = prefix_cache.block_tokens if prefix_cache else 0
+        self.digests = block_digests(prompt.ids, block) if block else []
+        trace.digests = [d.hex() for d in self.digests[-DIGESTS_PER_FLOW:]]
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.cache.nbytes if self.cache else 0
+
+    def step(self) -> list[Event]:
+        if self.done:
+            return []
+        if self.cache is None:
+            self._start()
+        if self.shards:
+            return self._prefill_shard()
+        return self._decode()
+
+    def _start(self) -> None:
+        ids = self.prompt.ids
+        self.cache = self.session.new_cache(len(ids) + self.request.max_tokens)
+        self._prefill_started = time.perf_counter()
+        reused = 0
+        prior = self.request.prior_digests
+        if prior:
+            chain = set(self.digests)
+            self.trace.prior_digests_total = len(prior)
+            self.trace.prior_digests_found = sum(1 for d in prior if d in chain)
+        if self.prefix_cache is not None:
+            # At least one token must run to produce logits, so never reuse the whole prompt.
+            hit = self.prefix_cache.lookup(self.digests, (len(ids) - 1) // self.prefix_cache.block_tokens)
+            if hit is not None:
+                self.session.import_prefix(self.cache, hit.kv, hit.tokens)
+                reused = hit.tokens
+        self.trace.reused_tokens = reused
+        plan = plan_shards(
+            reused, len(ids), self.shard_policy.max_tokens_per_shard,
+            self.shard_policy.split_algorithm, self.prompt.message_starts,
+        )  # fmt: skip
+        self.shards = list(plan.shards)
+        self.trace.shards = len(plan.shards)
+        self.trace.shard_size = self.shard_policy.max_tokens_per_shard
+        self.trace.shard_reason = plan.reason
+
+    def _prefill_shard(self) -> list[Event]:
+        assert self.cache is not None
+        start, end = self.shards.pop(0)
+        logits = self.session.forward(self.cache, np.asarray(self.prompt.ids[start:end], dtype=np.int64))
+        if self.shards:
+            return []
+        self.trace.prefill_ms = (time.perf_counter() - self._prefill_started) * 1000
+        events: list[Event] = [Prefilled(self.trace)]
+        events.extend(self._accept(self.sampler(logits)))
+        return events
+
+    def _decode(self) -> list[Event]:
+        assert self.cache is not None and self.next_token is not None
+        t0 = time.perf_counter()
+        logits = self.session.forward(self.cache, np.array([self.next_token], dtype=np.int64))
+        token = self.sampler(logits)
+        self.trace.record_token((time.perf_counter() - t0) * 1000)
+        return self._accept(token)
+
+    def _accept(self, token: int) -> list[Event]:
+        if token in self.eos:
+            return self._finish("end_turn", None, self.decoder.flush())
+        self.generated.append(token)
+        self.next_token = token
+        text, matched = self.stops.push(self.decoder.push(token))
+        if matched is not None:
+            return self._finish("stop_sequence", matched, text, flush=False)
+        if len(self.generated) >= self.request.max_tokens:
+            return self._finish("max_tokens", None, text + self.decoder.flush())
+        return [TextDelta(text)] if text else []
+
+    def _finish(self, reason: str, stop: str | None, text: str, flush: bool = True) -> list[Event]:
+        events: list[Event] = []
+        if flush:
+            text, matched = self.stops.push(text)
+            if matched is not None:
+                reason, stop = "stop_sequence", matched
+            else:
+                text += self.stops.flush()
+        if text:
+            events.append(TextDelta(text))
+        self.done = True
+        self._remember_prefix()
+        events.append(self._finished(reason, stop))
+        return events
+
+    def cancel(self) -> Finished:
+        self.done = True
+        self._remember_prefix()
+        return self._finished("cancelled", None)
+
+    def _finished(self, reason: str, stop: str | None) -> Finished:
+        self.release()
+        return Finished(reason, stop, len(self.prompt.ids), len(self.generated), self.trace)
+
+    def _remember_prefix(self) -> None:
+        """Offer the pool every full block whose KV was computed: prompt and answer so far."""
+        if self.prefix_cache is None or self.cache is None or self.shards:
+            return
+        tokens = self.prompt.ids + self.generated
+        computed = self.cache.length
+        block = self.prefix_cache.block_tokens
+        digests = block_digests(tokens[:computed], block)
+        if digests:
+            self.prefix_cache.store(digests, self.session.export_prefix(self.cache, len(digests) * block))
+
+    def release(self) -> None:
+        self.cache = None

@@ -1,0 +1,94 @@
+"""What a generation is asked for, and the events it yields. No HTTP here."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+
+from appliance.engine.errors import InvalidRequest
+from appliance.engine.trace import Trace
+
+ROLES = ("system", "user", "assistant")
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_SEQUENCE_CHARS = 256
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    messages: tuple[Message, ...]
+    max_tokens: int = 256
+    system: str | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_sequences: tuple[str, ...] = ()
+    seed: int | None = None
+    # Chain digests the client's flow saw last time (the kernel layer keeps them per connection).
+    prior_digests: tuple[bytes, ...] = ()
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+
+    def validate(self) -> None:
+        """Check what needs no tokenizer; raise InvalidRequest naming the parameter."""
+        if not self.messages:
+            raise InvalidRequest("messages must contain at least one message", "messages")
+        for i, m in enumerate(self.messages):
+            if m.role not in ROLES:
+                raise InvalidRequest(f"messages[{i}].role {m.role!r} is not one of {', '.join(ROLES)}", "messages")
+            if not isinstance(m.content, str):
+                raise InvalidRequest(f"messages[{i}].content must be text", "messages")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidRequest("max_tokens must be an integer of at least 1", "max_tokens")
+        _check_number(self.temperature, "temperature", 0.0, 2.0)
+        _check_number(self.top_p, "top_p", 0.0, 1.0)
+        if self.top_p == 0.0:
+            raise InvalidRequest("top_p must be greater than 0", "top_p")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidRequest("top_k must be a non-negative integer (0 disables it)", "top_k")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise InvalidRequest("seed must be an integer", "seed")
+        if len(self.stop_sequences) > MAX_STOP_SEQUENCES:
+            raise InvalidRequest(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed", "stop_sequences")
+        for s in self.stop_sequences:
+            if not isinstance(s, str) or not s or len(s) > MAX_STOP_SEQUENCE_CHARS:
+                raise InvalidRequest(
+                    f"each stop sequence must be a non-empty string of at most {MAX_STOP_SEQUENCE_CHARS} characters",
+                    "stop_sequences",
+                )
+
+
+def _check_number(value: object, name: str, lo: float, hi: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequest(f"{name} must be a number", name)
+    if not lo <= value <= hi:
+        raise InvalidRequest(f"{name} must be between {lo} and {hi}", name)
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """Sent once the prompt is in the KV cache, before the first delta: what the engine decided."""
+
+    trace: Trace
+
+
+@dataclass(frozen=True)
+class Finished:
+    stop_reason: str  # "end_turn" | "max_tokens" | "stop_sequence" | "cancelled"
+    stop_sequence: str | None
+    input_tokens: int
+    output_tokens: int
+    trace: Trace
+
+
+Event = TextDelta | Prefilled | Finished

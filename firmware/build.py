@@ -1,0 +1,232 @@
+"""Build a bundle: convert a source model to an ONNX Runtime GenAI folder, pack it, sign it.
+
+Sources: a GGUF file (what llama.cpp and Ollama users have), a Hugging Face model folder, or an
+ONNX Runtime GenAI model folder (packed as it is). Conversion goes through onnxruntime-genai's
+model builder, run as a subprocess so its memory is returned when it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from firmware.errors import BundleError
+from firmware.manifest import (
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    LayerConstants,
+    Manifest,
+    describe_files,
+)
+from firmware.signing import load_private_key, sign_manifest
+
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
+TARGETS = ("cpu", "cuda")
+
+Progress = Callable[[str], None]
+
+
+def _stderr_progress(message: str) -> None:
+    print(f"zerolayer: {message}", file=sys.stderr, flush=True)
+
+
+class _Step:
+    """Numbered, timed steps so a long build shows where it is."""
+
+    def __init__(self, total: int, progress: Progress) -> None:
+        self.total, self.n, self.progress = total, 0, progress
+
+    def __call__(self, what: str) -> float:
+        self.n += 1
+        self.progress(f"[{self.n}/{self.total}] {what}")
+        return time.monotonic()
+
+    def done(self, started: float) -> None:
+        self.progress(f"      done in {time.monotonic() - started:.1f} s")
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    precision: str = "int8"
+    target: str = "cpu"
+    layer: LayerConstants = field(default_factory=LayerConstants)
+    name: str | None = None
+    version: str = "1.0.0"
+
+    def validate(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise BundleError(f"--precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.target not in TARGETS:
+            raise BundleError(f"--target {self.target!r}: choose one of {', '.join(TARGETS)}")
+        if self.precision == "fp16" and self.target == "cpu":
+            raise BundleError("--precision fp16 needs --target cuda (the model builder has no fp16 CPU export)")
+        self.layer.validate(where="--layer")
+
+
+def source_kind(source: Path) -> str:
+    if source.is_file() and source.suffix == ".gguf":
+        return "gguf"
+    if source.is_dir() and (source / "genai_config.json").is_file():
+        return "genai"
+    if source.is_dir() and (source / "config.json").is_file():
+        return "hf"
+    raise BundleError(
+        f"{source}: not a model source: give a .gguf file, a Hugging Face folder (config.json) "
+        "or an ONNX Runtime GenAI folder (genai_config.json)"
+    )
+
+
+def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF checkpoint into a plain float32 Hugging Face folder.
+
+    transformers loads a GGUF but refuses save_pretrained on it, so the weights are moved into a
+    fresh model built from the same config with the quantization config dropped.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    tokenizer.save_pretrained(out_dir)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
+    # A tied lm_head is absent from the state dict by design; anything else missing is a broken source.
+    missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise BundleError(f"{gguf}: weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    plain.save_pretrained(out_dir)
+
+
+def run_model_builder(hf_dir: Path, out_dir: Path, precision: str, target: str, cache_dir: Path) -> None:
+    cmd = [
+        sys.executable, "-m", "firmware.builder_shim",
+        "-i", str(hf_dir), "-o", str(out_dir), "-p", precision, "-e", target, "-c", str(cache_dir),
+    ]  # fmt: skip
+    if precision in ("int8", "int4"):
+        # Asymmetric (zero-point) weight quantization: on SmolLM2-135M the builder's symmetric
+        # default flips greedy answers ("Paris" becomes French nonsense); asymmetric keeps them.
+        cmd += ["--extra_options", "is_symmetric=false"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                                       os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if result.returncode != 0:
+        tail = "\n".join(result.stdout.splitlines()[-20:])
+        raise BundleError(f"the ONNX Runtime GenAI model builder failed (exit {result.returncode}):\n{tail}")
+
+
+def read_chat_template(model_dir: Path) -> str:
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    cfg_path = model_dir / "tokenizer_config.json"
+    if cfg_path.is_file():
+        template = json.loads(cfg_path.read_text()).get("chat_template")
+        if isinstance(template, str) and template:
+            return template
+        if isinstance(template, list):  # the named-templates form: take "default"
+            for t in template:
+                if t.get("name") == "default":
+                    return str(t["template"])
+    raise BundleError(f"{model_dir}: no chat template (chat_template.jinja or tokenizer_config.json)")
+
+
+def pack(model_dir: Path, out_dir: Path, *, name: str, version: str, layer: LayerConstants,
+         source: dict[str, str]) -> Manifest:  # fmt: skip
+    """Copy an ONNX Runtime GenAI folder into out_dir and write its manifest (unsigned)."""
+    layer.validate(where="layer")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise BundleError(f"{out_dir}: output directory is not empty")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in sorted(model_dir.iterdir()):
+        if f.name in (MANIFEST_NAME, SIGNATURE_NAME):
+            continue
+        if f.is_dir():
+            shutil.copytree(f, out_dir / f.name)
+        else:
+            shutil.copy2(f, out_dir / f.name)
+    manifest = Manifest(
+        name=name,
+        version=version,
+        chat_template=read_chat_template(out_dir),
+        layer=layer,
+        files=describe_files(out_dir),
+        source=source,
+    )
+    (out_dir / MANIFEST_NAME).write_bytes(manifest.to_json_bytes())
+    return manifest
+
+
+def sign(bundle_dir: Path, key_path: Path) -> str:
+    """Sign the manifest's exact bytes; returns the key id."""
+    manifest_bytes = (bundle_dir / MANIFEST_NAME).read_bytes()
+    sig = sign_manifest(manifest_bytes, load_private_key(key_path))
+    (bundle_dir / SIGNATURE_NAME).write_bytes(sig)
+    return str(json.loads(sig)["key_id"])
+
+
+def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None = None,
+          progress: Progress = _stderr_progress) -> Manifest:  # fmt: skip
+    options.validate()
+    kind = source_kind(source)
+    name = options.name or source.stem.lower()
+    steps = {"gguf": 4, "hf": 3, "genai": 2}[kind] + (1 if key else 0)
+    step = _Step(steps, progress)
+    with tempfile.TemporaryDirectory(prefix="zerolayer-build-") as tmp:
+        work = Path(tmp)
+        hf_dir = source
+        if kind == "gguf":
+            t = step(f"dequantizing {source.name} into a Hugging Face folder")
+            hf_dir = work / "hf"
+            gguf_to_hf(source, hf_dir)
+            step.done(t)
+        if kind in ("gguf", "hf"):
+            t = step(f"exporting to ONNX ({options.precision}, {options.target}) with the model builder")
+            genai_dir = work / "onnx"
+            run_model_builder(hf_dir, genai_dir, options.precision, options.target, work / "cache")
+            step.done(t)
+        else:
+            genai_dir = source
+            progress(f"{source}: already an ONNX Runtime GenAI folder; --precision/--target are taken from it")
+        t = step(f"packing bundle {name} {options.version} into {out_dir}")
+        manifest = pack(
+            genai_dir, out_dir, name=name, version=options.version, layer=options.layer,
+            source={"kind": kind, "file": source.name, "precision": options.precision, "target": options.target},
+        )  # fmt: skip
+        step.done(t)
+        t = step("checking the packed model loads in ONNX Runtime")
+        check_loads(out_dir)
+        step.done(t)
+        if key:
+            t = step(f"signing with {key}")
+            sign(out_dir, key)
+            step.done(t)
+    return manifest
+
+
+def check_loads(bundle_dir: Path) -> None:
+    """Refuse to ship a model ONNX Runtime cannot open."""
+    import onnxruntime as ort
+
+    from firmware.bundle import read_model_facts
+
+    facts = read_model_facts(bundle_dir)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(str(bundle_dir / facts.onnx_file), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises several unrelated types for a bad model
+        if "cuda" in str(exc).lower() or "CUDA" in str(facts):
+            return  # a CUDA-only graph cannot be opened on a CPU builder; the daemon checks it on the box
+        raise BundleError(f"{facts.onnx_file}: ONNX Runtime cannot load it: {exc}") from None

@@ -1,0 +1,165 @@
+"""Verify a bundle and load it into typed form. Nothing in a bundle is trusted before this passes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from firmware.errors import BundleError
+from firmware.manifest import (
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    LayerConstants,
+    Manifest,
+    list_payload_files,
+    parse_manifest,
+    sha256_file,
+)
+from firmware.signing import load_trusted_keys, verify_signature
+
+GENAI_CONFIG = "genai_config.json"
+REQUIRED_MODEL_FILES = (GENAI_CONFIG, "tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the engine needs from genai_config.json."""
+
+    model_type: str
+    onnx_file: str
+    context_length: int
+    vocab_size: int
+    num_layers: int
+    num_kv_heads: int
+    num_attention_heads: int
+    head_size: int
+    hidden_size: int
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    pad_token_id: int | None
+    past_key_name: str
+    past_value_name: str
+    present_key_name: str
+    present_value_name: str
+    share_buffer: bool
+
+
+@dataclass(frozen=True)
+class Bundle:
+    root: Path
+    manifest: Manifest
+    signer_key_id: str
+    model: ModelFacts
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def version(self) -> str:
+        return self.manifest.version
+
+    @property
+    def layer(self) -> LayerConstants:
+        return self.manifest.layer
+
+    @property
+    def chat_template(self) -> str:
+        return self.manifest.chat_template
+
+    @property
+    def onnx_path(self) -> Path:
+        return self.root / self.model.onnx_file
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.root / "tokenizer.json"
+
+    @property
+    def tokenizer_config_path(self) -> Path:
+        return self.root / "tokenizer_config.json"
+
+
+TrustedKeys = Path | list[Path] | dict[str, Ed25519PublicKey]
+
+
+def verify(path: Path | str, trusted_keys: TrustedKeys) -> tuple[Manifest, str]:
+    """Check signature, then every file's size and digest; refuse missing and extra files.
+
+    Returns the manifest and the signer's key id. Raises BundleError naming the file at fault.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise BundleError(f"{root}: not a bundle directory")
+    trusted = trusted_keys if isinstance(trusted_keys, dict) else load_trusted_keys(trusted_keys)
+    if not trusted:
+        raise BundleError("the trusted key set is empty: no bundle can be verified")
+    for name in (MANIFEST_NAME, SIGNATURE_NAME):
+        if not (root / name).is_file():
+            raise BundleError(f"{name}: missing from {root}")
+    manifest_bytes = (root / MANIFEST_NAME).read_bytes()
+    # Signature first: a manifest is not even parsed for meaning until we know who wrote it.
+    signer = verify_signature(manifest_bytes, (root / SIGNATURE_NAME).read_bytes(), trusted)
+    manifest = parse_manifest(manifest_bytes)
+    present = set(list_payload_files(root))
+    for rel in sorted(manifest.files):
+        if rel not in present:
+            raise BundleError(f"{rel}: listed in the manifest but missing from the bundle")
+    for rel in sorted(present - set(manifest.files)):
+        raise BundleError(f"{rel}: in the bundle but not listed in the manifest")
+    for rel, entry in sorted(manifest.files.items()):
+        file = root / rel
+        if file.is_symlink():
+            raise BundleError(f"{rel}: symbolic links are not allowed in a bundle")
+        size = file.stat().st_size
+        if size != entry.size:
+            raise BundleError(f"{rel}: size {size} does not match the manifest's {entry.size}")
+        if sha256_file(file) != entry.sha256:
+            raise BundleError(f"{rel}: sha256 does not match the manifest (the file was changed)")
+    for rel in REQUIRED_MODEL_FILES:
+        if rel not in manifest.files:
+            raise BundleError(f"{rel}: required model file is not in the bundle")
+    return manifest, signer
+
+
+def read_model_facts(root: Path) -> ModelFacts:
+    try:
+        doc = json.loads((root / GENAI_CONFIG).read_text())
+        model = doc["model"]
+        dec = model["decoder"]
+        eos = model["eos_token_id"]
+        search = doc.get("search", {})
+        return ModelFacts(
+            model_type=str(model["type"]),
+            onnx_file=str(dec["filename"]),
+            context_length=int(model["context_length"]),
+            vocab_size=int(model["vocab_size"]),
+            num_layers=int(dec["num_hidden_layers"]),
+            num_kv_heads=int(dec["num_key_value_heads"]),
+            num_attention_heads=int(dec["num_attention_heads"]),
+            head_size=int(dec["head_size"]),
+            hidden_size=int(dec["hidden_size"]),
+            eos_token_ids=tuple(int(e) for e in (eos if isinstance(eos, list) else [eos])),
+            bos_token_id=model.get("bos_token_id"),
+            pad_token_id=model.get("pad_token_id"),
+            past_key_name=str(dec["inputs"]["past_key_names"]),
+            past_value_name=str(dec["inputs"]["past_value_names"]),
+            present_key_name=str(dec["outputs"]["present_key_names"]),
+            present_value_name=str(dec["outputs"]["present_value_names"]),
+            share_buffer=bool(search.get("past_present_share_buffer", False)),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BundleError(f"{GENAI_CONFIG}: not a usable ONNX Runtime GenAI config ({exc!r})") from None
+
+
+def load(path: Path | str, trusted_keys: TrustedKeys) -> Bundle:
+    """Verify, then load: the only way the daemon gets a Bundle."""
+    root = Path(path).resolve()
+    manifest, signer = verify(root, trusted_keys)
+    facts = read_model_facts(root)
+    if facts.onnx_file not in manifest.files:
+        raise BundleError(f"{facts.onnx_file}: named by {GENAI_CONFIG} but not in the bundle")
+    return Bundle(root=root, manifest=manifest, signer_key_id=signer, model=facts)
