@@ -52,7 +52,7 @@ class Generation:
         self.next_token: int | None = None
         self.done = False
         self._prefill_started = 0.0
-        block = prefix_cache.block_tokens if prefix_cache else 0
+        block = prefix_cache.block_tokens if prefix_cache is not None else 0
         self.digests = block_digests(prompt.ids, block) if block else []
         trace.digests = [d.hex() for d in self.digests[-DIGESTS_PER_FLOW:]]
 

@@ -17,6 +17,8 @@ def plan_shards(start: int, total: int, max_shard: int, algorithm: str, boundari
 
     `semantic` ends a shard on the last message boundary inside it, when there is one, so shard
     edges (and so cached prefixes) line up with conversation turns; `fixed` cuts at the limit.
+    A boundary in the first quarter of a shard is passed over: a run of tiny shards would cost
+    more than the alignment gives.
     """
     if total - start <= max_shard:
         return ShardPlan(((start, total),), "fits in one shard")
@@ -27,7 +29,7 @@ def plan_shards(start: int, total: int, max_shard: int, algorithm: str, boundari
         end = limit
         if algorithm == "semantic":
             i = bisect.bisect_right(cuts, limit) - 1
-            if i >= 0 and cuts[i] > pos:
+            if i >= 0 and cuts[i] >= pos + max(1, max_shard // 4):
                 end = cuts[i]
                 on_boundary += 1
         shards.append((pos, end))

@@ -1,0 +1,50 @@
+"""Shared fixtures: the tiny bundle (every engine test), the demo bundle (a few end-to-end tests),
+both built once per machine and cached; copies for tests that tamper with them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from firmware.devkit import dev_trusted_keys, ensure_dev_key
+
+
+@pytest.fixture(scope="session")
+def trusted_keys() -> Path:
+    return dev_trusted_keys()
+
+
+@pytest.fixture(scope="session")
+def dev_key() -> Path:
+    return ensure_dev_key()
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle_path() -> Path:
+    from firmware.tiny import tiny_bundle
+
+    return tiny_bundle()
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_path() -> Path:
+    from firmware.tiny import tiny_hf_dir
+
+    return tiny_hf_dir()
+
+
+@pytest.fixture(scope="session")
+def demo_bundle_path() -> Path:
+    from firmware.demo import demo_bundle
+
+    return demo_bundle()
+
+
+@pytest.fixture()
+def tiny_copy(tiny_bundle_path: Path, tmp_path: Path) -> Path:
+    """A private copy of the tiny bundle to tamper with."""
+    dest = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle_path, dest)
+    return dest

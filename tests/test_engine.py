@@ -1,0 +1,290 @@
+"""The engine on real ONNX Runtime sessions: the tiny fixture against transformers, sharding,
+prefix reuse, concurrency, cancellation, limits; the demo firmware end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import firmware
+from appliance.engine import (
+    ContextOverflow,
+    Engine,
+    EngineConfig,
+    Finished,
+    GenerationRequest,
+    InvalidRequest,
+    Message,
+    ModelSession,
+    Prefilled,
+    TextDelta,
+)
+from appliance.engine.shards import plan_shards
+
+CONVERSATION = (
+    Message("user", "Explain the for statement and how the else clause of a loop works."),
+    Message("assistant", "The for statement iterates over the items of any sequence, in order."),
+    Message("user", "And what does break do inside a while loop with an else clause?"),
+)
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_bundle_path: Path, trusted_keys: Path) -> firmware.Bundle:
+    return firmware.load(tiny_bundle_path, trusted_keys)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_hf_path: Path):  # type: ignore[no-untyped-def]
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_hf_path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(bundle: firmware.Bundle):  # type: ignore[no-untyped-def]
+    eng = Engine(bundle, EngineConfig(prefix_cache_bytes=0))
+    yield eng
+    eng.close()
+
+
+def _hf_logits(model, ids: list[int]) -> np.ndarray:  # type: ignore[no-untyped-def]
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def _prompt_ids(bundle: firmware.Bundle, messages: tuple[Message, ...] = CONVERSATION) -> list[int]:
+    from appliance.engine.chat import ChatTemplate
+    from appliance.engine.tokenizer import TextTokenizer
+
+    tok = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
+    return ChatTemplate(bundle.chat_template, tok).prompt(messages).ids
+
+
+def _run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def _greedy(max_tokens: int = 32, messages: tuple[Message, ...] = CONVERSATION, **kw) -> GenerationRequest:  # type: ignore[no-untyped-def]
+    return GenerationRequest(messages=messages, max_tokens=max_tokens, temperature=0.0, **kw)
+
+
+def test_prefill_logits_match_transformers(bundle: firmware.Bundle, hf_model) -> None:  # type: ignore[no-untyped-def]
+    ids = _prompt_ids(bundle)
+    ref = _hf_logits(hf_model, ids)
+    full = ModelSession(bundle, last_position_logits=False).all_logits(np.array(ids, dtype=np.int64))
+    assert full.shape == ref.shape
+    assert np.abs(full - ref).max() <= 1e-4
+    fast = ModelSession(bundle)  # the shipping graph: LM head on the last position only
+    assert fast.last_position_logits
+    last = fast.forward(fast.new_cache(len(ids)), np.array(ids, dtype=np.int64))
+    assert np.abs(last - ref[-1]).max() <= 1e-4
+
+
+def test_greedy_tokens_match_transformers_for_32_steps(bundle: firmware.Bundle, hf_model) -> None:  # type: ignore[no-untyped-def]
+    ids = _prompt_ids(bundle)
+    ref_ids = list(ids)
+    for _ in range(32):
+        ref_ids.append(int(_hf_logits(hf_model, ref_ids)[-1].argmax()))
+    session = ModelSession(bundle)
+    cache = session.new_cache(len(ids) + 32)
+    logits = session.forward(cache, np.array(ids, dtype=np.int64))
+    ours = []
+    for _ in range(32):
+        ours.append(int(logits.argmax()))
+        logits = session.forward(cache, np.array([ours[-1]], dtype=np.int64))
+    assert ours == ref_ids[len(ids) :]
+
+
+@pytest.mark.parametrize("algorithm", ["fixed", "semantic"])
+@pytest.mark.parametrize("shard", [7, 16, 33])
+def test_sharded_prefill_equals_one_pass(bundle: firmware.Bundle, algorithm: str, shard: int) -> None:
+    from appliance.engine.chat import ChatTemplate
+    from appliance.engine.tokenizer import TextTokenizer
+
+    tok = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
+    prompt = ChatTemplate(bundle.chat_template, tok).prompt(CONVERSATION)
+    assert len(prompt.message_starts) == 2  # where the second and third messages begin
+    session = ModelSession(bundle)
+    ids = np.array(prompt.ids, dtype=np.int64)
+    one = session.forward(session.new_cache(len(ids)), ids)
+    plan = plan_shards(0, len(ids), shard, algorithm, prompt.message_starts)
+    assert len(plan.shards) > 1
+    cache = session.new_cache(len(ids))
+    for a, b in plan.shards:
+        logits = session.forward(cache, ids[a:b])
+    assert np.abs(logits - one).max() <= 1e-4
+
+
+async def _collect(engine: Engine, request: GenerationRequest) -> tuple[str, Finished, list[object]]:
+    events: list[object] = []
+    async for e in engine.submit(request):
+        events.append(e)
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    done = events[-1]
+    assert isinstance(done, Finished)
+    return text, done, events
+
+
+def test_engine_stream_matches_transformers_greedy(bundle: firmware.Bundle, engine: Engine, hf_model) -> None:  # type: ignore[no-untyped-def]
+    ids = _prompt_ids(bundle)
+    ref = list(ids)
+    eos = set(bundle.model.eos_token_ids)
+    for _ in range(24):
+        nxt = int(_hf_logits(hf_model, ref)[-1].argmax())
+        if nxt in eos:
+            break
+        ref.append(nxt)
+    expected = engine.tokenizer.decode(ref[len(ids) :])
+    text, done, events = _run(_collect(engine, _greedy(24)))
+    assert text == expected
+    assert isinstance(events[0], Prefilled)  # the decision comes before the first delta
+    assert done.input_tokens == len(ids)
+    assert done.output_tokens == len(ref) - len(ids)
+    assert done.stop_reason == ("max_tokens" if done.output_tokens == 24 else "end_turn")
+
+
+def test_sharded_engine_generates_the_same_text(bundle: firmware.Bundle, engine: Engine) -> None:
+    cold, _, _ = _run(_collect(engine, _greedy(16)))
+    for algorithm in ("fixed", "semantic"):
+        object.__setattr__(bundle.manifest.layer, "split_algorithm", algorithm)
+        sharded = Engine(bundle, EngineConfig(max_tokens_per_shard=16, prefix_cache_bytes=0))
+        try:
+            text, done, _ = _run(_collect(sharded, _greedy(16)))
+        finally:
+            sharded.close()
+            object.__setattr__(bundle.manifest.layer, "split_algorithm", "semantic")
+        assert text == cold
+        assert done.trace.shards > 1 and done.trace.shard_reason.startswith(algorithm)
+
+
+def test_config_cannot_raise_the_baked_shard_size(bundle: firmware.Bundle) -> None:
+    with pytest.raises(ValueError, match="config may only lower it"):
+        EngineConfig(max_tokens_per_shard=bundle.layer.max_tokens_per_shard + 1).shard_policy(bundle)
+
+
+def test_prefix_reuse_equals_cold_generation(bundle: firmware.Bundle, engine: Engine) -> None:
+    warm = Engine(bundle, EngineConfig(prefix_cache_bytes=64 << 20, prefix_block_tokens=8))
+    try:
+        first_text, first, _ = _run(_collect(warm, _greedy(12)))
+        turn2 = (*CONVERSATION, Message("assistant", first_text), Message("user", "Give an example."))
+        prior = tuple(bytes.fromhex(d) for d in first.trace.digests)
+        text, done, _ = _run(_collect(warm, _greedy(12, turn2, prior_digests=prior)))
+    finally:
+        warm.close()
+    cold_text, cold, _ = _run(_collect(engine, _greedy(12, turn2)))
+    assert done.trace.reused_tokens >= 8 * (first.input_tokens // 8)  # at least the whole first prompt
+    assert cold.trace.reused_tokens == 0
+    assert text == cold_text
+    assert done.trace.prior_digests_total == len(prior) == 10
+    assert done.trace.prior_digests_found > 0
+    assert f"found {done.trace.prior_digests_found}/10 digests" in done.trace.lines()[1]
+
+
+def test_eight_concurrent_requests_match_their_solo_runs(engine: Engine) -> None:
+    questions = [f"Question {i}: what does the {w} statement do?" for i, w in
+                 enumerate(["if", "for", "while", "try", "with", "def", "class", "return"])]  # fmt: skip
+    requests = [_greedy(20, (Message("user", q),)) for q in questions]
+    solo = [_run(_collect(engine, r))[0] for r in requests]
+
+    async def together() -> list[str]:
+        results = await asyncio.gather(*(_collect(engine, r) for r in requests))
+        return [t for t, _, _ in results]
+
+    assert _run(together()) == solo
+
+
+def test_cancel_mid_stream_frees_the_slot(engine: Engine) -> None:
+    worker = engine.workers["cpu"]
+
+    async def cancel_after_first_delta() -> Finished | None:
+        stream = engine.submit(_greedy(1500, (Message("user", "Tell me everything about loops."),)))
+        async for event in stream:
+            if isinstance(event, TextDelta):
+                break  # leaving the loop cancels the request (when the loop finalizes the iterator)
+        deadline = time.monotonic() + 5
+        while (worker.depth or not stream.cancelled) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return stream.finished
+
+    assert _run(cancel_after_first_delta()) is None
+    assert worker.depth == 0
+
+    async def cancel_explicitly() -> int:
+        stream = engine.submit(_greedy(1500, (Message("user", "Tell me everything about loops."),)))
+        count = 0
+        async for event in stream:
+            count += isinstance(event, TextDelta)
+            if count == 3:
+                stream.cancel()  # what a transport does when its client goes away
+        return count
+
+    # The request ends within a step of the cancel: a final "cancelled" event, a few tokens in.
+    assert _run(cancel_explicitly()) < 10
+    assert worker.depth == 0
+    _, done, _ = _run(_collect(engine, _greedy(4)))  # the worker serves on
+    assert done.output_tokens >= 1
+
+
+def test_seed_makes_sampling_repeatable(engine: Engine) -> None:
+    def sample(seed: int) -> str:
+        req = GenerationRequest(messages=CONVERSATION, max_tokens=24, temperature=1.0, top_p=0.95, seed=seed)
+        return _run(_collect(engine, req))[0]
+
+    assert sample(11) == sample(11)
+    assert len({sample(s) for s in (1, 2, 3, 4)}) > 1
+
+
+def test_stop_sequence_ends_the_stream_before_it(engine: Engine) -> None:
+    full, _, _ = _run(_collect(engine, _greedy(24)))
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert stop.strip()
+    text, done, _ = _run(_collect(engine, _greedy(24, stop_sequences=(stop,))))
+    assert done.stop_reason == "stop_sequence" and done.stop_sequence == stop
+    assert text == full[: full.index(stop)]
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "error", "param"),
+    [
+        ({"messages": ()}, InvalidRequest, "messages"),
+        ({"max_tokens": 0}, InvalidRequest, "max_tokens"),
+        ({"max_tokens": 10_000}, ContextOverflow, "max_tokens"),
+        ({"temperature": 3.0}, InvalidRequest, "temperature"),
+        ({"temperature": float("nan")}, InvalidRequest, "temperature"),
+        ({"top_p": 0.0}, InvalidRequest, "top_p"),
+        ({"top_k": -1}, InvalidRequest, "top_k"),
+        ({"stop_sequences": ("",)}, InvalidRequest, "stop_sequences"),
+        ({"messages": (Message("robot", "hi"),)}, InvalidRequest, "messages"),
+        ({"seed": "x"}, InvalidRequest, "seed"),
+    ],
+)
+def test_bad_requests_are_typed_errors(engine: Engine, request_kwargs: dict, error: type, param: str) -> None:  # type: ignore[type-arg]
+    kwargs = {"messages": (Message("user", "hi"),), "max_tokens": 8, **request_kwargs}
+    with pytest.raises(error) as info:
+        engine.prepare(GenerationRequest(**kwargs))
+    assert info.value.param == param
+
+
+def test_huge_prompt_is_a_context_overflow_not_a_crash(engine: Engine) -> None:
+    with pytest.raises(ContextOverflow, match="exceeds the model's context of 2048"):
+        engine.prepare(_greedy(8, (Message("user", "loop " * 3000),)))
+
+
+@pytest.mark.demo
+def test_demo_firmware_answers_paris_from_the_cli(demo_bundle_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", "generate", "What is the capital of France?", "--max-tokens", "40"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    assert "[end_turn;" in result.stderr

@@ -1,0 +1,146 @@
+"""The engine's pure parts: shard planning, stop sequences, sampling, streaming detokenization,
+the prefix pool. No model runs here."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from appliance.engine.prefix_cache import PrefixCache, block_digests
+from appliance.engine.sampling import Sampler
+from appliance.engine.shards import plan_shards
+from appliance.engine.stops import StopMatcher
+from appliance.engine.tokenizer import StreamDecoder, TextTokenizer
+
+
+def _covers(shards: tuple[tuple[int, int], ...], start: int, total: int, limit: int) -> None:
+    assert shards[0][0] == start and shards[-1][1] == total
+    for (_, b), (c, _) in itertools.pairwise(shards):
+        assert b == c
+    assert all(0 < b - a <= limit for a, b in shards)
+
+
+def test_short_prompt_is_one_shard() -> None:
+    plan = plan_shards(0, 100, 128, "semantic", [10, 50])
+    assert plan.shards == ((0, 100),) and plan.reason == "fits in one shard"
+
+
+def test_fixed_cuts_at_the_limit() -> None:
+    plan = plan_shards(0, 300, 128, "fixed", [10, 50, 200])
+    assert plan.shards == ((0, 128), (128, 256), (256, 300))
+    assert plan.reason.startswith("fixed")
+
+
+def test_semantic_cuts_on_the_last_boundary_inside_each_shard() -> None:
+    plan = plan_shards(0, 300, 128, "semantic", [10, 100, 200, 290])
+    # 0..128 holds boundaries 10 and 100 -> cut at 100; 100..228 holds 200 -> cut at 200; rest fits.
+    assert plan.shards == ((0, 100), (100, 200), (200, 300))
+    assert "2 of 2 cuts on message boundaries" in plan.reason
+
+
+def test_semantic_without_boundary_falls_back_to_the_limit() -> None:
+    plan = plan_shards(0, 400, 128, "semantic", [5])
+    _covers(plan.shards, 0, 400, 128)
+    assert plan.shards[1] == (128, 256)
+
+
+def test_plan_starts_after_reused_prefix() -> None:
+    plan = plan_shards(64, 300, 100, "fixed", [])
+    _covers(plan.shards, 64, 300, 100)
+
+
+@pytest.mark.parametrize("pieces", [["Hello wor", "ld. STOP here"], ["a", "b", "S", "T", "O", "P", "c"]])
+def test_stop_sequence_split_across_pushes(pieces: list[str]) -> None:
+    m = StopMatcher(("STOP",))
+    out, matched = "", None
+    for p in pieces:
+        text, matched = m.push(p)
+        out += text
+        if matched:
+            break
+    assert matched == "STOP"
+    assert "S" not in out.replace("Hello", "")  # no part of the stop sequence leaked
+
+
+def test_partial_stop_prefix_is_released_when_it_does_not_complete() -> None:
+    m = StopMatcher(("</end>",))
+    assert m.push("x </e") == ("x ", None)
+    assert m.push("xtra") == ("</extra", None)
+    assert m.flush() == ""
+    m.push("tail </en")
+    assert m.flush() == "</en"
+
+
+def test_earliest_of_several_stop_sequences_wins() -> None:
+    assert StopMatcher(("bb", "a")).push("xxabb") == ("xx", "a")
+
+
+def test_greedy_and_seeded_sampling() -> None:
+    logits = np.random.default_rng(1).normal(size=1000).astype(np.float32)
+    assert Sampler(0.0)(logits) == int(np.argmax(logits))
+    a = [Sampler(1.0, top_k=50, top_p=0.9, seed=7)(logits) for _ in range(3)]
+    s1, s2 = Sampler(1.0, top_p=0.9, seed=7), Sampler(1.0, top_p=0.9, seed=7)
+    assert [s1(logits) for _ in range(20)] == [s2(logits) for _ in range(20)]
+    assert len(set(a)) == 1  # a fresh sampler with the same seed makes the same first choice
+
+
+def test_top_k_and_top_p_restrict_the_candidates() -> None:
+    logits = np.array([10.0, 9.0, 8.0, -5.0, -6.0], dtype=np.float32)
+    picks = {Sampler(1.0, top_k=2, seed=i)(logits) for i in range(200)}
+    assert picks <= {0, 1} and len(picks) == 2
+    picks = {Sampler(1.0, top_p=0.5, seed=i)(logits) for i in range(200)}
+    assert picks == {0}
+
+
+def test_stream_decoder_never_emits_half_a_character(tiny_bundle_path: Path) -> None:
+    tok = TextTokenizer(tiny_bundle_path / "tokenizer.json", tiny_bundle_path / "tokenizer_config.json")
+    text = "naïve café — 東京 🚀 Zürich ∑x²"
+    ids, _ = tok.encode(text)
+    assert len(ids) > len(text) / 2  # the tiny vocabulary splits these into byte tokens
+    dec = StreamDecoder(tok)
+    deltas = [dec.push(i) for i in ids]
+    deltas.append(dec.flush())
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == text
+    # Some token really was a fragment of a character, or this test proves nothing.
+    assert any(d == "" for d in deltas[:-1])
+
+
+def test_block_digests_chain() -> None:
+    a = block_digests(list(range(100)), 32)
+    b = block_digests([*range(64), 999, *range(65, 100)], 32)
+    assert len(a) == 3
+    assert a[:2] == b[:2] and a[2] != b[2]  # a digest names the whole prefix up to it
+
+
+def _kv(tokens: int, fill: float = 1.0) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(np.full((2, tokens, 4), fill, np.float32), np.full((2, tokens, 4), fill, np.float32))]
+
+
+def test_prefix_cache_longest_match_partial_reuse_and_byte_bound() -> None:
+    per_block = 2 * (2 * 8 * 4 * 4)  # key + value bytes of one 8-token block
+    pool = PrefixCache(max_bytes=per_block * 5, block_tokens=8)
+    d1 = block_digests(list(range(32)), 8)  # 4 blocks
+    assert pool.store(d1, _kv(32, 1.0))
+    hit = pool.lookup(block_digests([*range(24), 7, 7, 7, 7, 7, 7, 7, 7, 7], 8), max_blocks=4)
+    assert hit is not None and hit.tokens == 24  # the shared 3 blocks of a 4-block entry
+    assert hit.kv[0][0].shape == (2, 24, 4)
+    d2 = block_digests(list(range(100, 116)), 8)  # 2 more blocks: 6 > 5, so the LRU entry goes
+    assert pool.store(d2, _kv(16, 2.0))
+    assert pool.nbytes <= pool.max_bytes
+    assert pool.lookup(d1, 4) is None
+    assert pool.lookup(d2, 2) is not None
+    assert not pool.store(block_digests(list(range(48)), 8), _kv(48))  # larger than the pool: refused
+
+
+def test_prefix_cache_replaces_an_entry_it_extends() -> None:
+    pool = PrefixCache(max_bytes=1 << 20, block_tokens=8)
+    ids = list(range(40))
+    pool.store(block_digests(ids[:16], 8), _kv(16))
+    pool.store(block_digests(ids, 8), _kv(40))
+    assert len(pool) == 1
+    hit = pool.lookup(block_digests(ids, 8), 5)
+    assert hit is not None and hit.tokens == 40

