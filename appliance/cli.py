@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from appliance import __version__
+from appliance.config import EX_CONFIG, ConfigError
 from firmware import BundleError
 from firmware import cli as firmware_cli
 
@@ -37,7 +38,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", action="store_true", help="print the decision trace to stderr")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("run-demo", help="build the demo firmware once, inspect it, and stream one answer")
+    p = sub.add_parser("serve", help="run the daemon (what systemd runs)")
+    p.add_argument("--config", type=Path, help="config root or file (default $ZEROLAYER_CONFIG or /etc/zerolayer)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("config", help="check the configuration")
+    csub = p.add_subparsers(dest="config_cmd", required=True)
+    c = csub.add_parser("check", help="print the merged config with where each value came from, or the errors")
+    c.add_argument("--config", type=Path)
+    c.set_defaults(func=cmd_config_check)
+
+    p = sub.add_parser("keys", help="API keys for network clients")
+    ksub = p.add_subparsers(dest="keys_cmd", required=True)
+    for name, helptext in (("add", "create a key (printed once; only its hash is stored)"),
+                           ("list", "list key names"), ("revoke", "remove a key")):  # fmt: skip
+        k = ksub.add_parser(name, help=helptext)
+        if name != "list":
+            k.add_argument("name")
+        if name == "add":
+            k.add_argument("--debug", action="store_true", help="this key may see decision traces")
+        k.add_argument("--file", type=Path, default=Path("/etc/zerolayer/api-keys"))
+        k.set_defaults(func=cmd_keys, keys_action=name)
+
+    p = sub.add_parser("tls", help="TLS helpers")
+    tsub = p.add_subparsers(dest="tls_cmd", required=True)
+    t = tsub.add_parser("dev-cert", help="make a development CA and a server certificate (CA:FALSE leaf)")
+    t.add_argument("--out", type=Path, default=Path("/etc/zerolayer/tls"))
+    t.add_argument("--host", action="append", help="DNS name or IP for the certificate (repeatable)")
+    t.set_defaults(func=cmd_dev_cert)
+
+    p = sub.add_parser("run-demo", help="build the demo firmware once, then serve it on localhost")
+    p.add_argument("--port", type=int, default=8443)
     p.set_defaults(func=cmd_run_demo)
     return parser
 
@@ -91,12 +122,87 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def _load_config(path: Path | None):  # type: ignore[no-untyped-def]
+    from appliance.config import load_config
+
+    return load_config(path)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from appliance.daemon import Daemon
+
+    config = _load_config(args.config)
+    logging.getLogger().setLevel(config.log.level.upper())
+    return asyncio.run(Daemon(config).run())
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    config = _load_config(args.config)
+    for section in dataclasses.fields(config):
+        if section.name == "sources":
+            continue
+        print(f"[{section.name}]")
+        for f in dataclasses.fields(getattr(config, section.name)):
+            value = getattr(getattr(config, section.name), f.name)
+            where = config.sources.get(f"{section.name}.{f.name}", "default")
+            print(f"{f.name} = {str(value) if value is not None else ''!r:<50} # {where}")
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from appliance.api.auth import KeyStore, add_key, revoke_key
+
+    if args.keys_action == "add":
+        key = add_key(args.file, args.name, args.debug)
+        print(key)
+        print(f"stored the hash of key {args.name!r} in {args.file}; the key is shown only this once", file=sys.stderr)
+    elif args.keys_action == "list":
+        for k in KeyStore.load(args.file).keys:
+            print(f"{k.name}{'  (debug)' if k.debug else ''}")
+    elif not revoke_key(args.file, args.name):
+        print(f"zerolayer: no key named {args.name!r} in {args.file}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_dev_cert(args: argparse.Namespace) -> int:
+    from appliance.tls import DEV_HOSTS, make_dev_cert
+
+    cert = make_dev_cert(args.out, args.host or DEV_HOSTS)
+    print(f"CA (give it to clients): {cert.ca_cert}\nserver certificate: {cert.cert}\nserver key: {cert.key}")
+    return 0
+
+
 def cmd_run_demo(args: argparse.Namespace) -> int:
+    from appliance.config import load_config
+    from appliance.daemon import Daemon
+    from appliance.devsetup import write_dev_config
+    from firmware.paths import cache_dir
+
     path, trusted = _resolve_firmware(None, None)
     print(f"== demo firmware: {path}")
     firmware_cli.cmd_inspect(argparse.Namespace(bundle=path, trusted_keys=trusted, json=False))
-    print(f"\n== zerolayer generate {DEMO_PROMPT!r}")
-    return cmd_generate(build_parser().parse_args(["generate", DEMO_PROMPT, "--trace"]))
+    dev = write_dev_config(cache_dir() / "demo-appliance", path, trusted,
+                           tcp=f"127.0.0.1:{args.port}", quic=f"127.0.0.1:{args.port}")  # fmt: skip
+    config = load_config(dev.root)
+    print(DEMO_USAGE.format(port=args.port, key=dev.api_key, ca=dev.ca_cert, sock=dev.unix_socket,
+                            model=config.firmware.path.name, root=dev.root), flush=True)  # fmt: skip
+    logging.getLogger().setLevel(logging.INFO)
+    return asyncio.run(Daemon(config, status=lambda line: print(f"zerolayer: {line}", flush=True)).run())
+
+
+DEMO_USAGE = """
+== serving the demo firmware (config in {root}); Ctrl-C stops it.
+API key: {key}
+  curl --cacert {ca} https://localhost:{port}/v1/messages -H 'x-api-key: {key}' \\
+       -H 'content-type: application/json' \\
+       -d '{{"model": "{model}", "max_tokens": 64, "messages": [{{"role": "user", "content": "Capital of France?"}}]}}'
+  curl --unix-socket {sock} http://localhost/v1/chat/completions -H 'content-type: application/json' \\
+       -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Capital of France?"}}]}}'
+  HTTP/3: udp 127.0.0.1:{port} (niquests, or any h3 client trusting {ca})
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     except BundleError as exc:
         print(f"zerolayer: firmware refused: {exc}", file=sys.stderr)
         return 2
+    except ConfigError as exc:
+        print("zerolayer: bad configuration:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
+        return EX_CONFIG
     except KeyboardInterrupt:
         return 130
 

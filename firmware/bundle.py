@@ -45,6 +45,10 @@ class ModelFacts:
     present_key_name: str
     present_value_name: str
     share_buffer: bool
+    # The model's own sampling defaults (genai_config.json "search"): used when a request sets none.
+    default_temperature: float = 0.0
+    default_top_p: float = 1.0
+    default_top_k: int = 0
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,9 @@ def read_model_facts(root: Path) -> ModelFacts:
             present_key_name=str(dec["outputs"]["present_key_names"]),
             present_value_name=str(dec["outputs"]["present_value_names"]),
             share_buffer=bool(search.get("past_present_share_buffer", False)),
+            default_temperature=float(search.get("temperature", 1.0)) if search.get("do_sample") else 0.0,
+            default_top_p=float(search.get("top_p", 1.0)),
+            default_top_k=int(search.get("top_k", 0)) if search.get("do_sample") else 0,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise BundleError(f"{GENAI_CONFIG}: not a usable ONNX Runtime GenAI config ({exc!r})") from None

@@ -48,3 +48,4 @@ def tiny_copy(tiny_bundle_path: Path, tmp_path: Path) -> Path:
     dest = tmp_path / "bundle"
     shutil.copytree(tiny_bundle_path, dest)
     return dest
+

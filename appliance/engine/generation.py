@@ -43,7 +43,13 @@ class Generation:
         self.shard_policy = shard_policy
         self.trace = trace
         self.eos = set(session.facts.eos_token_ids)
-        self.sampler = Sampler(request.temperature, request.top_k, request.top_p, request.seed)
+        facts = session.facts
+        self.sampler = Sampler(
+            facts.default_temperature if request.temperature is None else request.temperature,
+            facts.default_top_k if request.top_k is None else request.top_k,
+            facts.default_top_p if request.top_p is None else request.top_p,
+            request.seed,
+        )
         self.decoder = StreamDecoder(tokenizer)
         self.stops = StopMatcher(request.stop_sequences)
         self.cache: KVCache | None = None

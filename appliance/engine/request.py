@@ -25,9 +25,10 @@ class GenerationRequest:
     messages: tuple[Message, ...]
     max_tokens: int = 256
     system: str | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    # None: the firmware's own default (genai_config.json "search"; greedy for SmolLM2).
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     stop_sequences: tuple[str, ...] = ()
     seed: int | None = None
     # Chain digests the client's flow saw last time (the kernel layer keeps them per connection).
@@ -45,11 +46,14 @@ class GenerationRequest:
                 raise InvalidRequest(f"messages[{i}].content must be text", "messages")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequest("max_tokens must be an integer of at least 1", "max_tokens")
-        _check_number(self.temperature, "temperature", 0.0, 2.0)
-        _check_number(self.top_p, "top_p", 0.0, 1.0)
-        if self.top_p == 0.0:
-            raise InvalidRequest("top_p must be greater than 0", "top_p")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        if self.temperature is not None:
+            _check_number(self.temperature, "temperature", 0.0, 2.0)
+        if self.top_p is not None:
+            _check_number(self.top_p, "top_p", 0.0, 1.0)
+            if self.top_p == 0.0:
+                raise InvalidRequest("top_p must be greater than 0", "top_p")
+        top_k = self.top_k
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
             raise InvalidRequest("top_k must be a non-negative integer (0 disables it)", "top_k")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise InvalidRequest("seed must be an integer", "seed")

@@ -1,0 +1,96 @@
+"""Typed field access for request JSON: each mistake is a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from appliance.api.errors import ApiError
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    if not body:
+        raise ApiError(400, "the request body is empty: send a JSON object")
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return doc
+
+
+def reject_unknown(doc: dict[str, Any], known: set[str], unsupported: dict[str, str], where: str = "") -> None:
+    for key in doc:
+        if key in unsupported:
+            raise ApiError(400, f"{where}{key}: {unsupported[key]}", param=f"{where}{key}")
+        if key not in known:
+            raise ApiError(400, f"{where}{key}: unknown field", param=f"{where}{key}")
+
+
+def get_str(doc: dict[str, Any], key: str, required: bool = False, where: str = "") -> str | None:
+    value = doc.get(key)
+    if value is None:
+        if required:
+            raise ApiError(400, f"{where}{key}: field required", param=f"{where}{key}")
+        return None
+    if not isinstance(value, str):
+        raise ApiError(400, f"{where}{key}: must be a string", param=f"{where}{key}")
+    return value
+
+
+def get_int(doc: dict[str, Any], key: str, required: bool = False, minimum: int | None = None) -> int | None:
+    value = doc.get(key)
+    if value is None:
+        if required:
+            raise ApiError(400, f"{key}: field required", param=key)
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"{key}: must be an integer", param=key)
+    if minimum is not None and value < minimum:
+        raise ApiError(400, f"{key}: must be at least {minimum}", param=key)
+    return value
+
+
+def get_number(doc: dict[str, Any], key: str, lo: float, hi: float) -> float | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ApiError(400, f"{key}: must be a number", param=key)
+    if not lo <= value <= hi:
+        raise ApiError(400, f"{key}: must be between {lo} and {hi}", param=key)
+    return float(value)
+
+
+def get_bool(doc: dict[str, Any], key: str) -> bool:
+    value = doc.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{key}: must be true or false", param=key)
+    return value
+
+
+def text_content(content: Any, where: str, allow_types: tuple[str, ...] = ("text",)) -> str:
+    """A message content that is a string or a list of text blocks; other blocks are refused by name."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise ApiError(400, f"{where}: must be a string or a non-empty list of content blocks", param=where)
+    parts = []
+    for i, block in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise ApiError(400, f"{where}[{i}]: must be an object with a type", param=where)
+        kind = block["type"]
+        if kind not in allow_types:
+            raise ApiError(
+                400, f"{where}[{i}]: content blocks of type {kind!r} are not supported by this server (text only)",
+                param=where,
+            )  # fmt: skip
+        text = block.get("text")
+        if not isinstance(text, str):
+            raise ApiError(400, f"{where}[{i}].text: must be a string", param=where)
+        parts.append(text)
+    return "".join(parts)

@@ -1,0 +1,29 @@
+"""Prometheus metrics. One registry per app (the process has one app), so tests can make several."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("zerolayer_requests", "API requests", ["api", "transport", "code"], registry=r)
+        self.ttft = Histogram("zerolayer_time_to_first_token_seconds", "Time to first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.inter_token = Histogram("zerolayer_inter_token_latency_seconds", "Time between tokens",
+                                     buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.tokens = Counter("zerolayer_tokens", "Tokens processed", ["kind"], registry=r)
+        self.quic_handshakes = Counter("zerolayer_quic_handshakes", "QUIC handshakes completed",
+                                       ["resumed", "early_data"], registry=r)  # fmt: skip
+        self.active_streams = Gauge("zerolayer_active_streams", "Generations in progress", registry=r)
+        self.queue_depth = Gauge("zerolayer_queue_depth", "Requests waiting for the engine", registry=r)
+
+    def render(self) -> bytes:
+        return bytes(generate_latest(self.registry))
+
+    def count_handshake(self, resumed: bool, early_data: bool) -> None:
+        self.quic_handshakes.labels(str(resumed).lower(), str(early_data).lower()).inc()

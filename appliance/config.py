@@ -1,0 +1,233 @@
+"""Configuration: /etc/zerolayer/zerolayer.toml, then conf.d/*.toml in name order, each overriding
+the last. Parsed once into frozen dataclasses; every mistake names the file and key."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+DEFAULT_ROOT = Path("/etc/zerolayer")
+EX_CONFIG = 78
+
+
+class ConfigError(Exception):
+    """One or more problems, each naming file:key."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class FirmwareConfig:
+    path: Path = Path("/usr/lib/zerolayer/firmware/current")
+    trusted_keys: Path = Path("/etc/zerolayer/trusted-keys")
+
+
+@dataclass(frozen=True)
+class ListenConfig:
+    quic: str = "[::]:8443"  # "HOST:PORT" (UDP); "" turns the listener off
+    tcp: str = "[::]:8443"  # HTTPS over TCP (HTTP/1.1 and HTTP/2)
+    unix: str = "/run/zerolayer/api.sock"
+    unix_mode: str = "0660"
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    cert: Path = Path("/etc/zerolayer/tls/server.crt")
+    key: Path = Path("/etc/zerolayer/tls/server.key")
+    client_ca: Path | None = None  # set to require client certificates (mTLS) on TCP and QUIC
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    required: bool = True  # network clients need an API key; false only for a lab
+    keys_file: Path = Path("/etc/zerolayer/api-keys")
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_body_bytes: int = 1 << 20
+    max_queued: int = 64
+    max_active_per_device: int = 4
+    quic_idle_timeout: float = 60.0
+    quic_max_connections: int = 1024
+    quic_max_streams: int = 128
+
+
+@dataclass(frozen=True)
+class EngineSection:
+    max_tokens_per_shard: int = 0  # 0: the firmware's baked value; config may only lower it
+    prefix_cache_mb: int = 256
+    threads: int = 0  # 0: one per CPU
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    dir: Path = Path("/var/lib/zerolayer")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = "info"
+
+
+@dataclass(frozen=True)
+class Config:
+    firmware: FirmwareConfig = field(default_factory=FirmwareConfig)
+    listen: ListenConfig = field(default_factory=ListenConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    engine: EngineSection = field(default_factory=EngineSection)
+    state: StateConfig = field(default_factory=StateConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    sources: dict[str, str] = field(default_factory=dict, compare=False)  # "section.key" -> file
+
+
+_RANGES: dict[str, tuple[float, float]] = {
+    "limits.max_body_bytes": (1024, 1 << 30),
+    "limits.max_queued": (1, 100_000),
+    "limits.max_active_per_device": (1, 256),
+    "limits.quic_idle_timeout": (1, 3600),
+    "limits.quic_max_connections": (1, 1_000_000),
+    "limits.quic_max_streams": (1, 10_000),
+    "engine.max_tokens_per_shard": (0, 1 << 20),
+    "engine.prefix_cache_mb": (0, 1 << 20),
+    "engine.threads": (0, 1024),
+}
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+def config_files(root: Path) -> list[Path]:
+    files = [root / "zerolayer.toml"] if (root / "zerolayer.toml").is_file() else []
+    return files + sorted((root / "conf.d").glob("*.toml"))
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """'HOST:PORT' or '[V6]:PORT' -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    return host.strip("[]") or "::", int(port)
+
+
+def _closest(key: str, known: list[str]) -> str:
+    match = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {match[0]!r}?)" if match else f" (known: {', '.join(known)})"
+
+
+def _coerce(value: Any, kind: Any, where: str) -> Any:
+    text = str(kind)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: expected a string, got {value!r}")
+        return value
+    if "Path" in text:
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: expected a path string, got {value!r}")
+        if value == "" and "None" in text:
+            return None
+        return Path(value)
+    raise ValueError(f"{where}: unsupported type {text}")
+
+
+def load_config(root: Path | None = None, check_paths: bool = True) -> Config:
+    """Merge the files under root (default $ZEROLAYER_CONFIG or /etc/zerolayer) and validate."""
+    root = root or Path(os.environ.get("ZEROLAYER_CONFIG", DEFAULT_ROOT))
+    files = [root] if root.is_file() else config_files(root)  # --config may name one file
+    merged: dict[str, dict[str, Any]] = {}
+    sources: dict[str, str] = {}
+    problems: list[str] = []
+    sections = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "sources"}
+    for path in files:
+        try:
+            doc = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            problems.append(f"{path}: {exc}")
+            continue
+        for section, table in doc.items():
+            if section not in sections:
+                problems.append(f"{path}: unknown section [{section}]{_closest(section, list(sections))}")
+                continue
+            if not isinstance(table, dict):
+                problems.append(f"{path}: {section} must be a table ([{section}])")
+                continue
+            section_type = get_type_hints(Config)[section]
+            known = [f.name for f in dataclasses.fields(section_type)]
+            for key, value in table.items():
+                if key not in known:
+                    problems.append(f"{path}: unknown key {section}.{key}{_closest(key, known)}")
+                    continue
+                merged.setdefault(section, {})[key] = value
+                sources[f"{section}.{key}"] = str(path)
+    built: dict[str, Any] = {}
+    for section in sections:
+        section_type = get_type_hints(Config)[section]
+        hints = get_type_hints(section_type)
+        values = {}
+        for key, value in merged.get(section, {}).items():
+            where = f"{sources[f'{section}.{key}']}: {section}.{key}"
+            try:
+                values[key] = _coerce(value, hints[key], where)
+            except ValueError as exc:
+                problems.append(str(exc))
+        built[section] = section_type(**values)
+    config = Config(**built, sources=sources)
+    problems += _validate(config, check_paths)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def _where(config: Config, key: str) -> str:
+    return f"{config.sources.get(key, 'default')}: {key}"
+
+
+def _validate(config: Config, check_paths: bool) -> list[str]:
+    problems = []
+    for key, (lo, hi) in _RANGES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(config, section), name)
+        if not lo <= value <= hi:
+            problems.append(f"{_where(config, key)}: {value} is out of range [{lo:g}, {hi:g}]")
+    for name in ("quic", "tcp"):
+        value = getattr(config.listen, name)
+        if value:
+            try:
+                parse_address(value)
+            except ValueError as exc:
+                problems.append(f"{_where(config, f'listen.{name}')}: {exc}")
+    try:
+        int(config.listen.unix_mode, 8)
+    except ValueError:
+        problems.append(f"{_where(config, 'listen.unix_mode')}: {config.listen.unix_mode!r} is not an octal mode")
+    if config.log.level.lower() not in _LEVELS:
+        problems.append(f"{_where(config, 'log.level')}: {config.log.level!r} is not one of {', '.join(_LEVELS)}")
+    if check_paths:
+        needed = [("firmware.path", config.firmware.path), ("firmware.trusted_keys", config.firmware.trusted_keys)]
+        if config.listen.quic or config.listen.tcp:
+            needed += [("tls.cert", config.tls.cert), ("tls.key", config.tls.key)]
+        if config.tls.client_ca is not None:
+            needed.append(("tls.client_ca", config.tls.client_ca))
+        for key, path in needed:
+            if not path.exists():
+                problems.append(f"{_where(config, key)}: {path} does not exist")
+    return problems

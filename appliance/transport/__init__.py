@@ -1,0 +1,1 @@
+"""Transports: each turns a protocol into calls of the one ASGI app."""

@@ -1,0 +1,663 @@
+"""HTTP/3 on one UDP socket: aioquic's sans-IO QUIC and H3 state machines driving one ASGI app.
+
+This module only moves bytes and maps events: datagrams go to a `QuicConnection` chosen by
+connection ID, QUIC events to an `H3Connection`, H3 events become ASGI calls, and what the app
+sends goes back out at once. It adds what Hypercorn's QUIC server lacks: session tickets that
+survive a restart, 0-RTT that never runs a side effect from replayable data, idle timeout,
+connection and stream limits, and CONNECTION_CLOSE to every client on shutdown.
+
+Early data (0-RTT): a request whose HEADERS arrive before the handshake completes came in early
+data, which an attacker can replay. GET/HEAD/OPTIONS run at once; any other method is held until
+`HandshakeCompleted` (a replayed flight never completes a handshake: the replayer lacks the
+client's keys), then runs, so replayed early data never runs a POST. Tickets are also single use,
+so a replayed ClientHello finds no ticket and its early data is dropped.
+
+What survives a restart: with `ticket_key_path`, the session tickets issued in the last day (at
+most `TicketStore.max_tickets`) are kept in that file (SQLite, mode 0600). A client holding one
+resumes with a PSK handshake and may send early data to the new process, as long as the new
+process has the same flow-control limits and client CA (their fingerprint is stored with each
+ticket; RFC 9000 section 7.4.1 forbids lowering remembered limits). Connections, streams and
+requests in flight do not survive: close() ends them with CONNECTION_CLOSE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import hashlib
+import json
+import logging
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+from urllib.parse import unquote
+
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.buffer import Buffer
+from aioquic.h3.connection import H3_ALPN, ErrorCode, H3Connection
+from aioquic.h3.events import DataReceived, H3Event, HeadersReceived
+from aioquic.quic import events
+from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
+from aioquic.quic.connection import TRANSPORT_CLOSE_FRAME_CAPACITY, NetworkAddress, QuicConnection
+from aioquic.quic.crypto import CryptoPair
+from aioquic.quic.packet import (
+    QuicErrorCode,
+    QuicFrameType,
+    QuicHeader,
+    QuicPacketType,
+    encode_quic_version_negotiation,
+    pull_quic_header,
+)
+from aioquic.quic.packet_builder import QuicPacketBuilder
+from aioquic.tls import AlertDescription, CipherSuite, SessionTicket, load_pem_x509_certificates
+from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+OnHandshake = Callable[[bool, bool], None]  # (resumed, early_data)
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # the only ones run straight from early data
+_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"})
+
+
+class ClientDisconnected(OSError):
+    """send() on a stream the client reset, or on a connection that is gone (ASGI asks for an OSError)."""
+
+
+class TicketStore:
+    """TLS session tickets by ticket id, single use, in SQLite (`path`) or in memory (`path=None`).
+
+    Rows carry a fingerprint of the server settings a resumed client remembers; rows with another
+    fingerprint are dropped on open. The newest `max_tickets` are kept."""
+
+    max_tickets = 10_000
+
+    def __init__(self, path: Path | None, fingerprint: str) -> None:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))  # SQLite's -wal/-shm copy this mode
+        self._db = sqlite3.connect(":memory:" if path is None else path, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # a crash may lose recent tickets: a full handshake
+        self._db.execute("CREATE TABLE IF NOT EXISTS tickets (id BLOB PRIMARY KEY, expires REAL NOT NULL, "
+                         "fingerprint TEXT NOT NULL, ticket TEXT NOT NULL)")  # fmt: skip
+        self._db.execute("DELETE FROM tickets WHERE expires < ? OR fingerprint != ?", (time.time(), fingerprint))
+        self._fingerprint = fingerprint
+
+    def add(self, ticket: SessionTicket) -> None:
+        cur = self._db.execute(
+            "INSERT OR REPLACE INTO tickets VALUES (?, ?, ?, ?)",
+            (ticket.ticket, ticket.not_valid_after.timestamp(), self._fingerprint, _encode_ticket(ticket)),
+        )
+        if cur.lastrowid is not None and cur.lastrowid > self.max_tickets:
+            self._db.execute("DELETE FROM tickets WHERE rowid <= ?", (cur.lastrowid - self.max_tickets,))
+
+    def pop(self, ticket_id: bytes) -> SessionTicket | None:
+        row = self._db.execute("DELETE FROM tickets WHERE id = ? RETURNING ticket", (ticket_id,)).fetchone()
+        return None if row is None else _decode_ticket(ticket_id, row[0])
+
+    def __len__(self) -> int:
+        return int(self._db.execute("SELECT count(*) FROM tickets").fetchone()[0])
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _encode_ticket(t: SessionTicket) -> str:
+    return json.dumps({
+        "age_add": t.age_add, "cipher_suite": int(t.cipher_suite), "server_name": t.server_name,
+        "not_valid_before": t.not_valid_before.timestamp(), "not_valid_after": t.not_valid_after.timestamp(),
+        "resumption_secret": t.resumption_secret.hex(), "max_early_data_size": t.max_early_data_size,
+        "other_extensions": [[kind, data.hex()] for kind, data in t.other_extensions],
+    })  # fmt: skip
+
+
+def _decode_ticket(ticket_id: bytes, text: str) -> SessionTicket:
+    d = json.loads(text)
+    utc = datetime.UTC
+    return SessionTicket(
+        age_add=d["age_add"], cipher_suite=CipherSuite(d["cipher_suite"]), server_name=d["server_name"],
+        not_valid_before=datetime.datetime.fromtimestamp(d["not_valid_before"], utc),
+        not_valid_after=datetime.datetime.fromtimestamp(d["not_valid_after"], utc),
+        resumption_secret=bytes.fromhex(d["resumption_secret"]), ticket=ticket_id,
+        max_early_data_size=d["max_early_data_size"],
+        other_extensions=[(kind, bytes.fromhex(data)) for kind, data in d["other_extensions"]],
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Settings:
+    max_connections: int
+    max_streams: int
+    max_body_bytes: int
+    client_ca: Store | None  # mTLS when set
+
+
+class _ServerConnection(QuicConnection):
+    """A QuicConnection with our stream limit and, for mTLS, a CertificateRequest.
+
+    aioquic hard-codes 128 streams and asks for client certificates only in its own tests."""
+
+    def __init__(self, *, max_streams: int, request_client_cert: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._local_max_streams_bidi.value = self._local_max_streams_bidi.sent = max_streams
+        self._request_client_cert = request_client_cert
+
+    def _initialize(self, peer_cid: bytes) -> None:
+        super()._initialize(peer_cid)
+        self.tls._request_client_certificate = self._request_client_cert
+
+
+class _Exchange:
+    """One request and its response on one bidirectional stream; the ASGI receive/send pair."""
+
+    def __init__(self, conn: _Http3Connection, stream_id: int, scope: Scope) -> None:
+        self.conn = conn
+        self.stream_id = stream_id
+        self.scope = scope
+        self.method: str = scope["method"]
+        self.body = bytearray()
+        self.request_ended = False  # FIN or reset seen on the request side
+        self.rejected = False  # answered without the app; the rest of the body is discarded
+        self.task: asyncio.Task[None] | None = None
+        self.response_started = False
+        self.response_ended = False
+        self._body_delivered = False
+        self._gone = asyncio.Event()  # response done, stream reset or connection gone
+
+    async def receive(self) -> Message:
+        # The body is read whole before the app starts (see _Http3Connection._end_request).
+        if not self._body_delivered:
+            self._body_delivered = True
+            return {"type": "http.request", "body": bytes(self.body), "more_body": False}
+        await self._gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        if self._gone.is_set():
+            raise ClientDisconnected(f"HTTP/3 stream {self.stream_id} is closed")
+        kind = message["type"]
+        if kind == "http.response.start" and not self.response_started:
+            self.response_started = True
+            self.conn.send_headers(self.stream_id, message["status"], message.get("headers", []))
+        elif kind == "http.response.body" and self.response_started:
+            more = bool(message.get("more_body", False))
+            body = b"" if self.method == "HEAD" else bytes(message.get("body", b""))
+            if body or not more:
+                self.conn.send_data(self.stream_id, body, end_stream=not more)
+            if not more:
+                self.finish_response()
+        else:
+            raise RuntimeError(f"unexpected ASGI message {kind!r} (response started: {self.response_started})")
+
+    def respond(self, status: int, error: str) -> None:
+        """Answer without the app: a JSON error body, for requests the transport refuses.
+
+        The transport does not know the API dialect, so the body is the one shape both parse:
+        Anthropic's {"type": "error", "error": {type, message}} with OpenAI's param and code."""
+        kind = {413: "request_too_large", 400: "invalid_request_error"}.get(status, "api_error")
+        detail = {"type": kind, "message": error, "param": None, "code": kind}
+        body = json.dumps({"type": "error", "error": detail}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        self.response_started = True
+        self.conn.send_headers(self.stream_id, status, headers)
+        self.conn.send_data(self.stream_id, body, end_stream=True)
+        self.finish_response()
+
+    def finish_response(self) -> None:
+        self.response_ended = True
+        self._gone.set()
+
+    def disconnect(self) -> None:
+        self._gone.set()
+
+    async def run(self, app: ASGIApp) -> None:
+        try:
+            await app(self.scope, self.receive, self.send)
+        except ClientDisconnected:
+            pass
+        except Exception:
+            log.exception("ASGI app failed on %s %s", self.method, self.scope["path"])
+            if self._gone.is_set():
+                pass
+            elif self.response_started:
+                self.conn.reset(self.stream_id, ErrorCode.H3_INTERNAL_ERROR)  # the client sees a truncated body
+                self.disconnect()
+            else:
+                self.respond(500, "internal server error")
+        else:
+            if self._gone.is_set():
+                pass
+            elif self.response_started:  # ASGI lets an app end without more_body=False
+                self.conn.send_data(self.stream_id, b"", end_stream=True)
+                self.finish_response()
+            else:
+                self.respond(500, "the app returned without a response")
+        finally:
+            self.conn.forget(self)
+
+
+class _Http3Connection(QuicConnectionProtocol):
+    """One client connection: QUIC events in, H3 events mapped to exchanges."""
+
+    def __init__(self, server: Http3Server, header: QuicHeader, peer: NetworkAddress) -> None:
+        settings = server.settings
+        quic = _ServerConnection(
+            configuration=server.configuration,
+            original_destination_connection_id=header.destination_cid,
+            session_ticket_fetcher=server.tickets.pop,
+            session_ticket_handler=self._ticket_issued,
+            max_streams=settings.max_streams,
+            request_client_cert=settings.client_ca is not None,
+        )
+        super().__init__(quic)
+        self.server = server
+        self.cids = {header.destination_cid, quic.host_cid}
+        self.exchanges: dict[int, _Exchange] = {}
+        self._client = _host_port(peer)
+        self._h3: H3Connection | None = None
+        self._handshake_done = False
+        self._held: list[_Exchange] = []  # unsafe requests from early data, waiting for the handshake
+        self._client_verified: bool | None = None
+        self._closing = False
+        self._detached = False
+
+    def transmit(self) -> None:
+        if not self._detached:  # after shutdown the socket is gone; let aioquic's timer run dry
+            super().transmit()
+
+    def quic_event_received(self, event: events.QuicEvent) -> None:
+        if isinstance(event, events.ProtocolNegotiated) and self._h3 is None:
+            self._h3 = H3Connection(self._quic)
+        elif isinstance(event, events.HandshakeCompleted):
+            self._handshake_completed(event)
+        elif isinstance(event, events.ConnectionIdIssued):
+            self.cids.add(event.connection_id)
+            self.server.route(event.connection_id, self)
+        elif isinstance(event, events.ConnectionIdRetired):
+            self.cids.discard(event.connection_id)
+            self.server.unroute(event.connection_id)
+        elif isinstance(event, events.ConnectionTerminated):
+            self._disconnect_all()
+            self.server.forget(self)
+        if self._h3 is None or self._closing:
+            return
+        for h3_event in self._h3.handle_event(event):
+            self._h3_event_received(h3_event)
+        if isinstance(event, events.StreamReset | events.StopSendingReceived):
+            self._stream_abandoned(event.stream_id, request_side=isinstance(event, events.StreamReset))
+
+    def shutdown(self) -> None:
+        """CONNECTION_CLOSE now; no more sending after it."""
+        self.close(error_code=ErrorCode.H3_NO_ERROR, reason_phrase="server shutting down")
+        self._disconnect_all()
+        self._detached = True
+
+    # called by exchanges
+
+    def send_headers(self, stream_id: int, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        fields = [(b":status", str(status).encode())]
+        fields += [(k.lower(), v) for k, v in headers if k.lower() not in _HOP_BY_HOP]  # forbidden in HTTP/3
+        assert self._h3 is not None
+        self._h3.send_headers(stream_id, fields)
+        self.transmit()
+
+    def send_data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        assert self._h3 is not None
+        self._h3.send_data(stream_id, data, end_stream=end_stream)
+        self.transmit()  # each chunk goes out now: streaming tokens must not wait for the next event
+
+    def reset(self, stream_id: int, error_code: int) -> None:
+        self._quic.reset_stream(stream_id, error_code)
+        self.transmit()
+
+    def forget(self, ex: _Exchange) -> None:
+        ex.task = None
+        if ex.request_ended and self.exchanges.get(ex.stream_id) is ex:
+            del self.exchanges[ex.stream_id]
+
+    # private
+
+    def _handshake_completed(self, event: events.HandshakeCompleted) -> None:
+        if self.server.settings.client_ca is not None and not event.session_resumed and not self._verify_client():
+            missing = self._peer_cert() is None
+            alert = AlertDescription.certificate_required if missing else AlertDescription.bad_certificate
+            self._closing = True
+            self._quic.close(error_code=QuicErrorCode.CRYPTO_ERROR + alert, reason_phrase="client certificate refused")
+            return
+        self._handshake_done = True
+        self.server.handshake_completed(event.session_resumed, event.early_data_accepted)
+        held, self._held = self._held, []
+        for ex in held:
+            self._start(ex)
+
+    def _h3_event_received(self, event: H3Event) -> None:
+        if isinstance(event, HeadersReceived):
+            ex = self.exchanges.get(event.stream_id)
+            if ex is None:
+                self._open(event)
+            elif event.stream_ended:  # trailers: nothing in them for us
+                self._end_request(ex)
+        elif isinstance(event, DataReceived) and (ex := self.exchanges.get(event.stream_id)) is not None:
+            if not ex.rejected:
+                ex.body += event.data
+                if len(ex.body) > self.server.settings.max_body_bytes:
+                    self._reject(ex, 413, "request body too large")
+            if event.stream_ended:
+                self._end_request(ex)
+
+    def _open(self, event: HeadersReceived) -> None:
+        early_data = not self._handshake_done
+        ex = _Exchange(self, event.stream_id, self._scope(event.headers, early_data))
+        self.exchanges[event.stream_id] = ex
+        length = next((v for k, v in event.headers if k == b"content-length"), b"0")
+        if self.server.draining:
+            self._reject(ex, 503, "server is shutting down")
+        elif not length.isdigit():
+            self._reject(ex, 400, "invalid content-length")
+        elif int(length) > self.server.settings.max_body_bytes:
+            self._reject(ex, 413, "request body too large")
+        if event.stream_ended:
+            self._end_request(ex)
+
+    def _end_request(self, ex: _Exchange) -> None:
+        ex.request_ended = True
+        if ex.rejected:
+            self.forget(ex)
+        elif not self._handshake_done and ex.method not in SAFE_METHODS:
+            self._held.append(ex)  # replayable until the handshake completes
+        else:
+            self._start(ex)
+
+    def _start(self, ex: _Exchange) -> None:
+        ex.task = self.server.spawn(ex.run(self.server.app))
+
+    def _reject(self, ex: _Exchange, status: int, error: str) -> None:
+        """Answer now without the app and ask the client to stop sending the body."""
+        ex.rejected = True
+        ex.body.clear()
+        ex.respond(status, error)
+        if not ex.request_ended:
+            with contextlib.suppress(ValueError):  # the stream may already be gone at the QUIC layer
+                self._quic.stop_stream(ex.stream_id, ErrorCode.H3_NO_ERROR)
+            self.transmit()
+
+    def _stream_abandoned(self, stream_id: int, request_side: bool) -> None:
+        ex = self.exchanges.get(stream_id)
+        if ex is None:
+            return
+        if ex in self._held:
+            self._held.remove(ex)
+        if not ex.response_ended:
+            ex.disconnect()
+            with contextlib.suppress(ValueError, AssertionError):
+                self.reset(stream_id, ErrorCode.H3_REQUEST_CANCELLED)
+        if request_side:
+            ex.request_ended = True
+        if ex.task is None and (request_side or ex.rejected):
+            self.exchanges.pop(stream_id, None)
+
+    def _disconnect_all(self) -> None:
+        self._held.clear()
+        for ex in self.exchanges.values():
+            ex.disconnect()
+        self.exchanges.clear()
+
+    def _scope(self, headers: list[tuple[bytes, bytes]], early_data: bool) -> Scope:
+        pseudo = {k: v for k, v in headers if k.startswith(b":")}
+        fields = [(k, v) for k, v in headers if not k.startswith(b":")]
+        if b":authority" in pseudo and not any(k == b"host" for k, _ in fields):
+            fields.insert(0, (b"host", pseudo[b":authority"]))  # apps build URLs from Host
+        raw_path, _, query = pseudo.get(b":path", b"").partition(b"?")
+        return {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.4"},
+            "http_version": "3",
+            "method": pseudo.get(b":method", b"").decode("ascii", "replace"),
+            "scheme": "https",
+            "path": unquote(raw_path.decode("latin-1")),
+            "raw_path": raw_path,
+            "query_string": query,
+            "root_path": "",
+            "headers": fields,
+            "client": self._client,
+            "server": self.server.address,
+            "extensions": {"zerolayer": {"transport": "http3", "early_data": early_data}},
+        }
+
+    def _ticket_issued(self, ticket: SessionTicket) -> None:
+        # A ticket resumes without a certificate, so under mTLS only a verified client may get one.
+        if self.server.settings.client_ca is None or self._verify_client():
+            self.server.tickets.add(ticket)
+
+    def _peer_cert(self) -> Any:
+        return self._quic.tls._peer_certificate
+
+    def _verify_client(self) -> bool:
+        if self._client_verified is None:
+            store, cert, verified = self.server.settings.client_ca, self._peer_cert(), False
+            if store is not None and cert is not None:
+                verifier = PolicyBuilder().store(store).build_client_verifier()
+                with contextlib.suppress(VerificationError, ValueError):
+                    verifier.verify(cert, self._quic.tls._peer_certificate_chain)
+                    verified = True
+            self._client_verified = verified
+        return self._client_verified
+
+
+class Http3Server(asyncio.DatagramProtocol):
+    """The UDP endpoint: routes datagrams to connections by connection ID, accepts or refuses new ones."""
+
+    def __init__(self, app: ASGIApp, configuration: QuicConfiguration, settings: _Settings, tickets: TicketStore,
+                 on_handshake: OnHandshake | None) -> None:  # fmt: skip
+        self.app = app
+        self.configuration = configuration
+        self.settings = settings
+        self.tickets = tickets
+        self.draining = False
+        self.address: tuple[str, int] = ("", 0)
+        self._on_handshake = on_handshake
+        self._transport: asyncio.DatagramTransport | None = None
+        self._routes: dict[bytes, _Http3Connection] = {}
+        self._live: set[_Http3Connection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._closing: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
+
+    @property
+    def connections(self) -> int:
+        return len(self._live)
+
+    @property
+    def active_streams(self) -> int:
+        return sum(len(conn.exchanges) for conn in self._live)
+
+    async def close(self, drain_timeout: float = 0) -> None:
+        """Refuse new connections, give requests in flight up to `drain_timeout` seconds, then send
+        CONNECTION_CLOSE to every client, cancel what still runs and close the socket."""
+        if self._closing is None:
+            self._closing = asyncio.create_task(self._close(drain_timeout))
+        await asyncio.shield(self._closing)
+
+    async def _close(self, drain_timeout: float) -> None:
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_timeout
+        while self.active_streams and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        self._closed = True
+        for conn in list(self._live):
+            conn.shutdown()
+        self._live.clear()
+        self._routes.clear()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._transport is not None:
+            self._transport.close()
+            await self._lost
+        self.tickets.close()
+
+    # asyncio.DatagramProtocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.DatagramTransport, transport)
+        self.address = _host_port(transport.get_extra_info("sockname"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._lost.done():
+            self._lost.set_result(None)
+
+    def datagram_received(self, data: bytes, addr: NetworkAddress) -> None:
+        if self._closed or self._transport is None:
+            return
+        try:
+            header = pull_quic_header(Buffer(data=data), host_cid_length=self.configuration.connection_id_length)
+        except ValueError:
+            return
+        versions = self.configuration.supported_versions
+        # Never answer a version negotiation packet with another: two spoofed servers would loop.
+        if header.packet_type != QuicPacketType.VERSION_NEGOTIATION and header.version not in (None, *versions):
+            vn = encode_quic_version_negotiation(
+                source_cid=header.destination_cid, destination_cid=header.source_cid, supported_versions=versions
+            )
+            self._transport.sendto(vn, addr)
+            return
+        conn = self._routes.get(header.destination_cid)
+        if conn is None:
+            if header.packet_type != QuicPacketType.INITIAL or len(data) < SMALLEST_MAX_DATAGRAM_SIZE:
+                return
+            if self.draining or len(self._live) >= self.settings.max_connections:
+                # Refuse rather than queue; stateless, so a flood costs no TLS work.
+                self._transport.sendto(_refusal(header), addr)
+                return
+            conn = _Http3Connection(self, header, addr)
+            conn.connection_made(self._transport)
+            self._live.add(conn)
+            for cid in conn.cids:
+                self._routes[cid] = conn
+        conn.datagram_received(data, addr)
+
+    # called by connections
+
+    def route(self, cid: bytes, conn: _Http3Connection) -> None:
+        self._routes[cid] = conn
+
+    def unroute(self, cid: bytes) -> None:
+        self._routes.pop(cid, None)
+
+    def forget(self, conn: _Http3Connection) -> None:
+        self._live.discard(conn)
+        for cid in conn.cids:
+            if self._routes.get(cid) is conn:
+                del self._routes[cid]
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def handshake_completed(self, resumed: bool, early_data: bool) -> None:
+        if self._on_handshake is not None:
+            try:
+                self._on_handshake(resumed, early_data)
+            except Exception:  # a metrics hook must not break the connection
+                log.exception("on_handshake hook failed")
+
+
+async def serve_http3(
+    app: ASGIApp,
+    *,
+    host: str,
+    port: int,
+    certfile: Path,
+    keyfile: Path,
+    ticket_key_path: Path | None,
+    idle_timeout: float = 60.0,
+    max_connections: int = 1024,
+    max_streams_per_connection: int = 128,
+    max_data: int = 16 << 20,
+    max_stream_data: int = 1 << 20,
+    max_body_bytes: int = 1 << 20,
+    ca_certs: Path | None = None,
+    on_handshake: OnHandshake | None = None,
+    sock: socket.socket | None = None,
+) -> Http3Server:
+    """Serve `app` over HTTP/3 on UDP `host`:`port` (port 0 picks one; "::" is dual-stack), or on
+    `sock`, an already bound UDP socket (systemd socket activation).
+
+    `ticket_key_path` is the session ticket store file (None: tickets live in memory only).
+    `ca_certs` turns on mTLS: a client must present a certificate this CA bundle verifies."""
+    for name, value in [("idle_timeout", idle_timeout), ("max_connections", max_connections),
+                        ("max_streams_per_connection", max_streams_per_connection), ("max_data", max_data),
+                        ("max_stream_data", max_stream_data), ("max_body_bytes", max_body_bytes)]:  # fmt: skip
+        if value <= 0:
+            raise ValueError(f"serve_http3: {name} must be positive, got {value}")
+    configuration = QuicConfiguration(is_client=False, alpn_protocols=H3_ALPN, idle_timeout=idle_timeout,
+                                      max_data=max_data, max_stream_data=max_stream_data)  # fmt: skip
+    configuration.load_cert_chain(certfile, keyfile)
+    client_ca = None
+    fingerprint = f"{max_data}/{max_stream_data}/{max_streams_per_connection}"
+    if ca_certs is not None:
+        pem = ca_certs.read_bytes()
+        client_ca = Store(load_pem_x509_certificates(pem))
+        fingerprint += "/" + hashlib.sha256(pem).hexdigest()
+    settings = _Settings(max_connections, max_streams_per_connection, max_body_bytes, client_ca)
+    tickets = TicketStore(ticket_key_path, fingerprint)
+    if sock is None:
+        sock = _bind_udp(host, port)
+    loop = asyncio.get_running_loop()
+    _, server = await loop.create_datagram_endpoint(
+        lambda: Http3Server(app, configuration, settings, tickets, on_handshake), sock=sock
+    )
+    return server
+
+
+def _bind_udp(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # "::" serves IPv4 too
+    sock.bind((host, port))
+    sock.setblocking(False)
+    return sock
+
+
+def _host_port(addr: Any) -> tuple[str, int]:
+    host = str(addr[0])
+    return (host.removeprefix("::ffff:") if "." in host else host), int(addr[1])  # unmap IPv4 on dual-stack
+
+
+def _refusal(header: QuicHeader) -> bytes:
+    """A server Initial with CONNECTION_CLOSE(CONNECTION_REFUSED), built without connection state."""
+    assert header.version is not None
+    crypto = CryptoPair()
+    crypto.setup_initial(cid=header.destination_cid, is_client=False, version=header.version)
+    builder = QuicPacketBuilder(host_cid=header.destination_cid, is_client=False, peer_cid=header.source_cid,
+                                version=header.version, max_datagram_size=SMALLEST_MAX_DATAGRAM_SIZE)  # fmt: skip
+    builder.start_packet(QuicPacketType.INITIAL, crypto)
+    reason = b"server busy"
+    buf = builder.start_frame(QuicFrameType.TRANSPORT_CLOSE, capacity=TRANSPORT_CLOSE_FRAME_CAPACITY + len(reason))
+    buf.push_uint_var(QuicErrorCode.CONNECTION_REFUSED)
+    buf.push_uint_var(QuicFrameType.PADDING)  # no frame caused it
+    buf.push_uint_var(len(reason))
+    buf.push_bytes(reason)
+    datagrams, _ = builder.flush()
+    return datagrams[0]

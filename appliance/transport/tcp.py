@@ -1,0 +1,98 @@
+"""HTTPS over TCP (HTTP/1.1 and HTTP/2) and plain HTTP on the Unix socket, both served in-process
+by Hypercorn's serve() on sockets we bind (or systemd hands us), so the daemon knows every
+listener's address before it says ready."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import ssl
+from pathlib import Path
+
+from hypercorn.asyncio import serve
+from hypercorn.config import Config as HypercornConfig
+
+from appliance.api.app import ASGIApp, tag_transport
+
+log = logging.getLogger(__name__)
+
+
+def bind_tcp(host: str, port: int, backlog: int = 512) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # "::" serves IPv4 too
+    sock.bind((host, port))
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock
+
+
+def bind_unix(path: Path, mode: int, backlog: int = 512) -> socket.socket:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a stale socket from a previous run
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o777 & ~mode)  # never world-accessible, even between bind and chmod
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, mode)
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock
+
+
+class HypercornListener:
+    """One socket served by Hypercorn with its own transport tag."""
+
+    def __init__(self, app: ASGIApp, sock: socket.socket, transport: str, *, certfile: Path | None = None,
+                 keyfile: Path | None = None, client_ca: Path | None = None, alt_svc_port: int | None = None,
+                 graceful_timeout: float = 30.0) -> None:  # fmt: skip
+        self.sock = sock
+        self.transport = transport
+        cfg = HypercornConfig()
+        # Hypercorn closes the fd it is given; give it its own so ours stays ours.
+        cfg.bind = [f"fd://{os.dup(sock.fileno())}"]
+        cfg.accesslog = None
+        cfg.errorlog = logging.getLogger("hypercorn.error")
+        cfg.graceful_timeout = graceful_timeout
+        cfg.keep_alive_timeout = 75
+        cfg.h11_max_incomplete_size = 64 * 1024
+        cfg.include_server_header = False
+        if certfile is not None and keyfile is not None:
+            cfg.certfile, cfg.keyfile = str(certfile), str(keyfile)
+            cfg.alpn_protocols = ["h2", "http/1.1"]
+            if client_ca is not None:
+                cfg.ca_certs = str(client_ca)
+                cfg.verify_mode = ssl.CERT_REQUIRED
+        if alt_svc_port is not None:
+            cfg.alt_svc_headers = [f'h3=":{alt_svc_port}"; ma=86400']
+        self.config = cfg
+        self.app = tag_transport(app, transport)
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def address(self) -> str:
+        name = self.sock.getsockname()
+        return name if isinstance(name, str) else f"[{name[0]}]:{name[1]}" if ":" in name[0] else f"{name[0]}:{name[1]}"
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(
+            serve(self.app, self.config, shutdown_trigger=self._stop.wait, mode="asgi"),  # type: ignore[arg-type]
+            name=f"hypercorn-{self.transport}",
+        )
+
+    async def close(self) -> None:
+        """Stop accepting; in-flight requests get up to graceful_timeout to finish."""
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.sock.close()

@@ -1,0 +1,341 @@
+"""Serving, end to end: the official anthropic and openai clients over TCP and the Unix socket,
+niquests over HTTP/3 (forced, and upgraded through Alt-Svc), a table of malformed requests on
+every transport, concurrency, and a client that goes away."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx2 as httpx  # the official clients' own HTTP library (httpx's successor)
+import niquests
+import openai
+import pytest
+
+from appliance.devsetup import DevSetup, RunningDaemon, write_dev_config
+
+QUESTION = "What is the capital of France?"
+
+
+def _serve(root: Path, bundle: Path, trusted: Path, extra: str = "") -> tuple[RunningDaemon, DevSetup]:
+    setup = write_dev_config(root, bundle, trusted, extra=extra)
+    return RunningDaemon(setup.root).start(), setup
+
+
+@pytest.fixture(scope="module")
+def demo(demo_bundle_path: Path, trusted_keys: Path, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[tuple[RunningDaemon, DevSetup]]:  # fmt: skip
+    running, setup = _serve(tmp_path_factory.mktemp("demo"), demo_bundle_path, trusted_keys)
+    yield running, setup
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_bundle_path: Path, trusted_keys: Path, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[tuple[RunningDaemon, DevSetup]]:  # fmt: skip
+    running, setup = _serve(tmp_path_factory.mktemp("tiny"), tiny_bundle_path, trusted_keys,
+                            extra="[limits]\nmax_body_bytes = 65536\n")  # fmt: skip
+    yield running, setup
+    running.stop()
+
+
+def _anthropic(running: RunningDaemon, setup: DevSetup, unix: bool = False) -> anthropic.Anthropic:
+    if unix:
+        client = httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket)))
+        return anthropic.Anthropic(base_url="http://localhost", api_key="unused", http_client=client)
+    client = httpx.Client(verify=_trust(setup))
+    return anthropic.Anthropic(base_url=f"https://localhost:{running.port('tcp')}", api_key=setup.api_key,
+                               http_client=client, max_retries=0)  # fmt: skip
+
+
+def _openai(running: RunningDaemon, setup: DevSetup, unix: bool = False) -> openai.OpenAI:
+    if unix:
+        client = httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket)))
+        return openai.OpenAI(base_url="http://localhost/v1", api_key="unused", http_client=client)
+    client = httpx.Client(verify=_trust(setup))
+    return openai.OpenAI(base_url=f"https://localhost:{running.port('tcp')}/v1", api_key=setup.api_key,
+                         http_client=client, max_retries=0)  # fmt: skip
+
+
+MODEL = "smollm2-135m-instruct"
+
+
+def _trust(setup: DevSetup) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(setup.ca_cert))
+
+
+@pytest.mark.demo
+@pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
+def test_anthropic_client_create_and_stream(demo: tuple[RunningDaemon, DevSetup], unix: bool) -> None:
+    client = _anthropic(*demo, unix=unix)
+    msg = client.messages.create(model=MODEL, max_tokens=40,
+                                 messages=[{"role": "user", "content": QUESTION}])  # fmt: skip
+    assert "Paris" in msg.content[0].text
+    assert msg.stop_reason == "end_turn" and msg.usage.input_tokens > 10 and msg.usage.output_tokens > 2
+    cut = client.messages.create(model=MODEL, max_tokens=3,
+                                 messages=[{"role": "user", "content": QUESTION}])  # fmt: skip
+    assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 3
+    stopped = client.messages.create(model=MODEL, max_tokens=40, stop_sequences=[" is"],
+                                     messages=[{"role": "user", "content": QUESTION}])  # fmt: skip
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == " is"
+    assert stopped.content[0].text == "The capital of France"
+    with client.messages.stream(model=MODEL, max_tokens=40,
+                                messages=[{"role": "user", "content": QUESTION}]) as stream:  # fmt: skip
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert len(pieces) > 2 and "Paris" in "".join(pieces)
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens > 0
+    count = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": QUESTION}])
+    assert count.input_tokens == msg.usage.input_tokens
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+@pytest.mark.demo
+@pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
+def test_openai_client_create_and_stream(demo: tuple[RunningDaemon, DevSetup], unix: bool) -> None:
+    client = _openai(*demo, unix=unix)
+    messages: Any = [{"role": "user", "content": QUESTION}]
+    done = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40)
+    assert "Paris" in (done.choices[0].message.content or "")
+    assert done.choices[0].finish_reason == "stop"
+    assert done.usage is not None and done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40,
+                                                 stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Paris" in text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    cut = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=2)
+    assert cut.choices[0].finish_reason == "length" and cut.usage is not None and cut.usage.completion_tokens == 2
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def _sse_text(body: str) -> str:
+    text = ""
+    for line in body.splitlines():
+        if line.startswith("data: {"):
+            doc = json.loads(line[6:])
+            if doc.get("type") == "content_block_delta":
+                text += doc["delta"]["text"]
+            for choice in doc.get("choices", []):
+                text += choice["delta"].get("content") or ""
+    return text
+
+
+@pytest.mark.demo
+def test_http3_forced_streams_both_apis(demo: tuple[RunningDaemon, DevSetup]) -> None:
+    running, setup = demo
+    url = f"https://localhost:{running.port('http3')}"
+    headers = {"x-api-key": setup.api_key}
+    with niquests.Session(disable_http1=True, disable_http2=True) as s:
+        r = s.post(f"{url}/v1/messages", headers=headers, verify=str(setup.ca_cert), stream=True, json={
+            "model": MODEL, "max_tokens": 40, "stream": True,
+            "messages": [{"role": "user", "content": QUESTION}]})  # fmt: skip
+        assert r.status_code == 200 and r.http_version == 30
+        events = [line for line in r.iter_lines() if line.startswith(b"event: ")]
+        body_text = r.text if False else None  # consumed above
+        assert body_text is None
+        assert events[0] == b"event: message_start" and events[-1] == b"event: message_stop"
+        r = s.post(f"{url}/v1/chat/completions", headers=headers, verify=str(setup.ca_cert), json={
+            "model": MODEL, "stream": True, "messages": [{"role": "user", "content": QUESTION}]})  # fmt: skip
+        assert r.status_code == 200 and r.http_version == 30
+        assert "Paris" in _sse_text(r.text) and r.text.rstrip().endswith("data: [DONE]")
+
+
+def test_tcp_session_upgrades_to_http3_through_alt_svc(tiny: tuple[RunningDaemon, DevSetup]) -> None:
+    running, setup = tiny
+    # Alt-Svc names the QUIC port; the TCP port differs here (both are picked by the kernel).
+    with niquests.Session() as s:
+        first = s.get(f"https://localhost:{running.port('tcp')}/healthz", verify=str(setup.ca_cert))
+        assert first.http_version in (11, 20)
+        assert first.headers["alt-svc"] == f'h3=":{running.port("http3")}"; ma=86400'
+        versions = [s.get(f"https://localhost:{running.port('tcp')}/healthz", verify=str(setup.ca_cert)).http_version
+                    for _ in range(3)]  # fmt: skip
+    assert 30 in versions
+
+
+# ---- malformed requests: (method, path, body, headers, status, dialect) ----
+
+GOOD_A = {"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+GOOD_O = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]}
+MSG, CHAT = "/v1/messages", "/v1/chat/completions"
+
+
+def _with(doc: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    out = {**doc, **changes}
+    return {k: v for k, v in out.items() if v is not ...}
+
+
+BAD: list[tuple[str, str, str, Any, int]] = [
+    # id, method, path, body (bytes or JSON-able), expected status
+    ("a-not-json", "POST", MSG, b"{not json", 400),
+    ("a-array-body", "POST", MSG, b"[1, 2]", 400),
+    ("a-empty-body", "POST", MSG, b"", 400),
+    ("a-no-model", "POST", MSG, _with(GOOD_A, model=...), 400),
+    ("a-unknown-model", "POST", MSG, _with(GOOD_A, model="gpt-9"), 404),
+    ("a-no-max-tokens", "POST", MSG, _with(GOOD_A, max_tokens=...), 400),
+    ("a-max-tokens-zero", "POST", MSG, _with(GOOD_A, max_tokens=0), 400),
+    ("a-max-tokens-huge", "POST", MSG, _with(GOOD_A, max_tokens=10**9), 400),
+    ("a-max-tokens-string", "POST", MSG, _with(GOOD_A, max_tokens="4"), 400),
+    ("a-max-tokens-bool", "POST", MSG, _with(GOOD_A, max_tokens=True), 400),
+    ("a-no-messages", "POST", MSG, _with(GOOD_A, messages=...), 400),
+    ("a-empty-messages", "POST", MSG, _with(GOOD_A, messages=[]), 400),
+    ("a-messages-object", "POST", MSG, _with(GOOD_A, messages={"role": "user"}), 400),
+    ("a-bad-role", "POST", MSG, _with(GOOD_A, messages=[{"role": "system", "content": "x"}]), 400),
+    ("a-not-alternating", "POST", MSG, _with(GOOD_A, messages=[{"role": "user", "content": "a"},
+                                                             {"role": "user", "content": "b"}]), 400),
+    ("a-starts-assistant", "POST", MSG, _with(GOOD_A, messages=[{"role": "assistant", "content": "a"}]), 400),
+    ("a-no-content", "POST", MSG, _with(GOOD_A, messages=[{"role": "user"}]), 400),
+    ("a-content-number", "POST", MSG, _with(GOOD_A, messages=[{"role": "user", "content": 5}]), 400),
+    ("a-image-block", "POST", MSG, _with(GOOD_A, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]), 400),
+    ("a-document-block", "POST", MSG, _with(GOOD_A, messages=[{"role": "user", "content": [
+        {"type": "document", "source": {"type": "text", "data": "x"}}]}]), 400),
+    ("a-tool-result-block", "POST", MSG, _with(GOOD_A, messages=[{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]), 400),
+    ("a-tools", "POST", MSG, _with(GOOD_A, tools=[{"name": "x", "input_schema": {}}]), 400),
+    ("a-unknown-field", "POST", MSG, _with(GOOD_A, temprature=0.5), 400),
+    ("a-temperature-high", "POST", MSG, _with(GOOD_A, temperature=1.5), 400),
+    ("a-top-p-string", "POST", MSG, _with(GOOD_A, top_p="high"), 400),
+    ("a-top-k-negative", "POST", MSG, _with(GOOD_A, top_k=-3), 400),
+    ("a-stop-not-list", "POST", MSG, _with(GOOD_A, stop_sequences="END"), 400),
+    ("a-system-number", "POST", MSG, _with(GOOD_A, system=42), 400),
+    ("a-stream-string", "POST", MSG, _with(GOOD_A, stream="yes"), 400),
+    ("a-wrong-method", "GET", MSG, None, 405),
+    ("a-count-no-messages", "POST", "/v1/messages/count_tokens", {"model": "tiny-llama"}, 400),
+    ("o-not-json", "POST", CHAT, b"\xff\xfe", 400),
+    ("o-no-model", "POST", CHAT, _with(GOOD_O, model=...), 400),
+    ("o-unknown-model", "POST", CHAT, _with(GOOD_O, model="llama-70b"), 404),
+    ("o-empty-messages", "POST", CHAT, _with(GOOD_O, messages=[]), 400),
+    ("o-only-system", "POST", CHAT, _with(GOOD_O, messages=[{"role": "system", "content": "x"}]), 400),
+    ("o-bad-role", "POST", CHAT, _with(GOOD_O, messages=[{"role": "wizard", "content": "x"}]), 400),
+    ("o-tool-role", "POST", CHAT, _with(GOOD_O, messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]), 400),
+    ("o-image-part", "POST", CHAT, _with(GOOD_O, messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:,"}}]}]), 400),
+    ("o-n-2", "POST", CHAT, _with(GOOD_O, n=2), 400),
+    ("o-max-tokens-zero", "POST", CHAT, _with(GOOD_O, max_tokens=0), 400),
+    ("o-max-tokens-huge", "POST", CHAT, _with(GOOD_O, max_completion_tokens=10**7), 400),
+    ("o-temperature-high", "POST", CHAT, _with(GOOD_O, temperature=2.5), 400),
+    ("o-stop-five", "POST", CHAT, _with(GOOD_O, stop=["a", "b", "c", "d", "e"]), 400),
+    ("o-tools", "POST", CHAT, _with(GOOD_O, tools=[{"type": "function", "function": {"name": "f"}}]), 400),
+    ("o-response-format", "POST", CHAT, _with(GOOD_O, response_format={"type": "json_object"}), 400),
+    ("o-stream-options-no-stream", "POST", CHAT, _with(GOOD_O, stream_options={"include_usage": True}), 400),
+    ("o-seed-float", "POST", CHAT, _with(GOOD_O, seed=1.5), 400),
+    ("o-unknown-field", "POST", CHAT, _with(GOOD_O, best_of=3), 400),
+    ("o-wrong-method", "PUT", CHAT, GOOD_O, 405),
+    ("unknown-path", "POST", "/v1/completions", GOOD_O, 404),
+    ("models-post", "POST", "/v1/models", {}, 405),
+    ("oversized-body", "POST", MSG, _with(GOOD_A, messages=[{"role": "user", "content": "x" * 70_000}]), 413),
+]
+NO_AUTH = [("a-no-key", MSG, {}, 401), ("a-bad-key", MSG, {"x-api-key": "zl-wrong"}, 401),
+           ("o-bad-bearer", CHAT, {"authorization": "Bearer nope"}, 401)]  # fmt: skip
+
+
+def _check_error(status: int, body: bytes, path: str, expected: int) -> None:
+    assert status == expected, body[:300]
+    doc = json.loads(body)
+    if path.startswith("/v1/messages"):
+        assert doc["type"] == "error" and isinstance(doc["error"]["message"], str) and doc["error"]["type"]
+    else:
+        assert set(doc["error"]) == {"message", "type", "param", "code"}
+    assert "Traceback" not in body.decode()
+
+
+def _encode(body: Any) -> bytes | None:
+    return body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+
+
+def _send_httpx(client: httpx.Client, base: str, method: str, path: str, body: Any,
+                headers: dict[str, str]) -> tuple[int, bytes]:  # fmt: skip
+    r = client.request(method, base + path, content=_encode(body),
+                       headers={"content-type": "application/json", **headers})  # fmt: skip
+    return r.status_code, r.content
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix", "http3"])
+def test_malformed_requests_get_dialect_errors_on_every_transport(tiny: tuple[RunningDaemon, DevSetup],
+                                                                  transport: str) -> None:  # fmt: skip
+    running, setup = tiny
+    assert len(BAD) >= 40
+    auth = {"x-api-key": setup.api_key}
+    if transport == "http3":
+        session = niquests.Session(disable_http1=True, disable_http2=True)
+        base = f"https://localhost:{running.port('http3')}"
+
+        def send(method: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, bytes]:
+            r = session.request(method, base + path, data=_encode(body), verify=str(setup.ca_cert),
+                                headers={"content-type": "application/json", **headers})  # fmt: skip
+            assert r.http_version == 30
+            return int(r.status_code or 0), r.content or b""
+    else:
+        if transport == "unix":
+            client = httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket)))
+            base = "http://localhost"
+        else:
+            client = httpx.Client(verify=_trust(setup))
+            base = f"https://localhost:{running.port('tcp')}"
+
+        def send(method: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, bytes]:
+            return _send_httpx(client, base, method, path, body, headers)
+
+    for case_id, method, path, body, expected in BAD:
+        status, data = send(method, path, body, auth)
+        try:
+            _check_error(status, data, path, expected)
+        except AssertionError as exc:
+            raise AssertionError(f"{transport} {case_id}: {exc}") from None
+    if transport != "unix":  # the Unix socket is authorised by its file permissions
+        for case_id, path, headers, expected in NO_AUTH:
+            status, data = send("POST", path, GOOD_A if path == MSG else GOOD_O, headers)
+            assert status == expected, case_id
+            _check_error(status, data, path, expected)
+    status, data = send("POST", MSG, GOOD_A, auth)  # and it serves on
+    assert status == 200 and json.loads(data)["type"] == "message"
+
+
+def test_32_concurrent_streams_over_one_quic_connection_and_32_tcp_connections(
+    tiny: tuple[RunningDaemon, DevSetup],
+) -> None:
+    running, setup = tiny
+    body = {"model": "tiny-llama", "max_tokens": 8, "stream": True,
+            "messages": [{"role": "user", "content": "Tell me about lists."}]}  # fmt: skip
+    headers = {"x-api-key": setup.api_key}
+    with niquests.Session(disable_http1=True, disable_http2=True, multiplexed=True) as s:
+        url = f"https://localhost:{running.port('http3')}/v1/messages"
+        lazy = [s.post(url, json=body, headers=headers, verify=str(setup.ca_cert)) for _ in range(32)]
+        s.gather()
+        quic_texts = {_sse_text(r.text) for r in lazy if r.status_code == 200 and r.http_version == 30}
+        assert sum(1 for r in lazy if r.status_code == 200) == 32
+
+    def one(_: int) -> str:
+        with httpx.Client(verify=_trust(setup)) as c:
+            r = c.post(f"https://localhost:{running.port('tcp')}/v1/messages", json=body, headers=headers, timeout=60)
+            assert r.status_code == 200 and r.text.rstrip().endswith('{"type": "message_stop"}')
+            return _sse_text(r.text)
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        tcp_texts = set(pool.map(one, range(32)))
+    assert len(quic_texts) == 1 and quic_texts == tcp_texts  # greedy: every stream the same answer
+
+
+def test_client_that_goes_away_cancels_its_generation(tiny: tuple[RunningDaemon, DevSetup]) -> None:
+    running, setup = tiny
+    engine = running.daemon.engine
+    assert engine is not None
+    body = {"model": "tiny-llama", "max_tokens": 1800, "stream": True,
+            "messages": [{"role": "user", "content": "Go on forever."}]}  # fmt: skip
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket))) as c, \
+            c.stream("POST", "http://localhost/v1/messages", json=body) as r:  # fmt: skip
+        for i, _ in enumerate(r.iter_bytes()):
+            if i == 3:
+                break
+    deadline = time.monotonic() + 10
+    while engine.workers["cpu"].depth and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.workers["cpu"].depth == 0
