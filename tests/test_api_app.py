@@ -1,0 +1,140 @@
+"""The ASGI app called directly (no sockets): readiness, a full queue, metrics; and the key CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import firmware
+from appliance.api import ApiApp, ApiSettings, KeyStore
+from appliance.api.auth import add_key, revoke_key
+from appliance.engine import Engine, EngineConfig
+
+
+async def _call(app: ApiApp, method: str, path: str, body: Any = None, transport: str = "unix",
+                headers: list[tuple[bytes, bytes]] | None = None) -> tuple[int, dict[bytes, bytes], bytes]:  # fmt: skip
+    data = b"" if body is None else json.dumps(body).encode()
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": data, "more_body": False}
+        await asyncio.sleep(3600)  # the client stays connected
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "headers": headers or [],
+             "extensions": {"zerolayer": {"transport": transport}}}  # fmt: skip
+    await app(scope, receive, send)
+    start = sent[0]
+    return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+@pytest.fixture()
+def engine(tiny_bundle_path: Path, trusted_keys: Path):  # type: ignore[no-untyped-def]
+    eng = Engine(firmware.load(tiny_bundle_path, trusted_keys),
+                 EngineConfig(max_active_per_device=1, max_queued=1, prefix_cache_bytes=0))  # fmt: skip
+    yield eng
+    eng.close()
+
+
+REQ = {"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_not_ready_is_503_but_health_answers(engine: Engine) -> None:
+    app = ApiApp(engine, ApiSettings(keys=KeyStore([])))
+
+    async def run() -> None:
+        assert (await _call(app, "GET", "/healthz"))[0] == 200
+        status, _, _ = await _call(app, "GET", "/readyz")
+        assert status == 503
+        status, headers, body = await _call(app, "POST", "/v1/messages", REQ)
+        assert status == 503 and headers[b"retry-after"] == b"1"
+        assert json.loads(body)["error"]["type"] == "api_error"
+        app.ready = True
+        assert (await _call(app, "GET", "/readyz"))[0] == 200
+        assert (await _call(app, "POST", "/v1/messages", REQ))[0] == 200
+
+    asyncio.run(run())
+
+
+def test_full_queue_is_529_for_anthropic_and_429_for_openai(engine: Engine) -> None:
+    app = ApiApp(engine, ApiSettings(keys=KeyStore([])))
+    app.ready = True
+    long = {**REQ, "max_tokens": 1500, "stream": True}
+
+    async def run() -> None:
+        # One runs, one waits: the queue (max_queued=1) is then full.
+        hogs = [asyncio.create_task(_call(app, "POST", "/v1/messages", long)) for _ in range(2)]
+        await asyncio.sleep(0.3)
+        status, headers, body = await _call(app, "POST", "/v1/messages", REQ)
+        assert status == 529 and headers[b"retry-after"] == b"1"
+        assert json.loads(body)["error"]["type"] == "overloaded_error"
+        chat = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]}
+        status, headers, body = await _call(app, "POST", "/v1/chat/completions", chat)
+        assert status == 429 and headers[b"retry-after"] == b"1"
+        assert json.loads(body)["error"]["code"] == "rate_limit_exceeded"
+        for h in hogs:
+            h.cancel()
+
+    asyncio.run(run())
+
+
+def test_metrics_count_requests_tokens_and_latency(engine: Engine) -> None:
+    app = ApiApp(engine, ApiSettings(keys=KeyStore([])))
+    app.ready = True
+
+    async def run() -> str:
+        await _call(app, "POST", "/v1/messages", REQ)
+        await _call(app, "POST", "/v1/messages", {"bad": 1})
+        await _call(app, "POST", "/v1/messages", REQ, transport="tcp")  # no key on a network transport
+        return (await _call(app, "GET", "/metrics"))[2].decode()
+
+    text = asyncio.run(run())
+    assert 'zerolayer_requests_total{api="anthropic",code="200",transport="unix"} 1.0' in text
+    assert 'zerolayer_requests_total{api="anthropic",code="400",transport="unix"} 1.0' in text
+    assert 'zerolayer_requests_total{api="anthropic",code="401",transport="tcp"} 1.0' in text
+    assert 'zerolayer_tokens_total{kind="input"}' in text
+    assert "zerolayer_time_to_first_token_seconds_count 1.0" in text
+    assert "zerolayer_queue_depth 0.0" in text and "zerolayer_active_streams 0.0" in text
+
+
+def test_keys_are_stored_hashed_and_checked(tmp_path: Path) -> None:
+    path = tmp_path / "api-keys"
+    key = add_key(path, "alice")
+    add_key(path, "ops", debug=True)
+    assert key not in path.read_text()  # only the hash is stored
+    store = KeyStore.load(path)
+    found = store.check(key)
+    assert found is not None and found.name == "alice" and not found.debug
+    assert store.check(key + "x") is None and store.check("") is None
+    with pytest.raises(ValueError, match="exists already"):
+        add_key(path, "alice")
+    assert revoke_key(path, "alice") and not revoke_key(path, "alice")
+    assert KeyStore.load(path).check(key) is None
+
+
+def test_keys_and_dev_cert_cli(tmp_path: Path) -> None:
+    def zl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "appliance.cli", *args], capture_output=True, text=True)
+
+    keys = tmp_path / "keys"
+    added = zl("keys", "add", "bob", "--file", str(keys), "--debug")
+    assert added.returncode == 0 and added.stdout.startswith("zl-") and "shown only this once" in added.stderr
+    listed = zl("keys", "list", "--file", str(keys))
+    assert listed.stdout.strip() == "bob  (debug)"
+    assert zl("keys", "revoke", "bob", "--file", str(keys)).returncode == 0
+    assert zl("keys", "revoke", "bob", "--file", str(keys)).returncode == 1
+    cert = zl("tls", "dev-cert", "--out", str(tmp_path / "tls"))
+    assert cert.returncode == 0 and (tmp_path / "tls" / "server.crt").is_file()
