@@ -129,11 +129,9 @@ def _load_config(path: Path | None):  # type: ignore[no-untyped-def]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from appliance.daemon import Daemon
+    from appliance.daemon import serve
 
-    config = _load_config(args.config)
-    logging.getLogger().setLevel(config.log.level.upper())
-    return asyncio.run(Daemon(config).run())
+    return serve(args.config)
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -190,7 +188,8 @@ def cmd_run_demo(args: argparse.Namespace) -> int:
     print(DEMO_USAGE.format(port=args.port, key=dev.api_key, ca=dev.ca_cert, sock=dev.unix_socket,
                             model=config.firmware.path.name, root=dev.root), flush=True)  # fmt: skip
     logging.getLogger().setLevel(logging.INFO)
-    return asyncio.run(Daemon(config, status=lambda line: print(f"zerolayer: {line}", flush=True)).run())
+    daemon = Daemon(config, status=lambda line: print(f"zerolayer: {line}", flush=True), config_root=dev.root)
+    return asyncio.run(daemon.run())
 
 
 DEMO_USAGE = """

@@ -58,6 +58,7 @@ class LimitsConfig:
     quic_idle_timeout: float = 60.0
     quic_max_connections: int = 1024
     quic_max_streams: int = 128
+    drain_timeout: float = 30.0  # seconds in-flight requests get to finish on SIGTERM
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "limits.quic_idle_timeout": (1, 3600),
     "limits.quic_max_connections": (1, 1_000_000),
     "limits.quic_max_streams": (1, 10_000),
+    "limits.drain_timeout": (0, 3600),
     "engine.max_tokens_per_shard": (0, 1 << 20),
     "engine.prefix_cache_mb": (0, 1 << 20),
     "engine.threads": (0, 1024),

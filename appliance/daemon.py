@@ -9,21 +9,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import firmware
 from appliance.api import ApiApp, ApiSettings, KeyStore, Metrics
-from appliance.config import Config, parse_address
+from appliance.config import Config, ConfigError, load_config, parse_address
 from appliance.engine import Engine, EngineConfig, available_devices
+from appliance.systemd import ActivatedSockets, Notifier, configure_logging, listen_fds, run_watchdog, watchdog_interval
 from appliance.transport.http3 import Http3Server, serve_http3
 from appliance.transport.tcp import HypercornListener, bind_tcp, bind_unix
 
 log = logging.getLogger(__name__)
 
 
-def engine_config(config: Config) -> EngineConfig:
+def engine_config(config: Config, bundle: firmware.Bundle) -> EngineConfig:
+    baked = bundle.layer.max_tokens_per_shard
+    if config.engine.max_tokens_per_shard > baked:
+        where = config.sources.get("engine.max_tokens_per_shard", "default")
+        raise ConfigError([f"{where}: engine.max_tokens_per_shard = {config.engine.max_tokens_per_shard} exceeds "
+                           f"the firmware's baked {baked}; config may only lower it"])  # fmt: skip
     return EngineConfig(
         max_tokens_per_shard=config.engine.max_tokens_per_shard or None,
         prefix_cache_bytes=config.engine.prefix_cache_mb << 20,
@@ -42,24 +51,40 @@ class Listeners:
 
 
 class Daemon:
-    def __init__(self, config: Config, status: Callable[[str], None] | None = None) -> None:
+    def __init__(self, config: Config, status: Callable[[str], None] | None = None,
+                 notifier: Notifier | None = None, config_root: Path | None = None) -> None:  # fmt: skip
         self.config = config
-        self.status = status or (lambda line: log.info("%s", line))
+        self.config_root = config_root
+        self.notifier = notifier or Notifier("")
+        self._echo = status
         self.metrics = Metrics()
         self.engine: Engine | None = None
         self.app: ApiApp | None = None
         self.listeners = Listeners()
+        self.activated = ActivatedSockets({})
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def status(self, line: str) -> None:
+        """One line for `systemctl status` and the log."""
+        self.notifier.status(line)
+        if self._echo is not None:
+            self._echo(line)
+        else:
+            log.info("%s", line)
 
     async def start(self) -> None:
         cfg = self.config
         self.status(f"verifying firmware {cfg.firmware.path}")
+        self.notifier.extend_timeout(120)  # hashing a large bundle can outlast TimeoutStartSec's default
         bundle = await asyncio.to_thread(firmware.load, cfg.firmware.path, cfg.firmware.trusted_keys)
+        self.status(f"verified firmware {bundle.name} {bundle.version} (signed by key {bundle.signer_key_id})")
         devices = available_devices()
         if devices == ["cpu"]:
             log.warning("no GPU execution provider in this onnxruntime build: serving on the CPU only")
         devices = sorted(devices, key=lambda d: d == "cpu")  # GPU first when there is one
-        self.status(f"warming engine for {bundle.name} {bundle.version} on {', '.join(devices)}")
-        engine = await asyncio.to_thread(Engine, bundle, engine_config(cfg), tuple(devices))
+        self.status(f"warming engine on {', '.join(devices)}")
+        self.notifier.extend_timeout(300)
+        engine = await asyncio.to_thread(Engine, bundle, engine_config(cfg, bundle), tuple(devices))
         await asyncio.to_thread(engine.warm)
         self.engine = engine
         settings = ApiSettings(
@@ -72,46 +97,117 @@ class Daemon:
         self.app = ApiApp(engine, settings, self.metrics)
         await self._bind()
         self.app.ready = True
-        self.status(f"serving {bundle.name} {bundle.version}: " + ", ".join(
-            f"{k} {v}" for k, v in self.listeners.addresses.items()))  # fmt: skip
+        log.info("serving %s %s: %s", bundle.name, bundle.version,
+                 ", ".join(f"{k} {v}" for k, v in self.listeners.addresses.items()))  # fmt: skip
+        self.notifier.ready(self.serving_line())
+        if self._echo is not None:
+            self._echo(self.serving_line())
+        interval = watchdog_interval()
+        if interval is not None:
+            self._tasks.append(asyncio.create_task(run_watchdog(self.notifier, interval, self.healthy)))
+        self._tasks.append(asyncio.create_task(self._report_status()))
+
+    def serving_line(self) -> str:
+        assert self.engine is not None
+        streams = self.app.active_streams if self.app is not None else 0
+        queued = sum(w.queued for w in self.engine.workers.values())
+        listeners = ", ".join(self.listeners.addresses)
+        return f"serving {self.engine.bundle.name}: {streams} streams, {queued} queued, on {listeners}"
+
+    async def _report_status(self) -> None:
+        while True:
+            await asyncio.sleep(5)
+            self.notifier.status(self.serving_line())
+
+    def healthy(self, now: float | None = None) -> bool:
+        """Every engine worker thread alive and, if busy, progressing within the stall limit."""
+        if self.engine is None or not self.engine.alive():
+            return False
+        now = time.monotonic() if now is None else now
+        limit = self.stall_limit
+        return all(not w.depth or now - w.last_progress < limit for w in self.engine.workers.values())
+
+    @property
+    def stall_limit(self) -> float:
+        interval = watchdog_interval()
+        return interval * 2 if interval is not None else 60.0
 
     async def _bind(self) -> None:
+        """Bind every listener: sockets systemd passed (by name) first, else our own."""
         cfg, app, ls = self.config, self.app, self.listeners
         assert app is not None
+        self.activated = listen_fds()
+        for sock in self.activated.by_name.values():
+            sock.setblocking(False)
         quic_port = None
-        if cfg.listen.quic:
-            host, port = parse_address(cfg.listen.quic)
+        quic_sock = self.activated.take("quic")
+        if cfg.listen.quic or quic_sock is not None:
+            host, port = parse_address(cfg.listen.quic or "[::]:0")
             ls.http3 = await serve_http3(
-                app, host=host, port=port, certfile=cfg.tls.cert, keyfile=cfg.tls.key,
+                app, host=host, port=port, sock=quic_sock, certfile=cfg.tls.cert, keyfile=cfg.tls.key,
                 ticket_key_path=cfg.state.dir / "quic-tickets", idle_timeout=cfg.limits.quic_idle_timeout,
                 max_connections=cfg.limits.quic_max_connections,
                 max_streams_per_connection=cfg.limits.quic_max_streams, ca_certs=cfg.tls.client_ca,
                 max_body_bytes=cfg.limits.max_body_bytes, on_handshake=self.metrics.count_handshake,
             )  # fmt: skip
             quic_port = ls.http3.port
-            ls.addresses["http3"] = f"udp {host}:{quic_port}"
-        if cfg.listen.tcp:
-            host, port = parse_address(cfg.listen.tcp)
+            ls.addresses["http3"] = f"udp port {quic_port}"
+        drain = cfg.limits.drain_timeout
+        tcp_sock = self.activated.take("tcp")
+        if cfg.listen.tcp or tcp_sock is not None:
+            if tcp_sock is None:
+                tcp_sock = bind_tcp(*parse_address(cfg.listen.tcp))
             ls.tcp = HypercornListener(
-                app, bind_tcp(host, port), "tcp", certfile=cfg.tls.cert, keyfile=cfg.tls.key,
-                client_ca=cfg.tls.client_ca, alt_svc_port=quic_port,
+                app, tcp_sock, "tcp", certfile=cfg.tls.cert, keyfile=cfg.tls.key,
+                client_ca=cfg.tls.client_ca, alt_svc_port=quic_port, graceful_timeout=drain,
             )  # fmt: skip
             ls.tcp.start()
             ls.addresses["tcp"] = f"https {ls.tcp.address}"
-        if cfg.listen.unix:
-            from pathlib import Path
-
-            ls.unix = HypercornListener(app, bind_unix(Path(cfg.listen.unix), int(cfg.listen.unix_mode, 8)), "unix")
+        unix_sock = self.activated.take("unix")
+        if cfg.listen.unix or unix_sock is not None:
+            if unix_sock is None:
+                unix_sock = bind_unix(Path(cfg.listen.unix), int(cfg.listen.unix_mode, 8))
+            ls.unix = HypercornListener(app, unix_sock, "unix", graceful_timeout=drain)
             ls.unix.start()
-            ls.addresses["unix"] = cfg.listen.unix
+            ls.addresses["unix"] = str(unix_sock.getsockname())
         await asyncio.sleep(0)  # let Hypercorn start accepting on the sockets we bound
 
-    async def stop(self, drain_timeout: float = 10.0) -> None:
+    def reload(self) -> bool:
+        """SIGHUP: re-read the config and apply what can change live; a bad config changes nothing."""
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config_root)
+            keys = KeyStore.load(new.auth.keys_file)
+        except (ConfigError, ValueError, OSError) as exc:
+            problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
+            for line in problems:
+                log.error("reload rejected, the running config stays: %s", line)
+            self.notifier.ready(self.serving_line())
+            return False
+        if self.app is not None:
+            self.app.settings = ApiSettings(keys=keys, auth_required=new.auth.required,
+                                            max_body_bytes=new.limits.max_body_bytes)  # fmt: skip
+        if self.engine is not None:
+            for worker in self.engine.workers.values():
+                worker.max_queued = new.limits.max_queued
+        logging.getLogger().setLevel(new.log.level.upper())
+        self.config = new
+        log.info("reloaded config: %d API keys, log level %s", len(keys.keys), new.log.level)
+        self.notifier.ready(self.serving_line())
+        return True
+
+    async def stop(self, drain_timeout: float | None = None) -> None:
+        """Stop accepting, let in-flight streams finish (up to the drain timeout), close QUIC
+        connections with CONNECTION_CLOSE, stop the engine."""
+        drain_timeout = self.config.limits.drain_timeout if drain_timeout is None else drain_timeout
+        self.notifier.stopping()
         self.status("stopping: draining in-flight requests")
+        for task in self._tasks:
+            task.cancel()
         if self.app is not None:
             self.app.ready = False
         ls = self.listeners
-        closers = [x.close() for x in (ls.tcp, ls.unix) if x is not None]
+        closers = [x.close(drain_timeout) for x in (ls.tcp, ls.unix) if x is not None]
         if ls.http3 is not None:
             closers.append(ls.http3.close(drain_timeout))
         await asyncio.gather(*closers, return_exceptions=True)
@@ -119,22 +215,32 @@ class Daemon:
             await asyncio.to_thread(self.engine.close)
 
     async def run(self) -> int:
-        """Serve until SIGTERM or SIGINT; a second signal stops at once."""
-        await self.start()
-        stop = asyncio.Event()
+        """Serve until SIGTERM or SIGINT (SIGHUP reloads); a second stop signal exits at once."""
         loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        await self.start()
         await stop.wait()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _exit_now)
         await self.stop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(ValueError):
                 loop.remove_signal_handler(sig)
+        self.notifier.close()
+        log.info("stopped")
         return 0
 
 
 def _exit_now() -> None:
-    log.warning("second signal: stopping at once")
-    raise SystemExit(1)
+    log.warning("second signal: stopping at once, without draining")
+    os._exit(1)
+
+
+def serve(config_root: Path | None) -> int:
+    """`zerolayer serve`: the daemon as systemd runs it."""
+    config = load_config(config_root)
+    configure_logging(config.log.level)
+    return asyncio.run(Daemon(config, notifier=Notifier(), config_root=config_root).run())

@@ -15,6 +15,7 @@ from pathlib import Path
 from appliance.api.auth import add_key
 from appliance.config import load_config
 from appliance.daemon import Daemon
+from appliance.systemd import Notifier
 from appliance.tls import make_dev_cert
 
 
@@ -70,8 +71,8 @@ class RunningDaemon:
     """A real daemon on real sockets, on its own event loop in a thread, so that synchronous
     official clients can call it from the test."""
 
-    def __init__(self, config_root: Path) -> None:
-        self.daemon = Daemon(load_config(config_root))
+    def __init__(self, config_root: Path, notifier: Notifier | None = None) -> None:
+        self.daemon = Daemon(load_config(config_root), notifier=notifier, config_root=config_root)
         self.loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._error: BaseException | None = None

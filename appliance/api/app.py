@@ -92,6 +92,7 @@ class ApiApp:
         self.model_name = engine.bundle.name
         self.choose_device = choose_device
         self.ready = False  # the daemon sets it once the engine is warm and every listener is bound
+        self.active_streams = 0
         self.created = int(time.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -195,6 +196,7 @@ class ApiApp:
         handle = self._submit(dialect, request)
         watcher = asyncio.create_task(_cancel_on_disconnect(receive, handle))
         self.metrics.active_streams.inc()
+        self.active_streams += 1
         try:
             if stream:
                 await self._stream(send, dialect, handle, started, include_usage)
@@ -203,6 +205,7 @@ class ApiApp:
             return 200
         finally:
             self.metrics.active_streams.dec()
+            self.active_streams -= 1
             watcher.cancel()
             handle.cancel()  # no-op when finished; frees the slot if we leave early
 

@@ -89,8 +89,10 @@ class HypercornListener:
             name=f"hypercorn-{self.transport}",
         )
 
-    async def close(self) -> None:
-        """Stop accepting; in-flight requests get up to graceful_timeout to finish."""
+    async def close(self, graceful_timeout: float | None = None) -> None:
+        """Stop accepting; in-flight requests get up to graceful_timeout seconds to finish."""
+        if graceful_timeout is not None:
+            self.config.graceful_timeout = graceful_timeout  # Hypercorn reads it at shutdown
         self._stop.set()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
