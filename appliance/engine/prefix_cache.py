@@ -113,6 +113,12 @@ class PrefixCache:
                 self._remove(next(iter(self._entries)))
         return True
 
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._index.clear()
+            self._bytes = 0
+
     def _remove(self, entry_id: int) -> None:
         entry = self._entries.pop(entry_id)
         self._bytes -= entry.nbytes
