@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 from pathlib import Path
@@ -145,7 +146,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         for f in dataclasses.fields(getattr(config, section.name)):
             value = getattr(getattr(config, section.name), f.name)
             where = config.sources.get(f"{section.name}.{f.name}", "default")
-            print(f"{f.name} = {str(value) if value is not None else ''!r:<50} # {where}")
+            line = f"{f.name} = {json.dumps(value if isinstance(value, bool | int | float) else str(value or ''))}"
+            print(f"{line:<64} # {where}")
     return 0
 
 

@@ -15,6 +15,11 @@ DEFAULT_ROOT = Path("/etc/zerolayer")
 EX_CONFIG = 78
 
 
+def setting(default: Any, doc: str) -> Any:
+    """A config key: its default and the one line the README's reference shows for it."""
+    return field(default=default, metadata={"doc": doc})
+
+
 class ConfigError(Exception):
     """One or more problems, each naming file:key."""
 
@@ -25,57 +30,57 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class FirmwareConfig:
-    path: Path = Path("/usr/lib/zerolayer/firmware/current")
-    trusted_keys: Path = Path("/etc/zerolayer/trusted-keys")
+    path: Path = setting(Path("/usr/lib/zerolayer/firmware/current"), 'the bundle to load')
+    trusted_keys: Path = setting(Path("/etc/zerolayer/trusted-keys"), 'directory of trusted `*.pub` signing keys')
 
 
 @dataclass(frozen=True)
 class ListenConfig:
-    quic: str = "[::]:8443"  # "HOST:PORT" (UDP); "" turns the listener off
-    tcp: str = "[::]:8443"  # HTTPS over TCP (HTTP/1.1 and HTTP/2)
-    unix: str = "/run/zerolayer/api.sock"
-    unix_mode: str = "0660"
+    quic: str = setting("[::]:8443", 'HTTP/3 (UDP) `HOST:PORT`; `""` turns it off')
+    tcp: str = setting("[::]:8443", 'HTTPS (HTTP/1.1, HTTP/2) `HOST:PORT`; `""` turns it off')
+    unix: str = setting("/run/zerolayer/api.sock", 'Unix socket for local clients (no API key); `""` turns it off')
+    unix_mode: str = setting("0660", "the socket's mode, octal")
 
 
 @dataclass(frozen=True)
 class TlsConfig:
-    cert: Path = Path("/etc/zerolayer/tls/server.crt")
-    key: Path = Path("/etc/zerolayer/tls/server.key")
-    client_ca: Path | None = None  # set to require client certificates (mTLS) on TCP and QUIC
+    cert: Path = setting(Path("/etc/zerolayer/tls/server.crt"), 'server certificate (PEM)')
+    key: Path = setting(Path("/etc/zerolayer/tls/server.key"), 'server private key (PEM, 0600)')
+    client_ca: Path | None = setting(None, 'require client certificates signed by this CA (mTLS on TCP and QUIC)')
 
 
 @dataclass(frozen=True)
 class AuthConfig:
-    required: bool = True  # network clients need an API key; false only for a lab
-    keys_file: Path = Path("/etc/zerolayer/api-keys")
+    required: bool = setting(True, 'network clients need an API key; false only for a lab')
+    keys_file: Path = setting(Path("/etc/zerolayer/api-keys"), 'hashed API keys (`zerolayer keys add`)')
 
 
 @dataclass(frozen=True)
 class LimitsConfig:
-    max_body_bytes: int = 1 << 20
-    max_queued: int = 64
-    max_active_per_device: int = 4
-    quic_idle_timeout: float = 60.0
-    quic_max_connections: int = 1024
-    quic_max_streams: int = 128
-    drain_timeout: float = 30.0  # seconds in-flight requests get to finish on SIGTERM
+    max_body_bytes: int = setting(1 << 20, 'larger request bodies get 413')
+    max_queued: int = setting(64, 'requests waiting per device before 429/529')
+    max_active_per_device: int = setting(4, 'requests a device interleaves at once')
+    quic_idle_timeout: float = setting(60.0, 'seconds before an idle QUIC connection is closed')
+    quic_max_connections: int = setting(1024, 'QUIC connections at once; more are refused')
+    quic_max_streams: int = setting(128, 'concurrent streams per QUIC connection')
+    drain_timeout: float = setting(30.0, 'seconds in-flight requests get to finish on SIGTERM')
 
 
 @dataclass(frozen=True)
 class EngineSection:
-    max_tokens_per_shard: int = 0  # 0: the firmware's baked value; config may only lower it
-    prefix_cache_mb: int = 256
-    threads: int = 0  # 0: one per CPU
+    max_tokens_per_shard: int = setting(0, "0: the firmware's baked value; config may only lower it")
+    prefix_cache_mb: int = setting(256, 'KV prefix pool size in MiB; 0 turns reuse off')
+    threads: int = setting(0, 'ONNX Runtime intra-op threads; 0: one per CPU')
 
 
 @dataclass(frozen=True)
 class StateConfig:
-    dir: Path = Path("/var/lib/zerolayer")
+    dir: Path = setting(Path("/var/lib/zerolayer"), 'state: QUIC session tickets')
 
 
 @dataclass(frozen=True)
 class LogConfig:
-    level: str = "info"
+    level: str = setting("info", 'debug, info, warning or error')
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,20 @@ _RANGES: dict[str, tuple[float, float]] = {
     "engine.threads": (0, 1024),
 }
 _LEVELS = ("debug", "info", "warning", "error")
+
+
+def reference_table() -> str:
+    """The README's config reference, made from the schema so the two cannot drift."""
+    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
+    defaults = Config()
+    for section in dataclasses.fields(Config):
+        if section.name == "sources":
+            continue
+        for f in dataclasses.fields(getattr(defaults, section.name)):
+            value = getattr(getattr(defaults, section.name), f.name)
+            shown = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+            rows.append(f"| `{section.name}.{f.name}` | `{shown}` | {f.metadata.get('doc', '')} |")
+    return "\n".join(rows)
 
 
 def config_files(root: Path) -> list[Path]:
