@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import signal
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -190,6 +191,13 @@ class Daemon:
         if self.engine is not None:
             for worker in self.engine.workers.values():
                 worker.max_queued = new.limits.max_queued
+        try:
+            for listener in (self.listeners.http3, self.listeners.tcp):
+                if listener is not None:
+                    listener.reload_certificate(new.tls.cert, new.tls.key)
+        except (OSError, ValueError, ssl.SSLError) as exc:
+            log.error("reload: TLS certificate %s not loaded (%s); new connections keep the old one",
+                      new.tls.cert, exc)  # fmt: skip
         logging.getLogger().setLevel(new.log.level.upper())
         self.config = new
         log.info("reloaded config: %d API keys, log level %s", len(keys.keys), new.log.level)

@@ -9,14 +9,18 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from appliance.api.auth import add_key
 from appliance.config import load_config
 from appliance.daemon import Daemon
 from appliance.systemd import Notifier
 from appliance.tls import make_dev_cert
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,14 @@ class RunningDaemon:
         asyncio.run_coroutine_threadsafe(self.daemon.stop(drain_timeout=1), self.loop).result(60)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(30)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run fn on the daemon's loop (as its signal handlers do) and return its result."""
+
+        async def run() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(60)
 
     def port(self, name: str) -> int:
         ls = self.daemon.listeners

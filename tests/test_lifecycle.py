@@ -262,3 +262,28 @@ def test_sigterm_drains_a_stream_refuses_new_connections_and_exits_0(setup: DevS
         t.join(60)
         assert proc.wait(30) == 0
     assert out["status"] == 200 and b"message_stop" in out["body"]  # type: ignore[operator]
+
+
+def test_reload_swaps_the_tls_certificate_for_new_connections(setup: DevSetup) -> None:
+    import niquests
+
+    from appliance.tls import make_dev_cert
+
+    running = RunningDaemon(setup.root).start()
+    try:
+        url = _tcp_url(setup).replace("/v1/messages", "/healthz")
+        old_ca = ssl.create_default_context(cafile=str(setup.ca_cert))
+        with httpx.Client(verify=old_ca) as c:
+            assert c.get(url).status_code == 200
+        make_dev_cert(setup.root / "tls")  # a new CA and leaf in the same files
+        assert running.call(running.daemon.reload)
+        new_ca = ssl.create_default_context(cafile=str(setup.ca_cert))
+        with httpx.Client(verify=new_ca) as c:
+            assert c.get(url).status_code == 200
+        with pytest.raises(httpx.ConnectError), httpx.Client(verify=old_ca) as c:
+            c.get(url)
+        with niquests.Session(disable_http1=True, disable_http2=True) as s:
+            r = s.get(f"https://localhost:{running.port('http3')}/healthz", verify=str(setup.ca_cert))
+            assert r.status_code == 200 and r.http_version == 30
+    finally:
+        running.stop()

@@ -516,6 +516,10 @@ class Http3Server(asyncio.DatagramProtocol):
 
     # asyncio.DatagramProtocol
 
+    def reload_certificate(self, certfile: Path, keyfile: Path) -> None:
+        """New connections present the new certificate; established ones keep theirs."""
+        self.configuration.load_cert_chain(certfile, keyfile)
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.DatagramTransport, transport)
         self.address = _host_port(transport.get_extra_info("sockname"))

@@ -48,6 +48,17 @@ def bind_unix(path: Path, mode: int, backlog: int = 512) -> socket.socket:
     return sock
 
 
+class _ReloadableTlsConfig(HypercornConfig):
+    """Keeps the SSLContext Hypercorn builds once, so a reload can swap the certificate in it:
+    SSLContext.load_cert_chain affects new handshakes only."""
+
+    ssl_context: ssl.SSLContext | None = None
+
+    def create_ssl_context(self) -> ssl.SSLContext | None:
+        self.ssl_context = super().create_ssl_context()
+        return self.ssl_context
+
+
 class HypercornListener:
     """One socket served by Hypercorn with its own transport tag."""
 
@@ -56,7 +67,7 @@ class HypercornListener:
                  graceful_timeout: float = 30.0) -> None:  # fmt: skip
         self.sock = sock
         self.transport = transport
-        cfg = HypercornConfig()
+        cfg = _ReloadableTlsConfig()
         # Hypercorn closes the fd it is given; give it its own so ours stays ours.
         cfg.bind = [f"fd://{os.dup(sock.fileno())}"]
         cfg.accesslog = None
@@ -82,6 +93,10 @@ class HypercornListener:
     def address(self) -> str:
         name = self.sock.getsockname()
         return name if isinstance(name, str) else f"[{name[0]}]:{name[1]}" if ":" in name[0] else f"{name[0]}:{name[1]}"
+
+    def reload_certificate(self, certfile: Path, keyfile: Path) -> None:
+        if self.config.ssl_context is not None:
+            self.config.ssl_context.load_cert_chain(str(certfile), str(keyfile))
 
     def start(self) -> None:
         self._task = asyncio.create_task(
