@@ -287,3 +287,35 @@ def test_reload_swaps_the_tls_certificate_for_new_connections(setup: DevSetup) -
             assert r.status_code == 200 and r.http_version == 30
     finally:
         running.stop()
+
+
+def test_journal_fields_come_from_the_log_record() -> None:
+    import logging
+
+    from appliance.systemd import JournalFieldsFilter
+
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "m", None, None)
+    record.request_id, record.device = "abc", "cuda:0"
+    assert JournalFieldsFilter().filter(record)
+    assert record.ZEROLAYER_REQUEST_ID == "abc" and record.ZEROLAYER_DEVICE == "cuda:0"  # type: ignore[attr-defined]
+
+
+def test_logging_goes_to_the_journal_only_under_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from systemd.journal import JournalHandler
+
+    from appliance.systemd import configure_logging
+
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    try:
+        monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+        configure_logging("info")
+        assert [type(h) for h in root.handlers] == [logging.StreamHandler]
+        monkeypatch.setenv("JOURNAL_STREAM", "8:12345")
+        configure_logging("debug")
+        assert [type(h) for h in root.handlers] == [JournalHandler] and root.level == logging.DEBUG
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])

@@ -208,6 +208,11 @@ class ApiApp:
             self.active_streams -= 1
             watcher.cancel()
             handle.cancel()  # no-op when finished; frees the slot if we leave early
+            done, trace = handle.finished, handle.trace
+            log.info("request %s %s on %s: %s, %d in + %d out tokens, prefill %.0f ms, %.1f ms/token",
+                     trace.request_id, dialect, trace.device, done.stop_reason if done else "aborted",
+                     handle.input_tokens, done.output_tokens if done else 0, trace.prefill_ms, trace.ms_per_token,
+                     extra={"request_id": trace.request_id, "device": trace.device})  # fmt: skip
 
     def _observe(self, started: float, last: float | None, now: float) -> float:
         if last is None:
