@@ -74,6 +74,15 @@ class EngineSection:
 
 
 @dataclass(frozen=True)
+class GovernorSection:
+    threshold: float = setting(0.0, "GPU memory ratio that sends new requests to the CPU; 0: the firmware's "
+                                    "baked fallback_cpu_threshold; may only lower it")  # fmt: skip
+    hysteresis: float = setting(0.05, "back to the GPU only below threshold minus this")
+    interval_ms: int = setting(100, "memory sampling interval")
+    policy: str = setting("auto", "over the threshold: cpu (run on the CPU) or shed (wait); auto: shed on Jetson")
+
+
+@dataclass(frozen=True)
 class StateConfig:
     dir: Path = setting(Path("/var/lib/zerolayer"), 'state: QUIC session tickets')
 
@@ -91,6 +100,7 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     engine: EngineSection = field(default_factory=EngineSection)
+    governor: GovernorSection = field(default_factory=GovernorSection)
     state: StateConfig = field(default_factory=StateConfig)
     log: LogConfig = field(default_factory=LogConfig)
     sources: dict[str, str] = field(default_factory=dict, compare=False)  # "section.key" -> file
@@ -107,6 +117,9 @@ _RANGES: dict[str, tuple[float, float]] = {
     "engine.max_tokens_per_shard": (0, 1 << 20),
     "engine.prefix_cache_mb": (0, 1 << 20),
     "engine.threads": (0, 1024),
+    "governor.threshold": (0, 0.99),
+    "governor.hysteresis": (0, 0.5),
+    "governor.interval_ms": (10, 60_000),
 }
 _LEVELS = ("debug", "info", "warning", "error")
 
@@ -240,6 +253,8 @@ def _validate(config: Config, check_paths: bool) -> list[str]:
         int(config.listen.unix_mode, 8)
     except ValueError:
         problems.append(f"{_where(config, 'listen.unix_mode')}: {config.listen.unix_mode!r} is not an octal mode")
+    if config.governor.policy not in ("auto", "cpu", "shed"):
+        problems.append(f"{_where(config, 'governor.policy')}: {config.governor.policy!r} is not auto, cpu or shed")
     if config.log.level.lower() not in _LEVELS:
         problems.append(f"{_where(config, 'log.level')}: {config.log.level!r} is not one of {', '.join(_LEVELS)}")
     if check_paths:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -21,6 +22,7 @@ import firmware
 from appliance.api import ApiApp, ApiSettings, KeyStore, Metrics
 from appliance.config import Config, ConfigError, load_config, parse_address
 from appliance.engine import Engine, EngineConfig, available_devices
+from appliance.governor import Governor, GovernorConfig, JetsonProbe, MemoryProbe, cuda_memory_limit, detect_probe
 from appliance.systemd import ActivatedSockets, Notifier, configure_logging, listen_fds, run_watchdog, watchdog_interval
 from appliance.transport.http3 import Http3Server, serve_http3
 from appliance.transport.tcp import HypercornListener, bind_tcp, bind_unix
@@ -43,6 +45,19 @@ def engine_config(config: Config, bundle: firmware.Bundle) -> EngineConfig:
     )
 
 
+def governor_config(config: Config, bundle: firmware.Bundle, probe: MemoryProbe) -> GovernorConfig:
+    baked = bundle.layer.fallback_cpu_threshold
+    threshold = config.governor.threshold or baked
+    if threshold > baked:
+        where = config.sources.get("governor.threshold", "default")
+        raise ConfigError([f"{where}: governor.threshold = {threshold} exceeds the firmware's baked "
+                           f"fallback_cpu_threshold {baked}; config may only lower it"])  # fmt: skip
+    policy = config.governor.policy
+    if policy == "auto":  # on Jetson the CPU shares the GPU's memory: moving work there frees nothing
+        policy = "shed" if isinstance(probe, JetsonProbe) else "cpu"
+    return GovernorConfig(threshold, config.governor.hysteresis, config.governor.interval_ms / 1000, policy)
+
+
 @dataclass
 class Listeners:
     http3: Http3Server | None = None
@@ -63,6 +78,8 @@ class Daemon:
         self.app: ApiApp | None = None
         self.listeners = Listeners()
         self.activated = ActivatedSockets({})
+        self.governor: Governor | None = None
+        self.probe: MemoryProbe | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     def status(self, line: str) -> None:
@@ -79,15 +96,28 @@ class Daemon:
         self.notifier.extend_timeout(120)  # hashing a large bundle can outlast TimeoutStartSec's default
         bundle = await asyncio.to_thread(firmware.load, cfg.firmware.path, cfg.firmware.trusted_keys)
         self.status(f"verified firmware {bundle.name} {bundle.version} (signed by key {bundle.signer_key_id})")
+        if self.probe is None:  # tests set a probe whose readings they control
+            self.probe = await asyncio.to_thread(detect_probe)
+        probe = self.probe
+        gov_cfg = governor_config(cfg, bundle, probe)
+        readings = probe.read()
         devices = available_devices()
         if devices == ["cpu"]:
             log.warning("no GPU execution provider in this onnxruntime build: serving on the CPU only")
         devices = sorted(devices, key=lambda d: d == "cpu")  # GPU first when there is one
+        cuda_options = None
+        if readings:  # the arena may not grow past the threshold: past it, work goes to the CPU
+            cuda_options = {"gpu_mem_limit": str(cuda_memory_limit(readings[0].total, gov_cfg.threshold)),
+                            "arena_extend_strategy": "kSameAsRequested"}  # fmt: skip
         self.status(f"warming engine on {', '.join(devices)}")
         self.notifier.extend_timeout(300)
-        engine = await asyncio.to_thread(Engine, bundle, engine_config(cfg, bundle), tuple(devices))
+        engine = await asyncio.to_thread(
+            Engine, bundle, engine_config(cfg, bundle), tuple(devices), cuda_options,
+            lambda reason: self.metrics.fallback.labels(reason).inc(),
+        )  # fmt: skip
         await asyncio.to_thread(engine.warm)
         self.engine = engine
+        self.governor = self._make_governor(gov_cfg, engine, probe)
         settings = ApiSettings(
             keys=KeyStore.load(cfg.auth.keys_file),
             auth_required=cfg.auth.required,
@@ -95,7 +125,7 @@ class Daemon:
         )
         if cfg.auth.required and not settings.keys.keys:
             log.warning("auth is required but %s holds no keys: network clients will get 401", cfg.auth.keys_file)
-        self.app = ApiApp(engine, settings, self.metrics)
+        self.app = ApiApp(engine, settings, self.metrics, governor=self.governor, status_info=self.status_info)
         await self._bind()
         self.app.ready = True
         log.info("serving %s %s: %s", bundle.name, bundle.version,
@@ -107,13 +137,53 @@ class Daemon:
         if interval is not None:
             self._tasks.append(asyncio.create_task(run_watchdog(self.notifier, interval, self.healthy)))
         self._tasks.append(asyncio.create_task(self._report_status()))
+        self._tasks.append(asyncio.create_task(self.governor.run()))
+
+    def _make_governor(self, gov_cfg: GovernorConfig, engine: Engine, probe: MemoryProbe) -> Governor:
+        gpu = next((d for d in engine.workers if not d.startswith("cpu")), None)
+        if gpu is None and probe.read():
+            log.warning("%s reports GPU memory but this onnxruntime has no GPU provider: CPU only", probe.kind)
+        governor = Governor(
+            probe, gov_cfg, gpu_device=gpu, cpu_device=engine.cpu_device or engine.default_device,
+            on_reading=lambda r: self.metrics.memory_ratio.labels(r.device).set(r.ratio),
+            on_fallback=lambda: self.metrics.fallback.labels("vram_threshold").inc(),
+        )  # fmt: skip
+        if gpu is not None:
+            engine.workers[gpu].admitting = lambda: not governor.shedding
+        return governor
 
     def serving_line(self) -> str:
         assert self.engine is not None
         streams = self.app.active_streams if self.app is not None else 0
         queued = sum(w.queued for w in self.engine.workers.values())
         listeners = ", ".join(self.listeners.addresses)
-        return f"serving {self.engine.bundle.name}: {streams} streams, {queued} queued, on {listeners}"
+        memory = ""
+        if self.governor is not None and self.governor.latest is not None:
+            memory = f", gpu {self.governor.latest.ratio:.0%} memory"
+        return f"serving {self.engine.bundle.name}: {streams} streams, {queued} queued{memory}, on {listeners}"
+
+    def status_info(self) -> dict[str, object]:
+        """What `zerolayer status` prints."""
+        assert self.engine is not None
+        bundle, gov = self.engine.bundle, self.governor
+        readings = self.probe.read() if self.probe is not None else []
+        return {
+            "firmware": {"name": bundle.name, "version": bundle.version, "signer": bundle.signer_key_id,
+                         "path": str(bundle.root), "constants": dataclasses.asdict(bundle.layer)},
+            "devices": {d: {"active": w.depth - w.queued, "queued": w.queued, "alive": w.alive()}
+                        for d, w in self.engine.workers.items()},
+            "memory": [{"device": r.device, "used": r.used, "total": r.total, "ratio": round(r.ratio, 4)}
+                       for r in readings],
+            "placement": {"probe": self.probe.kind if self.probe else "none",
+                          "now": gov.place_preview() if gov else self.engine.default_device,
+                          "threshold": gov.config.threshold if gov else None,
+                          "hysteresis": gov.config.hysteresis if gov else None,
+                          "policy": gov.config.policy if gov else None,
+                          "state": gov.describe() if gov else ""},
+            "listeners": dict(self.listeners.addresses),
+            "active_streams": self.app.active_streams if self.app else 0,
+            "kernel": "not loaded: this build has no eBPF layer yet (userspace only)",
+        }
 
     async def _report_status(self) -> None:
         while True:
@@ -191,6 +261,15 @@ class Daemon:
         if self.engine is not None:
             for worker in self.engine.workers.values():
                 worker.max_queued = new.limits.max_queued
+            if self.governor is not None and self.probe is not None:
+                try:
+                    gov_cfg = governor_config(new, self.engine.bundle, self.probe)
+                except ConfigError as exc:
+                    for line in exc.problems:
+                        log.error("reload rejected, the running config stays: %s", line)
+                    self.notifier.ready(self.serving_line())
+                    return False
+                self.governor.reconfigure(gov_cfg)
         try:
             for listener in (self.listeners.http3, self.listeners.tcp):
                 if listener is not None:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +73,22 @@ def test_not_ready_is_503_but_health_answers(engine: Engine) -> None:
 def test_full_queue_is_529_for_anthropic_and_429_for_openai(engine: Engine) -> None:
     app = ApiApp(engine, ApiSettings(keys=KeyStore([])))
     app.ready = True
-    long = {**REQ, "max_tokens": 1500, "stream": True}
+    session = engine.workers["cpu"].session
+    release = threading.Event()
+    real_forward = session.forward
+
+    def held_forward(*args, **kwargs):  # type: ignore[no-untyped-def]
+        release.wait(30)  # the running request holds the device until the test lets go
+        return real_forward(*args, **kwargs)
+
+    session.forward = held_forward  # type: ignore[method-assign]
 
     async def run() -> None:
         # One runs, one waits: the queue (max_queued=1) is then full.
-        hogs = [asyncio.create_task(_call(app, "POST", "/v1/messages", long)) for _ in range(2)]
-        await asyncio.sleep(0.3)
+        hogs = []
+        for _ in range(2):
+            hogs.append(asyncio.create_task(_call(app, "POST", "/v1/messages", {**REQ, "stream": True})))
+            await asyncio.sleep(0.2)  # let the worker admit the first before the second queues
         status, headers, body = await _call(app, "POST", "/v1/messages", REQ)
         assert status == 529 and headers[b"retry-after"] == b"1"
         assert json.loads(body)["error"]["type"] == "overloaded_error"
@@ -85,10 +96,16 @@ def test_full_queue_is_529_for_anthropic_and_429_for_openai(engine: Engine) -> N
         status, headers, body = await _call(app, "POST", "/v1/chat/completions", chat)
         assert status == 429 and headers[b"retry-after"] == b"1"
         assert json.loads(body)["error"]["code"] == "rate_limit_exceeded"
+        release.set()
         for h in hogs:
-            h.cancel()
+            status, _, _ = await h
+            assert status == 200  # the queued ones are served once the device is free
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    finally:
+        release.set()
+        session.forward = real_forward  # type: ignore[method-assign]
 
 
 def test_metrics_count_requests_tokens_and_latency(engine: Engine) -> None:

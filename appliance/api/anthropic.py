@@ -134,6 +134,10 @@ class StreamEncoder:
         return sse("content_block_delta", {"type": "content_block_delta", "index": 0,
                                            "delta": {"type": "text_delta", "text": text}})  # fmt: skip
 
+    def debug(self, lines: list[str]) -> bytes:
+        """The decision trace, for callers allowed to see it (not part of the Messages API)."""
+        return sse("zerolayer_debug", {"type": "zerolayer_debug", "lines": lines})
+
     def finish(self, done: Finished) -> bytes:
         return (
             sse("content_block_stop", {"type": "content_block_stop", "index": 0})

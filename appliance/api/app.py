@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.api import anthropic, openai
-from appliance.api.auth import KeyStore, presented_key
+from appliance.api.auth import ApiKey, KeyStore, presented_key
 from appliance.api.errors import ANTHROPIC, OPENAI, ApiError, busy_error
 from appliance.api.fields import parse_json_object
 from appliance.api.metrics import Metrics
@@ -24,9 +24,11 @@ from appliance.engine import (
     Finished,
     GenerationRequest,
     InvalidRequest,
+    Prefilled,
     Stream,
     TextDelta,
 )
+from appliance.governor import Governor
 
 log = logging.getLogger(__name__)
 
@@ -80,17 +82,21 @@ _ROUTES: dict[str, tuple[str, ...]] = {
     "/healthz": ("GET", "HEAD"),
     "/readyz": ("GET", "HEAD"),
     "/metrics": ("GET",),
+    "/status": ("GET",),
 }
+DEBUG_HEADER = b"zerolayer-debug"
 
 
 class ApiApp:
     def __init__(self, engine: Engine, settings: ApiSettings, metrics: Metrics | None = None,
-                 choose_device: Callable[[], str] | None = None) -> None:  # fmt: skip
+                 governor: Governor | None = None,
+                 status_info: Callable[[], dict[str, Any]] | None = None) -> None:  # fmt: skip
         self.engine = engine
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.model_name = engine.bundle.name
-        self.choose_device = choose_device
+        self.governor = governor
+        self.status_info = status_info
         self.ready = False  # the daemon sets it once the engine is warm and every listener is bound
         self.active_streams = 0
         self.created = int(time.time())
@@ -136,7 +142,14 @@ class ApiApp:
             self._refresh_gauges()
             await _respond(send, 200, self.metrics.render(), [(b"content-type", b"text/plain; version=0.0.4")])
             return 200
-        self._authorize(scope, headers)
+        key = self._authorize(scope, headers)
+        # The decision trace only for callers who may see it: the local socket, or a debug key.
+        may_debug = transport_of(scope) not in NETWORK_TRANSPORTS or (key is not None and key.debug)
+        debug = may_debug and any(k == DEBUG_HEADER and v.strip() == b"1" for k, v in headers)
+        if path == "/status":
+            if not may_debug:
+                raise ApiError(403, "status is for the local socket or a debug API key")
+            return await _json(send, 200, self.status_info() if self.status_info else {})
         if not self.ready:
             raise ApiError(503, "the appliance is starting: firmware, engine or listeners not ready yet",
                            retry_after=1)  # fmt: skip
@@ -153,18 +166,20 @@ class ApiApp:
             return await _json(send, 200, {"input_tokens": count})
         if path == "/v1/messages":
             request, stream = anthropic.parse_request(doc, self.model_name)
-            return await self._generate(send, receive, dialect, request, stream, include_usage=False)
+            return await self._generate(send, receive, dialect, request, stream, False, debug)
         request, stream, include_usage = openai.parse_request(doc, self.model_name, self.engine.context_length)
-        return await self._generate(send, receive, dialect, request, stream, include_usage)
+        return await self._generate(send, receive, dialect, request, stream, include_usage, debug)
 
-    def _authorize(self, scope: Scope, headers: list[tuple[bytes, bytes]]) -> None:
+    def _authorize(self, scope: Scope, headers: list[tuple[bytes, bytes]]) -> ApiKey | None:
+        presented = presented_key(headers)
+        key = self.settings.keys.check(presented) if presented else None
         if transport_of(scope) not in NETWORK_TRANSPORTS or not self.settings.auth_required:
-            return  # the Unix socket is authorised by its file permissions
-        key = presented_key(headers)
-        if key is None:
+            return key  # the Unix socket is authorised by its file permissions
+        if presented is None:
             raise ApiError(401, "missing API key: send it as x-api-key or Authorization: Bearer")
-        if self.settings.keys.check(key) is None:
+        if key is None:
             raise ApiError(401, "invalid API key")
+        return key
 
     def _models(self, dialect: str) -> dict[str, Any]:
         name = self.model_name
@@ -180,18 +195,22 @@ class ApiApp:
         self.metrics.queue_depth.set(sum(w.queued for w in self.engine.workers.values()))
 
     def _submit(self, dialect: str, request: GenerationRequest) -> Stream:
-        device = self.choose_device() if self.choose_device else None
+        device = self.governor.place() if self.governor else self.engine.default_device
         try:
-            return self.engine.submit(request, device)
+            handle = self.engine.submit(request, device)
         except InvalidRequest as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
         except EngineBusy as exc:
             raise busy_error(dialect, f"{exc}; retry shortly") from None
         except EngineStopped as exc:
             raise ApiError(503, str(exc), retry_after=1) from None
+        self.metrics.placed.labels(device).inc()
+        if self.governor is not None:
+            handle.trace.notes.append(f"Placement: {self.governor.describe()} -> {device}")
+        return handle
 
     async def _generate(self, send: Send, receive: Receive, dialect: str, request: GenerationRequest,
-                        stream: bool, include_usage: bool) -> int:  # fmt: skip
+                        stream: bool, include_usage: bool, debug: bool = False) -> int:  # fmt: skip
         started = time.monotonic()
         handle = self._submit(dialect, request)
         watcher = asyncio.create_task(_cancel_on_disconnect(receive, handle))
@@ -199,9 +218,9 @@ class ApiApp:
         self.active_streams += 1
         try:
             if stream:
-                await self._stream(send, dialect, handle, started, include_usage)
+                await self._stream(send, dialect, handle, started, include_usage, debug)
             else:
-                await self._complete(send, dialect, handle, started)
+                await self._complete(send, dialect, handle, started, debug)
             return 200
         finally:
             self.metrics.active_streams.dec()
@@ -225,7 +244,7 @@ class ApiApp:
         self.metrics.tokens.labels("input").inc(done.input_tokens)
         self.metrics.tokens.labels("output").inc(done.output_tokens)
 
-    async def _complete(self, send: Send, dialect: str, handle: Stream, started: float) -> None:
+    async def _complete(self, send: Send, dialect: str, handle: Stream, started: float, debug: bool) -> None:
         parts: list[str] = []
         last: float | None = None
         try:
@@ -243,9 +262,12 @@ class ApiApp:
             doc = anthropic.response(anthropic.new_message_id(), self.model_name, text, done)
         else:
             doc = openai.response(openai.new_completion_id(), self.model_name, text, done)
-        await _json(send, 200, doc)
+        extra = [(b"zerolayer-trace", json.dumps(done.trace.lines()).encode())] if debug else []
+        await _respond(send, 200, json.dumps(doc, ensure_ascii=False).encode(),
+                       [(b"content-type", b"application/json"), *extra])  # fmt: skip
 
-    async def _stream(self, send: Send, dialect: str, handle: Stream, started: float, include_usage: bool) -> None:
+    async def _stream(self, send: Send, dialect: str, handle: Stream, started: float, include_usage: bool,
+                      debug: bool) -> None:  # fmt: skip
         encoder: anthropic.StreamEncoder | openai.StreamEncoder
         if dialect == ANTHROPIC:
             encoder = anthropic.StreamEncoder(anthropic.new_message_id(), self.model_name, handle.input_tokens)
@@ -260,8 +282,12 @@ class ApiApp:
                 if isinstance(event, TextDelta):
                     last = self._observe(started, last, time.monotonic())
                     await _chunk(send, encoder.delta(event.text))
+                elif isinstance(event, Prefilled) and debug:  # before the first delta
+                    await _chunk(send, encoder.debug(event.trace.lines()[:2] + event.trace.lines()[3:]))
                 elif isinstance(event, Finished):
                     self._count(event)
+                    if debug:
+                        await _chunk(send, encoder.debug(event.trace.lines()[2:3]))
                     if event.stop_reason != "cancelled":
                         await _chunk(send, encoder.finish(event))
         except EngineError as exc:

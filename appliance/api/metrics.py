@@ -21,6 +21,10 @@ class Metrics:
                                        ["resumed", "early_data"], registry=r)  # fmt: skip
         self.active_streams = Gauge("zerolayer_active_streams", "Generations in progress", registry=r)
         self.queue_depth = Gauge("zerolayer_queue_depth", "Requests waiting for the engine", registry=r)
+        self.fallback = Counter("zerolayer_fallback", "Requests moved to the CPU", ["reason"], registry=r)
+        self.memory_ratio = Gauge("zerolayer_device_memory_used_ratio", "Device memory used / total",
+                                  ["device"], registry=r)  # fmt: skip
+        self.placed = Counter("zerolayer_requests_placed", "Requests placed per device", ["device"], registry=r)
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

@@ -157,6 +157,10 @@ class StreamEncoder:
     def delta(self, text: str) -> bytes:
         return self._chunk([{"index": 0, "delta": {"content": text}, "finish_reason": None}])
 
+    def debug(self, lines: list[str]) -> bytes:
+        """The decision trace as an SSE comment: clients that do not ask for it skip it."""
+        return b"".join(f": zerolayer-debug {line}\n".encode() for line in lines) + b"\n"
+
     def finish(self, done: Finished) -> bytes:
         out = self._chunk([{"index": 0, "delta": {}, "finish_reason": finish_reason(done)}])
         if self.include_usage:

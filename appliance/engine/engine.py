@@ -13,7 +13,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from appliance.engine.chat import ChatTemplate, Prompt
@@ -104,8 +104,11 @@ class _Job:
 class DeviceWorker:
     """The thread that runs one session's requests, fairly interleaved."""
 
-    def __init__(self, session: ModelSession, max_active: int, max_queued: int) -> None:
+    def __init__(self, session: ModelSession, max_active: int, max_queued: int,
+                 recover: Callable[[_Job, Exception], bool] | None = None) -> None:  # fmt: skip
         self.session = session
+        self.recover = recover  # may take over a failed job (the OOM fallback); True if it did
+        self.admitting: Callable[[], bool] = lambda: True  # False: new jobs wait (the shed policy)
         self.device = session.device
         self.max_active = max_active
         self.max_queued = max_queued
@@ -128,13 +131,17 @@ class DeviceWorker:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def submit(self, job: _Job) -> None:
+    def submit(self, job: _Job, front: bool = False) -> None:
+        """Queue a job; `front` (a job moved here mid-request) goes first and ignores the bound."""
         with self._cond:
             if self._stopping:
                 raise EngineStopped("the engine is stopping")
-            if len(self._pending) >= self.max_queued:
+            if front:
+                self._pending.appendleft(job)
+            elif len(self._pending) >= self.max_queued:
                 raise EngineBusy(f"the queue for {self.device} is full ({self.max_queued} waiting)")
-            self._pending.append(job)
+            else:
+                self._pending.append(job)
             self._cond.notify()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -146,15 +153,15 @@ class DeviceWorker:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self._pending and not self._active:
+                while not self._stopping and not self._active and (not self._pending or not self.admitting()):
                     self.last_progress = time.monotonic()
-                    self._cond.wait(1.0)
+                    self._cond.wait(0.05 if self._pending else 1.0)
                 if self._stopping:
                     jobs = list(self._pending) + self._active
                     self._pending.clear()
                     self._active.clear()
                     break
-                while self._pending and len(self._active) < self.max_active:
+                while self._pending and len(self._active) < self.max_active and self.admitting():
                     self._active.append(self._pending.popleft())
                 turn = list(self._active)
             for job in turn:
@@ -172,10 +179,15 @@ class DeviceWorker:
             else:
                 events = list(gen.step())
         except Exception as exc:  # a failed run must end this request, never the worker
+            with self._cond:
+                self._active.remove(job)
+            if self.recover is not None and self.recover(job, exc):
+                return
             log.exception("request %s failed on %s", gen.request.request_id, self.device)
             gen.release()
             gen.done = True
-            events = [exc]
+            job.stream._deliver([exc])
+            return
         if gen.done:
             with self._cond:
                 self._active.remove(job)
@@ -184,8 +196,9 @@ class DeviceWorker:
 
 
 class Engine:
-    def __init__(self, bundle: Bundle, config: EngineConfig | None = None,
-                 devices: tuple[str, ...] = ("cpu",)) -> None:  # fmt: skip
+    def __init__(self, bundle: Bundle, config: EngineConfig | None = None, devices: tuple[str, ...] = ("cpu",),
+                 cuda_options: dict[str, str] | None = None,
+                 on_fallback: Callable[[str], None] | None = None) -> None:  # fmt: skip
         self.bundle = bundle
         self.config = config or EngineConfig()
         self.shard_policy = self.config.shard_policy(bundle)
@@ -197,12 +210,35 @@ class Engine:
             else None
         )
         self.workers: dict[str, DeviceWorker] = {}
+        self.on_fallback = on_fallback
         for device in devices:
-            session = ModelSession(bundle, device, intra_op_threads=self.config.intra_op_threads)
+            session = ModelSession(bundle, device, intra_op_threads=self.config.intra_op_threads,
+                                   cuda_options=cuda_options if device.startswith("cuda") else None)  # fmt: skip
             self.workers[device] = DeviceWorker(
-                session, self.config.max_active_per_device, self.config.max_queued
+                session, self.config.max_active_per_device, self.config.max_queued, recover=self._recover
             )
         self.default_device = devices[0]
+        self.cpu_device = next((d for d in reversed(devices) if d == "cpu"), None)
+
+    def _recover(self, job: _Job, exc: Exception) -> bool:
+        """A GPU run that failed to allocate is re-run on the CPU from where it was (runs on the
+        failed device's worker thread)."""
+        from appliance.governor import is_allocation_failure
+
+        device = job.generation.session.device
+        if self.cpu_device is None or device == self.cpu_device or not is_allocation_failure(exc):
+            return False
+        log.warning("request %s: %s ran out of memory; continuing it on %s", job.generation.request.request_id,
+                    device, self.cpu_device)  # fmt: skip
+        target = self.workers[self.cpu_device]
+        job.generation.migrate(target.session, f"{device} out of memory")
+        try:
+            target.submit(job, front=True)
+        except EngineStopped:
+            return False
+        if self.on_fallback is not None:
+            self.on_fallback("oom")
+        return True
 
     @property
     def context_length(self) -> int:

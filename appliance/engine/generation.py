@@ -57,6 +57,7 @@ class Generation:
         self.generated: list[int] = []
         self.next_token: int | None = None
         self.done = False
+        self.resuming = False  # moved to another device mid-request: rebuild KV, then keep decoding
         self._prefill_started = 0.0
         block = prefix_cache.block_tokens if prefix_cache is not None else 0
         self.digests = block_digests(prompt.ids, block) if block else []
@@ -75,19 +76,33 @@ class Generation:
             return self._prefill_shard()
         return self._decode()
 
+    def migrate(self, session: ModelSession, why: str) -> None:
+        """Continue on another session: its KV cache is rebuilt from the prompt and the tokens
+        already produced, and decoding goes on from there, so the stream has no gap or repeat."""
+        self.session = session
+        self.cache = None
+        self.shards = []
+        self.resuming = bool(self.generated)
+        self.trace.notes.append(f"Fallback: {why}; re-run on {session.device} from {len(self.prompt.ids)} prompt "
+                                f"tokens and {len(self.generated)} sent")  # fmt: skip
+        self.trace.device = f"{self.trace.device}->{session.device}"
+
     def _start(self) -> None:
-        ids = self.prompt.ids
-        self.cache = self.session.new_cache(len(ids) + self.request.max_tokens)
+        # On a resume, everything whose KV was computed: the prompt and all but the last token sent.
+        ids = self.prompt.ids + self.generated[:-1] if self.resuming else self.prompt.ids
+        self.cache = self.session.new_cache(len(self.prompt.ids) + self.request.max_tokens)
         self._prefill_started = time.perf_counter()
         reused = 0
         prior = self.request.prior_digests
-        if prior:
+        if prior and not self.resuming:
             chain = set(self.digests)
             self.trace.prior_digests_total = len(prior)
             self.trace.prior_digests_found = sum(1 for d in prior if d in chain)
         if self.prefix_cache is not None:
             # At least one token must run to produce logits, so never reuse the whole prompt.
-            hit = self.prefix_cache.lookup(self.digests, (len(ids) - 1) // self.prefix_cache.block_tokens)
+            block = self.prefix_cache.block_tokens
+            digests = block_digests(ids, block) if self.resuming else self.digests
+            hit = self.prefix_cache.lookup(digests, (len(ids) - 1) // block)
             if hit is not None:
                 self.session.import_prefix(self.cache, hit.kv, hit.tokens)
                 reused = hit.tokens
@@ -104,8 +119,12 @@ class Generation:
     def _prefill_shard(self) -> list[Event]:
         assert self.cache is not None
         start, end = self.shards.pop(0)
-        logits = self.session.forward(self.cache, np.asarray(self.prompt.ids[start:end], dtype=np.int64))
+        ids = self.prompt.ids + self.generated if self.resuming else self.prompt.ids
+        logits = self.session.forward(self.cache, np.asarray(ids[start:end], dtype=np.int64))
         if self.shards:
+            return []
+        if self.resuming:  # the next token is already chosen (and sent): decode it next
+            self.resuming = False
             return []
         self.trace.prefill_ms = (time.perf_counter() - self._prefill_started) * 1000
         events: list[Event] = [Prefilled(self.trace)]

@@ -33,7 +33,7 @@ def available_devices() -> list[str]:
 
 
 def _providers(device: str, cuda_options: dict[str, str] | None) -> list[str | tuple[str, dict[str, str]]]:
-    if device == "cpu":
+    if device == "cpu" or device.startswith("cpu:"):  # "cpu:N": another CPU session (tests, spare)
         return ["CPUExecutionProvider"]
     if device.startswith("cuda"):
         index = device.partition(":")[2] or "0"

@@ -1,0 +1,215 @@
+"""The device governor: samples device memory in the background and places each new request on
+the GPU or the CPU, with hysteresis, so a box that runs short of GPU memory keeps serving.
+
+Probes share one interface (`read() -> list[MemoryReading]`): NVML on discrete GPUs, /proc/meminfo
+on Jetson (its GPU shares system memory), none on CPU-only machines. Placement is a pure state
+machine over the latest reading; nothing on the request path waits for a probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    device: str  # "cuda:0", or "jetson:0" for shared memory
+    used: int
+    total: int
+
+    @property
+    def ratio(self) -> float:
+        return self.used / self.total if self.total else 0.0
+
+
+class MemoryProbe(Protocol):
+    kind: str
+
+    def read(self) -> list[MemoryReading]: ...
+
+
+class NoGpuProbe:
+    kind = "none"
+
+    def read(self) -> list[MemoryReading]:
+        return []
+
+
+class NvmlProbe:
+    """Used/total per GPU through nvidia-ml-py."""
+
+    kind = "nvml"
+
+    def __init__(self) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()  # raises NVMLError_LibraryNotFound where there is no driver
+        self._nvml = pynvml
+        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+
+    def read(self) -> list[MemoryReading]:
+        out = []
+        for i, h in enumerate(self._handles):
+            info = self._nvml.nvmlDeviceGetMemoryInfo(h)
+            out.append(MemoryReading(f"cuda:{i}", int(info.used), int(info.total)))
+        return out
+
+
+class JetsonProbe:
+    """Jetson's GPU allocates from system memory: MemTotal - MemAvailable is what it competes for."""
+
+    kind = "jetson"
+
+    def __init__(self, root: Path = Path("/")) -> None:
+        self.meminfo = root / "proc" / "meminfo"
+
+    def read(self) -> list[MemoryReading]:
+        fields = {}
+        for line in self.meminfo.read_text().splitlines():
+            name, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                fields[name] = int(parts[0]) * 1024
+        total, available = fields.get("MemTotal", 0), fields.get("MemAvailable", 0)
+        return [MemoryReading("cuda:0", total - available, total)]
+
+
+def is_jetson(root: Path = Path("/")) -> bool:
+    compatible = root / "proc" / "device-tree" / "compatible"
+    try:
+        if b"nvidia,tegra" in compatible.read_bytes():
+            return True
+    except OSError:
+        pass
+    return (root / "etc" / "nv_tegra_release").exists()
+
+
+def detect_probe(root: Path = Path("/")) -> MemoryProbe:
+    """Jetson, else NVML, else none; said once in the log."""
+    if is_jetson(root):
+        log.info("Jetson detected: GPU memory is shared system memory, read from /proc/meminfo")
+        return JetsonProbe(root)
+    try:
+        probe = NvmlProbe()
+    except Exception as exc:  # pynvml raises NVMLError_* subclasses, and ImportError without the package
+        log.info("no GPU: NVML unavailable (%s); serving on the CPU", type(exc).__name__)
+        return NoGpuProbe()
+    log.info("NVML: %d GPU(s)", len(probe.read()))
+    return probe
+
+
+class Hysteresis:
+    """Over once the ratio reaches `threshold`; back only below `threshold - margin`: no flapping."""
+
+    def __init__(self, threshold: float, margin: float) -> None:
+        self.threshold, self.margin = threshold, margin
+        self.over = False
+
+    def update(self, ratio: float) -> bool:
+        if not self.over and ratio >= self.threshold:
+            self.over = True
+        elif self.over and ratio < self.threshold - self.margin:
+            self.over = False
+        return self.over
+
+
+@dataclass(frozen=True)
+class GovernorConfig:
+    threshold: float  # the firmware's fallback_cpu_threshold, or lower from config
+    hysteresis: float = 0.05
+    interval: float = 0.1
+    policy: str = "cpu"  # "cpu": move new requests to the CPU; "shed": make them wait
+
+
+class Governor:
+    def __init__(self, probe: MemoryProbe, config: GovernorConfig, gpu_device: str | None,
+                 cpu_device: str = "cpu", on_reading: Callable[[MemoryReading], None] | None = None,
+                 on_fallback: Callable[[], None] | None = None) -> None:  # fmt: skip
+        self.probe = probe
+        self.config = config
+        self.gpu_device = gpu_device
+        self.cpu_device = cpu_device
+        self.state = Hysteresis(config.threshold, config.hysteresis)
+        self.latest: MemoryReading | None = None
+        self.read_at = 0.0
+        self._on_reading = on_reading
+        self._on_fallback = on_fallback
+
+    def sample(self, now: float | None = None) -> None:
+        """One reading of the GPU that serves; updates the placement state."""
+        readings = self.probe.read()
+        reading = next((r for r in readings if r.device == self.gpu_device), readings[0] if readings else None)
+        if reading is None:
+            return
+        was_over = self.state.over
+        over = self.state.update(reading.ratio)
+        self.latest, self.read_at = reading, time.monotonic() if now is None else now
+        if self._on_reading:
+            self._on_reading(reading)
+        if over != was_over:
+            verb = "above" if over else "back below"
+            action = ("new requests go to the CPU" if self.config.policy == "cpu" else "new requests wait")
+            log.warning("%s memory %.0f%% is %s the threshold %.0f%%: %s", reading.device, reading.ratio * 100,
+                        verb, self.config.threshold * 100, action if over else "new requests use the GPU")  # fmt: skip
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self.sample)
+            except Exception:  # a failing probe must not end sampling; say why and keep going
+                log.exception("memory probe %s failed", self.probe.kind)
+            await asyncio.sleep(self.config.interval)
+
+    def reconfigure(self, config: GovernorConfig) -> None:
+        """New thresholds (a reload); the current over/under state carries over."""
+        over = self.state.over
+        self.config = config
+        self.state = Hysteresis(config.threshold, config.hysteresis)
+        self.state.over = over
+
+    def place_preview(self) -> str:
+        """Where a new request would go now, without counting it."""
+        if self.gpu_device is None or (self.state.over and self.config.policy == "cpu"):
+            return self.cpu_device
+        return self.gpu_device + (" (shedding: new requests wait)" if self.shedding else "")
+
+    @property
+    def shedding(self) -> bool:
+        return self.gpu_device is not None and self.config.policy == "shed" and self.state.over
+
+    def place(self) -> str:
+        """The device for a new request (under `shed`, the GPU: its queue holds the request)."""
+        if self.gpu_device is None:
+            return self.cpu_device
+        if self.state.over and self.config.policy == "cpu":
+            if self._on_fallback:
+                self._on_fallback()
+            return self.cpu_device
+        return self.gpu_device
+
+    def describe(self) -> str:
+        r = self.latest
+        if r is None:
+            return "no GPU reading"
+        return (f"{r.device} memory {r.used / 2**30:.1f}/{r.total / 2**30:.1f} GiB ({r.ratio:.0%}), "
+                f"threshold {self.config.threshold:.0%}, {'over' if self.state.over else 'under'}")  # fmt: skip
+
+
+def cuda_memory_limit(total_bytes: int, threshold: float) -> int:
+    """The CUDA arena's cap: the GPU session may not grow past the fallback threshold."""
+    return int(total_bytes * threshold)
+
+
+def is_allocation_failure(exc: BaseException) -> bool:
+    """ONNX Runtime's out-of-memory, as it surfaces at the run boundary."""
+    text = str(exc).lower()
+    signs = ("failed to allocate memory", "out of memory", "bfcarena", "cudaerrormemoryallocation")
+    return any(s in text for s in signs)
