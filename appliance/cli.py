@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -68,10 +69,100 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--host", action="append", help="DNS name or IP for the certificate (repeatable)")
     t.set_defaults(func=cmd_dev_cert)
 
+    p = sub.add_parser("debug", help="send a request and print the decision trace, then the answer")
+    p.add_argument("call", choices=["messages.create"])
+    p.add_argument("--model", help="default: the model the appliance serves")
+    p.add_argument("--prompt", default="What is the capital of France?")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--verbose", action="store_true", help="also print every server-sent event")
+    _client_args(p)
+    p.set_defaults(func=cmd_debug)
+
+    p = sub.add_parser("status", help="devices and memory, placement, firmware, listeners, streams, kernel")
+    _client_args(p)
+    p.set_defaults(func=cmd_status)
+
     p = sub.add_parser("run-demo", help="build the demo firmware once, then serve it on localhost")
     p.add_argument("--port", type=int, default=8443)
     p.set_defaults(func=cmd_run_demo)
     return parser
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    from appliance.client import DEFAULT_SOCKET
+
+    p.add_argument("--socket", default=DEFAULT_SOCKET, help=f"the daemon's Unix socket (default {DEFAULT_SOCKET})")
+    p.add_argument("--url", help="https://HOST:PORT: use HTTP/3 instead of the socket")
+    p.add_argument("--api-key", default=os.environ.get("ZEROLAYER_API_KEY"),
+                   help="for --url (default $ZEROLAYER_API_KEY); the trace needs a key made with --debug")  # fmt: skip
+    p.add_argument("--ca", help="CA certificate for --url")
+
+
+def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from appliance.client import ApplianceClient
+
+    return ApplianceClient(args.socket, args.url, args.api_key, args.ca)
+
+
+def cmd_debug(args: argparse.Namespace) -> int:
+    client = _client(args)
+    model = args.model
+    if model is None:
+        status, models = client.get_json("/v1/models")
+        if status != 200:
+            print(f"zerolayer: /v1/models answered {status}: {models}", file=sys.stderr)
+            return 1
+        model = models["data"][0]["id"]
+    body = {"model": model, "max_tokens": args.max_tokens, "stream": True,
+            "messages": [{"role": "user", "content": args.prompt}]}  # fmt: skip
+    reply = client.request("POST", "/v1/messages", body, {"zerolayer-debug": "1", "anthropic-version": "2023-06-01"})
+    if reply.status != 200:
+        print(f"zerolayer: the appliance answered {reply.status}: {' '.join(reply.lines)}", file=sys.stderr)
+        return 1
+    answer, traced = [], False
+    for line in reply.lines:
+        if args.verbose and line:
+            print(f"  {line}", file=sys.stderr)
+        if not line.startswith("data: "):
+            continue
+        event = json.loads(line[6:])
+        if event.get("type") == "zerolayer_debug":
+            traced = True
+            for trace_line in event["lines"]:
+                print(trace_line)
+        elif event.get("type") == "content_block_delta":
+            answer.append(event["delta"]["text"])
+        elif event.get("type") == "error":
+            print(f"zerolayer: generation failed: {event['error']['message']}", file=sys.stderr)
+            return 1
+    if not traced:
+        print("(no trace: the socket is not local, or the API key is not a debug key)", file=sys.stderr)
+    print("".join(answer))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status, info = _client(args).get_json("/status")
+    if status != 200:
+        print(f"zerolayer: /status answered {status}: {info}", file=sys.stderr)
+        return 1
+    fw, place = info["firmware"], info["placement"]
+    print(f"firmware:   {fw['name']} {fw['version']} (signer {fw['signer']}) at {fw['path']}")
+    print("constants:  " + ", ".join(f"{k}={v}" for k, v in fw["constants"].items()))
+    for device, d in info["devices"].items():
+        dead = "" if d["alive"] else ", WORKER DEAD"
+        print(f"device:     {device}: {d['active']} active, {d['queued']} queued{dead}")
+    for m in info["memory"] or [{"device": "gpu", "ratio": None}]:
+        shown = "no GPU" if m["ratio"] is None else (
+            f"{m['used'] / 2**30:.1f}/{m['total'] / 2**30:.1f} GiB ({m['ratio']:.0%})")  # fmt: skip
+        print(f"memory:     {m['device']}: {shown}")
+    print(f"placement:  new requests -> {place['now']} (probe {place['probe']}, policy {place['policy']}, "
+          f"threshold {place['threshold']}, hysteresis {place['hysteresis']})")  # fmt: skip
+    for name, where in info["listeners"].items():
+        print(f"listener:   {name}: {where}")
+    print(f"streams:    {info['active_streams']} active")
+    print(f"kernel:     {info['kernel']}")
+    return 0
 
 
 def _resolve_firmware(firmware: Path | None, trusted: Path | None) -> tuple[Path, Path]:

@@ -1,0 +1,246 @@
+"""The device governor: probes, hysteresis, placement while requests stream, the OOM fallback,
+and Jetson's shed policy.
+
+This machine has no GPU. Where a test needs a GPU session, a second CPU session ("cpu:1")
+stands in for it, and a probe whose readings the test sets stands in for NVML: the same
+interface, the same placement code, the same engine workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from onnxruntime.capi.onnxruntime_pybind11_state import RuntimeException
+
+import firmware
+from appliance.config import load_config
+from appliance.daemon import governor_config
+from appliance.engine import Engine, EngineBusy, EngineConfig, Finished, GenerationRequest, Message, TextDelta
+from appliance.governor import (
+    Governor,
+    GovernorConfig,
+    Hysteresis,
+    JetsonProbe,
+    MemoryReading,
+    NoGpuProbe,
+    detect_probe,
+    is_allocation_failure,
+    is_jetson,
+)
+
+GPU = "cpu:1"  # the stand-in GPU session
+QUESTION = (Message("user", "Explain how the while statement and its else clause work."),)
+
+
+class SetProbe:
+    """A probe whose reading the test sets."""
+
+    kind = "test"
+
+    def __init__(self, ratio: float = 0.5) -> None:
+        self.ratio = ratio
+
+    def read(self) -> list[MemoryReading]:
+        return [MemoryReading(GPU, int(self.ratio * 1000), 1000)]
+
+
+def test_hysteresis_does_not_flap() -> None:
+    h = Hysteresis(0.85, 0.05)
+    seen = [h.update(r) for r in (0.5, 0.84, 0.85, 0.84, 0.81, 0.86, 0.80, 0.79, 0.84)]
+    assert seen == [False, False, True, True, True, True, True, False, False]
+
+
+def test_no_driver_means_no_gpu_said_once(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    caplog.set_level("INFO")
+    probe = detect_probe(tmp_path)  # no device tree, no tegra release, no NVIDIA driver here
+    assert isinstance(probe, NoGpuProbe) and probe.read() == []
+    assert sum("no GPU: NVML unavailable (NVMLError_LibraryNotFound)" in r.message for r in caplog.records) == 1
+
+
+def _fake_jetson(root: Path, total_kb: int, available_kb: int) -> None:
+    (root / "proc" / "device-tree").mkdir(parents=True, exist_ok=True)
+    (root / "proc" / "device-tree" / "compatible").write_bytes(b"nvidia,p3768-0000+p3767-0005\0nvidia,tegra234\0")
+    (root / "proc" / "meminfo").write_text(
+        f"MemTotal:       {total_kb} kB\nMemFree:          1000 kB\nMemAvailable:   {available_kb} kB\n"
+    )
+
+
+def test_jetson_is_detected_and_read_from_meminfo(tmp_path: Path) -> None:
+    assert not is_jetson(tmp_path)
+    _fake_jetson(tmp_path, 8_000_000, 2_000_000)
+    assert is_jetson(tmp_path)
+    probe = detect_probe(tmp_path)
+    assert isinstance(probe, JetsonProbe)
+    (reading,) = probe.read()
+    assert reading.total == 8_000_000 * 1024 and reading.ratio == pytest.approx(0.75)
+
+
+def test_allocation_failures_are_recognised() -> None:
+    assert is_allocation_failure(RuntimeException("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status "
+                                                  "code returned while running MatMul node. Failed to allocate "
+                                                  "memory for requested buffer of size 1048576"))  # fmt: skip
+    assert not is_allocation_failure(RuntimeException("shape mismatch"))
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_bundle_path: Path, trusted_keys: Path) -> firmware.Bundle:
+    return firmware.load(tiny_bundle_path, trusted_keys)
+
+
+def _greedy(max_tokens: int = 40) -> GenerationRequest:
+    return GenerationRequest(messages=QUESTION, max_tokens=max_tokens, temperature=0.0)
+
+
+async def _text(engine: Engine, request: GenerationRequest, device: str) -> tuple[str, Finished]:
+    parts = []
+    stream = engine.submit(request, device)
+    async for e in stream:
+        if isinstance(e, TextDelta):
+            parts.append(e.text)
+    assert stream.finished is not None
+    return "".join(parts), stream.finished
+
+
+def test_placement_follows_memory_with_hysteresis_while_requests_stream(bundle: firmware.Bundle) -> None:
+    engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0), devices=(GPU, "cpu"))
+    probe = SetProbe(0.5)
+    fallbacks: list[str] = []
+    governor = Governor(probe, GovernorConfig(threshold=0.85, hysteresis=0.05, interval=0.02), gpu_device=GPU,
+                        on_fallback=lambda: fallbacks.append("vram_threshold"))  # fmt: skip
+
+    async def scenario() -> None:
+        sampler = asyncio.create_task(governor.run())
+        await asyncio.sleep(0.05)
+        assert governor.place() == GPU
+        in_flight = asyncio.create_task(_text(engine, _greedy(200), governor.place()))
+        await asyncio.sleep(0.05)
+        probe.ratio = 0.9  # GPU memory crosses the threshold while a request streams
+        await asyncio.sleep(0.05)  # within a couple of sampling intervals
+        moved = [await _text(engine, _greedy(8), governor.place()) for _ in range(3)]
+        assert all(done.trace.device == "cpu" for _, done in moved)
+        probe.ratio = 0.83  # under the threshold but not under threshold - hysteresis: stays on the CPU
+        await asyncio.sleep(0.05)
+        assert governor.place() == "cpu"
+        probe.ratio = 0.70
+        await asyncio.sleep(0.05)
+        back = await _text(engine, _greedy(8), governor.place())
+        assert back[1].trace.device == GPU
+        text, done = await in_flight  # it finished where it started
+        assert done.trace.device == GPU and done.stop_reason in ("max_tokens", "end_turn") and text
+        sampler.cancel()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.close()
+    assert fallbacks == ["vram_threshold"] * 4  # three requests plus the one placement asked at 0.83
+
+
+def test_oom_on_the_gpu_continues_on_the_cpu_with_an_identical_stream(bundle: firmware.Bundle) -> None:
+    engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0), devices=(GPU, "cpu"),
+                    on_fallback=lambda reason: reasons.append(reason))  # fmt: skip
+    reasons: list[str] = []
+    try:
+        expected, plain = asyncio.run(_text(engine, _greedy(), GPU))
+        assert plain.output_tokens > 10
+        session = engine.workers[GPU].session
+        real_forward = session.forward
+        calls = {"n": 0}
+
+        def forward_that_runs_out(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls["n"] += 1
+            if calls["n"] == 7:  # prefill is call 1: this is decode step 6
+                raise RuntimeException("Non-zero status code returned while running GroupQueryAttention node. "
+                                       "Failed to allocate memory for requested buffer of size 65536")  # fmt: skip
+            return real_forward(*args, **kwargs)
+
+        session.forward = forward_that_runs_out  # type: ignore[method-assign]
+        text, done = asyncio.run(_text(engine, _greedy(), GPU))
+        session.forward = real_forward  # type: ignore[method-assign]
+    finally:
+        engine.close()
+    assert text == expected  # no gap, no repeat
+    assert done.output_tokens == plain.output_tokens and done.stop_reason == plain.stop_reason
+    assert reasons == ["oom"]
+    assert done.trace.device == f"{GPU}->cpu"
+    assert any(n.startswith(f"Fallback: {GPU} out of memory; re-run on cpu") for n in done.trace.notes)
+
+
+def test_jetson_sheds_new_requests_over_the_threshold(bundle: firmware.Bundle, tmp_path: Path) -> None:
+    _fake_jetson(tmp_path, 8_000_000, 4_000_000)  # 50% used
+    probe = JetsonProbe(tmp_path)
+    (tmp_path / "etc").mkdir()
+    config = load_config(tmp_path / "etc", check_paths=False)
+    gov_cfg = governor_config(config, bundle, probe)
+    assert gov_cfg.policy == "shed" and gov_cfg.threshold == bundle.layer.fallback_cpu_threshold
+    engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0, max_queued=2), devices=(GPU, "cpu"))
+    governor = Governor(probe, gov_cfg, gpu_device=GPU)
+    engine.workers[GPU].admitting = lambda: not governor.shedding
+
+    async def scenario() -> None:
+        governor.sample()
+        assert not governor.shedding
+        _fake_jetson(tmp_path, 8_000_000, 400_000)  # 95% used
+        governor.sample()
+        assert governor.shedding and governor.place() == GPU  # shed: the request waits, it does not move
+        waiting = [asyncio.create_task(_text(engine, _greedy(4), governor.place())) for _ in range(2)]
+        await asyncio.sleep(0.3)
+        assert not any(t.done() for t in waiting) and engine.workers[GPU].queued == 2
+        with pytest.raises(EngineBusy):  # the queue is full: the API answers 529/429
+            engine.submit(_greedy(4), governor.place())
+        _fake_jetson(tmp_path, 8_000_000, 4_000_000)
+        governor.sample()
+        results = await asyncio.gather(*waiting)
+        assert all(done.trace.device == GPU for _, done in results)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.close()
+
+
+def test_debug_and_status_against_a_running_daemon(tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:
+    """`zerolayer debug` prints the three kinds of line and the answer; an ordinary API key over
+    HTTP/3 gets no trace even when it asks; `zerolayer status` reads the live state."""
+    import subprocess
+    import sys
+
+    from appliance.api.auth import add_key
+    from appliance.devsetup import RunningDaemon, write_dev_config
+
+    setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys)
+    plain_key = add_key(setup.root / "api-keys", "plain")
+    running = RunningDaemon(setup.root).start()
+
+    def zl(*args: str, key: str | None = None) -> subprocess.CompletedProcess[str]:
+        import os
+
+        env = {**os.environ, **({"ZEROLAYER_API_KEY": key} if key else {})}
+        return subprocess.run([sys.executable, "-m", "appliance.cli", *args], capture_output=True, text=True,
+                              timeout=120, env=env)  # fmt: skip
+
+    try:
+        local = zl("debug", "messages.create", "--prompt", "Tell me about lists.", "--socket", str(setup.unix_socket))
+        assert local.returncode == 0, local.stderr
+        lines = local.stdout.splitlines()
+        assert lines[0].startswith("[DEBUG] Shard decision: input_tokens=")
+        assert lines[1].startswith("[DEBUG] Cache lookup: found 0/0 digests")
+        assert any(line.startswith("[DEBUG] Placement: no GPU reading -> cpu") for line in lines)
+        assert any(line.startswith("[DEBUG] Engine run: device=cpu, prefill ") for line in lines)
+        assert not lines[-1].startswith("[DEBUG]")  # then the answer
+        url = f"https://localhost:{running.port('http3')}"
+        debug_key = zl("debug", "messages.create", "--url", url, "--ca", str(setup.ca_cert), key=setup.api_key)
+        assert debug_key.returncode == 0 and "[DEBUG] Engine run: device=cpu" in debug_key.stdout, debug_key.stderr
+        ordinary = zl("debug", "messages.create", "--url", url, "--ca", str(setup.ca_cert), key=plain_key)
+        assert ordinary.returncode == 0, ordinary.stderr
+        assert "[DEBUG]" not in ordinary.stdout and "no trace" in ordinary.stderr
+        status = zl("status", "--socket", str(setup.unix_socket))
+        assert status.returncode == 0, status.stderr
+        for expected in ("firmware:   tiny-llama 0.1.0", "max_tokens_per_shard=64", "device:     cpu: 0 active",
+                         "memory:     gpu: no GPU", "placement:  new requests -> cpu (probe none",
+                         "listener:   http3", "streams:    0 active", "kernel:"):  # fmt: skip
+            assert expected in status.stdout, status.stdout
+    finally:
+        running.stop()
