@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="${VENV:-.venv}"
-APT_PACKAGES=(clang libbpf-dev libsystemd-dev bpftool pkg-config iproute2)
+APT_PACKAGES=(clang libbpf-dev libsystemd-dev bpftool pkg-config iproute2 systemd)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
