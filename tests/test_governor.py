@@ -17,7 +17,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import RuntimeException
 import firmware
 from appliance.config import load_config
 from appliance.daemon import governor_config
-from appliance.engine import Engine, EngineBusy, EngineConfig, Finished, GenerationRequest, Message, TextDelta
+from appliance.engine import Engine, EngineBusy, EngineConfig, GenerationRequest, Message
 from appliance.governor import (
     Governor,
     GovernorConfig,
@@ -93,16 +93,6 @@ def _greedy(max_tokens: int = 40) -> GenerationRequest:
     return GenerationRequest(messages=QUESTION, max_tokens=max_tokens, temperature=0.0)
 
 
-async def _text(engine: Engine, request: GenerationRequest, device: str) -> tuple[str, Finished]:
-    parts = []
-    stream = engine.submit(request, device)
-    async for e in stream:
-        if isinstance(e, TextDelta):
-            parts.append(e.text)
-    assert stream.finished is not None
-    return "".join(parts), stream.finished
-
-
 def test_placement_follows_memory_with_hysteresis_while_requests_stream(bundle: firmware.Bundle) -> None:
     engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0), devices=(GPU, "cpu"))
     probe = SetProbe(0.5)
@@ -114,18 +104,18 @@ def test_placement_follows_memory_with_hysteresis_while_requests_stream(bundle: 
         sampler = asyncio.create_task(governor.run())
         await asyncio.sleep(0.05)
         assert governor.place() == GPU
-        in_flight = asyncio.create_task(_text(engine, _greedy(200), governor.place()))
+        in_flight = asyncio.create_task(engine.complete(_greedy(200), governor.place()))
         await asyncio.sleep(0.05)
         probe.ratio = 0.9  # GPU memory crosses the threshold while a request streams
         await asyncio.sleep(0.05)  # within a couple of sampling intervals
-        moved = [await _text(engine, _greedy(8), governor.place()) for _ in range(3)]
+        moved = [await engine.complete(_greedy(8), governor.place()) for _ in range(3)]
         assert all(done.trace.device == "cpu" for _, done in moved)
         probe.ratio = 0.83  # under the threshold but not under threshold - hysteresis: stays on the CPU
         await asyncio.sleep(0.05)
         assert governor.place() == "cpu"
         probe.ratio = 0.70
         await asyncio.sleep(0.05)
-        back = await _text(engine, _greedy(8), governor.place())
+        back = await engine.complete(_greedy(8), governor.place())
         assert back[1].trace.device == GPU
         text, done = await in_flight  # it finished where it started
         assert done.trace.device == GPU and done.stop_reason in ("max_tokens", "end_turn") and text
@@ -143,7 +133,7 @@ def test_oom_on_the_gpu_continues_on_the_cpu_with_an_identical_stream(bundle: fi
                     on_fallback=lambda reason: reasons.append(reason))  # fmt: skip
     reasons: list[str] = []
     try:
-        expected, plain = asyncio.run(_text(engine, _greedy(), GPU))
+        expected, plain = asyncio.run(engine.complete(_greedy(), GPU))
         assert plain.output_tokens > 10
         session = engine.workers[GPU].session
         real_forward = session.forward
@@ -157,7 +147,7 @@ def test_oom_on_the_gpu_continues_on_the_cpu_with_an_identical_stream(bundle: fi
             return real_forward(*args, **kwargs)
 
         session.forward = forward_that_runs_out  # type: ignore[method-assign]
-        text, done = asyncio.run(_text(engine, _greedy(), GPU))
+        text, done = asyncio.run(engine.complete(_greedy(), GPU))
         session.forward = real_forward  # type: ignore[method-assign]
     finally:
         engine.close()
@@ -185,7 +175,7 @@ def test_jetson_sheds_new_requests_over_the_threshold(bundle: firmware.Bundle, t
         _fake_jetson(tmp_path, 8_000_000, 400_000)  # 95% used
         governor.sample()
         assert governor.shedding and governor.place() == GPU  # shed: the request waits, it does not move
-        waiting = [asyncio.create_task(_text(engine, _greedy(4), governor.place())) for _ in range(2)]
+        waiting = [asyncio.create_task(engine.complete(_greedy(4), governor.place())) for _ in range(2)]
         await asyncio.sleep(0.3)
         assert not any(t.done() for t in waiting) and engine.workers[GPU].queued == 2
         with pytest.raises(EngineBusy):  # the queue is full: the API answers 529/429

@@ -7,7 +7,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ from appliance.api.auth import ApiKey, KeyStore, presented_key
 from appliance.api.errors import ANTHROPIC, OPENAI, ApiError, busy_error
 from appliance.api.fields import parse_json_object
 from appliance.api.metrics import Metrics
+from appliance.asgi import ASGIApp, Receive, Scope, Send
 from appliance.engine import (
     Engine,
     EngineBusy,
@@ -32,11 +33,6 @@ from appliance.governor import Governor
 
 log = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 NETWORK_TRANSPORTS = ("tcp", "http3")
 

@@ -277,10 +277,6 @@ class Engine:
         worker.submit(_Job(stream, gen))
         return stream
 
-    async def generate(self, request: GenerationRequest, device: str | None = None) -> AsyncIterator[Event]:
-        async for event in self.submit(request, device):
-            yield event
-
     async def complete(self, request: GenerationRequest, device: str | None = None) -> tuple[str, Finished]:
         """The whole answer at once."""
         parts: list[str] = []

@@ -32,7 +32,7 @@ import os
 import socket
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -58,13 +58,10 @@ from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.tls import AlertDescription, CipherSuite, SessionTicket, load_pem_x509_certificates
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
+from appliance.asgi import ASGIApp, Message, Scope
+
 log = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 OnHandshake = Callable[[bool, bool], None]  # (resumed, early_data)
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # the only ones run straight from early data

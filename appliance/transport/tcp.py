@@ -15,7 +15,8 @@ from pathlib import Path
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
-from appliance.api.app import ASGIApp, tag_transport
+from appliance.api.app import tag_transport
+from appliance.asgi import ASGIApp
 
 log = logging.getLogger(__name__)
 
