@@ -339,3 +339,34 @@ def test_client_that_goes_away_cancels_its_generation(tiny: tuple[RunningDaemon,
     while engine.workers["cpu"].depth and time.monotonic() < deadline:
         time.sleep(0.02)
     assert engine.workers["cpu"].depth == 0
+
+
+def test_mtls_requires_a_client_certificate_on_tcp_and_quic(tiny_bundle_path: Path, trusted_keys: Path,
+                                                             tmp_path: Path) -> None:  # fmt: skip
+    from appliance.tls import DevCert, make_client_cert
+
+    root = tmp_path / "etc"
+    setup = write_dev_config(root, tiny_bundle_path, trusted_keys)  # makes the CA
+    tls = root / "tls"
+    ca = DevCert(tls / "ca.crt", tls / "ca.key", tls / "server.crt", tls / "server.key")
+    client = make_client_cert(ca, tmp_path / "client", "ops-laptop")
+    text = (root / "zerolayer.toml").read_text().replace("[tls]\n", f'[tls]\nclient_ca = "{ca.ca_cert}"\n')
+    (root / "zerolayer.toml").write_text(text)
+    running = RunningDaemon(root).start()
+    try:
+        url = f"https://localhost:{running.port('tcp')}/healthz"
+        with pytest.raises(httpx.TransportError), httpx.Client(verify=_trust(setup)) as c:
+            c.get(url)
+        ctx = _trust(setup)
+        ctx.load_cert_chain(str(client.cert), str(client.key))
+        with httpx.Client(verify=ctx) as c:
+            assert c.get(url).status_code == 200
+        h3 = f"https://localhost:{running.port('http3')}/healthz"
+        with niquests.Session(disable_http1=True, disable_http2=True) as s:
+            r = s.get(h3, verify=str(setup.ca_cert), cert=(str(client.cert), str(client.key)))
+            assert r.status_code == 200 and r.http_version == 30
+        with niquests.Session(disable_http1=True, disable_http2=True, retries=0) as s, \
+                pytest.raises(niquests.exceptions.RequestException):  # fmt: skip
+            s.get(h3, verify=str(setup.ca_cert), timeout=5)
+    finally:
+        running.stop()
