@@ -158,6 +158,10 @@ def test_tcp_session_upgrades_to_http3_through_alt_svc(tiny: tuple[RunningDaemon
         versions = [s.get(f"https://localhost:{running.port('tcp')}/healthz", verify=str(setup.ca_cert)).http_version
                     for _ in range(3)]  # fmt: skip
     assert 30 in versions
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket))) as c:
+        metrics = c.get("http://localhost/metrics").text
+    assert 'zerolayer_quic_handshakes_total{early_data="false",resumed="false"}' in metrics
+    assert 'zerolayer_requests_total{api="ops",code="200",transport="http3"}' in metrics
 
 
 # ---- malformed requests: (method, path, body, headers, status, dialect) ----
