@@ -38,7 +38,11 @@ def _providers(device: str, cuda_options: dict[str, str] | None) -> list[str | t
     if device.startswith("cuda"):
         index = device.partition(":")[2] or "0"
         opts = {"device_id": index, **(cuda_options or {})}
-        return [("CUDAExecutionProvider", opts), "CPUExecutionProvider"]
+        providers: list[str | tuple[str, dict[str, str]]] = [("CUDAExecutionProvider", opts), "CPUExecutionProvider"]
+        if "TensorrtExecutionProvider" in ort.get_available_providers():
+            # TensorRT where present; nodes it cannot take fall back to CUDA, then the CPU.
+            providers.insert(0, ("TensorrtExecutionProvider", {"device_id": index, "trt_engine_cache_enable": "True"}))
+        return providers
     raise ValueError(f"unknown device {device!r}: use 'cpu' or 'cuda:N'")
 
 
