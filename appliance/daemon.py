@@ -22,6 +22,7 @@ import firmware
 from appliance.api import ApiApp, ApiSettings, KeyStore, Metrics
 from appliance.config import Config, ConfigError, load_config, parse_address
 from appliance.engine import Engine, EngineConfig, available_devices
+from appliance.flows import UserspaceDigests
 from appliance.governor import Governor, GovernorConfig, JetsonProbe, MemoryProbe, cuda_memory_limit, detect_probe
 from appliance.systemd import ActivatedSockets, Notifier, configure_logging, listen_fds, run_watchdog, watchdog_interval
 from appliance.transport.http3 import Http3Server, serve_http3
@@ -125,7 +126,8 @@ class Daemon:
         )
         if cfg.auth.required and not settings.keys.keys:
             log.warning("auth is required but %s holds no keys: network clients will get 401", cfg.auth.keys_file)
-        self.app = ApiApp(engine, settings, self.metrics, governor=self.governor, status_info=self.status_info)
+        self.app = ApiApp(engine, settings, self.metrics, governor=self.governor, status_info=self.status_info,
+                          flows=UserspaceDigests())  # fmt: skip
         await self._bind()
         self.app.ready = True
         log.info("serving %s %s: %s", bundle.name, bundle.version,

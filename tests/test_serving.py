@@ -374,3 +374,42 @@ def test_mtls_requires_a_client_certificate_on_tcp_and_quic(tiny_bundle_path: Pa
             s.get(h3, verify=str(setup.ca_cert), timeout=5)
     finally:
         running.stop()
+
+
+@pytest.mark.demo
+def test_second_turn_on_one_quic_connection_finds_the_flow_digests_and_starts_sooner(
+    demo: tuple[RunningDaemon, DevSetup],
+) -> None:
+    running, setup = demo
+    url = f"https://localhost:{running.port('http3')}/v1/messages"
+    headers = {"x-api-key": setup.api_key, "zerolayer-debug": "1"}  # the dev key may see traces
+    story = "The appliance decides locally where each request runs and what it reuses. " * 60
+
+    def turn(s: niquests.Session, messages: list[dict[str, str]]) -> tuple[float, list[str], str]:
+        started = time.monotonic()
+        r = s.post(url, headers=headers, verify=str(setup.ca_cert), stream=True,
+                   json={"model": MODEL, "max_tokens": 8, "stream": True, "messages": messages})  # fmt: skip
+        assert r.status_code == 200 and r.http_version == 30
+        first, trace, text = 0.0, [], ""
+        for line in r.iter_lines():
+            if not line.startswith(b"data: "):
+                continue
+            event = json.loads(line[6:])
+            if event["type"] == "zerolayer_debug":
+                trace += event["lines"]
+            elif event["type"] == "content_block_delta":
+                first = first or time.monotonic() - started
+                text += event["delta"]["text"]
+        return first, trace, text
+
+    with niquests.Session(disable_http1=True, disable_http2=True) as s:  # one QUIC connection, reused
+        history = [{"role": "user", "content": story + "What does it decide?"}]
+        ttft1, trace1, answer = turn(s, history)
+        history += [{"role": "assistant", "content": answer}, {"role": "user", "content": "Say it shorter."}]
+        ttft2, trace2, _ = turn(s, history)
+    cache_line = next(line for line in trace2 if line.startswith("[DEBUG] Cache lookup"))
+    found = int(cache_line.split("found ")[1].split("/")[0])
+    assert "found 0/0 digests" in next(line for line in trace1 if line.startswith("[DEBUG] Cache lookup"))
+    assert cache_line.startswith(f"[DEBUG] Cache lookup: found {found}/10 digests") and found > 0
+    assert any(line.startswith("[DEBUG] Flow: udp 127.0.0.1:") for line in trace2)
+    assert ttft2 < ttft1, (ttft1, ttft2)

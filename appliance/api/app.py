@@ -4,6 +4,7 @@ tag each scope with their name (`scope["extensions"]["zerolayer"]["transport"]`)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -29,6 +30,7 @@ from appliance.engine import (
     Stream,
     TextDelta,
 )
+from appliance.flows import DigestTable, FlowKey, flow_of
 from appliance.governor import Governor
 
 log = logging.getLogger(__name__)
@@ -85,14 +87,15 @@ DEBUG_HEADER = b"zerolayer-debug"
 
 class ApiApp:
     def __init__(self, engine: Engine, settings: ApiSettings, metrics: Metrics | None = None,
-                 governor: Governor | None = None,
-                 status_info: Callable[[], dict[str, Any]] | None = None) -> None:  # fmt: skip
+                 governor: Governor | None = None, status_info: Callable[[], dict[str, Any]] | None = None,
+                 flows: DigestTable | None = None) -> None:  # fmt: skip
         self.engine = engine
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.model_name = engine.bundle.name
         self.governor = governor
         self.status_info = status_info
+        self.flows = flows
         self.ready = False  # the daemon sets it once the engine is warm and every listener is bound
         self.active_streams = 0
         self.created = int(time.time())
@@ -160,11 +163,12 @@ class ApiApp:
             except InvalidRequest as exc:
                 raise ApiError(400, str(exc), param=exc.param) from None
             return await _json(send, 200, {"input_tokens": count})
+        flow = flow_of(scope, transport_of(scope)) if self.flows is not None else None
         if path == "/v1/messages":
             request, stream = anthropic.parse_request(doc, self.model_name)
-            return await self._generate(send, receive, dialect, request, stream, False, debug)
+            return await self._generate(send, receive, dialect, request, stream, False, debug, flow)
         request, stream, include_usage = openai.parse_request(doc, self.model_name, self.engine.context_length)
-        return await self._generate(send, receive, dialect, request, stream, include_usage, debug)
+        return await self._generate(send, receive, dialect, request, stream, include_usage, debug, flow)
 
     def _authorize(self, scope: Scope, headers: list[tuple[bytes, bytes]]) -> ApiKey | None:
         presented = presented_key(headers)
@@ -206,9 +210,15 @@ class ApiApp:
         return handle
 
     async def _generate(self, send: Send, receive: Receive, dialect: str, request: GenerationRequest,
-                        stream: bool, include_usage: bool, debug: bool = False) -> int:  # fmt: skip
+                        stream: bool, include_usage: bool, debug: bool = False,
+                        flow: FlowKey | None = None) -> int:  # fmt: skip
         started = time.monotonic()
+        if flow is not None and self.flows is not None:
+            # What this connection sent last: the engine says how much of it the new prompt shares.
+            request = dataclasses.replace(request, prior_digests=self.flows.get(flow))
         handle = self._submit(dialect, request)
+        if flow is not None:
+            handle.trace.notes.insert(0, f"Flow: {flow.proto} {flow}")
         watcher = asyncio.create_task(_cancel_on_disconnect(receive, handle))
         self.metrics.active_streams.inc()
         self.active_streams += 1
@@ -224,6 +234,8 @@ class ApiApp:
             watcher.cancel()
             handle.cancel()  # no-op when finished; frees the slot if we leave early
             done, trace = handle.finished, handle.trace
+            if flow is not None and self.flows is not None and trace.digests:
+                self.flows.put(flow, [bytes.fromhex(d) for d in trace.digests])
             log.info("request %s %s on %s: %s, %d in + %d out tokens, prefill %.0f ms, %.1f ms/token",
                      trace.request_id, dialect, trace.device, done.stop_reason if done else "aborted",
                      handle.input_tokens, done.output_tokens if done else 0, trace.prefill_ms, trace.ms_per_token,
