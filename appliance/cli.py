@@ -276,7 +276,7 @@ def cmd_run_demo(args: argparse.Namespace) -> int:
     print(f"== demo firmware: {path}")
     firmware_cli.cmd_inspect(argparse.Namespace(bundle=path, trusted_keys=trusted, json=False))
     dev = write_dev_config(cache_dir() / "demo-appliance", path, trusted,
-                           tcp=f"127.0.0.1:{args.port}", quic=f"127.0.0.1:{args.port}")  # fmt: skip
+                           tcp=f"127.0.0.1:{args.port}", quic=f"127.0.0.1:{args.port}", kernel="auto")  # fmt: skip
     config = load_config(dev.root)
     print(DEMO_USAGE.format(port=args.port, key=dev.api_key, ca=dev.ca_cert, sock=dev.unix_socket,
                             model=config.firmware.path.name, root=dev.root), flush=True)  # fmt: skip

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -83,6 +85,17 @@ class GovernorSection:
 
 
 @dataclass(frozen=True)
+class KernelSection:
+    mode: str = setting("auto", "required, auto (fall back to userspace, said once) or off")
+    interfaces: tuple[str, ...] = setting(("auto",), "where the tc programs attach; auto: those carrying the "
+                                                    "bound addresses, loopback included")  # fmt: skip
+    allowlist: tuple[str, ...] = setting((), "client prefixes (CIDR, IPv4 and IPv6) allowed to reach the service "
+                                             "ports; empty: allow all")  # fmt: skip
+    xdp: str = setting("off", "also enforce the allowlist in XDP: off, generic or native")
+    flow_idle_seconds: float = setting(600.0, "a flow's digests are forgotten after this long idle")
+
+
+@dataclass(frozen=True)
 class StateConfig:
     dir: Path = setting(Path("/var/lib/zerolayer"), 'state: QUIC session tickets')
 
@@ -101,6 +114,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     engine: EngineSection = field(default_factory=EngineSection)
     governor: GovernorSection = field(default_factory=GovernorSection)
+    kernel: KernelSection = field(default_factory=KernelSection)
     state: StateConfig = field(default_factory=StateConfig)
     log: LogConfig = field(default_factory=LogConfig)
     sources: dict[str, str] = field(default_factory=dict, compare=False)  # "section.key" -> file
@@ -133,7 +147,10 @@ def reference_table() -> str:
             continue
         for f in dataclasses.fields(getattr(defaults, section.name)):
             value = getattr(getattr(defaults, section.name), f.name)
-            shown = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+            if isinstance(value, tuple):
+                shown = json.dumps(list(value))
+            else:
+                shown = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
             rows.append(f"| `{section.name}.{f.name}` | `{shown}` | {f.metadata.get('doc', '')} |")
     return "\n".join(rows)
 
@@ -174,6 +191,10 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
         if not isinstance(value, str):
             raise ValueError(f"{where}: expected a string, got {value!r}")
         return value
+    if "tuple" in text:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{where}: expected a list of strings, got {value!r}")
+        return tuple(value)
     if "Path" in text:
         if not isinstance(value, str):
             raise ValueError(f"{where}: expected a path string, got {value!r}")
@@ -255,6 +276,15 @@ def _validate(config: Config, check_paths: bool) -> list[str]:
         problems.append(f"{_where(config, 'listen.unix_mode')}: {config.listen.unix_mode!r} is not an octal mode")
     if config.governor.policy not in ("auto", "cpu", "shed"):
         problems.append(f"{_where(config, 'governor.policy')}: {config.governor.policy!r} is not auto, cpu or shed")
+    if config.kernel.mode not in ("required", "auto", "off"):
+        problems.append(f"{_where(config, 'kernel.mode')}: {config.kernel.mode!r} is not required, auto or off")
+    if config.kernel.xdp not in ("off", "generic", "native"):
+        problems.append(f"{_where(config, 'kernel.xdp')}: {config.kernel.xdp!r} is not off, generic or native")
+    for cidr in config.kernel.allowlist:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            problems.append(f"{_where(config, 'kernel.allowlist')}: {cidr!r} is not an IPv4 or IPv6 prefix")
     if config.log.level.lower() not in _LEVELS:
         problems.append(f"{_where(config, 'log.level')}: {config.log.level!r} is not one of {', '.join(_LEVELS)}")
     if check_paths:

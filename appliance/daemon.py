@@ -22,8 +22,9 @@ import firmware
 from appliance.api import ApiApp, ApiSettings, KeyStore, Metrics
 from appliance.config import Config, ConfigError, load_config, parse_address
 from appliance.engine import Engine, EngineConfig, available_devices
-from appliance.flows import UserspaceDigests
+from appliance.flows import LayerDigests
 from appliance.governor import Governor, GovernorConfig, JetsonProbe, MemoryProbe, cuda_memory_limit, detect_probe
+from appliance.kernel import KernelLayer, UserspaceFlows, open_kernel_layer
 from appliance.systemd import ActivatedSockets, Notifier, configure_logging, listen_fds, run_watchdog, watchdog_interval
 from appliance.transport.http3 import Http3Server, serve_http3
 from appliance.transport.tcp import HypercornListener, bind_tcp, bind_unix
@@ -79,6 +80,7 @@ class Daemon:
         self.app: ApiApp | None = None
         self.listeners = Listeners()
         self.activated = ActivatedSockets({})
+        self.kernel: KernelLayer | UserspaceFlows | None = None
         self.governor: Governor | None = None
         self.probe: MemoryProbe | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -126,9 +128,9 @@ class Daemon:
         )
         if cfg.auth.required and not settings.keys.keys:
             log.warning("auth is required but %s holds no keys: network clients will get 401", cfg.auth.keys_file)
-        self.app = ApiApp(engine, settings, self.metrics, governor=self.governor, status_info=self.status_info,
-                          flows=UserspaceDigests())  # fmt: skip
+        self.app = ApiApp(engine, settings, self.metrics, governor=self.governor, status_info=self.status_info)
         await self._bind()
+        await self._open_kernel_layer()
         self.app.ready = True
         log.info("serving %s %s: %s", bundle.name, bundle.version,
                  ", ".join(f"{k} {v}" for k, v in self.listeners.addresses.items()))  # fmt: skip
@@ -140,6 +142,35 @@ class Daemon:
             self._tasks.append(asyncio.create_task(run_watchdog(self.notifier, interval, self.healthy)))
         self._tasks.append(asyncio.create_task(self._report_status()))
         self._tasks.append(asyncio.create_task(self.governor.run()))
+
+    async def _open_kernel_layer(self) -> None:
+        """The eBPF flow table and allowlist on the serving interfaces, or their userspace stand-in."""
+        cfg, ls = self.config, self.listeners
+        assert self.app is not None
+        tcp_name = ls.tcp.sock.getsockname() if ls.tcp else None
+        ports = sorted({p for p in (ls.http3.port if ls.http3 else None, tcp_name[1] if tcp_name else None) if p})
+        bound = [a for a in (ls.http3.address[0] if ls.http3 else None, tcp_name[0] if tcp_name else None) if a]
+        if cfg.kernel.mode != "off":
+            self.status("loading eBPF programs")
+        kernel = await asyncio.to_thread(
+            open_kernel_layer, cfg.kernel.mode, ports=ports, allowlist=cfg.kernel.allowlist,  # type: ignore[arg-type]
+            interfaces=cfg.kernel.interfaces, bound_addresses=bound, xdp=cfg.kernel.xdp,  # type: ignore[arg-type]
+        )  # fmt: skip
+        self.kernel = kernel
+        if isinstance(kernel, UserspaceFlows):
+            if cfg.kernel.mode != "off":
+                self.notifier.status("kernel layer refused: flows and allowlist in userspace (see the log)")
+            self.app.allowed = kernel.allowed  # enforce before parsing, as the kernel would
+        self.app.flows = LayerDigests(kernel, cfg.kernel.flow_idle_seconds)
+        self.metrics.add_collector(self._kernel_metrics)
+
+    def _kernel_metrics(self) -> dict[str, float]:
+        if self.kernel is None:
+            return {}
+        verdicts = self.kernel.verdict_counts()
+        flows = list(self.kernel.flows())
+        return {"flows": len(flows), "flow_packets": sum(f.packets for f in flows),
+                "allowlist_dropped": verdicts.get("tc_drop", 0) + verdicts.get("xdp_drop", 0)}  # fmt: skip
 
     def _make_governor(self, gov_cfg: GovernorConfig, engine: Engine, probe: MemoryProbe) -> Governor:
         gpu = next((d for d in engine.workers if not d.startswith("cpu")), None)
@@ -153,6 +184,12 @@ class Daemon:
         if gpu is not None:
             engine.workers[gpu].admitting = lambda: not governor.shedding
         return governor
+
+    def _kernel_state(self) -> str:
+        if isinstance(self.kernel, KernelLayer):
+            filters = ", ".join(f"{i} {p}" for i, p, _ in self.kernel.attached_filters()) or "none"
+            return f"eBPF loaded, pinned under {self.kernel.pin_root}; tc on {filters}; {self._kernel_metrics()}"
+        return f"userspace (no eBPF): {self._kernel_metrics()}"
 
     def serving_line(self) -> str:
         assert self.engine is not None
@@ -184,7 +221,7 @@ class Daemon:
                           "state": gov.describe() if gov else ""},
             "listeners": dict(self.listeners.addresses),
             "active_streams": self.app.active_streams if self.app else 0,
-            "kernel": "not loaded: this build has no eBPF layer yet (userspace only)",
+            "kernel": self._kernel_state(),
         }
 
     async def _report_status(self) -> None:
@@ -279,6 +316,8 @@ class Daemon:
         except (OSError, ValueError, ssl.SSLError) as exc:
             log.error("reload: TLS certificate %s not loaded (%s); new connections keep the old one",
                       new.tls.cert, exc)  # fmt: skip
+        if self.kernel is not None:
+            self.kernel.set_allowlist(new.kernel.allowlist)
         logging.getLogger().setLevel(new.log.level.upper())
         self.config = new
         log.info("reloaded config: %d API keys, log level %s", len(keys.keys), new.log.level)
@@ -300,6 +339,8 @@ class Daemon:
         if ls.http3 is not None:
             closers.append(ls.http3.close(drain_timeout))
         await asyncio.gather(*closers, return_exceptions=True)
+        if self.kernel is not None:
+            await asyncio.to_thread(self.kernel.close)  # detach what we attached; the pins stay
         if self.engine is not None:
             await asyncio.to_thread(self.engine.close)
 

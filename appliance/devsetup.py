@@ -32,7 +32,7 @@ class DevSetup:
 
 
 def write_dev_config(root: Path, firmware_path: Path, trusted_keys: Path, *, tcp: str = "127.0.0.1:0",
-                     quic: str = "127.0.0.1:0", extra: str = "") -> DevSetup:  # fmt: skip
+                     quic: str = "127.0.0.1:0", extra: str = "", kernel: str = "off") -> DevSetup:  # fmt: skip
     """Write (or reuse) a config root; the API key is kept beside it (0600) so it can be shown again."""
     root.mkdir(parents=True, exist_ok=True)
     tls_dir = root / "tls"
@@ -67,6 +67,9 @@ keys_file = "{key_file}"
 
 [state]
 dir = "{root / 'state'}"
+
+[kernel]
+mode = "{kernel}"
 {extra}""")
     return DevSetup(root, plain.read_text().strip(), tls_dir / "ca.crt", sock)
 

@@ -1,20 +1,18 @@
 """Per-connection prompt digests: what a client flow sent last, so its next request can say how
 much of it the new prompt shares ("found 7/10 digests") and the prefix cache can be asked first.
 
-A flow is the client's 4-tuple plus the protocol. This module is the userspace table (an LRU
-bounded in entries, flows idle past a limit dropped); the kernel layer keeps the same records in
-its pinned `flows` map when it is loaded.
+A flow is the client's 4-tuple plus the protocol; the records live in the flow layer (the
+kernel's pinned map, or its userspace stand-in).
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
 from appliance.asgi import Scope
+from appliance.kernel import FlowLayer
 
 
 @dataclass(frozen=True)
@@ -43,30 +41,27 @@ class DigestTable(Protocol):
     def put(self, flow: FlowKey, digests: list[bytes]) -> None: ...
 
 
-class UserspaceDigests:
-    def __init__(self, max_flows: int = 65536, idle_seconds: float = 600.0) -> None:
-        self.max_flows, self.idle_seconds = max_flows, idle_seconds
-        self._flows: OrderedDict[FlowKey, tuple[float, tuple[bytes, ...]]] = OrderedDict()
-        self._lock = threading.Lock()
+class LayerDigests:
+    """Digests kept in the flow layer's records: the kernel's pinned `flows` map (so they survive a
+    daemon restart), or its userspace stand-in of the same layout. Idle flows read as empty."""
 
-    def __len__(self) -> int:
-        return len(self._flows)
+    def __init__(self, layer: FlowLayer, idle_seconds: float = 600.0) -> None:
+        self.layer, self.idle_seconds = layer, idle_seconds
+        self._written: dict[FlowKey, float] = {}  # when we last wrote each flow, bounded below
 
     def get(self, flow: FlowKey) -> tuple[bytes, ...]:
-        now = time.monotonic()
-        with self._lock:
-            entry = self._flows.get(flow)
-            if entry is None or now - entry[0] > self.idle_seconds:
-                return ()
-            return entry[1]
+        written = self._written.get(flow)
+        if written is not None and time.monotonic() - written > self.idle_seconds:
+            del self._written[flow]  # idle too long: this flow starts afresh
+            return ()
+        # Never written by this daemon: an earlier one may have (the map is pinned), so read it.
+        record = self.layer.lookup_flow(flow.client[0], flow.client[1], flow.server[0], flow.server[1], flow.proto)
+        return tuple(d for d in record.digests if any(d)) if record is not None else ()
 
     def put(self, flow: FlowKey, digests: list[bytes]) -> None:
+        self.layer.write_digests(flow.client[0], flow.client[1], flow.server[0], flow.server[1], flow.proto, digests)
         now = time.monotonic()
-        with self._lock:
-            self._flows[flow] = (now, tuple(digests[-10:]))
-            self._flows.move_to_end(flow)
-            while len(self._flows) > self.max_flows:
-                self._flows.popitem(last=False)
-            # Idle flows leave from the old end; the LRU order is also the idle order.
-            while self._flows and now - next(iter(self._flows.values()))[0] > self.idle_seconds:
-                self._flows.popitem(last=False)
+        self._written[flow] = now
+        if len(self._written) > 65536:  # forget the idle ones; the map keeps its own LRU bound
+            for key in [k for k, t in self._written.items() if now - t > self.idle_seconds][:4096]:
+                del self._written[key]

@@ -96,6 +96,8 @@ class ApiApp:
         self.governor = governor
         self.status_info = status_info
         self.flows = flows
+        # Set when the kernel cannot enforce the allowlist: checked before anything is parsed.
+        self.allowed: Callable[[str], bool] | None = None
         self.ready = False  # the daemon sets it once the engine is warm and every listener is bound
         self.active_streams = 0
         self.created = int(time.time())
@@ -112,6 +114,11 @@ class ApiApp:
         api = dialect if path.startswith("/v1/") else "ops"
         transport = transport_of(scope)
         status = 500
+        client = scope.get("client")
+        if self.allowed is not None and transport in NETWORK_TRANSPORTS and client and not self.allowed(client[0]):
+            self.metrics.requests.labels(api, transport, "403").inc()
+            await _respond(send, 403, ApiError(403, "source address not allowed").body(dialect), [])
+            return
         try:
             status = await self._handle(scope, receive, send, path, method, headers, dialect)
         except ApiError as err:

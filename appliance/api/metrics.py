@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import ClassVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -26,8 +31,31 @@ class Metrics:
                                   ["device"], registry=r)  # fmt: skip
         self.placed = Counter("zerolayer_requests_placed", "Requests placed per device", ["device"], registry=r)
 
+    def add_collector(self, read: Callable[[], dict[str, float]]) -> None:
+        """Values read at scrape time: `flows` a gauge, the others counters (`zerolayer_NAME_total`)."""
+        self.registry.register(_ReadAtScrape(read))
+
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
 
     def count_handshake(self, resumed: bool, early_data: bool) -> None:
         self.quic_handshakes.labels(str(resumed).lower(), str(early_data).lower()).inc()
+
+
+class _ReadAtScrape(Collector):
+    _HELP: ClassVar[dict[str, str]] = {
+        "flows": "Client flows in the flow table",
+        "flow_packets": "Packets counted on client flows",
+        "allowlist_dropped": "Packets dropped by the source allowlist",
+    }
+
+    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        for name, value in self.read().items():
+            help_text = self._HELP.get(name, name)
+            if name == "flows":
+                yield GaugeMetricFamily(f"zerolayer_{name}", help_text, value=value)
+            else:
+                yield CounterMetricFamily(f"zerolayer_{name}", help_text, value=value)

@@ -1,0 +1,114 @@
+"""The kernel layer inside the daemon, on loopback: a real HTTP/3 request is counted in the pinned
+flows map with its digests beside it, the allowlist changes on reload without a restart, the
+entries survive a restart, and stop leaves no filter of ours behind."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2 as httpx
+import niquests
+import pytest
+
+from appliance.devsetup import DevSetup, RunningDaemon, write_dev_config
+from appliance.kernel import KernelLayer
+
+PIN_ROOT = Path("/sys/fs/bpf/zerolayer")
+LONG = "Explain the for statement, the while statement and the else clauses of both loops. " * 3
+
+
+@pytest.fixture()
+def pins() -> Iterator[None]:
+    shutil.rmtree(PIN_ROOT, ignore_errors=True)  # start from no pinned state
+    yield
+    shutil.rmtree(PIN_ROOT, ignore_errors=True)
+
+
+def _filters(dev: str = "lo") -> str:
+    return "".join(subprocess.run(["tc", "filter", "show", "dev", dev, side], capture_output=True, text=True).stdout
+                   for side in ("ingress", "egress"))  # fmt: skip
+
+
+def _ask(running: RunningDaemon, setup: DevSetup, timeout: float = 30) -> int:
+    with niquests.Session(disable_http1=True, disable_http2=True, retries=0) as s:
+        r = s.post(f"https://127.0.0.1:{running.port('http3')}/v1/messages", verify=str(setup.ca_cert),
+                   headers={"x-api-key": setup.api_key}, timeout=timeout,
+                   json={"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": LONG}]})
+        assert r.http_version == 30
+        return int(r.status_code or 0)
+
+
+def _metrics(setup: DevSetup) -> str:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket))) as c:
+        return c.get("http://localhost/metrics").text
+
+
+def _metric(text: str, name: str) -> float:
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_flows_allowlist_reload_restart_and_detach(pins: None, tiny_bundle_path: Path, trusted_keys: Path,
+                                                    tmp_path: Path) -> None:  # fmt: skip
+    setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys, kernel="required")
+    running = RunningDaemon(setup.root).start()
+    try:
+        kernel = running.daemon.kernel
+        assert isinstance(kernel, KernelLayer)
+        assert "zerolayer" in _filters()
+        assert _ask(running, setup) == 200
+        quic_port = running.port("http3")
+        deadline = time.monotonic() + 5  # the digests are written just after the response goes out
+        while True:
+            ours = [f for f in kernel.flows() if f.proto == "udp" and f.server[1] == quic_port]
+            if (ours and any(any(d) for d in ours[0].digests)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert len(ours) == 1 and ours[0].packets >= 4 and ours[0].bytes > 1200  # handshake + request
+        assert any(any(d) for d in ours[0].digests)  # the daemon wrote the prompt's digests beside the counters
+        text = _metrics(setup)
+        assert _metric(text, "zerolayer_flows") >= 1 and _metric(text, "zerolayer_flow_packets_total") >= 4
+        dropped_before = _metric(text, "zerolayer_allowlist_dropped_total")
+        # An allowlist that leaves loopback out, applied by reload: the next client gets no answer.
+        config = setup.root / "zerolayer.toml"
+        config.write_text(config.read_text() + 'allowlist = ["10.0.0.0/8"]\n')
+        assert running.call(running.daemon.reload)
+        with pytest.raises(niquests.exceptions.RequestException):
+            _ask(running, setup, timeout=3)
+        assert _metric(_metrics(setup), "zerolayer_allowlist_dropped_total") > dropped_before
+        config.write_text(config.read_text().replace('allowlist = ["10.0.0.0/8"]\n', 'allowlist = ["127.0.0.0/8"]\n'))
+        assert running.call(running.daemon.reload)
+        assert _ask(running, setup) == 200
+        flow = ours[0]
+    finally:
+        running.stop()
+    assert "zerolayer" not in _filters()  # stop detached exactly what it attached
+    restarted = RunningDaemon(setup.root).start()
+    try:
+        kernel = restarted.daemon.kernel
+        assert isinstance(kernel, KernelLayer)
+        again = kernel.lookup_flow(flow.client[0], flow.client[1], flow.server[0], flow.server[1], "udp")
+        assert again is not None and again.packets >= flow.packets and again.digests == flow.digests
+    finally:
+        restarted.stop()
+    assert "zerolayer" not in _filters()
+
+
+def test_kernel_off_serves_with_userspace_flows(tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:
+    from appliance.kernel import UserspaceFlows
+
+    setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys, kernel="off")
+    running = RunningDaemon(setup.root).start()
+    try:
+        assert isinstance(running.daemon.kernel, UserspaceFlows)
+        assert _ask(running, setup) == 200
+        layer = running.daemon.kernel
+        deadline = time.monotonic() + 5  # written just after the response goes out
+        while not any(any(d) for f in layer.flows() for d in f.digests) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(any(d) for f in layer.flows() for d in f.digests)
+    finally:
+        running.stop()
