@@ -7,6 +7,7 @@ PACKAGES := appliance firmware
 
 setup:
 	@bash scripts/setup.sh
+	@$(MAKE) -s -C bpf
 
 demo-firmware: setup
 	$(PY) -m firmware.demo
