@@ -17,7 +17,7 @@ from appliance.api.auth import ApiKey, KeyStore, presented_key
 from appliance.api.errors import ANTHROPIC, OPENAI, ApiError, busy_error
 from appliance.api.fields import parse_json_object
 from appliance.api.metrics import Metrics
-from appliance.asgi import ASGIApp, Receive, Scope, Send
+from appliance.asgi import ASGIApp, Message, Receive, Scope, Send
 from appliance.engine import (
     Engine,
     EngineBusy,
@@ -119,11 +119,24 @@ class ApiApp:
             self.metrics.requests.labels(api, transport, "403").inc()
             await _respond(send, 403, ApiError(403, "source address not allowed").body(dialect), [])
             return
+        body_done = [method in ("GET", "HEAD")]
+
+        async def tracking_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                body_done[0] = True
+            return message
+
         try:
-            status = await self._handle(scope, receive, send, path, method, headers, dialect)
+            status = await self._handle(scope, tracking_receive, send, path, method, headers, dialect)
         except ApiError as err:
             status = err.status
-            await _respond(send, err.status, err.body(dialect), err.headers())
+            headers_out = err.headers()
+            if not body_done[0] and scope.get("http_version") in ("1.0", "1.1"):
+                # Answered before the body was read: the server will not reuse this HTTP/1 connection,
+                # so tell the client not to either (it would send its next request into a closing socket).
+                headers_out.append((b"connection", b"close"))
+            await _respond(send, err.status, err.body(dialect), headers_out)
         except Exception:
             # Never a traceback to a client: log it for the operator, answer a plain 500.
             log.exception("unhandled error on %s %s", method, path)
