@@ -9,6 +9,8 @@ interface, the same placement code, the same engine workers.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -100,21 +102,28 @@ def test_placement_follows_memory_with_hysteresis_while_requests_stream(bundle: 
     governor = Governor(probe, GovernorConfig(threshold=0.85, hysteresis=0.05, interval=0.02), gpu_device=GPU,
                         on_fallback=lambda: fallbacks.append("vram_threshold"))  # fmt: skip
 
+    async def until(condition: Callable[[], bool], limit: float = 2.0) -> None:
+        """A few sampling intervals; generous so a loaded CI machine does not fail it."""
+        deadline = time.monotonic() + limit
+        while not condition():
+            assert time.monotonic() < deadline, "the governor did not react"
+            await asyncio.sleep(0.01)
+
     async def scenario() -> None:
         sampler = asyncio.create_task(governor.run())
-        await asyncio.sleep(0.05)
+        await until(lambda: governor.latest is not None)
         assert governor.place() == GPU
         in_flight = asyncio.create_task(engine.complete(_greedy(200), governor.place()))
         await asyncio.sleep(0.05)
         probe.ratio = 0.9  # GPU memory crosses the threshold while a request streams
-        await asyncio.sleep(0.05)  # within a couple of sampling intervals
+        await until(lambda: governor.state.over)
         moved = [await engine.complete(_greedy(8), governor.place()) for _ in range(3)]
         assert all(done.trace.device == "cpu" for _, done in moved)
         probe.ratio = 0.83  # under the threshold but not under threshold - hysteresis: stays on the CPU
-        await asyncio.sleep(0.05)
+        await until(lambda: governor.latest is not None and abs(governor.latest.ratio - 0.83) < 0.002)
         assert governor.place() == "cpu"
         probe.ratio = 0.70
-        await asyncio.sleep(0.05)
+        await until(lambda: not governor.state.over)
         back = await engine.complete(_greedy(8), governor.place())
         assert back[1].trace.device == GPU
         text, done = await in_flight  # it finished where it started
