@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,11 +138,10 @@ class Governor:
         self.cpu_device = cpu_device
         self.state = Hysteresis(config.threshold, config.hysteresis)
         self.latest: MemoryReading | None = None
-        self.read_at = 0.0
         self._on_reading = on_reading
         self._on_fallback = on_fallback
 
-    def sample(self, now: float | None = None) -> None:
+    def sample(self) -> None:
         """One reading of the GPU that serves; updates the placement state."""
         readings = self.probe.read()
         reading = next((r for r in readings if r.device == self.gpu_device), readings[0] if readings else None)
@@ -151,7 +149,7 @@ class Governor:
             return
         was_over = self.state.over
         over = self.state.update(reading.ratio)
-        self.latest, self.read_at = reading, time.monotonic() if now is None else now
+        self.latest = reading
         if self._on_reading:
             self._on_reading(reading)
         if over != was_over:

@@ -114,11 +114,6 @@ class ApiApp:
         api = dialect if path.startswith("/v1/") else "ops"
         transport = transport_of(scope)
         status = 500
-        client = scope.get("client")
-        if self.allowed is not None and transport in NETWORK_TRANSPORTS and client and not self.allowed(client[0]):
-            self.metrics.requests.labels(api, transport, "403").inc()
-            await _respond(send, 403, ApiError(403, "source address not allowed").body(dialect), [])
-            return
         body_done = [method in ("GET", "HEAD")]
 
         async def tracking_receive() -> Message:
@@ -128,7 +123,10 @@ class ApiApp:
             return message
 
         try:
-            status = await self._handle(scope, tracking_receive, send, path, method, headers, dialect)
+            client = scope.get("client")
+            if self.allowed is not None and transport in NETWORK_TRANSPORTS and client and not self.allowed(client[0]):
+                raise ApiError(403, "source address not allowed")  # before anything of the request is parsed
+            status = await self._handle(scope, tracking_receive, send, path, method, headers, dialect, transport)
         except ApiError as err:
             status = err.status
             headers_out = err.headers()
@@ -146,7 +144,7 @@ class ApiApp:
             self.metrics.requests.labels(api, transport, str(status)).inc()
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send, path: str, method: str,
-                      headers: list[tuple[bytes, bytes]], dialect: str) -> int:  # fmt: skip
+                      headers: list[tuple[bytes, bytes]], dialect: str, transport: str) -> int:  # fmt: skip
         allowed = _ROUTES.get(path)
         if allowed is None:
             raise ApiError(404, f"no such endpoint: {path}")
@@ -161,9 +159,9 @@ class ApiApp:
             self._refresh_gauges()
             await _respond(send, 200, self.metrics.render(), [(b"content-type", b"text/plain; version=0.0.4")])
             return 200
-        key = self._authorize(scope, headers)
+        key = self._authorize(transport, headers)
         # The decision trace only for callers who may see it: the local socket, or a debug key.
-        may_debug = transport_of(scope) not in NETWORK_TRANSPORTS or (key is not None and key.debug)
+        may_debug = transport not in NETWORK_TRANSPORTS or (key is not None and key.debug)
         debug = may_debug and any(k == DEBUG_HEADER and v.strip() == b"1" for k, v in headers)
         if path == "/status":
             if not may_debug:
@@ -183,17 +181,17 @@ class ApiApp:
             except InvalidRequest as exc:
                 raise ApiError(400, str(exc), param=exc.param) from None
             return await _json(send, 200, {"input_tokens": count})
-        flow = flow_of(scope, transport_of(scope)) if self.flows is not None else None
+        flow = flow_of(scope, transport) if self.flows is not None else None
         if path == "/v1/messages":
             request, stream = anthropic.parse_request(doc, self.model_name)
             return await self._generate(send, receive, dialect, request, stream, False, debug, flow)
-        request, stream, include_usage = openai.parse_request(doc, self.model_name, self.engine.context_length)
+        request, stream, include_usage = openai.parse_request(doc, self.model_name)
         return await self._generate(send, receive, dialect, request, stream, include_usage, debug, flow)
 
-    def _authorize(self, scope: Scope, headers: list[tuple[bytes, bytes]]) -> ApiKey | None:
+    def _authorize(self, transport: str, headers: list[tuple[bytes, bytes]]) -> ApiKey | None:
         presented = presented_key(headers)
         key = self.settings.keys.check(presented) if presented else None
-        if transport_of(scope) not in NETWORK_TRANSPORTS or not self.settings.auth_required:
+        if transport not in NETWORK_TRANSPORTS or not self.settings.auth_required:
             return key  # the Unix socket is authorised by its file permissions
         if presented is None:
             raise ApiError(401, "missing API key: send it as x-api-key or Authorization: Bearer")

@@ -65,7 +65,7 @@ def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
     return ("\n\n".join(system_parts) or None), tuple(out)
 
 
-def parse_request(doc: dict[str, Any], served_model: str, context_tokens: int) -> tuple[GenerationRequest, bool, bool]:
+def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationRequest, bool, bool]:
     """Returns the request, whether to stream, and whether to send a usage chunk."""
     reject_unknown(doc, _KNOWN, _UNSUPPORTED)
     model = get_str(doc, "model", required=True)

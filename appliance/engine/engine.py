@@ -259,9 +259,10 @@ class Engine:
             )
         return prompt
 
-    def count_tokens(self, messages: GenerationRequest) -> int:
-        messages.validate()
-        return len(self.template.prompt(messages.messages, messages.system).ids)
+    def count_tokens(self, request: GenerationRequest) -> int:
+        """Prompt tokens as the engine would see them; no context check (counting a long prompt is no error)."""
+        request.validate()
+        return len(self.template.prompt(request.messages, request.system).ids)
 
     def submit(self, request: GenerationRequest, device: str | None = None) -> Stream:
         """Queue a request on a device (default: the first). Must be called on the event loop."""

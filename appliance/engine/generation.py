@@ -63,10 +63,6 @@ class Generation:
         self.digests = block_digests(prompt.ids, block) if block else []
         trace.digests = [d.hex() for d in self.digests[-DIGESTS_PER_FLOW:]]
 
-    @property
-    def kv_bytes(self) -> int:
-        return self.cache.nbytes if self.cache else 0
-
     def step(self) -> list[Event]:
         if self.done:
             return []

@@ -54,8 +54,6 @@ class PrefixCache:
         self._next_id = 0
         self._bytes = 0
         self._lock = threading.Lock()  # one pool for every device worker
-        self.hits = 0
-        self.misses = 0
 
     @property
     def nbytes(self) -> int:
@@ -74,15 +72,9 @@ class PrefixCache:
                 entry_id, blocks = found
                 entry = self._entries[entry_id]
                 self._entries.move_to_end(entry_id)
-                self.hits += 1
                 t = blocks * self.block_tokens
                 return PrefixHit(t, [(k[:, :t], v[:, :t]) for k, v in entry.kv])
-            self.misses += 1
             return None
-
-    def contains(self, digest: bytes) -> bool:
-        with self._lock:
-            return digest in self._index
 
     def store(self, digests: list[bytes], kv: KVArrays) -> bool:
         """Keep KV for len(digests) full blocks (kv holds at least that many tokens)."""

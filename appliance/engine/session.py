@@ -89,10 +89,6 @@ class KVCache:
     capacity: int
     length: int = 0
 
-    @property
-    def nbytes(self) -> int:
-        return sum(int(np.prod(k.shape())) for k in self.keys) * 2 * 4
-
 
 class ModelSession:
     def __init__(
