@@ -230,7 +230,18 @@ def test_cancel_mid_stream_frees_the_slot(engine: Engine) -> None:
         return stream.finished.trace.decode_tokens - at_cancel, stream.finished
 
     # The worker stops within the step it was running: at most one more token, then "cancelled".
-    extra, done = _run(cancel_explicitly())
+    # Each step is slowed to 5 ms so the tiny model cannot reach its end of turn before the cancel lands.
+    session, real_forward = worker.session, worker.session.forward
+
+    def slow_forward(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(0.005)
+        return real_forward(*args, **kwargs)
+
+    session.forward = slow_forward  # type: ignore[method-assign]
+    try:
+        extra, done = _run(cancel_explicitly())
+    finally:
+        session.forward = real_forward  # type: ignore[method-assign]
     assert extra <= 1 and done is not None and done.stop_reason == "cancelled"
     assert worker.depth == 0
     _, done, _ = _run(_collect(engine, _greedy(4)))  # the worker serves on

@@ -112,3 +112,21 @@ def test_kernel_off_serves_with_userspace_flows(tiny_bundle_path: Path, trusted_
         assert any(any(d) for f in layer.flows() for d in f.digests)
     finally:
         running.stop()
+
+
+def test_userspace_allowlist_refuses_before_parsing(tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:
+    """Without the kernel, the daemon itself refuses sources outside the allowlist (403, in the
+    dialect's JSON); the Unix socket has no source address and is not affected."""
+    setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys, kernel="off",
+                             extra='allowlist = ["10.0.0.0/8"]\n')  # fmt: skip
+    running = RunningDaemon(setup.root).start()
+    try:
+        with niquests.Session(disable_http1=True, disable_http2=True) as s:
+            r = s.post(f"https://127.0.0.1:{running.port('http3')}/v1/messages", verify=str(setup.ca_cert),
+                       headers={"x-api-key": setup.api_key}, data=b"{not even json")  # fmt: skip
+            assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket))) as c:
+            assert c.post("http://localhost/v1/messages", json={"model": "tiny-llama", "max_tokens": 2,
+                          "messages": [{"role": "user", "content": "hi"}]}).status_code == 200  # fmt: skip
+    finally:
+        running.stop()
