@@ -3,10 +3,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PACKAGES := appliance firmware
 
-.PHONY: setup run test lint bench-engine demo-firmware
+.PHONY: setup setup-test run test lint bench-engine demo-firmware
 
 setup:
 	@bash scripts/setup.sh
+	@$(MAKE) -s -C bpf
+
+# Also the tools the tests and benchmarks drive (image build, layered baseline, captures).
+setup-test:
+	@bash scripts/setup.sh test
 	@$(MAKE) -s -C bpf
 
 demo-firmware: setup
@@ -15,7 +20,7 @@ demo-firmware: setup
 run: setup
 	$(PY) -m appliance.cli run-demo
 
-lint: setup
+lint: setup-test
 	$(VENV)/bin/ruff check $(PACKAGES) tests bench
 	$(VENV)/bin/mypy $(PACKAGES)
 

@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # One-time (and idempotent) set-up: the apt packages and the virtualenv the project runs in.
 # Re-run cheaply: each step checks before it installs.
+#   scripts/setup.sh        what `make run` needs
+#   scripts/setup.sh test   also what the tests and benchmarks drive: the image build (debootstrap,
+#                           systemd-nspawn, qemu-user for arm64, sgdisk) and the layered baseline of the
+#                           protocol benchmark (nginx, redis) with its packet captures (tcpdump, tshark)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="${VENV:-.venv}"
 APT_PACKAGES=(clang libbpf-dev libsystemd-dev bpftool pkg-config iproute2 systemd)
+if [[ "${1:-}" == "test" ]]; then
+    APT_PACKAGES+=(debootstrap systemd-container qemu-user-static binfmt-support gdisk e2fsprogs
+                   nginx-light redis-server tcpdump tshark)
+fi
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -15,6 +23,9 @@ if ((${#missing[@]})); then
     echo "setup: installing apt packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
+    # Servers the tests start themselves (nginx, redis) must not be started by their packages.
+    policy=/usr/sbin/policy-rc.d
+    [[ -e "$policy" ]] || { printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod 755 "$policy"; trap 'rm -f "$policy"' EXIT; }
     apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
