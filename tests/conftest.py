@@ -4,9 +4,11 @@ both built once per machine and cached; copies for tests that tamper with them."
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from netns import NetPair, net_pair
 
 from firmware.devkit import dev_trusted_keys, ensure_dev_key
 
@@ -49,3 +51,10 @@ def tiny_copy(tiny_bundle_path: Path, tmp_path: Path) -> Path:
     shutil.copytree(tiny_bundle_path, dest)
     return dest
 
+
+
+@pytest.fixture
+def netpair() -> Iterator[NetPair]:
+    """Server and client network namespaces joined by a veth pair (tests/netns.py)."""
+    with net_pair() as pair:
+        yield pair
