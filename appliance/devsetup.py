@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -18,7 +18,7 @@ from appliance.api.auth import add_key
 from appliance.config import load_config
 from appliance.daemon import Daemon
 from appliance.systemd import Notifier
-from appliance.tls import make_dev_cert
+from appliance.tls import DEV_HOSTS, make_dev_cert
 
 T = TypeVar("T")
 
@@ -32,12 +32,14 @@ class DevSetup:
 
 
 def write_dev_config(root: Path, firmware_path: Path, trusted_keys: Path, *, tcp: str = "127.0.0.1:0",
-                     quic: str = "127.0.0.1:0", extra: str = "", kernel: str = "off") -> DevSetup:  # fmt: skip
-    """Write (or reuse) a config root; the API key is kept beside it (0600) so it can be shown again."""
+                     quic: str = "127.0.0.1:0", extra: str = "", kernel: str = "off",
+                     cert_hosts: Sequence[str] = DEV_HOSTS) -> DevSetup:  # fmt: skip
+    """Write (or reuse) a config root; the API key is kept beside it (0600) so it can be shown again.
+    The certificate, made on first use, names `cert_hosts` (the addresses clients will dial)."""
     root.mkdir(parents=True, exist_ok=True)
     tls_dir = root / "tls"
     if not (tls_dir / "server.crt").is_file():
-        make_dev_cert(tls_dir)
+        make_dev_cert(tls_dir, cert_hosts)
     key_file = root / "api-keys"
     plain = root / "dev-api-key"
     if not plain.is_file():

@@ -9,58 +9,19 @@ import os
 import signal
 import socket
 import ssl
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
+from daemon_process import NotifySocket, daemon_process
 
 from appliance.devsetup import DevSetup, RunningDaemon, write_dev_config
 
 REQ = {"model": "tiny-llama", "max_tokens": 6, "messages": [{"role": "user", "content": "hi"}]}
 LONG = {"model": "tiny-llama", "max_tokens": 400, "stream": True,
         "messages": [{"role": "user", "content": "Go on."}]}  # fmt: skip
-
-
-class NotifySocket:
-    """What systemd would see: datagrams on $NOTIFY_SOCKET, timestamped."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.settimeout(0.1)
-        self.messages: list[tuple[float, str]] = []
-
-    def wait_for(self, field: str, timeout: float = 120.0) -> float:
-        deadline = time.monotonic() + timeout
-        seen = len(self.messages)
-        while time.monotonic() < deadline:
-            for t, m in self.messages[seen:]:
-                if field in m.split("\n"):
-                    return t
-            seen = len(self.messages)
-            self.drain_once()
-        raise AssertionError(f"no {field} within {timeout} s; saw {[m for _, m in self.messages]}")
-
-    def drain_once(self) -> None:
-        try:
-            data = self.sock.recv(4096)
-        except TimeoutError:
-            return
-        self.messages.append((time.monotonic(), data.decode()))
-
-    def collect(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            self.drain_once()
-
-    def fields(self) -> list[str]:
-        return [f for _, m in self.messages for f in m.split("\n")]
 
 
 def _free_port() -> int:
@@ -86,23 +47,9 @@ def _unix_client(setup: DevSetup) -> httpx.Client:
                         timeout=60)  # fmt: skip
 
 
-@contextlib.contextmanager
-def _daemon_process(setup: DevSetup, notify: NotifySocket, extra_env: dict[str, str] | None = None,
-                    argv_prefix: list[str] | None = None) -> Iterator[subprocess.Popen[str]]:  # fmt: skip
-    env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), **(extra_env or {})}
-    cmd = [*(argv_prefix or []), sys.executable, "-m", "appliance.cli", "serve", "--config", str(setup.root)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-
-
 def test_notify_sequence_ready_reload_stopping(setup: DevSetup, tmp_path: Path) -> None:
     notify = NotifySocket(tmp_path / "notify.sock")
-    with _daemon_process(setup, notify) as proc:
+    with daemon_process(setup.root, notify) as proc:
         notify.wait_for("READY=1")
         with _unix_client(setup) as c:  # READY=1 came only once /readyz answers 200
             assert c.get("/readyz").status_code == 200
@@ -171,7 +118,7 @@ def test_socket_activation_with_named_fds(setup: DevSetup, tmp_path: Path) -> No
               "systemd-socket-activate", "-l", f"127.0.0.1:{port}", "-l", str(sock_path),
               "--fdname=quic:tcp:unix", env, "--setenv=ZEROLAYER_CACHE", "--setenv=PATH"]  # fmt: skip
     # The config names other addresses: the activated sockets must win.
-    with _daemon_process(setup, notify, argv_prefix=prefix) as proc:
+    with daemon_process(setup.root, notify, argv_prefix=prefix) as proc:
         deadline = time.monotonic() + 10
         while not sock_path.exists() and time.monotonic() < deadline:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
@@ -216,7 +163,7 @@ def test_reload_applies_a_good_change_without_dropping_a_stream_and_rejects_a_ba
     from appliance.api.auth import add_key
 
     notify = NotifySocket(tmp_path / "notify.sock")
-    with _daemon_process(setup, notify) as proc:
+    with daemon_process(setup.root, notify) as proc:
         notify.wait_for("READY=1")
         ctx = ssl.create_default_context(cafile=str(setup.ca_cert))
         tcp = _tcp_url(setup)
@@ -249,7 +196,7 @@ def test_reload_applies_a_good_change_without_dropping_a_stream_and_rejects_a_ba
 
 def test_sigterm_drains_a_stream_refuses_new_connections_and_exits_0(setup: DevSetup, tmp_path: Path) -> None:
     notify = NotifySocket(tmp_path / "notify.sock")
-    with _daemon_process(setup, notify) as proc:
+    with daemon_process(setup.root, notify) as proc:
         notify.wait_for("READY=1")
         out: dict[str, object] = {}
         t = _stream_in_thread(setup, out)
