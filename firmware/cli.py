@@ -1,4 +1,4 @@
-"""`zerolayer firmware ...`: keygen, build, sign, verify, inspect."""
+"""`zerolayer firmware ...`: keygen, build, sign, verify, inspect; on the box, install and rollback."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from firmware.build import PRECISIONS, TARGETS, BuildOptions, build, sign
 from firmware.bundle import verify
 from firmware.errors import BundleError
+from firmware.install import DEFAULT_STORE, InstallError, Switched, install, no_restart, restart_daemon, rollback
 from firmware.manifest import MANIFEST_NAME, SIGNATURE_NAME, SPLIT_ALGORITHMS, LayerConstants, parse_manifest
 from firmware.signing import generate_keypair
 
@@ -55,6 +56,50 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         if name == "inspect":
             p.add_argument("--json", action="store_true", help="print the manifest as JSON")
         p.set_defaults(func=func)
+
+    p = fsub.add_parser("install", help="verify a bundle, copy it into the store, make it current, restart the daemon")
+    p.add_argument("bundle", type=Path)
+    _store_args(p)
+    p.set_defaults(func=cmd_install)
+    p = fsub.add_parser("rollback", help="make the previous bundle current again and restart the daemon")
+    _store_args(p)
+    p.set_defaults(func=cmd_rollback)
+
+
+def _store_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trusted-keys", type=Path, default=DEFAULT_TRUSTED_KEYS,
+                   help=f"directory of trusted *.pub keys (default {DEFAULT_TRUSTED_KEYS})")  # fmt: skip
+    p.add_argument("--store", type=Path, default=DEFAULT_STORE,
+                   help=f"where bundles and the current/previous links live (default {DEFAULT_STORE})")  # fmt: skip
+    p.add_argument("--no-restart", action="store_true", help="switch only; do not restart zerolayer.service")
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    try:
+        done = install(args.bundle, args.trusted_keys, no_restart if args.no_restart else restart_daemon, args.store)
+    except InstallError as exc:
+        print(f"zerolayer: {exc}", file=sys.stderr)
+        return 1
+    _report(done, args.store)
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    try:
+        done = rollback(args.trusted_keys, no_restart if args.no_restart else restart_daemon, args.store)
+    except InstallError as exc:
+        print(f"zerolayer: {exc}", file=sys.stderr)
+        return 1
+    _report(done, args.store)
+    return 0
+
+
+def _report(done: Switched, store: Path) -> None:
+    print(f"current:  {store / done.current}")
+    print(f"previous: {store / done.previous if done.previous else '(none)'}")
+    for name in done.removed:
+        print(f"removed:  {store / name} (only current and previous are kept)")
+    print(done.applied)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
