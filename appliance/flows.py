@@ -7,12 +7,15 @@ kernel's pinned map, or its userspace stand-in).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Protocol
 
 from appliance.asgi import Scope
 from appliance.kernel import FlowLayer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,19 @@ class LayerDigests:
             del self._written[flow]  # idle too long: this flow starts afresh
             return ()
         # Never written by this daemon: an earlier one may have (the map is pinned), so read it.
-        record = self.layer.lookup_flow(flow.client[0], flow.client[1], flow.server[0], flow.server[1], flow.proto)
+        try:
+            record = self.layer.lookup_flow(*flow.client, *flow.server, flow.proto)
+        except (OSError, ValueError) as exc:  # the table only saves work: a request never fails on it
+            log.warning("flow table: reading %s %s failed, serving without its digests: %s", flow.proto, flow, exc)
+            return ()
         return tuple(d for d in record.digests if any(d)) if record is not None else ()
 
     def put(self, flow: FlowKey, digests: list[bytes]) -> None:
-        self.layer.write_digests(flow.client[0], flow.client[1], flow.server[0], flow.server[1], flow.proto, digests)
+        try:
+            self.layer.write_digests(*flow.client, *flow.server, flow.proto, digests)
+        except (OSError, ValueError) as exc:
+            log.warning("flow table: writing %s %s failed; its next request starts cold: %s", flow.proto, flow, exc)
+            return
         now = time.monotonic()
         self._written[flow] = now
         if len(self._written) > 65536:  # forget the idle ones; the map keeps its own LRU bound

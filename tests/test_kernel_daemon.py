@@ -4,7 +4,9 @@ entries survive a restart, and stop leaves no filter of ours behind."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import ssl
 import subprocess
 import time
 from collections.abc import Iterator
@@ -128,5 +130,35 @@ def test_userspace_allowlist_refuses_before_parsing(tiny_bundle_path: Path, trus
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket))) as c:
             assert c.post("http://localhost/v1/messages", json={"model": "tiny-llama", "max_tokens": 2,
                           "messages": [{"role": "user", "content": "hi"}]}).status_code == 200  # fmt: skip
+    finally:
+        running.stop()
+
+
+def test_wildcard_bind_keys_digests_with_the_kernels_counters(pins: None, tiny_bundle_path: Path,
+                                                              trusted_keys: Path, tmp_path: Path) -> None:  # fmt: skip
+    """The default config binds [::]: IPv4 clients arrive v4-mapped and the socket does not say
+    which local address they reached. The digests must still land in the entry the kernel counts
+    (the real 4-tuple), on HTTP/3 and on TCP, and turn 2 on the same connection must find them."""
+    setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys, kernel="required",
+                             quic="[::]:0", tcp="[::]:0")  # fmt: skip
+    running = RunningDaemon(setup.root).start()
+    try:
+        kernel = running.daemon.kernel
+        assert isinstance(kernel, KernelLayer)
+        body = {"model": "tiny-llama", "max_tokens": 2, "messages": [{"role": "user", "content": LONG}]}
+        headers = {"x-api-key": setup.api_key, "zerolayer-debug": "1"}
+        quic_port, tcp_port = running.port("http3"), running.port("tcp")
+        with niquests.Session(disable_http1=True, disable_http2=True, retries=0) as s:
+            traces = [s.post(f"https://127.0.0.1:{quic_port}/v1/messages", verify=str(setup.ca_cert), headers=headers,
+                             json=body, timeout=30).headers["zerolayer-trace"] for _ in range(2)]  # fmt: skip
+        ctx = ssl.create_default_context(cafile=str(setup.ca_cert))
+        with httpx.Client(verify=ctx) as c:
+            traces += [c.post(f"https://127.0.0.1:{tcp_port}/v1/messages", headers=headers, json=body,
+                              timeout=30).headers["zerolayer-trace"] for _ in range(2)]  # fmt: skip
+        assert "found 0/0 digests" in traces[0] and "found 0/0 digests" in traces[2]
+        assert re.search(r"found [1-9]\d*/\d+ digests", traces[1]) and re.search(r"found [1-9]\d*/\d+", traces[3])
+        for proto, port in (("udp", quic_port), ("tcp", tcp_port)):
+            (flow,) = [f for f in kernel.flows() if f.proto == proto and f.server == ("127.0.0.1", port)]
+            assert flow.packets > 4 and any(any(d) for d in flow.digests), flow  # one entry: counted and digested
     finally:
         running.stop()

@@ -38,9 +38,8 @@ class FlowKey(ctypes.Structure):
 
     @classmethod
     def make(cls, proto: str, client: tuple[str, int], server: tuple[str, int]) -> FlowKey:
-        c, s = ipaddress.ip_address(client[0]), ipaddress.ip_address(server[0])
-        if c.version != s.version:  # a v4-mapped client on a v6 socket: compare as IPv4
-            c, s = _unmap(c), _unmap(s)
+        # A dual-stack socket names IPv4 peers as ::ffff:a.b.c.d; the kernel sees IPv4 packets.
+        c, s = _unmap(ipaddress.ip_address(client[0])), _unmap(ipaddress.ip_address(server[0]))
         if c.version != s.version:
             raise ValueError(f"client {c} and server {s} are of different address families")
         key = cls()

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import datetime
 import hashlib
+import ipaddress
 import json
 import logging
 import os
@@ -263,6 +264,7 @@ class _Http3Connection(QuicConnectionProtocol):
         self.cids = {header.destination_cid, quic.host_cid}
         self.exchanges: dict[int, _Exchange] = {}
         self._client = _host_port(peer)
+        self._server = server.local_address_for(peer)
         self._h3: H3Connection | None = None
         self._handshake_done = False
         self._held: list[_Exchange] = []  # unsafe requests from early data, waiting for the handshake
@@ -429,7 +431,7 @@ class _Http3Connection(QuicConnectionProtocol):
             "root_path": "",
             "headers": fields,
             "client": self._client,
-            "server": self.server.address,
+            "server": self._server,
             "extensions": {"zerolayer": {"transport": "http3", "early_data": early_data}},
         }
 
@@ -516,6 +518,20 @@ class Http3Server(asyncio.DatagramProtocol):
     def reload_certificate(self, certfile: Path, keyfile: Path) -> None:
         """New connections present the new certificate; established ones keep theirs."""
         self.configuration.load_cert_chain(certfile, keyfile)
+
+    def local_address_for(self, peer: NetworkAddress) -> tuple[str, int]:
+        """The address this server answers `peer` from: the bound one, or on a wildcard bind the
+        one the routing table picks (a UDP connect sends nothing). The flow table is keyed by it,
+        as the kernel sees the packets."""
+        host, port = self.address
+        if not host or not ipaddress.ip_address(host).is_unspecified:
+            return self.address
+        try:
+            with socket.socket(socket.AF_INET6 if ":" in str(peer[0]) else socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect(peer)
+                return _host_port(probe.getsockname())[0], port
+        except OSError:
+            return self.address
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.DatagramTransport, transport)
