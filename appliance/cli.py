@@ -12,10 +12,12 @@ from pathlib import Path
 
 from appliance import __version__
 from appliance.config import EX_CONFIG, ConfigError
+from appliance.kernel import KernelLayerError
 from firmware import BundleError
 from firmware import cli as firmware_cli
 
 DEMO_PROMPT = "What is the capital of France?"
+EX_UNAVAILABLE = 69  # sysexits.h: a service this one needs (here the kernel's eBPF) is unavailable
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -308,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print("zerolayer: bad configuration:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
         return EX_CONFIG
+    except KernelLayerError as exc:
+        print(f"zerolayer: {exc}\nzerolayer: kernel.mode = \"required\" needs CAP_BPF and CAP_NET_ADMIN (or "
+              "root) and bpffs; kernel.mode = \"auto\" serves with the userspace flow table instead",
+              file=sys.stderr)  # fmt: skip
+        return EX_UNAVAILABLE
     except KeyboardInterrupt:
         return 130
 

@@ -161,6 +161,8 @@ class Daemon:
             if cfg.kernel.mode != "off":
                 self.notifier.status("kernel layer refused: flows and allowlist in userspace (see the log)")
             self.app.allowed = kernel.allowed  # enforce before parsing, as the kernel would
+            if ls.http3 is not None:  # drop and count datagrams, as the tc programs would
+                ls.http3.gate = kernel
         self.app.flows = LayerDigests(kernel, cfg.kernel.flow_idle_seconds)
         self.metrics.add_collector(self._kernel_metrics)
 
@@ -351,7 +353,12 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
-        await self.start()
+        try:
+            await self.start()
+        except Exception as exc:  # say why in `systemctl status`, release what was bound, then fail
+            self.notifier.status(f"failed to start: {str(exc).splitlines()[0]}")
+            await self.stop(drain_timeout=0)
+            raise
         await stop.wait()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _exit_now)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
+import socket
 import ssl
 import subprocess
 import time
@@ -15,7 +17,9 @@ from pathlib import Path
 import httpx2 as httpx
 import niquests
 import pytest
+from daemon_process import NotifySocket, daemon_process
 
+from appliance.config import load_config
 from appliance.devsetup import DevSetup, RunningDaemon, write_dev_config
 from appliance.kernel import KernelLayer
 
@@ -28,6 +32,12 @@ def pins() -> Iterator[None]:
     shutil.rmtree(PIN_ROOT, ignore_errors=True)  # start from no pinned state
     yield
     shutil.rmtree(PIN_ROOT, ignore_errors=True)
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def _filters(dev: str = "lo") -> str:
@@ -100,36 +110,49 @@ def test_flows_allowlist_reload_restart_and_detach(pins: None, tiny_bundle_path:
 
 
 def test_kernel_off_serves_with_userspace_flows(tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:
+    """The userspace stand-in keeps the kernel's semantics: the QUIC server counts every datagram
+    of the flow as tc would (whole frames, both ways) and the digests go in the same entry."""
     from appliance.kernel import UserspaceFlows
 
     setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys, kernel="off")
     running = RunningDaemon(setup.root).start()
     try:
-        assert isinstance(running.daemon.kernel, UserspaceFlows)
-        assert _ask(running, setup) == 200
         layer = running.daemon.kernel
+        assert isinstance(layer, UserspaceFlows)
+        assert _ask(running, setup) == 200
         deadline = time.monotonic() + 5  # written just after the response goes out
         while not any(any(d) for f in layer.flows() for d in f.digests) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert any(any(d) for f in layer.flows() for d in f.digests)
+        (flow,) = layer.flows()
+        assert flow.proto == "udp" and flow.server == ("127.0.0.1", running.port("http3"))
+        assert flow.packets >= 6 and flow.bytes > flow.packets * (14 + 20 + 8) and any(any(d) for d in flow.digests)
+        assert _metric(_metrics(setup), "zerolayer_flow_packets_total") >= flow.packets
     finally:
         running.stop()
 
 
 def test_userspace_allowlist_refuses_before_parsing(tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:
-    """Without the kernel, the daemon itself refuses sources outside the allowlist (403, in the
-    dialect's JSON); the Unix socket has no source address and is not affected."""
+    """Without the kernel, the daemon itself keeps sources outside the allowlist out: QUIC datagrams
+    are dropped unread (no answer, as the kernel would), TCP gets a 403 in the dialect's JSON before
+    the body is parsed; the Unix socket has no source address and is not affected."""
     setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys, kernel="off",
                              extra='allowlist = ["10.0.0.0/8"]\n')  # fmt: skip
     running = RunningDaemon(setup.root).start()
     try:
-        with niquests.Session(disable_http1=True, disable_http2=True) as s:
-            r = s.post(f"https://127.0.0.1:{running.port('http3')}/v1/messages", verify=str(setup.ca_cert),
-                       headers={"x-api-key": setup.api_key}, data=b"{not even json")  # fmt: skip
+        layer = running.daemon.kernel
+        assert layer is not None
+        with pytest.raises(niquests.exceptions.RequestException):
+            _ask(running, setup, timeout=2)
+        assert layer.verdict_counts()["tc_drop"] >= 1 and not list(layer.flows())
+        ctx = ssl.create_default_context(cafile=str(setup.ca_cert))
+        with httpx.Client(verify=ctx) as c:
+            r = c.post(f"https://127.0.0.1:{running.port('tcp')}/v1/messages", headers={"x-api-key": setup.api_key},
+                       content=b"{not even json")  # fmt: skip
             assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket))) as c:
             assert c.post("http://localhost/v1/messages", json={"model": "tiny-llama", "max_tokens": 2,
                           "messages": [{"role": "user", "content": "hi"}]}).status_code == 200  # fmt: skip
+        assert _metric(_metrics(setup), "zerolayer_allowlist_dropped_total") >= 2
     finally:
         running.stop()
 
@@ -162,3 +185,45 @@ def test_wildcard_bind_keys_digests_with_the_kernels_counters(pins: None, tiny_b
             assert flow.packets > 4 and any(any(d) for d in flow.digests), flow  # one entry: counted and digested
     finally:
         running.stop()
+
+
+# Root with every capability dropped: bpf() and the tc attach are refused, files stay readable.
+UNPRIVILEGED = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
+
+
+def test_unprivileged_daemon_auto_serves_in_userspace_and_required_refuses(
+    pins: None, tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path
+) -> None:
+    setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys, kernel="auto",
+                             quic=f"127.0.0.1:{_free_udp_port()}")  # fmt: skip
+    quic_port = int(load_config(setup.root).listen.quic.rpartition(":")[2])
+    notify = NotifySocket(tmp_path / "notify.sock")
+    log = tmp_path / "auto.log"
+    with daemon_process(setup.root, notify, argv_prefix=UNPRIVILEGED, log=log) as proc:
+        notify.wait_for("READY=1")
+        with niquests.Session(disable_http1=True, disable_http2=True, retries=0) as s:
+            r = s.post(f"https://127.0.0.1:{quic_port}/v1/messages", verify=str(setup.ca_cert), timeout=30,
+                       headers={"x-api-key": setup.api_key, "zerolayer-debug": "1"},
+                       json={"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": LONG}]})
+            assert r.status_code == 200 and r.http_version == 30
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket))) as c:
+            status = c.get("http://localhost/status").json()
+        assert status["kernel"].startswith("userspace (no eBPF)")
+        assert _metric(_metrics(setup), "zerolayer_flow_packets_total") >= 6  # counted in userspace
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    warnings = [line for line in log.read_text().splitlines() if "kernel layer unavailable" in line]
+    assert len(warnings) == 1 and ("not permitted" in warnings[0] or "Permission denied" in warnings[0]), warnings
+    assert any("kernel layer refused" in f for f in notify.fields() if f.startswith("STATUS="))
+    assert not PIN_ROOT.exists() and "zerolayer" not in _filters()
+
+    config = setup.root / "zerolayer.toml"
+    config.write_text(config.read_text().replace('mode = "auto"', 'mode = "required"'))
+    notify = NotifySocket(tmp_path / "notify2.sock")
+    log = tmp_path / "required.log"
+    with daemon_process(setup.root, notify, argv_prefix=UNPRIVILEGED, log=log) as proc:
+        code = proc.wait(120)
+    text = log.read_text()
+    assert code == 69 and "READY=1" not in notify.fields()
+    assert "kernel layer" in text and ("Operation not permitted" in text or "Permission denied" in text), text
+    assert "Traceback" not in text, text

@@ -96,7 +96,8 @@ class ApiApp:
         self.governor = governor
         self.status_info = status_info
         self.flows = flows
-        # Set when the kernel cannot enforce the allowlist: checked before anything is parsed.
+        # Set when the kernel cannot enforce the allowlist: checked on TCP before anything is parsed
+        # (HTTP/3 datagrams from outside it are dropped unread by the QUIC server itself).
         self.allowed: Callable[[str], bool] | None = None
         self.ready = False  # the daemon sets it once the engine is warm and every listener is bound
         self.active_streams = 0
@@ -124,7 +125,7 @@ class ApiApp:
 
         try:
             client = scope.get("client")
-            if self.allowed is not None and transport in NETWORK_TRANSPORTS and client and not self.allowed(client[0]):
+            if self.allowed is not None and transport == "tcp" and client and not self.allowed(client[0]):
                 raise ApiError(403, "source address not allowed")  # before anything of the request is parsed
             status = await self._handle(scope, tracking_receive, send, path, method, headers, dialect, transport)
         except ApiError as err:

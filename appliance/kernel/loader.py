@@ -44,6 +44,7 @@ XDP_FLAGS_UPDATE_IF_NOEXIST, XDP_FLAGS_SKB_MODE, XDP_FLAGS_DRV_MODE = 1, 2, 4
 XDP_MODES = {"generic": XDP_FLAGS_SKB_MODE, "native": XDP_FLAGS_DRV_MODE}
 MAX_FLOWS = 65536
 ENFORCE_ALLOW_ALL, ENFORCE_ALLOWLIST = 0, 1
+ETH_HEADER, IPV4_HEADER, IPV6_HEADER, UDP_HEADER = 14, 20, 40, 8  # skb->len at tc holds the whole frame
 
 Mode = Literal["required", "auto", "off"]
 XdpMode = Literal["off", "generic", "native"]
@@ -460,6 +461,11 @@ class UserspaceFlows:
             value.last_ns = time.monotonic_ns() if now_ns is None else now_ns
             value.packets += 1
             value.bytes += nbytes
+
+    def record_udp(self, client: tuple[str, int], server: tuple[str, int], payload_bytes: int) -> None:
+        """A datagram the QUIC server received or sent, counted as tc counts it: the whole frame."""
+        headers = UDP_HEADER + (IPV4_HEADER if "." in client[0] else IPV6_HEADER) + ETH_HEADER
+        self.record_packet("udp", client, server, payload_bytes + headers)
 
     def flows(self) -> Iterator[FlowRecord]:
         with self._lock:

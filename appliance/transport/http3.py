@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 from urllib.parse import unquote
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
@@ -140,6 +140,29 @@ class _Settings:
     max_streams: int
     max_body_bytes: int
     client_ca: Store | None  # mTLS when set
+
+
+class DatagramGate(Protocol):
+    """The userspace stand-in for the kernel's tc programs (kernel.mode off, or bpf() refused):
+    datagrams from sources outside the allowlist are dropped unread, the rest counted per flow."""
+
+    def allowed(self, addr: str) -> bool: ...
+
+    def record_udp(self, client: tuple[str, int], server: tuple[str, int], payload_bytes: int) -> None: ...
+
+
+class _CountedTransport(asyncio.DatagramTransport):
+    """The server socket as one connection sends on it: each datagram is told to the gate first,
+    as the tc egress program would count it. aioquic's protocol only calls sendto()."""
+
+    def __init__(self, transport: asyncio.DatagramTransport, gate: DatagramGate, client: tuple[str, int],
+                 server: tuple[str, int]) -> None:  # fmt: skip
+        super().__init__()
+        self._transport, self._gate, self._client, self._server = transport, gate, client, server
+
+    def sendto(self, data: bytes | bytearray | memoryview, addr: Any = None) -> None:
+        self._gate.record_udp(self._client, self._server, len(data))
+        self._transport.sendto(data, addr)
 
 
 class _ServerConnection(QuicConnection):
@@ -263,8 +286,8 @@ class _Http3Connection(QuicConnectionProtocol):
         self.server = server
         self.cids = {header.destination_cid, quic.host_cid}
         self.exchanges: dict[int, _Exchange] = {}
-        self._client = _host_port(peer)
-        self._server = server.local_address_for(peer)
+        self.client = _host_port(peer)
+        self.local = server.local_address_for(peer)  # the flow's server side, as the kernel keys it
         self._h3: H3Connection | None = None
         self._handshake_done = False
         self._held: list[_Exchange] = []  # unsafe requests from early data, waiting for the handshake
@@ -430,8 +453,8 @@ class _Http3Connection(QuicConnectionProtocol):
             "query_string": query,
             "root_path": "",
             "headers": fields,
-            "client": self._client,
-            "server": self._server,
+            "client": self.client,
+            "server": self.local,
             "extensions": {"zerolayer": {"transport": "http3", "early_data": early_data}},
         }
 
@@ -467,6 +490,7 @@ class Http3Server(asyncio.DatagramProtocol):
         self.draining = False
         self.address: tuple[str, int] = ("", 0)
         self._on_handshake = on_handshake
+        self.gate: DatagramGate | None = None  # set when the flow table lives in userspace
         self._transport: asyncio.DatagramTransport | None = None
         self._routes: dict[bytes, _Http3Connection] = {}
         self._live: set[_Http3Connection] = set()
@@ -544,6 +568,9 @@ class Http3Server(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: NetworkAddress) -> None:
         if self._closed or self._transport is None:
             return
+        gate = self.gate
+        if gate is not None and not gate.allowed(str(addr[0])):
+            return  # as the kernel would: no answer at all, not even to a handshake
         try:
             header = pull_quic_header(Buffer(data=data), host_cid_length=self.configuration.connection_id_length)
         except ValueError:
@@ -565,10 +592,14 @@ class Http3Server(asyncio.DatagramProtocol):
                 self._transport.sendto(_refusal(header), addr)
                 return
             conn = _Http3Connection(self, header, addr)
-            conn.connection_made(self._transport)
+            gate = self.gate
+            conn.connection_made(self._transport if gate is None else
+                                 _CountedTransport(self._transport, gate, conn.client, conn.local))  # fmt: skip
             self._live.add(conn)
             for cid in conn.cids:
                 self._routes[cid] = conn
+        if gate is not None:
+            gate.record_udp(conn.client, conn.local, len(data))
         conn.datagram_received(data, addr)
 
     # called by connections
