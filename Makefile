@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PACKAGES := appliance firmware
 
-.PHONY: setup setup-test run test lint bench-engine demo-firmware
+.PHONY: setup setup-test run test lint bench-engine bench-kernel demo-firmware
 
 setup:
 	@bash scripts/setup.sh
@@ -29,3 +29,6 @@ test: lint
 
 bench-engine: setup
 	$(PY) bench/engine.py
+
+bench-kernel: setup
+	$(PY) bench/kernel.py
