@@ -84,6 +84,17 @@ def build_parser() -> argparse.ArgumentParser:
     _client_args(p)
     p.set_defaults(func=cmd_status)
 
+    p = sub.add_parser("image", help="the appliance image: a Debian root with Zerolayer installed, ext4 and GPT images")
+    isub = p.add_subparsers(dest="image_cmd", required=True)
+    i = isub.add_parser("build", help="build the root, its tar, ext4 and GPT disk images, manifest and SHA256SUMS")
+    i.add_argument("--arch", choices=["amd64", "arm64"], required=True, help="arm64 is for Jetson (L4T)")
+    i.add_argument("--firmware", type=Path, required=True, help="the signed bundle the image serves")
+    i.add_argument("--out", type=Path, required=True, help="output directory")
+    i.add_argument("--trusted-keys", type=Path,
+                   help="directory of *.pub keys the box trusts (default: this machine's development key)")  # fmt: skip
+    i.add_argument("--mirror", help="Debian mirror URL (default: the one this machine's apt sources name)")
+    i.set_defaults(func=cmd_image_build)
+
     p = sub.add_parser("run-demo", help="build the demo firmware once, then serve it on localhost")
     p.add_argument("--port", type=int, default=8443)
     p.set_defaults(func=cmd_run_demo)
@@ -265,6 +276,28 @@ def cmd_dev_cert(args: argparse.Namespace) -> int:
 
     cert = make_dev_cert(args.out, args.host or DEV_HOSTS)
     print(f"CA (give it to clients): {cert.ca_cert}\nserver certificate: {cert.cert}\nserver key: {cert.key}")
+    return 0
+
+
+def cmd_image_build(args: argparse.Namespace) -> int:
+    from appliance.image.build import build_image
+    from firmware.paths import cache_dir
+
+    trusted = args.trusted_keys
+    if trusted is None:
+        from firmware.devkit import dev_trusted_keys
+
+        trusted = dev_trusted_keys()
+        print(f"zerolayer: the image trusts this machine's development key ({trusted}); "
+              "a production image passes --trusted-keys", file=sys.stderr)  # fmt: skip
+    try:
+        image = build_image(args.arch, args.firmware, args.out, trusted, mirror=args.mirror, cache=cache_dir())
+    except (PermissionError, FileNotFoundError, LookupError, RuntimeError) as exc:
+        print(f"zerolayer: image build failed: {exc}", file=sys.stderr)
+        return 1
+    for path in (image.tar, image.ext4, image.disk, image.manifest, image.sums):
+        print(path)
+    print(f"root tree (boot it: systemd-nspawn -D {image.root} --boot --volatile=overlay): {image.root}")
     return 0
 
 

@@ -1,0 +1,81 @@
+"""The root as files to flash: an ext4 file system made from the folder (`mkfs.ext4 -d`, no loop
+mount, no root-owned mount points left behind), and a GPT disk image holding it as its one
+partition. The partition carries the Discoverable Partitions type for the architecture's root, so
+systemd (gpt-auto-generator, `systemd-nspawn -i`, `systemd-dissect`) finds it without an fstab."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+MIB = 1 << 20
+SECTOR = 512
+# The first partition starts at 1 MiB (the usual alignment); the backup GPT needs 33 sectors at
+# the end, so 1 MiB is left there too.
+FIRST_LBA = MIB // SECTOR
+ROOT_TYPES = {  # Discoverable Partitions Specification: "Root Partition (x86-64)" / "(64-bit ARM)"
+    "amd64": "4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709",
+    "arm64": "B921B045-1DF0-41C3-AF44-4C6F280D3FAE",
+}
+LABEL = "zerolayer-root"
+
+
+@dataclass(frozen=True)
+class DiskLayout:
+    fs_bytes: int  # the ext4 file system
+    disk_bytes: int  # the whole GPT image
+    offset: int  # where the partition starts, in bytes
+
+    @property
+    def first_lba(self) -> int:
+        return self.offset // SECTOR
+
+    @property
+    def last_lba(self) -> int:
+        return (self.offset + self.fs_bytes) // SECTOR - 1
+
+
+def fs_size(used_bytes: int, headroom: float = 0.25, spare: int = 256 * MIB) -> int:
+    """The file system for a root of USED bytes: ext4's own overhead (inodes, journal) and room for
+    firmware installs and state (a previous bundle is kept beside the current one), in whole MiB."""
+    wanted = int(used_bytes * (1 + headroom)) + spare
+    return -(-wanted // MIB) * MIB
+
+
+def layout(fs_bytes: int) -> DiskLayout:
+    if fs_bytes % MIB:
+        raise ValueError(f"file system size {fs_bytes} is not a whole number of MiB")
+    return DiskLayout(fs_bytes=fs_bytes, disk_bytes=MIB + fs_bytes + MIB, offset=MIB)
+
+
+def used_bytes(root: Path) -> int:
+    """What the root takes on disk (du), hard links counted once."""
+    out = subprocess.run(["du", "-s", "--block-size=1", str(root)], capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[0])
+
+
+def make_ext4(root: Path, out: Path, size: int) -> None:
+    out.unlink(missing_ok=True)
+    # ^orphan_file: e2fsprogs 1.47 turns it on by default, and kernels before 5.15 (Jetson's L4T 35
+    # runs 5.10) refuse to mount such a file system read-write.
+    _run("mkfs.ext4", "-q", "-F", "-L", LABEL, "-O", "^orphan_file", "-E", "root_owner=0:0",
+         "-d", root, out, f"{size // 1024}k")  # fmt: skip
+
+
+def make_gpt(fs_image: Path, out: Path, arch: str) -> DiskLayout:
+    plan = layout(fs_image.stat().st_size)
+    out.unlink(missing_ok=True)
+    with out.open("wb") as f:
+        f.truncate(plan.disk_bytes)  # sparse: the image takes only what the file system uses
+    _run("sgdisk", "--clear", f"--new=1:{plan.first_lba}:{plan.last_lba}", f"--typecode=1:{ROOT_TYPES[arch]}",
+         f"--change-name=1:{LABEL}", out)  # fmt: skip
+    _run("dd", f"if={fs_image}", f"of={out}", f"bs={MIB}", f"seek={plan.offset // MIB}", "conv=notrunc,sparse",
+         "status=none")  # fmt: skip
+    return plan
+
+
+def _run(*args: str | Path) -> None:
+    result = subprocess.run([str(a) for a in args], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, args))} failed ({result.returncode}): {result.stderr.strip()}")

@@ -1,0 +1,101 @@
+"""The Debian base of the image: `debootstrap --variant=minbase` of one suite and architecture,
+cached per machine (the base changes only with the package list or the mirror), and a way to run
+commands inside a root (systemd-nspawn: it mounts /proc, /sys and /dev itself and leaves no mount
+behind; a foreign root's programs run through qemu-user via binfmt_misc)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+# Debian 12: the systemd (252) the units are written and tested for, and the Python (3.11) the
+# wheelhouse targets. Debian 13 would need both checked again.
+SUITE = "bookworm"
+PACKAGES = (
+    "systemd", "systemd-sysv", "dbus", "udev",  # the service manager the appliance is run by
+    "python3", "python3-venv",  # the venv at /opt/zerolayer (venv brings ensurepip's pip)
+    "python3-systemd",  # systemd-python, which has no wheels (see wheels.py)
+    "libbpf1",  # the kernel layer loads its programs through libbpf.so.1
+    "iproute2",  # `ip` and `tc`, for the operator looking at the attached programs
+)  # fmt: skip
+QEMU = {"arm64": "qemu-aarch64"}
+
+
+def host_arch() -> str:
+    return subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def base_root(arch: str, mirror: str, cache: Path, suite: str = SUITE) -> tuple[Path, bool]:
+    """The cached debootstrap root for ARCH (made if absent); True if it was made just now."""
+    key = hashlib.sha256(repr((arch, suite, mirror, PACKAGES)).encode()).hexdigest()[:12]
+    home = cache / "image" / f"debian-{suite}-{arch}-{key}"
+    if (home / "complete").is_file():
+        return home / "root", False
+    partial = home.with_name(home.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    root = partial / "root"
+    foreign = arch != host_arch()
+    _run(["debootstrap", "--variant=minbase", f"--arch={arch}", f"--include={','.join(PACKAGES)}",
+          *(["--foreign"] if foreign else []), suite, str(root), mirror])  # fmt: skip
+    if foreign:
+        enable_binfmt(arch)
+        # The second stage runs the packages' own scripts: arm64 programs, through qemu-user.
+        run_in(root, ["/debootstrap/debootstrap", "--second-stage"])
+    slim(root)
+    shutil.rmtree(home, ignore_errors=True)
+    partial.rename(home)
+    (home / "complete").write_text(f"{arch} {suite} {mirror}\n")
+    return home / "root", True
+
+
+def slim(root: Path) -> None:
+    """Nothing is downloaded on the box: apt's package lists and downloaded .debs are dead weight."""
+    for pattern in ("var/cache/apt/archives/*.deb", "var/cache/apt/*.bin", "var/lib/apt/lists/*_*"):
+        for path in root.glob(pattern):
+            path.unlink()
+
+
+def enable_binfmt(arch: str) -> None:
+    """Let the kernel run ARCH's programs through qemu-user-static (binfmt_misc, mounted if needed)."""
+    name = QEMU[arch]
+    if not Path("/proc/sys/fs/binfmt_misc/register").exists():
+        _run(["mount", "-t", "binfmt_misc", "binfmt_misc", "/proc/sys/fs/binfmt_misc"])
+    if not Path(f"/proc/sys/fs/binfmt_misc/{name}").exists():
+        if shutil.which("update-binfmts") is None:
+            raise RuntimeError(f"cannot run {arch} programs: apt-get install qemu-user-static binfmt-support")
+        _run(["update-binfmts", "--enable", name])
+
+
+def copy_root(base: Path, dest: Path) -> None:
+    """A private copy of the cached base to build on (owners, modes, device nodes kept)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _run(["cp", "-a", "--reflink=auto", str(base), str(dest)])
+
+
+def run_in(root: Path, argv: Sequence[str], binds: Sequence[tuple[Path, str]] = (),
+           env: dict[str, str] | None = None) -> str:  # fmt: skip
+    """Run ARGV inside ROOT (no network: --private-network), return its output.
+
+    --register=no --keep-unit: this machine has neither systemd-machined nor a host D-Bus, and
+    nspawn fails without them otherwise."""
+    cmd = ["systemd-nspawn", "--quiet", f"--directory={root}", "--register=no", "--keep-unit", "--pipe",
+           "--private-network", "--settings=no", "--timezone=off", "--resolv-conf=off"]  # fmt: skip
+    cmd += [f"--bind-ro={host}:{inside}" for host, inside in binds]
+    cmd += [f"--setenv={k}={v}" for k, v in (env or {}).items()]
+    return _run([*cmd, "--", *argv])
+
+
+def _run(cmd: Sequence[str]) -> str:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C.UTF-8"}
+    result = subprocess.run(list(cmd), capture_output=True, text=True, env=env, check=False)
+    if result.returncode != 0:
+        tail = (result.stdout + result.stderr).strip()[-3000:]
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({result.returncode}):\n{tail}")
+    return result.stdout

@@ -1,0 +1,97 @@
+"""The wheelhouse: Zerolayer's wheel and its runtime dependencies for the target's CPU and Python,
+fetched on the build machine so the root installs them offline (`pip install --no-index`).
+
+Versions are pinned to those installed here (the ones the tests ran against) where the target has
+them. systemd-python has no wheels: the root gets Debian's python3-systemd, built against the
+root's own libsystemd, and the venv sees it through --system-site-packages. Building that wheel
+ourselves would need a compiler and libsystemd-dev for each target (under qemu for arm64).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from appliance.image.layout import REPO
+
+# Debian bookworm's Python and glibc (2.36): wheels for this or older are what its root can run.
+PYTHON_VERSION = "3.11"
+GLIBC_MINOR = 36
+MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
+# Provided by the root's Debian packages, not by the wheelhouse.
+FROM_DEBIAN = {"systemd-python"}
+# Imported at run time but listed only under the [build] extra in pyproject.toml: the engine edits
+# the model graph in memory with onnx (appliance/engine/session.py). Drop once it is a dependency.
+RUN_TIME_EXTRAS = ("onnx>=1.16",)
+
+
+def runtime_requirements() -> list[str]:
+    """Zerolayer's own dependencies, without extras (no torch, transformers, test tools)."""
+    found = []
+    for req in importlib.metadata.requires("zerolayer") or []:
+        if "extra ==" in req:
+            continue
+        name = re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0]
+        if _norm(name) not in FROM_DEBIAN:
+            found.append(req)
+    named = {_norm(re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0]) for r in found}
+    return found + [r for r in RUN_TIME_EXTRAS if _norm(re.split(r"[<>=]", r, maxsplit=1)[0]) not in named]
+
+
+def to_install() -> list[str]:
+    """What `pip install` in the root asks for: zerolayer, and what it imports but does not declare."""
+    return ["zerolayer", *RUN_TIME_EXTRAS]
+
+
+def pins() -> list[str]:
+    """name==version of everything installed in this Python: constraints, so the target gets the
+    versions tested here where they exist for it (pip ignores pins of packages it does not need)."""
+    return sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
+                  if d.metadata["Name"] and _norm(d.metadata["Name"]) != "zerolayer")  # fmt: skip
+
+
+def build_wheelhouse(out: Path, arch: str, pip_cache: Path) -> list[Path]:
+    """Fill OUT with zerolayer's wheel and every runtime wheel for ARCH; returns the wheels."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="zerolayer-wheel-") as tmp:
+        # A copy of the sources, so that building the wheel leaves no build/ in the checkout.
+        src = Path(tmp) / "src"
+        src.mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy(REPO / name, src / name)
+        for pkg in ("appliance", "firmware"):
+            shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        _pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", out, src, cache=pip_cache)
+        constraints = Path(tmp) / "constraints.txt"
+        constraints.write_text("\n".join(pins()) + "\n")
+        _pip("download", "--dest", out, "--only-binary=:all:", *platform_args(arch),
+             "--python-version", PYTHON_VERSION, "--implementation", "cp", "-c", constraints,
+             *runtime_requirements(), cache=pip_cache)  # fmt: skip
+    return sorted(out.glob("*.whl"))
+
+
+def platform_args(arch: str) -> list[str]:
+    """Every manylinux tag the root's glibc runs, spelled out: pip does not widen a newer tag
+    (manylinux_2_36) to the older ones the wheels carry (manylinux_2_17, manylinux2014)."""
+    machine = MACHINES[arch]
+    tags = [f"manylinux_2_{minor}_{machine}" for minor in range(GLIBC_MINOR, 16, -1)]
+    return [arg for tag in [*tags, f"manylinux2014_{machine}"] for arg in ("--platform", tag)]
+
+
+def _pip(*args: str | Path, cache: Path) -> None:
+    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "--cache-dir", str(cache),
+           *map(str, args)]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"pip {args[0]} failed: {result.stderr.strip()[-2000:]}")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
