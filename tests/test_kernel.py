@@ -463,3 +463,40 @@ def test_auto_unprivileged_falls_back_with_one_log_line(readable_object: Path, p
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING")]
     assert len(warnings) == 1 and "kernel layer unavailable" in warnings[0], proc.stderr
     assert "not permitted" in warnings[0] or "Permission denied" in warnings[0]
+
+
+@pytest.mark.usefixtures("echo")
+def test_attach_replaces_what_a_killed_run_left_attached(bpf_object: Path, pin_root: Path, netpair: NetPair) -> None:
+    """A daemon killed with SIGKILL cannot detach: its filters and XDP program stay in the kernel.
+    The next run must replace them, not stack beside them (every packet counted twice) or fail on
+    the XDP program (EBUSY), and its stop must then leave nothing behind."""
+    code = textwrap.dedent(f"""
+        from pathlib import Path
+        from appliance.kernel import open_kernel_layer
+        layer = open_kernel_layer("required", ports=[{PORT}], interfaces=[{netpair.server_if!r}], xdp="generic",
+                                  object_path=Path({str(bpf_object)!r}), pin_root=Path({str(pin_root)!r}),
+                                  netns={netpair.server_ns!r})
+        print("attached", flush=True)
+        import time; time.sleep(60)
+    """)
+    crashed = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert crashed.stdout is not None and crashed.stdout.readline().strip() == "attached"
+    crashed.kill()
+    crashed.wait()
+    assert "zerolayer" in tc_filters(netpair, "ingress")  # the kernel kept them
+    layer = KernelLayer(bpf_object, pin_root, netpair.server_ns)
+    try:
+        layer.set_ports([PORT])
+        layer.attach([netpair.server_if], xdp="generic")
+        for hook in ("ingress", "egress"):
+            assert tc_filters(netpair, hook).count("zerolayer") == 1
+        result = send(netpair, [100, 200])
+        rec = layer.lookup_flow(netpair.client4, result["port"], netpair.server4, PORT, "udp")
+        assert result["received"] == 2 and rec is not None and rec.packets == 4  # counted once each way
+        layer.detach()
+        assert "zerolayer" not in tc_filters(netpair, "ingress") + tc_filters(netpair, "egress")
+        assert "xdp" not in sh("ip", "-n", netpair.server_ns, "link", "show", netpair.server_if)
+        assert "clsact" not in sh("ip", "netns", "exec", netpair.server_ns, "tc", "qdisc", "show", "dev",
+                                  netpair.server_if)  # fmt: skip
+    finally:
+        layer.close()

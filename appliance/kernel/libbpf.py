@@ -103,6 +103,8 @@ class _Lib:
                 ci,
                 [ci, vp, vp, vp, vp, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(bpf_map_batch_opts)],
             ),
+            "bpf_prog_get_fd_by_id": (ci, [ctypes.c_uint32]),
+            "bpf_obj_get_info_by_fd": (ci, [ci, vp, ctypes.POINTER(ctypes.c_uint32)]),
             "libbpf_num_possible_cpus": (ci, []),
             "libbpf_strerror": (ci, [ci, cs, ctypes.c_size_t]),
         }
@@ -184,6 +186,39 @@ def check(ret: int, what: str) -> int:
     if ret < 0:
         raise BpfError(-ret, what, lib().take_recent())
     return ret
+
+
+class bpf_prog_info_head(ctypes.Structure):
+    """The start of struct bpf_prog_info (UAPI, only ever appended to): up to the name. The
+    kernel fills as much as the caller's length says."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("id", ctypes.c_uint32),
+        ("tag", ctypes.c_uint8 * 8),
+        ("jited_prog_len", ctypes.c_uint32),
+        ("xlated_prog_len", ctypes.c_uint32),
+        ("jited_prog_insns", ctypes.c_uint64),
+        ("xlated_prog_insns", ctypes.c_uint64),
+        ("load_time", ctypes.c_uint64),
+        ("created_by_uid", ctypes.c_uint32),
+        ("nr_map_ids", ctypes.c_uint32),
+        ("map_ids", ctypes.c_uint64),
+        ("name", ctypes.c_char * 16),
+    ]
+
+
+def program_name(prog_id: int) -> str:
+    """The name of the loaded BPF program with this id."""
+    bpf = lib().bpf
+    fd = check(bpf.bpf_prog_get_fd_by_id(prog_id), f"bpf_prog_get_fd_by_id({prog_id})")
+    try:
+        info = bpf_prog_info_head()
+        size = ctypes.c_uint32(ctypes.sizeof(info))
+        check(bpf.bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), f"prog {prog_id} info")
+        return info.name.decode(errors="replace")
+    finally:
+        os.close(fd)
 
 
 def num_possible_cpus() -> int:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from appliance.kernel.libbpf import BpfError, BpfObject
+from appliance.kernel.libbpf import BpfError, BpfObject, program_name
 from appliance.kernel.maps import (
     VERDICTS,
     BpfMap,
@@ -301,10 +301,12 @@ class KernelLayer:
         index = int(found[0])
         link = ipr.get_links(index)[0]
         loopback = bool(link["flags"] & 0x8)  # IFF_LOOPBACK
+        hooks = [(TC_INGRESS, "zl_tc_ingress")] + ([] if loopback else [(TC_EGRESS, "zl_tc_egress")])
         if not any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index=index)):
             ipr.tc("add", "clsact", index)
             self._attached.clsact_created.append((ifname, index))
-        hooks = [(TC_INGRESS, "zl_tc_ingress")] + ([] if loopback else [(TC_EGRESS, "zl_tc_egress")])
+        elif self._remove_stale(ipr, ifname, index):  # the clsact was an earlier run's: ours to remove
+            self._attached.clsact_created.append((ifname, index))
         for parent, prog in hooks:
             used = {int(f["info"]) >> 16 for f in ipr.get_filters(index=index, parent=parent)}
             prio = next(p for p in range(1, 0xFFFF) if p not in used)  # first free: ahead of later filters
@@ -313,12 +315,50 @@ class KernelLayer:
             self._attached.filters.append(_TcFilter(ifname, index, parent, prio))
             log.info("tc %s attached on %s (%s, prio %d)", prog, ifname, parent, prio)
         if xdp != "off":
+            self._remove_stale_xdp(ipr, ifname, index, link)
             flags = XDP_MODES[xdp]
             # IFLA_XDP spelled out: pyroute2's `xdp_fd=` shorthand drops `xdp_flags`. UPDATE_IF_NOEXIST:
             # an XDP program someone else attached is refused (EBUSY), never replaced.
             ipr.link("set", index=index, xdp=_xdp_attrs(self.prog_fds["zl_xdp"], flags | XDP_FLAGS_UPDATE_IF_NOEXIST))
             self._attached.xdp.append((ifname, index, flags))
             log.info("XDP attached on %s (%s)", ifname, xdp)
+
+    @staticmethod
+    def _remove_stale(ipr: Any, ifname: str, index: int) -> bool:
+        """Removes our filters that an earlier run left attached (killed before it could detach:
+        they would count every packet twice beside ours). True when only ours were there."""
+        foreign = False
+        for parent in (TC_INGRESS, TC_EGRESS):
+            for f in ipr.get_filters(index=index, parent=parent):
+                options = f.get_attr("TCA_OPTIONS")
+                if options is None:  # the chain's own entry, not a filter
+                    continue
+                if options.get_attr("TCA_BPF_NAME") != FILTER_NAME:
+                    foreign = True
+                    continue
+                prio = int(f["info"]) >> 16
+                ipr.tc("del-filter", "bpf", index, ":1", parent=parent, prio=prio)
+                log.warning("removed a zerolayer tc filter on %s (%s prio %d) that an earlier run left attached "
+                            "(it was stopped without detaching, e.g. killed)", ifname, parent, prio)  # fmt: skip
+        return not foreign
+
+    @staticmethod
+    def _remove_stale_xdp(ipr: Any, ifname: str, index: int, link: Any) -> None:
+        """Removes our XDP program when an earlier run left it attached; anyone else's stays, and
+        attaching then fails with EBUSY, naming the interface."""
+        xdp = dict((link.get_attr("IFLA_XDP") or {}).get("attrs", []))
+        prog_id = int(xdp.get("IFLA_XDP_PROG_ID") or 0)
+        if not prog_id:
+            return
+        try:
+            name = program_name(prog_id)
+        except BpfError:
+            return  # gone meanwhile
+        if name != "zl_xdp":
+            return
+        mode = XDP_FLAGS_DRV_MODE if xdp.get("IFLA_XDP_ATTACHED") == "xdpdrv" else XDP_FLAGS_SKB_MODE
+        ipr.link("set", index=index, xdp=_xdp_attrs(-1, mode))
+        log.warning("removed a zerolayer XDP program on %s (id %d) that an earlier run left attached", ifname, prog_id)
 
     def detach(self) -> None:
         """Removes the filters, XDP programs and clsact qdiscs this instance added; nothing else."""
