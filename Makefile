@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PACKAGES := appliance firmware
 
-.PHONY: setup setup-test run test lint bench-engine bench-kernel demo-firmware
+.PHONY: setup setup-test run test lint bench-engine bench-kernel bench-protocol demo-firmware
 
 setup:
 	@bash scripts/setup.sh
@@ -29,6 +29,10 @@ test: lint
 
 bench-engine: setup
 	$(PY) bench/engine.py
+
+# The protocol tax: Zerolayer's paths against the layered gateway (nginx, Redis); about 10 minutes.
+bench-protocol: setup-test
+	$(PY) -m bench.protocol $(ARGS)
 
 bench-kernel: setup
 	$(PY) bench/kernel.py

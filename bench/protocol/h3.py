@@ -1,0 +1,122 @@
+"""A small HTTP/3 client on aioquic's sans-IO connection, for the handshake kinds niquests hides:
+cold (full handshake), resumed with a session ticket, 0-RTT (requests in early data) and warm.
+
+Close does not wait out QUIC's closing period: CONNECTION_CLOSE is sent and the socket dropped, as
+a client that is done would, so a cold request's cost is its handshake and exchange, not a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from dataclasses import dataclass, field
+
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.h3.connection import H3_ALPN, H3Connection
+from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted, QuicEvent, StreamReset
+from aioquic.tls import SessionTicket
+
+FIRST_TOKEN = b"content_block_delta"  # the first SSE event that carries generated text
+
+
+@dataclass
+class Exchange:
+    """One request's timings (perf_counter seconds) and answer."""
+
+    started: float
+    sent_wall: float = 0.0  # time.time() when the request was handed to QUIC (for the captures)
+    status: int = 0
+    first_token: float = 0.0
+    done: float = 0.0
+    body: bytearray = field(default_factory=bytearray)
+    finished: asyncio.Future[None] | None = None
+
+
+class H3Client(QuicConnectionProtocol):
+    def __init__(self, quic: QuicConnection) -> None:
+        super().__init__(quic)
+        self.h3 = H3Connection(quic)
+        self.exchanges: dict[int, Exchange] = {}
+        self.tickets: list[SessionTicket] = []
+        self.handshake: HandshakeCompleted | None = None
+
+    def quic_event_received(self, event: QuicEvent) -> None:
+        if isinstance(event, HandshakeCompleted):
+            self.handshake = event
+        for ev in self.h3.handle_event(event):
+            ex = self.exchanges.get(getattr(ev, "stream_id", -1))
+            if ex is None:
+                continue
+            if isinstance(ev, HeadersReceived):
+                ex.status = int(dict(ev.headers).get(b":status", b"0"))
+            elif isinstance(ev, DataReceived):
+                if not ex.first_token and FIRST_TOKEN in ev.data:
+                    ex.first_token = time.perf_counter()
+                ex.body += ev.data
+            if isinstance(ev, HeadersReceived | DataReceived) and ev.stream_ended:
+                self._finish(ex, None)
+        if isinstance(event, StreamReset) and (ex := self.exchanges.get(event.stream_id)) is not None:
+            self._finish(ex, ConnectionResetError(f"stream reset {event.error_code}"))
+        if isinstance(event, ConnectionTerminated):
+            for ex in self.exchanges.values():
+                self._finish(ex, ConnectionError(f"connection closed: {event.reason_phrase}"))
+
+    def _finish(self, ex: Exchange, error: Exception | None) -> None:
+        assert ex.finished is not None
+        if ex.finished.done():
+            return
+        ex.done = time.perf_counter()
+        if error is None:
+            ex.finished.set_result(None)
+        else:
+            ex.finished.set_exception(error)
+
+    def start(self, method: str, authority: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
+              started: float) -> Exchange:  # fmt: skip
+        """Queue a request and send what QUIC allows now (in early data on a 0-RTT connection)."""
+        stream_id = self._quic.get_next_available_stream_id()
+        fields = [(b":method", method.encode()), (b":scheme", b"https"), (b":authority", authority.encode()),
+                  (b":path", path.encode()), *headers]  # fmt: skip
+        if body:
+            fields.append((b"content-length", str(len(body)).encode()))
+        ex = Exchange(started, sent_wall=time.time(), finished=asyncio.get_running_loop().create_future())
+        self.exchanges[stream_id] = ex
+        self.h3.send_headers(stream_id, fields, end_stream=not body)
+        if body:
+            self.h3.send_data(stream_id, body, end_stream=True)
+        self.transmit()
+        return ex
+
+    def close_now(self) -> None:
+        """CONNECTION_CLOSE, then drop the socket without waiting out the closing period."""
+        self.close()
+        if self._transport is not None:
+            self._transport.close()
+
+
+def client_configuration(ca_pem: bytes, server_name: str, ticket: SessionTicket | None = None) -> QuicConfiguration:
+    """The CA is passed as PEM bytes so a client making a connection per request parses no file."""
+    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name=server_name)
+    config.load_verify_locations(cadata=ca_pem)
+    config.session_ticket = ticket
+    return config
+
+
+async def open_connection(host: str, port: int, config: QuicConfiguration, *, wait_connected: bool) -> H3Client:
+    """A connected (or, with wait_connected=False, connecting) client; 0-RTT when config has a ticket.
+    Session tickets the server issues collect in `client.tickets`."""
+    loop = asyncio.get_running_loop()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    tickets: list[SessionTicket] = []
+    quic = QuicConnection(configuration=config, session_ticket_handler=tickets.append)
+    local = ("::" if family == socket.AF_INET6 else "0.0.0.0", 0)
+    _, client = await loop.create_datagram_endpoint(lambda: H3Client(quic), family=family, local_addr=local)
+    client.tickets = tickets
+    client.connect((host, port))
+    if wait_connected:
+        await client.wait_connected()
+    return client
