@@ -20,6 +20,7 @@ PACKAGES = (
     "python3", "python3-venv",  # the venv at /opt/zerolayer (venv brings ensurepip's pip)
     "python3-systemd",  # systemd-python, which has no wheels (see wheels.py)
     "libbpf1",  # the kernel layer loads its programs through libbpf.so.1
+    "procps",  # /bin/kill, which zerolayer.service's ExecReload= runs (minbase has none)
     "iproute2",  # `ip` and `tc`, for the operator looking at the attached programs
 )  # fmt: skip
 QEMU = {"arm64": "qemu-aarch64"}
@@ -50,6 +51,9 @@ def base_root(arch: str, mirror: str, cache: Path, suite: str = SUITE) -> tuple[
     shutil.rmtree(home, ignore_errors=True)
     partial.rename(home)
     (home / "complete").write_text(f"{arch} {suite} {mirror}\n")
+    for stale in home.parent.glob(f"debian-{suite}-{arch}-*"):  # made for an older package list
+        if stale != home:
+            shutil.rmtree(stale, ignore_errors=True)
     return home / "root", True
 
 
