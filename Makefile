@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PACKAGES := appliance firmware
 
-.PHONY: setup setup-test run test lint bench-engine bench-kernel bench-protocol demo-firmware
+.PHONY: setup setup-test run test lint bench-engine bench-kernel bench-protocol demo-firmware image image-test
 
 setup:
 	@bash scripts/setup.sh
@@ -36,3 +36,14 @@ bench-protocol: setup-test
 
 bench-kernel: setup
 	$(PY) bench/kernel.py
+
+# The appliance image with the demo firmware (image/README.md): ARCH=amd64 (default) or arm64,
+# into build/image/ARCH unless OUT says otherwise. Needs root.
+ARCH ?= amd64
+image: setup-test demo-firmware
+	$(PY) -m appliance.cli image build --arch $(ARCH) --firmware "$$($(PY) -m firmware.demo)" \
+		--out $(or $(OUT),build/image/$(ARCH))
+
+# The whole image test: the amd64 build and boot (also part of make test) and the arm64 root under qemu-user.
+image-test: setup-test
+	ZEROLAYER_IMAGE_ARM64=1 $(VENV)/bin/pytest -q tests/test_image.py tests/test_image_boot.py
