@@ -395,6 +395,36 @@ def test_close_sends_connection_close(certs: DevCert) -> None:
     run(main())
 
 
+class CountingClient(H3Client):
+    """Counts the datagrams that reach the client."""
+
+    datagrams = 0
+
+    def datagram_received(self, data: bytes | str, addr: Any) -> None:
+        self.datagrams += 1
+        super().datagram_received(data, addr)
+
+
+def test_a_small_answer_leaves_in_one_datagram(certs: DevCert) -> None:
+    """What the app sends in one turn of the event loop (headers and body) is flushed together."""
+    app = EchoApp()
+
+    async def main() -> None:
+        server = await start(app, certs)
+        config = client_config(certs)
+        conn = connect("127.0.0.1", server.port, configuration=config, create_protocol=CountingClient)
+        async with conn as client:
+            assert isinstance(client, CountingClient)
+            await client.request("GET", "/warm-up")
+            await asyncio.sleep(0.1)  # the handshake's last packets (HANDSHAKE_DONE, tickets) are in
+            before = client.datagrams
+            assert (await client.request("GET", "/hello")).status == 200
+            assert client.datagrams - before == 1
+        await server.close()
+
+    run(main())
+
+
 def test_idle_connections_time_out(certs: DevCert) -> None:
     app = EchoApp()
 

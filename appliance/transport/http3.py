@@ -294,8 +294,18 @@ class _Http3Connection(QuicConnectionProtocol):
         self._client_verified: bool | None = None
         self._closing = False
         self._detached = False
+        self._flush_due = False
 
     def transmit(self) -> None:
+        """Send on the next turn of the event loop, once: what is queued in one turn leaves together,
+        in as few datagrams as fit (a handshake flight with the answer to a GET in early data; a
+        response's headers with its first events), instead of a datagram per send()."""
+        if not self._flush_due and not self._detached:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_due = False
         if not self._detached:  # after shutdown the socket is gone; let aioquic's timer run dry
             super().transmit()
 
@@ -323,6 +333,7 @@ class _Http3Connection(QuicConnectionProtocol):
     def shutdown(self) -> None:
         """CONNECTION_CLOSE now; no more sending after it."""
         self.close(error_code=ErrorCode.H3_NO_ERROR, reason_phrase="server shutting down")
+        self._flush()  # now: the socket closes before the next turn
         self._disconnect_all()
         self._detached = True
 
@@ -338,7 +349,7 @@ class _Http3Connection(QuicConnectionProtocol):
     def send_data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
         assert self._h3 is not None
         self._h3.send_data(stream_id, data, end_stream=end_stream)
-        self.transmit()  # each chunk goes out now: streaming tokens must not wait for the next event
+        self.transmit()  # flushed on this turn of the loop: a streamed token waits for no network event
 
     def reset(self, stream_id: int, error_code: int) -> None:
         self._quic.reset_stream(stream_id, error_code)
