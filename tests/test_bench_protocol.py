@@ -18,7 +18,7 @@ def test_every_path_answers_in_a_smoke_run(tiny_bundle_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     expected = {
-        "c1": {f"{p}@c1/t{t}" for t in (1, 64) for p in [*NETWORK, "h3-0rtt-get", "unix", "engine"]},
+        "c1": {f"{p}@c1/t{t}" for t in (1, 64) for p in [*NETWORK, "unix", "engine"]} | {"h3-0rtt-get@c1/t1"},
         "conc": {f"{p}@c8/t1" for p in [*NETWORK, "unix", "engine"] if p not in ("h3-0rtt", "h3-resumed")},
         "lossy": {f"{p}@c1/t1" for p in NETWORK},
     }
