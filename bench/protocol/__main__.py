@@ -35,6 +35,7 @@ from bench.protocol.paths import PATHS, Sample
 from bench.protocol.report import (
     Summary,
     concurrency_table,
+    headline_table,
     latency_table,
     lossy_table,
     plot_cdf,
@@ -288,6 +289,14 @@ model server is that daemon's own HTTPS listener. Times run from the moment the 
 ## Targets (ratios from this run)
 
 {tgt}
+
+## Headline (max_tokens 1)
+
+{headline_table(c1, conc, run.wire, lossy_rows, 2 * DELAY_MS)}
+
+Round trips before the request: the median time from the start of a request to the moment the client handed the
+model request to its transport, on the lossy link, in units of its {2 * DELAY_MS:.0f} ms round trip (CPU time
+included, so a 1 reads as "one round trip and a little").
 
 ## One client at a time, loopback
 

@@ -170,3 +170,24 @@ def plot_concurrency(rows: list[Summary], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def headline_table(c1: list[Summary], conc: list[Summary], wire: dict[str, WireStats], lossy: list[Summary],
+                   rtt_ms: float) -> str:  # fmt: skip
+    """One row per path: the figures the README shows (max_tokens 1 throughout)."""
+    out = ["| path | TTFT P50 ms, 1 client | TTLT P99 ms, 1 client | TTLT P99 ms / req/s, 32 clients | packets / req "
+           f"| lossy link ({rtt_ms:.0f} ms RTT, 1% loss): TTFT P50 ms | round trips before the request |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for path in PATHS:
+        one = next((r for r in c1 if r.path == path and r.max_tokens == 1), None)
+        if one is None:
+            continue
+        c32 = next((r for r in conc if r.path == path and r.concurrency == 32), None)
+        w = wire.get(path)
+        lo = next((r for r in lossy if r.path == path), None)
+        out.append(
+            f"| {path} | {_f(one.ttft[0])} | {_f(one.ttlt[2], 1)} | "
+            f"{f'{_f(c32.ttlt[2], 1)} / {c32.rps:.0f}' if c32 else '—'} | {f'{w.packets:.1f}' if w else '—'} | "
+            f"{_f(lo.ttft[0], 1) if lo else '—'} | {f'{lo.send_ms_p50 / rtt_ms:.1f}' if lo else '—'} |"
+        )
+    return "\n".join(out)
