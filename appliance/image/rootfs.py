@@ -45,8 +45,12 @@ def base_root(arch: str, mirror: str, cache: Path, suite: str = SUITE) -> tuple[
           *(["--foreign"] if foreign else []), suite, str(root), mirror])  # fmt: skip
     if foreign:
         enable_binfmt(arch)
-        # The second stage runs the packages' own scripts: arm64 programs, through qemu-user.
-        run_in(root, ["/debootstrap/debootstrap", "--second-stage"])
+        # The second stage runs the packages' own scripts: arm64 programs, through qemu-user. In a
+        # chroot: nspawn refuses a half-made root ("Failed to resolve /proc").
+        try:
+            _run(["chroot", str(root), "/debootstrap/debootstrap", "--second-stage"])
+        finally:
+            unmount_below(root)  # debootstrap mounts /proc and /sys inside, and may leave them
     slim(root)
     shutil.rmtree(home, ignore_errors=True)
     partial.rename(home)
@@ -55,6 +59,14 @@ def base_root(arch: str, mirror: str, cache: Path, suite: str = SUITE) -> tuple[
         if stale != home:
             shutil.rmtree(stale, ignore_errors=True)
     return home / "root", True
+
+
+def unmount_below(root: Path) -> None:
+    """Detach whatever is mounted inside ROOT, deepest first."""
+    prefix = str(root.resolve()) + "/"
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for point in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", point], check=False)
 
 
 def slim(root: Path) -> None:
