@@ -38,6 +38,7 @@ class WireStats:
     internal_packets: float  # per request, behind the gateway (nginx <-> layer <-> Redis)
     internal_bytes: float
     datagrams_to_answer: float  # median, UDP datagrams from the start until the answer was whole
+    datagrams_in_all: float  # median, UDP datagrams in the request's whole window (close included)
     dropped: str  # tcpdump's own count of packets it missed
 
 
@@ -90,18 +91,20 @@ def wire_stats(packets: list[Packet], samples: list[Sample], front_ports: set[in
     """Per-request figures from a capture of sequential requests (see the module's docstring)."""
     starts = sorted(s.start_wall for s in samples)
     if len(starts) < 2:
-        return WireStats(0, 0, 0, 0, 0, 0, dropped)
+        return WireStats(0, 0, 0, 0, 0, 0, 0, dropped)
     ordered = sorted(samples, key=lambda s: s.start_wall)
     n = len(starts) - 1
     outer = [p for p in packets if starts[0] <= p.t < starts[-1]]
     front = [p for p in outer if p.src in front_ports or p.dst in front_ports]
     behind = [p for p in outer if p.src in internal_ports or p.dst in internal_ports]
     datagrams: list[int] = []
+    in_all: list[int] = []
     for i in range(n):
         s, nxt = ordered[i], ordered[i + 1].start_wall
         mine = [p for p in front if s.start_wall <= p.t < nxt]
         datagrams.append(sum(1 for p in mine if p.udp and p.t <= s.start_wall + s.ttlt))
+        in_all.append(sum(1 for p in mine if p.udp))
     return WireStats(n, len(front) / n, sum(p.ip_bytes for p in front) / n, len(behind) / n,
-                     sum(p.ip_bytes for p in behind) / n, statistics.median(datagrams),
+                     sum(p.ip_bytes for p in behind) / n, statistics.median(datagrams), statistics.median(in_all),
                      dropped)  # fmt: skip
 

@@ -99,11 +99,11 @@ def concurrency_table(rows: list[Summary]) -> str:
 
 def wire_table(stats: dict[str, WireStats]) -> str:
     out = ["| path | requests counted | packets / req | IP bytes / req | behind the gateway: packets, bytes / req "
-           "| UDP datagrams until the answer was whole (median) |",
+           "| UDP datagrams until the answer was whole / in all (medians) |",
            "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for path, w in stats.items():
         behind = f"{w.internal_packets:.1f}, {w.internal_bytes:.0f}" if w.internal_packets else "—"
-        grams = f"{w.datagrams_to_answer:.0f}" if path.startswith("h3") else "—"
+        grams = f"{w.datagrams_to_answer:.0f} / {w.datagrams_in_all:.0f}" if path.startswith("h3") else "—"
         out.append(f"| {path} | {w.requests} | {w.packets:.1f} | {w.bytes:.0f} | {behind} | {grams} |")
     return "\n".join(out)
 
@@ -122,6 +122,17 @@ def lossy_table(rows: list[Summary], rtt_ms: float) -> str:
 # --- plots ---------------------------------------------------------------------------------------
 
 
+def _style(path: str) -> dict[str, Any]:
+    """One colour per path, one line style per family (layered dashed, TCP dash-dot, HTTP/3 solid)."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    index = list(PATHS).index(path) if path in PATHS else 0
+    dash = "--" if path.startswith("layered") else "-." if path.startswith("tcp") else ":" if path in (
+        "unix", "engine") else "-"  # fmt: skip
+    return {"color": cmap(((index * 2) % 20 if index < 10 else 1) / 20), "linestyle": dash}
+
+
 def plot_cdf(results: list[dict[str, Any]], title: str, out: Path, metric: str = "ttft") -> None:
     import matplotlib
 
@@ -134,7 +145,7 @@ def plot_cdf(results: list[dict[str, Any]], title: str, out: Path, metric: str =
         if not xs:
             continue
         ys = [(i + 1) / len(xs) for i in range(len(xs))]
-        ax.plot(xs, ys, label=f"{r['point']['path']} (n={len(xs)})", linewidth=1.4)
+        ax.plot(xs, ys, label=f"{r['point']['path']} (n={len(xs)})", linewidth=1.6, **_style(r["point"]["path"]))
     ax.set_xscale("log")
     ax.set_xlabel(f"{'time to first token' if metric == 'ttft' else 'time to last token'} (ms, log scale)")
     ax.set_ylabel("fraction of requests")
@@ -156,8 +167,8 @@ def plot_concurrency(rows: list[Summary], out: Path) -> None:
     for path in [p for p in PATHS if any(r.path == p for r in rows)]:
         mine = sorted((r for r in rows if r.path == path), key=lambda r: r.concurrency)
         cs = [r.concurrency for r in mine]
-        a1.plot(cs, [r.ttlt[2] for r in mine], marker="o", label=path)
-        a2.plot(cs, [r.rps for r in mine], marker="o", label=path)
+        a1.plot(cs, [r.ttlt[2] for r in mine], marker="o", label=path, **_style(path))
+        a2.plot(cs, [r.rps for r in mine], marker="o", label=path, **_style(path))
     for ax, label in ((a1, "TTLT P99 (ms, log scale)"), (a2, "requests/s")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")
