@@ -5,6 +5,7 @@ them and writes down what went in (manifest.json) and the digests of what came o
 from __future__ import annotations
 
 import datetime
+import fcntl
 import hashlib
 import json
 import os
@@ -40,13 +41,29 @@ def build_image(arch: str, firmware: Path, out: Path, trusted_keys: Path, *, mir
     if os.geteuid() != 0:
         raise PermissionError("building an image needs root (debootstrap, file owners, nspawn): run it with sudo")
     layout.check_sources()
-    mirror = mirror or sources.debian_mirror(sources.read_sources(), rootfs.SUITE)
+    (cache / "image").mkdir(parents=True, exist_ok=True)
+    # One build per architecture at a time: they share the cached base and the wheelhouse.
+    with (cache / "image" / f".build-{arch}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build(arch, firmware, out, trusted_keys, mirror, cache, progress)
+
+
+def _build(arch: str, firmware: Path, out: Path, trusted_keys: Path, mirror: str | None, cache: Path,
+           progress: Progress) -> Image:  # fmt: skip
+    found = sources.read_sources()
+    mirror = mirror or sources.debian_mirror(found, rootfs.SUITE)
+    try:
+        security: str | None = sources.debian_mirror(found, f"{rootfs.SUITE}-security")
+    except LookupError:
+        security = None
+        progress(f"no apt source names {rootfs.SUITE}-security: the image gets {rootfs.SUITE}-updates only")
     out.mkdir(parents=True, exist_ok=True)
     stem = f"zerolayer-{__version__}-{arch}"
     step = _Step(STEPS, progress)
 
-    t = step(f"Debian {rootfs.SUITE} {arch} base (debootstrap from {mirror}, cached in {cache / 'image'})")
-    base, made = rootfs.base_root(arch, mirror, cache)
+    t = step(f"Debian {rootfs.SUITE} {arch} base with its updates (debootstrap from {mirror}, cached in "
+             f"{cache / 'image'})")  # fmt: skip
+    base, made = rootfs.base_root(arch, mirror, security, cache)
     step.done(t)
     if not made:
         progress("      (from the cache)")
@@ -103,7 +120,8 @@ def build_image(arch: str, firmware: Path, out: Path, trusted_keys: Path, *, mir
         "zerolayer": __version__,
         "source": _git_describe(),
         "arch": arch,
-        "debian": {"suite": rootfs.SUITE, "mirror": mirror, "packages": _debian_packages(root)},
+        "debian": {"suite": rootfs.SUITE, "mirror": mirror, "security": security,
+                   "packages": _debian_packages(root)},
         "python": wheels.PYTHON_VERSION,
         "wheels": _installed_wheels(root, wheel_files),
         "firmware": {"name": installed.firmware_name, "version": installed.firmware_version,

@@ -77,6 +77,10 @@ def populate(root: Path, firmware: Path, trusted_keys: Path) -> Installed:
     (local_bin / "zerolayer").unlink(missing_ok=True)
     (local_bin / "zerolayer").symlink_to(f"{VENV}/bin/zerolayer")
     (root / "etc/hostname").write_text("zerolayer\n")
+    # debootstrap copied the build machine's resolver here; the box resolves no names of its own.
+    resolv = root / "etc/resolv.conf"
+    resolv.unlink(missing_ok=True)
+    resolv.write_text("# Zerolayer looks up no names. DHCP (systemd-networkd) does not write this file.\n")
     return Installed(switched.current, manifest.name, manifest.version, signer,
                      tuple(sorted(load_trusted_keys(trusted_keys))))  # fmt: skip
 

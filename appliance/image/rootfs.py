@@ -30,9 +30,10 @@ def host_arch() -> str:
     return subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def base_root(arch: str, mirror: str, cache: Path, suite: str = SUITE) -> tuple[Path, bool]:
-    """The cached debootstrap root for ARCH (made if absent); True if it was made just now."""
-    key = hashlib.sha256(repr((arch, suite, mirror, PACKAGES)).encode()).hexdigest()[:12]
+def base_root(arch: str, mirror: str, security: str | None, cache: Path, suite: str = SUITE) -> tuple[Path, bool]:
+    """The cached debootstrap root for ARCH, with Debian's updates (made if absent); True if it was
+    made just now. SECURITY: the mirror of SUITE-security, or None to build without its fixes."""
+    key = hashlib.sha256(repr((arch, suite, mirror, security, PACKAGES)).encode()).hexdigest()[:12]
     home = cache / "image" / f"debian-{suite}-{arch}-{key}"
     if (home / "complete").is_file():
         return home / "root", False
@@ -51,6 +52,7 @@ def base_root(arch: str, mirror: str, cache: Path, suite: str = SUITE) -> tuple[
             _run(["chroot", str(root), "/debootstrap/debootstrap", "--second-stage"])
         finally:
             unmount_below(root)  # debootstrap mounts /proc and /sys inside, and may leave them
+    upgrade(root, mirror, security, suite)
     slim(root)
     shutil.rmtree(home, ignore_errors=True)
     partial.rename(home)
@@ -67,6 +69,18 @@ def unmount_below(root: Path) -> None:
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
     for point in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
         subprocess.run(["umount", "--lazy", point], check=False)
+
+
+def upgrade(root: Path, mirror: str, security: str | None, suite: str) -> None:
+    """Debian's fixes since the point release the suite holds (SUITE-updates, SUITE-security): the
+    box never runs apt, so what it ships with is what it has. These sources stay in the image for
+    an operator who does upgrade by hand."""
+    lines = [f"deb {mirror} {suite} main", f"deb {mirror} {suite}-updates main"]
+    if security is not None:
+        lines.append(f"deb {security} {suite}-security main")
+    (root / "etc/apt/sources.list").write_text("\n".join(lines) + "\n")
+    run_in(root, ["sh", "-c", "apt-get update -qq && apt-get upgrade -y -qq"], network=True,
+           env={"DEBIAN_FRONTEND": "noninteractive"})  # fmt: skip
 
 
 def slim(root: Path) -> None:
@@ -96,13 +110,16 @@ def copy_root(base: Path, dest: Path) -> None:
 
 
 def run_in(root: Path, argv: Sequence[str], binds: Sequence[tuple[Path, str]] = (),
-           env: dict[str, str] | None = None) -> str:  # fmt: skip
-    """Run ARGV inside ROOT (no network: --private-network), return its output.
+           env: dict[str, str] | None = None, network: bool = False) -> str:  # fmt: skip
+    """Run ARGV inside ROOT, return its output. No network (--private-network) unless asked: the
+    wheels are installed with nothing to fall back on but the wheelhouse.
 
     --register=no --keep-unit: this machine has neither systemd-machined nor a host D-Bus, and
     nspawn fails without them otherwise."""
     cmd = ["systemd-nspawn", "--quiet", f"--directory={root}", "--register=no", "--keep-unit", "--pipe",
-           "--private-network", "--settings=no", "--timezone=off", "--resolv-conf=off"]  # fmt: skip
+           "--settings=no", "--timezone=off"]  # fmt: skip
+    # With the network, the host's resolver (the root keeps its own resolv.conf afterwards).
+    cmd += ["--resolv-conf=bind-host"] if network else ["--private-network", "--resolv-conf=off"]
     cmd += [f"--bind-ro={host}:{inside}" for host, inside in binds]
     cmd += [f"--setenv={k}={v}" for k, v in (env or {}).items()]
     return _run([*cmd, "--", *argv])
