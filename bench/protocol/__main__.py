@@ -67,7 +67,7 @@ class Plan:
     lossy: bool
 
 
-FULL = Plan(requests=500, seconds=12, concurrency=(8, 32, 64), per_client=16, capture_requests=41, lossy_requests=300,
+FULL = Plan(requests=500, seconds=12, concurrency=(8, 32, 64), per_client=16, capture_requests=61, lossy_requests=300,
             lossy_seconds=20, lossy=True)  # fmt: skip
 SMOKE = Plan(requests=4, seconds=10, concurrency=(8,), per_client=2, capture_requests=4, lossy_requests=3,
              lossy_seconds=10, lossy=True)  # fmt: skip
@@ -199,9 +199,12 @@ def targets(run: Run) -> list[tuple[str, bool | None]]:
                         f"{ratio:.2f}x; target <= 0.2x", ratio <= 0.2))  # fmt: skip
     w = run.wire.get("h3-0rtt-get")
     if w is not None and w.requests:
-        out.append((f"resumed 0-RTT GET for a small answer: {w.datagrams_in_all:.0f} datagrams in all (median; mean "
-                    f"{w.packets:.1f}; both directions, CONNECTION_CLOSE included), {w.datagrams_to_answer:.0f} until "
-                    f"the answer was whole; target <= 4 in all", w.datagrams_in_all <= 4))  # fmt: skip
+        spread = ", ".join(f"{k}: {v}" for k, v in w.in_all_counts.items())
+        out.append((f"resumed 0-RTT GET for a small answer: {w.datagrams_in_all:.0f} datagrams in all (median of "
+                    f"{w.requests}; mean {w.packets:.1f}; datagrams: requests {spread}; both directions, "
+                    f"CONNECTION_CLOSE included), {w.datagrams_to_answer:.0f} until the answer was whole; the most "
+                    f"common sequence ({w.common_count} of {w.requests}; C client, S server, IP bytes): {w.common}; "
+                    f"target <= 4 in all", w.datagrams_in_all <= 4))  # fmt: skip
     lossy_rows = [summarise(r) for r in run.lossy]
     q, t = find(lossy_rows, "h3-cold"), find(lossy_rows, "tcp-new")
     if q and t:

@@ -9,12 +9,13 @@ miscounts packets nobody waited for, such as TLS session tickets.)
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import statistics
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.protocol.paths import Sample
@@ -40,6 +41,9 @@ class WireStats:
     datagrams_to_answer: float  # median, UDP datagrams from the start until the answer was whole
     datagrams_in_all: float  # median, UDP datagrams in the request's whole window (close included)
     dropped: str  # tcpdump's own count of packets it missed
+    in_all_counts: dict[int, int] = field(default_factory=dict)  # datagrams in all -> requests
+    common: str = ""  # the most common datagram sequence (C: from the client, S: from the server; IP bytes)
+    common_count: int = 0
 
 
 @contextlib.contextmanager
@@ -99,12 +103,15 @@ def wire_stats(packets: list[Packet], samples: list[Sample], front_ports: set[in
     behind = [p for p in outer if p.src in internal_ports or p.dst in internal_ports]
     datagrams: list[int] = []
     in_all: list[int] = []
+    sequences: collections.Counter[str] = collections.Counter()
     for i in range(n):
         s, nxt = ordered[i], ordered[i + 1].start_wall
         mine = [p for p in front if s.start_wall <= p.t < nxt]
         datagrams.append(sum(1 for p in mine if p.udp and p.t <= s.start_wall + s.ttlt))
         in_all.append(sum(1 for p in mine if p.udp))
+        sequences[" ".join(f"{'S' if p.src in front_ports else 'C'}{p.ip_bytes}" for p in mine if p.udp)] += 1
+    common, count = sequences.most_common(1)[0]
     return WireStats(n, len(front) / n, sum(p.ip_bytes for p in front) / n, len(behind) / n,
                      sum(p.ip_bytes for p in behind) / n, statistics.median(datagrams), statistics.median(in_all),
-                     dropped)  # fmt: skip
+                     dropped, dict(sorted(collections.Counter(in_all).items())), common, count)  # fmt: skip
 

@@ -105,6 +105,11 @@ def wire_table(stats: dict[str, WireStats]) -> str:
         behind = f"{w.internal_packets:.1f}, {w.internal_bytes:.0f}" if w.internal_packets else "—"
         grams = f"{w.datagrams_to_answer:.0f} / {w.datagrams_in_all:.0f}" if path.startswith("h3") else "—"
         out.append(f"| {path} | {w.requests} | {w.packets:.1f} | {w.bytes:.0f} | {behind} | {grams} |")
+    seqs = [f"- {path}: {w.common} ({w.common_count} of {w.requests} requests)" for path, w in stats.items()
+            if path.startswith("h3") and w.common]  # fmt: skip
+    if seqs:
+        out += ["", "The most common datagram sequence per HTTP/3 request (C: from the client, S: from the server, IP "
+                "bytes; a datagram of 1228 bytes carries an Initial packet, padded):", "", *seqs]  # fmt: skip
     return "\n".join(out)
 
 
