@@ -35,7 +35,8 @@ def _frame(f: str) -> str:
 
 
 def top(collapsed: Path, n: int) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
-    """Total samples, and the top `n` frames by own samples and by samples anywhere on the stack."""
+    """Total samples, and the top `n` frames by own samples and by samples anywhere on the stack
+    (of those on fewer than 70% of the stacks)."""
     own: collections.Counter[str] = collections.Counter()
     anywhere: collections.Counter[str] = collections.Counter()
     total = 0
@@ -49,7 +50,9 @@ def top(collapsed: Path, n: int) -> tuple[int, list[tuple[str, int]], list[tuple
         own[frames[-1]] += k
         for f in set(frames):
             anywhere[f] += k
-    return total, own.most_common(n), anywhere.most_common(n)
+    # Frames on most stacks (the event loop, main) say nothing; list the ones below them.
+    inner = [(f, k) for f, k in anywhere.most_common() if k < 0.7 * total]
+    return total, own.most_common(n), inner[:n]
 
 
 def profile(stack: Stack, work: Path, path: str, seconds: float, max_tokens: int, spy: str) -> list[str]:
@@ -76,7 +79,7 @@ def profile(stack: Stack, work: Path, path: str, seconds: float, max_tokens: int
              f"{n} requests in {result['wall']:.1f} s under py-spy ({each:.2f} ms each); load average "
              f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}; sampled {record:.0f} s at {RATE} Hz.", ""]  # fmt: skip
     for name in pids:
-        total, own, anywhere = top(work / f"{path}-{name}.txt", 15)
+        total, own, anywhere = top(work / f"{path}-{name}.txt", 20)
         lines += [f"{name}: {total} samples holding the GIL ({total / RATE / record * 100:.0f}% of the time)", "",
                   "| own samples | % | function | | anywhere on the stack | % | function |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
