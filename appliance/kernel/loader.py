@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -472,16 +472,17 @@ class UserspaceFlows:
 
     def allowed(self, addr: str) -> bool:
         """The transport-level check; counted like the kernel's tc verdicts."""
-        ip = ipaddress.ip_address(addr)
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        ok = not self._allow or any(ip.version == n.version and ip in n for n in self._allow)
+        ok = True
+        if self._allow:  # per datagram: parse nothing when everyone is allowed
+            ip = ipaddress.ip_address(addr)
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+                ip = ip.ipv4_mapped
+            ok = any(ip.version == n.version and ip in n for n in self._allow)
         with self._lock:
             self._verdicts["tc_pass" if ok else "tc_drop"] += 1
         return ok
 
-    def _get(self, key: FlowKey, create: bool) -> FlowValue | None:
-        raw = bytes(key)
+    def _get(self, raw: bytes, create: bool) -> FlowValue | None:
         value = self._flows.get(raw)
         if value is None and create:
             value = self._flows[raw] = FlowValue()
@@ -494,18 +495,22 @@ class UserspaceFlows:
     def record_packet(self, proto: str, client: tuple[str, int], server: tuple[str, int], nbytes: int,
                       now_ns: int | None = None) -> None:  # fmt: skip
         """What the tc program does per packet, for the transports to call."""
-        key = FlowKey.make(proto, client, server)
+        self._count(bytes(FlowKey.make(proto, client, server)), nbytes, now_ns)
+
+    def _count(self, raw: bytes, nbytes: int, now_ns: int | None = None) -> None:
         with self._lock:
-            value = self._get(key, create=True)
+            value = self._get(raw, create=True)
             assert value is not None
             value.last_ns = time.monotonic_ns() if now_ns is None else now_ns
             value.packets += 1
             value.bytes += nbytes
 
-    def record_udp(self, client: tuple[str, int], server: tuple[str, int], payload_bytes: int) -> None:
-        """A datagram the QUIC server received or sent, counted as tc counts it: the whole frame."""
+    def udp_flow(self, client: tuple[str, int], server: tuple[str, int]) -> Callable[[int], None]:
+        """A counter for one QUIC connection's datagrams, received or sent, counted as tc counts
+        them (the whole frame); the key is made once, not per datagram."""
+        raw = bytes(FlowKey.make("udp", client, server))
         headers = UDP_HEADER + (IPV4_HEADER if "." in client[0] else IPV6_HEADER) + ETH_HEADER
-        self.record_packet("udp", client, server, payload_bytes + headers)
+        return lambda payload_bytes: self._count(raw, payload_bytes + headers)
 
     def flows(self) -> Iterator[FlowRecord]:
         with self._lock:
@@ -524,7 +529,7 @@ class UserspaceFlows:
                       digests: list[bytes]) -> None:  # fmt: skip
         key = FlowKey.make(proto, (client_addr, client_port), (server_addr, server_port))
         with self._lock:
-            value = self._get(key, create=True)
+            value = self._get(bytes(key), create=True)
             assert value is not None
             value.set_digests(digests)
 

@@ -148,20 +148,19 @@ class DatagramGate(Protocol):
 
     def allowed(self, addr: str) -> bool: ...
 
-    def record_udp(self, client: tuple[str, int], server: tuple[str, int], payload_bytes: int) -> None: ...
+    def udp_flow(self, client: tuple[str, int], server: tuple[str, int]) -> Callable[[int], None]: ...
 
 
 class _CountedTransport(asyncio.DatagramTransport):
-    """The server socket as one connection sends on it: each datagram is told to the gate first,
-    as the tc egress program would count it. aioquic's protocol only calls sendto()."""
+    """The server socket as one connection sends on it: each datagram is counted first, as the tc
+    egress program would count it. aioquic's protocol only calls sendto()."""
 
-    def __init__(self, transport: asyncio.DatagramTransport, gate: DatagramGate, client: tuple[str, int],
-                 server: tuple[str, int]) -> None:  # fmt: skip
+    def __init__(self, transport: asyncio.DatagramTransport, count: Callable[[int], None]) -> None:
         super().__init__()
-        self._transport, self._gate, self._client, self._server = transport, gate, client, server
+        self._transport, self._count = transport, count
 
     def sendto(self, data: bytes | bytearray | memoryview, addr: Any = None) -> None:
-        self._gate.record_udp(self._client, self._server, len(data))
+        self._count(len(data))
         self._transport.sendto(data, addr)
 
 
@@ -288,6 +287,7 @@ class _Http3Connection(QuicConnectionProtocol):
         self.exchanges: dict[int, _Exchange] = {}
         self.client = _host_port(peer)
         self.local = server.local_address_for(peer)  # the flow's server side, as the kernel keys it
+        self.count_datagram: Callable[[int], None] | None = None  # set when flows are counted in userspace
         self._h3: H3Connection | None = None
         self._handshake_done = False
         self._held: list[_Exchange] = []  # unsafe requests from early data, waiting for the handshake
@@ -603,14 +603,15 @@ class Http3Server(asyncio.DatagramProtocol):
                 self._transport.sendto(_refusal(header), addr)
                 return
             conn = _Http3Connection(self, header, addr)
-            gate = self.gate
-            conn.connection_made(self._transport if gate is None else
-                                 _CountedTransport(self._transport, gate, conn.client, conn.local))  # fmt: skip
+            if gate is not None:
+                conn.count_datagram = gate.udp_flow(conn.client, conn.local)
+            conn.connection_made(self._transport if conn.count_datagram is None else
+                                 _CountedTransport(self._transport, conn.count_datagram))  # fmt: skip
             self._live.add(conn)
             for cid in conn.cids:
                 self._routes[cid] = conn
-        if gate is not None:
-            gate.record_udp(conn.client, conn.local, len(data))
+        if conn.count_datagram is not None:
+            conn.count_datagram(len(data))
         conn.datagram_received(data, addr)
 
     # called by connections
