@@ -297,7 +297,8 @@ def cmd_image_build(args: argparse.Namespace) -> int:
         return 1
     for path in (image.tar, image.ext4, image.disk, image.manifest, image.sums):
         print(path)
-    print(f"root tree (boot it: systemd-nspawn -D {image.root} --boot --volatile=overlay): {image.root}")
+    print(f"root tree: {image.root} (to try it: systemd-nspawn -D {image.root} --boot --volatile=overlay "
+          "--private-network; see image/README.md)")  # fmt: skip
     return 0
 
 

@@ -41,6 +41,8 @@ def build_image(arch: str, firmware: Path, out: Path, trusted_keys: Path, *, mir
     if os.geteuid() != 0:
         raise PermissionError("building an image needs root (debootstrap, file owners, nspawn): run it with sudo")
     layout.check_sources()
+    # Absolute: the tools given --root (systemd-sysusers, systemctl) read relative paths differently.
+    out, firmware, trusted_keys = out.resolve(), firmware.resolve(), trusted_keys.resolve()
     (cache / "image").mkdir(parents=True, exist_ok=True)
     # One build per architecture at a time: they share the cached base and the wheelhouse.
     with (cache / "image" / f".build-{arch}.lock").open("w") as lock:
