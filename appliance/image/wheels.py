@@ -25,9 +25,6 @@ GLIBC_MINOR = 36
 MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
 # Provided by the root's Debian packages, not by the wheelhouse.
 FROM_DEBIAN = {"systemd-python"}
-# Imported at run time but listed only under the [build] extra in pyproject.toml: the engine edits
-# the model graph in memory with onnx (appliance/engine/session.py). Drop once it is a dependency.
-RUN_TIME_EXTRAS = ("onnx>=1.16",)
 
 
 def runtime_requirements() -> list[str]:
@@ -39,13 +36,12 @@ def runtime_requirements() -> list[str]:
         name = re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0]
         if _norm(name) not in FROM_DEBIAN:
             found.append(req)
-    named = {_norm(re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0]) for r in found}
-    return found + [r for r in RUN_TIME_EXTRAS if _norm(re.split(r"[<>=]", r, maxsplit=1)[0]) not in named]
+    return found
 
 
 def to_install() -> list[str]:
-    """What `pip install` in the root asks for: zerolayer, and what it imports but does not declare."""
-    return ["zerolayer", *RUN_TIME_EXTRAS]
+    """What `pip install` in the root asks for: zerolayer (its dependencies come with it)."""
+    return ["zerolayer"]
 
 
 def pins() -> list[str]:
