@@ -7,6 +7,7 @@ temporary directory and are renamed into place, so an interrupted build never le
 from __future__ import annotations
 
 import fcntl
+import json
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from firmware.build import Progress, _stderr_progress, sign
+from firmware.manifest import MANIFEST_NAME
 from firmware.paths import cache_dir
 from firmware.signing import generate_keypair
 
@@ -70,3 +72,14 @@ def ensure_bundle(name: str, make: Callable[[Path], None], progress: Progress = 
                 shutil.rmtree(final)
             out.rename(final)
     return final
+
+
+def resigned_copy(src: Path, dest: Path, version: str, key: Path) -> Path:
+    """A copy of bundle `src` re-signed as another version: a second, distinct, valid bundle (for
+    install and rollback tests)."""
+    shutil.copytree(src, dest)
+    doc = json.loads((dest / MANIFEST_NAME).read_text())
+    doc["version"] = version
+    (dest / MANIFEST_NAME).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    sign(dest, key)
+    return dest

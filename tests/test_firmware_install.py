@@ -4,9 +4,7 @@ was when a bundle is refused. The daemon's restart is injected: here it only cou
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +13,8 @@ import pytest
 
 from firmware import BundleError
 from firmware.build import sign
+from firmware.devkit import resigned_copy
 from firmware.install import CURRENT, PREVIOUS, InstallError, install, read_link, restart_daemon, rollback
-from firmware.manifest import MANIFEST_NAME
 
 
 class Restarts:
@@ -28,19 +26,9 @@ class Restarts:
         return "restarted (test)"
 
 
-def _version(src: Path, dest: Path, version: str, key: Path) -> Path:
-    """A copy of the tiny bundle re-signed as another version: a second, distinct, valid bundle."""
-    shutil.copytree(src, dest)
-    doc = json.loads((dest / MANIFEST_NAME).read_text())
-    doc["version"] = version
-    (dest / MANIFEST_NAME).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    sign(dest, key)
-    return dest
-
-
 @pytest.fixture()
 def bundles(tiny_bundle_path: Path, dev_key: Path, tmp_path: Path) -> list[Path]:
-    return [_version(tiny_bundle_path, tmp_path / f"v{i}", f"0.{i}.0", dev_key) for i in (1, 2, 3)]
+    return [resigned_copy(tiny_bundle_path, tmp_path / f"v{i}", f"0.{i}.0", dev_key) for i in (1, 2, 3)]
 
 
 def _snapshot(store: Path) -> dict[str, str]:

@@ -23,8 +23,7 @@ import pytest
 
 from appliance.image.boot import Container, booted
 from appliance.image.build import Image, build_image
-from firmware.build import sign
-from firmware.manifest import MANIFEST_NAME
+from firmware.devkit import resigned_copy
 from firmware.paths import cache_dir
 
 SERVICE = "zerolayer.service"
@@ -45,16 +44,6 @@ reply = conn.getresponse()
 print(json.dumps({"status": reply.status, "body": reply.read().decode()}))
 """
 MESSAGE = {"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-
-
-def _version(src: Path, dest: Path, version: str, key: Path) -> Path:
-    """The tiny bundle re-signed as another version: a second, distinct, valid bundle."""
-    shutil.copytree(src, dest)
-    doc = json.loads((dest / MANIFEST_NAME).read_text())
-    doc["version"] = version
-    (dest / MANIFEST_NAME).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    sign(dest, key)
-    return dest
 
 
 def test_image_tools_are_installed() -> None:
@@ -196,8 +185,8 @@ def test_firmware_install_tamper_and_rollback_on_the_box(box: Container, tiny_bu
                                                          work: Path) -> None:  # fmt: skip
     """`zerolayer firmware install/rollback` as an operator runs them: systemctl restarts the daemon."""
     inside = Path(f"/proc/{box.leader}/root/var/tmp")
-    _version(tiny_bundle_path, inside / "v2", "0.2.0", dev_key)
-    _version(tiny_bundle_path, inside / "v3", "0.3.0", dev_key)
+    resigned_copy(tiny_bundle_path, inside / "v2", "0.2.0", dev_key)
+    resigned_copy(tiny_bundle_path, inside / "v3", "0.3.0", dev_key)
     (inside / "v3/tokenizer.json").write_text("{}")  # tampered after signing
 
     def version() -> str:

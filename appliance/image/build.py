@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import fcntl
-import hashlib
 import json
 import os
 import platform
@@ -17,6 +16,7 @@ from pathlib import Path
 from appliance import __version__
 from appliance.image import disk, layout, rootfs, sources, wheels
 from firmware.build import Progress, _stderr_progress, _Step
+from firmware.manifest import sha256_file
 
 ARCHES = ("amd64", "arm64")
 STEPS = 10
@@ -134,7 +134,7 @@ def _build(arch: str, firmware: Path, out: Path, trusted_keys: Path, mirror: str
     }  # fmt: skip
     manifest.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     sums = out / "SHA256SUMS"
-    sums.write_text("".join(f"{_sha256(p)}  {p.name}\n" for p in (tar, ext4, img, manifest)))
+    sums.write_text("".join(f"{sha256_file(p)}  {p.name}\n" for p in (tar, ext4, img, manifest)))
     step.done(t)
     return Image(out, root, tar, ext4, img, manifest, sums, not made)
 
@@ -150,7 +150,7 @@ def _installed_wheels(root: Path, wheel_files: list[Path]) -> list[dict[str, str
             continue
         wheel = by_name.get(_norm(name))
         found.append({"name": name, "version": version, "wheel": wheel.name if wheel else "",
-                      "sha256": _sha256(wheel) if wheel else ""})  # fmt: skip
+                      "sha256": sha256_file(wheel) if wheel else ""})  # fmt: skip
     return found
 
 
@@ -163,14 +163,6 @@ def _git_describe() -> str:
     result = subprocess.run(["git", "-C", str(layout.REPO), "describe", "--always", "--dirty"],
                             capture_output=True, text=True, check=False)  # fmt: skip
     return result.stdout.strip() or "unknown"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _norm(name: str) -> str:
