@@ -12,7 +12,14 @@ class Sampler:
         self.temperature = temperature
         self.top_k = top_k
         self.top_p = top_p
-        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self._rng: np.random.Generator | None = None  # made on first use: greedy requests never need it
+
+    @property
+    def rng(self) -> np.random.Generator:
+        if self._rng is None:  # seeding from OS entropy costs tens of µs on every request otherwise
+            self._rng = np.random.default_rng(self.seed)
+        return self._rng
 
     @property
     def greedy(self) -> bool:
