@@ -35,6 +35,7 @@ from pathlib import Path
 
 from appliance.devsetup import RunningDaemon, write_dev_config
 from appliance.kernel import KernelLayer
+from appliance.kernel.loader import PIN_ROOT
 from firmware.devkit import dev_trusted_keys
 from firmware.tiny import tiny_bundle
 
@@ -98,8 +99,7 @@ def program_stats() -> Iterator[Callable[[], tuple[int, int]]]:
 
 def run(rounds: int, per_round: int) -> Result:
     work = Path(tempfile.mkdtemp(prefix="zl-bench-kernel-"))
-    pins = Path("/sys/fs/bpf/zerolayer")
-    shutil.rmtree(pins, ignore_errors=True)  # a clean map: packets counted are this run's
+    shutil.rmtree(PIN_ROOT, ignore_errors=True)  # a clean map: packets counted are this run's
     setup = write_dev_config(work / "etc", tiny_bundle(), dev_trusted_keys(), kernel="required",
                              extra='allowlist = ["127.0.0.0/8"]\n')  # fmt: skip
     load_before = os.getloadavg()[0]
@@ -149,7 +149,7 @@ def run(rounds: int, per_round: int) -> Result:
             client.wait()
         running.stop()
         shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(pins, ignore_errors=True)
+        shutil.rmtree(PIN_ROOT, ignore_errors=True)
 
 
 def report(result: Result, command: str) -> str:

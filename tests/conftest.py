@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from netns import NetPair, net_pair
 
+from appliance.kernel.loader import PIN_ROOT
 from firmware.devkit import dev_trusted_keys, ensure_dev_key
 
 
@@ -58,3 +59,11 @@ def netpair() -> Iterator[NetPair]:
     """Server and client network namespaces joined by a veth pair (tests/netns.py)."""
     with net_pair() as pair:
         yield pair
+
+
+@pytest.fixture
+def pins() -> Iterator[None]:
+    """No pinned kernel-layer state before the test, none after (the daemon's own pin root)."""
+    shutil.rmtree(PIN_ROOT, ignore_errors=True)
+    yield
+    shutil.rmtree(PIN_ROOT, ignore_errors=True)

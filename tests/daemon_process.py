@@ -11,6 +11,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+# Root with every capability dropped: bpf() and the tc attach are refused, yet the process can still
+# read a checkout in a root-only folder (CI clones into one), which uid 65534 could not.
+UNPRIVILEGED = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
+
 
 class NotifySocket:
     """What systemd would see: datagrams on $NOTIFY_SOCKET, timestamped."""

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from daemon_process import UNPRIVILEGED
 from netns import NetPair, sh
 from pyroute2 import IPRoute
 
@@ -415,11 +416,6 @@ def test_userspace_flows_same_layout_and_lru_bound() -> None:
     assert flows.allowed("2001:db8::5") and flows.verdict_counts()["tc_drop"] == 1
     flows.set_allowlist([])
     assert flows.allowed("192.0.2.1")
-
-
-# Root with every capability dropped: bpf() is refused (no CAP_BPF / CAP_SYS_ADMIN), yet the process
-# can still read a checkout in a root-only folder (CI clones into one), which uid 65534 could not.
-UNPRIVILEGED = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
 
 
 @pytest.fixture

@@ -5,33 +5,24 @@ entries survive a restart, and stop leaves no filter of ours behind."""
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2 as httpx
 import niquests
 import pytest
-from daemon_process import NotifySocket, daemon_process
+from daemon_process import UNPRIVILEGED, NotifySocket, daemon_process
 
 from appliance.config import load_config
 from appliance.devsetup import DevSetup, RunningDaemon, write_dev_config
 from appliance.kernel import KernelLayer
+from appliance.kernel.loader import PIN_ROOT
 
-PIN_ROOT = Path("/sys/fs/bpf/zerolayer")
 LONG = "Explain the for statement, the while statement and the else clauses of both loops. " * 3
-
-
-@pytest.fixture()
-def pins() -> Iterator[None]:
-    shutil.rmtree(PIN_ROOT, ignore_errors=True)  # start from no pinned state
-    yield
-    shutil.rmtree(PIN_ROOT, ignore_errors=True)
 
 
 def _free_udp_port() -> int:
@@ -185,10 +176,6 @@ def test_wildcard_bind_keys_digests_with_the_kernels_counters(pins: None, tiny_b
             assert flow.packets > 4 and any(any(d) for d in flow.digests), flow  # one entry: counted and digested
     finally:
         running.stop()
-
-
-# Root with every capability dropped: bpf() and the tc attach are refused, files stay readable.
-UNPRIVILEGED = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
 
 
 def test_unprivileged_daemon_auto_serves_in_userspace_and_required_refuses(

@@ -7,24 +7,21 @@ leaves no tc filter and no XDP program behind."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2 as httpx
-import pytest
 from capture import per_client, read_pcap, tcpdump
 from daemon_process import NotifySocket, daemon_process
 from netns import NetPair, sh
 
 from appliance.devsetup import DevSetup, write_dev_config
 from appliance.kernel import FlowRecord, KernelLayer
+from appliance.kernel.loader import PIN_ROOT
 
-PIN_ROOT = Path("/sys/fs/bpf/zerolayer")
 PORT = 8443
 
 H3_CLIENT = textwrap.dedent("""
@@ -39,13 +36,6 @@ H3_CLIENT = textwrap.dedent("""
         except niquests.exceptions.RequestException as e:
             print(json.dumps({"status": 0, "error": repr(e)}))
 """)
-
-
-@pytest.fixture()
-def pins() -> Iterator[None]:
-    shutil.rmtree(PIN_ROOT, ignore_errors=True)  # start from no pinned state
-    yield
-    shutil.rmtree(PIN_ROOT, ignore_errors=True)
 
 
 def ask(pair: NetPair, setup: DevSetup, source: str, timeout: float = 20) -> dict[str, object]:

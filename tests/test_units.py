@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from appliance.image.layout import group_id
+
 SYSTEMD_DIR = Path(__file__).resolve().parent.parent / "systemd"
 SERVICE = "zerolayer.service"
 SOCKETS = ("zerolayer-quic.socket", "zerolayer-tcp.socket", "zerolayer-unix.socket")
@@ -170,14 +172,6 @@ def passwd_entry(root: Path, name: str) -> list[str]:
         if fields[0] == name:
             return fields
     raise AssertionError(f"no user {name} in {root / 'etc/passwd'}")
-
-
-def group_id(root: Path, name: str) -> int:
-    for line in (root / "etc/group").read_text().splitlines():
-        fields = line.split(":")
-        if fields[0] == name:
-            return int(fields[2])
-    raise AssertionError(f"no group {name} in {root / 'etc/group'}")
 
 
 def test_sysusers_creates_the_user(tmp_path: Path) -> None:
