@@ -454,7 +454,6 @@ class UserspaceFlows:
         self.max_flows = max_flows
         self._flows: OrderedDict[bytes, FlowValue] = OrderedDict()
         self._allow: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
-        self._ports: set[int] = set()
         self._verdicts = dict.fromkeys(VERDICTS, 0)
         self._lock = threading.Lock()
 
@@ -462,7 +461,7 @@ class UserspaceFlows:
         return len(self._flows)
 
     def set_ports(self, ports: Iterable[int]) -> None:
-        self._ports = {int(p) for p in ports}
+        """Nothing to filter: the transports that count here see only their own port's traffic."""
 
     def set_allowlist(self, cidrs: Sequence[str]) -> None:
         _parse_allowlist(cidrs)  # the same validation as the kernel's

@@ -500,6 +500,7 @@ class Http3Server(asyncio.DatagramProtocol):
         self.tickets = tickets
         self.draining = False
         self.address: tuple[str, int] = ("", 0)
+        self._wildcard = False
         self._on_handshake = on_handshake
         self.gate: DatagramGate | None = None  # set when the flow table lives in userspace
         self._transport: asyncio.DatagramTransport | None = None
@@ -558,19 +559,19 @@ class Http3Server(asyncio.DatagramProtocol):
         """The address this server answers `peer` from: the bound one, or on a wildcard bind the
         one the routing table picks (a UDP connect sends nothing). The flow table is keyed by it,
         as the kernel sees the packets."""
-        host, port = self.address
-        if not host or not ipaddress.ip_address(host).is_unspecified:
+        if not self._wildcard:
             return self.address
         try:
             with socket.socket(socket.AF_INET6 if ":" in str(peer[0]) else socket.AF_INET, socket.SOCK_DGRAM) as probe:
                 probe.connect(peer)
-                return _host_port(probe.getsockname())[0], port
+                return _host_port(probe.getsockname())[0], self.address[1]
         except OSError:
             return self.address
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.DatagramTransport, transport)
         self.address = _host_port(transport.get_extra_info("sockname"))
+        self._wildcard = ipaddress.ip_address(self.address[0]).is_unspecified  # [::] or 0.0.0.0
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._lost.done():
