@@ -61,7 +61,7 @@ class AuthConfig:
 class LimitsConfig:
     max_body_bytes: int = setting(1 << 20, 'larger request bodies get 413')
     max_queued: int = setting(64, 'requests waiting per device before 429/529')
-    max_active_per_device: int = setting(4, 'requests a device interleaves at once')
+    max_active_per_device: int = setting(8, 'slots: requests a device decodes together in one batch')
     quic_idle_timeout: float = setting(60.0, 'seconds before an idle QUIC connection is closed')
     quic_max_connections: int = setting(1024, 'QUIC connections at once; more are refused')
     quic_max_streams: int = setting(128, 'concurrent streams per QUIC connection')
@@ -72,6 +72,8 @@ class LimitsConfig:
 class EngineSection:
     max_tokens_per_shard: int = setting(0, "0: the firmware's baked value; config may only lower it")
     prefix_cache_mb: int = setting(256, 'KV prefix pool size in MiB; 0 turns reuse off')
+    kv_cache_mb: int = setting(0, "KV cache of the running requests per device, in MiB; admission counts prompt + "
+                                  "max_tokens against it; 0: every slot at the model's full context")  # fmt: skip
     threads: int = setting(0, 'ONNX Runtime intra-op threads; 0: one per CPU')
 
 
@@ -130,6 +132,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "limits.drain_timeout": (0, 3600),
     "engine.max_tokens_per_shard": (0, 1 << 20),
     "engine.prefix_cache_mb": (0, 1 << 20),
+    "engine.kv_cache_mb": (0, 1 << 24),
     "engine.threads": (0, 1024),
     "governor.threshold": (0, 0.99),
     "governor.hysteresis": (0, 0.5),

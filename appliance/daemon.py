@@ -41,6 +41,7 @@ def engine_config(config: Config, bundle: firmware.Bundle) -> EngineConfig:
     return EngineConfig(
         max_tokens_per_shard=config.engine.max_tokens_per_shard or None,
         prefix_cache_bytes=config.engine.prefix_cache_mb << 20,
+        kv_cache_bytes=config.engine.kv_cache_mb << 20,
         max_active_per_device=config.limits.max_active_per_device,
         max_queued=config.limits.max_queued,
         intra_op_threads=config.engine.threads,

@@ -37,7 +37,7 @@ def test_drop_ins_override_in_name_order_and_sources_are_kept(root: Path) -> Non
     assert config.limits.max_queued == 30 and config.limits.max_body_bytes == 4096
     assert config.sources["limits.max_queued"] == str(root / "conf.d" / "20-b.toml")
     assert config.sources["limits.max_body_bytes"] == str(root / "conf.d" / "10-a.toml")
-    assert config.limits.max_active_per_device == 4  # a default
+    assert config.limits.max_active_per_device == 8  # a default
 
 
 @pytest.mark.parametrize(

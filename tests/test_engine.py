@@ -73,6 +73,10 @@ def _run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(coro)
 
 
+async def _in_loop(fn):  # type: ignore[no-untyped-def]
+    return fn()
+
+
 def _greedy(max_tokens: int = 32, messages: tuple[Message, ...] = CONVERSATION, **kw) -> GenerationRequest:  # type: ignore[no-untyped-def]
     return GenerationRequest(messages=messages, max_tokens=max_tokens, temperature=0.0, **kw)
 
@@ -189,17 +193,119 @@ def test_prefix_reuse_equals_cold_generation(bundle: firmware.Bundle, engine: En
     assert f"found {done.trace.prior_digests_found}/10 digests" in done.trace.lines()[1]
 
 
-def test_eight_concurrent_requests_match_their_solo_runs(engine: Engine) -> None:
-    questions = [f"Question {i}: what does the {w} statement do?" for i, w in
-                 enumerate(["if", "for", "while", "try", "with", "def", "class", "return"])]  # fmt: skip
-    requests = [_greedy(20, (Message("user", q),)) for q in questions]
+QUESTIONS = [
+    "Hi.",
+    "Question 1: what does the for statement do?",
+    "Explain, in a few words, how a while loop with an else clause behaves when break runs inside it.",
+    "What does try do?",
+    "Question 4: with statement? " * 6,
+    "def",
+    "Question 6: what does the class statement do, and how does inheritance pick a method?",
+    "Return values: " * 12,
+]
+
+
+async def _staggered(engine: Engine, requests: list[GenerationRequest], gap: float = 0.004) -> list[str]:
+    """Submit one after another, `gap` seconds apart, so each joins a batch already running."""
+    return [t for t, _ in await _staggered_runs(engine, requests, gap)]
+
+
+async def _staggered_runs(engine: Engine, requests: list[GenerationRequest],
+                          gap: float = 0.004) -> list[tuple[str, Finished]]:  # fmt: skip
+    tasks = []
+    for r in requests:
+        tasks.append(asyncio.create_task(_collect(engine, r)))
+        await asyncio.sleep(gap)
+    return [(t, done) for t, done, _ in await asyncio.gather(*tasks)]
+
+
+async def _together(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[str, Finished, list[object]]]:
+    return list(await asyncio.gather(*(_collect(engine, r) for r in requests)))
+
+
+def _batch_sizes(engine: Engine) -> list[int]:
+    """Record how many rows each decode run of the engine's CPU worker carries (until closed)."""
+    session, sizes = engine.workers["cpu"].session, []
+    real_decode = session.decode
+
+    def counting_decode(slots, tokens, lengths):  # type: ignore[no-untyped-def]
+        sizes.append(int(tokens.shape[0]))
+        return real_decode(slots, tokens, lengths)
+
+    session.decode = counting_decode  # type: ignore[method-assign]
+    return sizes
+
+
+def test_staggered_requests_of_different_lengths_decode_together_and_match_their_solo_runs(
+    bundle: firmware.Bundle,
+) -> None:
+    requests = [_greedy(16 + 3 * i, (Message("user", q),)) for i, q in enumerate(QUESTIONS)]
+    solo_engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0, max_active_per_device=1))
+    batched = Engine(bundle, EngineConfig(prefix_cache_bytes=0, max_active_per_device=8))
+    try:
+        solo = [_run(_collect(solo_engine, r))[0] for r in requests]
+        sizes = _batch_sizes(batched)
+        runs = _run(_staggered_runs(batched, requests, gap=0.0))
+    finally:
+        solo_engine.close()
+        batched.close()
+    assert [t for t, _ in runs] == solo
+    assert max(sizes) >= 4  # they really shared decode runs
+    assert len(sizes) < sum(done.trace.decode_tokens for _, done in runs) // 2
+
+
+def test_seeded_sampling_is_the_same_whatever_else_runs(engine: Engine) -> None:
+    def sampled(seed: int) -> GenerationRequest:
+        return GenerationRequest(messages=CONVERSATION, max_tokens=20, temperature=1.0, top_p=0.95, seed=seed)
+
+    alone = [_run(_collect(engine, sampled(s)))[0] for s in (5, 6)]
+    others = [_greedy(24, (Message("user", q),)) for q in QUESTIONS[:5]]
+    mixed = _run(_staggered(engine, [others[0], sampled(5), *others[1:3], sampled(6), *others[3:]]))
+    assert [mixed[1], mixed[4]] == alone
+
+
+def test_cancelling_one_stream_leaves_the_others_unchanged(engine: Engine) -> None:
+    requests = [_greedy(24, (Message("user", q),)) for q in QUESTIONS[:4]]
     solo = [_run(_collect(engine, r))[0] for r in requests]
 
-    async def together() -> list[str]:
-        results = await asyncio.gather(*(_collect(engine, r) for r in requests))
-        return [t for t, _, _ in results]
+    async def with_one_cancelled() -> list[str]:
+        doomed = engine.submit(_greedy(1500, (Message("user", "Tell me everything about loops."),)))
+        tasks = [asyncio.create_task(_collect(engine, r)) for r in requests]
+        async for event in doomed:
+            if isinstance(event, TextDelta):
+                doomed.cancel()
+        assert doomed.finished is not None and doomed.finished.stop_reason == "cancelled"
+        return [t for t, _, _ in await asyncio.gather(*tasks)]
 
-    assert _run(together()) == solo
+    assert _run(with_one_cancelled()) == solo
+    assert engine.workers["cpu"].depth == 0
+
+
+def test_prefix_reuse_inside_a_batch_equals_cold(bundle: firmware.Bundle, engine: Engine) -> None:
+    warm = Engine(bundle, EngineConfig(prefix_cache_bytes=64 << 20, prefix_block_tokens=8))
+    follow_ups = [(*CONVERSATION, Message("assistant", "A loop."), Message("user", q)) for q in QUESTIONS[:4]]
+    try:
+        _run(_collect(warm, _greedy(4)))  # the shared conversation goes into the pool
+        results = _run(_together(warm, [_greedy(12, m) for m in follow_ups]))
+    finally:
+        warm.close()
+    cold = [_run(_collect(engine, _greedy(12, m)))[0] for m in follow_ups]
+    assert [t for t, _, _ in results] == cold
+    assert all(done.trace.reused_tokens >= 8 for _, done, _ in results)
+
+
+def test_a_request_larger_than_the_kv_budget_is_refused_and_one_that_fits_waits(bundle: firmware.Bundle) -> None:
+    session_bytes = ModelSession(bundle).kv_bytes_per_token
+    small = Engine(bundle, EngineConfig(prefix_cache_bytes=0, kv_cache_bytes=300 * session_bytes))
+    try:
+        with pytest.raises(ContextOverflow, match="holds 300 per request"):
+            _run(_in_loop(lambda: small.submit(_greedy(400))))
+        # Two requests of ~200 positions each: the second waits for the first, then runs.
+        reqs = [_greedy(160), _greedy(160)]
+        results = _run(_together(small, reqs))
+    finally:
+        small.close()
+    assert results[0][0] == results[1][0] and results[0][1].output_tokens >= 1
 
 
 def test_cancel_mid_stream_frees_the_slot(engine: Engine) -> None:
@@ -230,18 +336,18 @@ def test_cancel_mid_stream_frees_the_slot(engine: Engine) -> None:
         return stream.finished.trace.decode_tokens - at_cancel, stream.finished
 
     # The worker stops within the step it was running: at most one more token, then "cancelled".
-    # Each step is slowed to 5 ms so the tiny model cannot reach its end of turn before the cancel lands.
-    session, real_forward = worker.session, worker.session.forward
+    # Each decode step is slowed to 5 ms so the tiny model cannot reach its end of turn before the cancel lands.
+    session, real_decode = worker.session, worker.session.decode
 
-    def slow_forward(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def slow_decode(*args, **kwargs):  # type: ignore[no-untyped-def]
         time.sleep(0.005)
-        return real_forward(*args, **kwargs)
+        return real_decode(*args, **kwargs)
 
-    session.forward = slow_forward  # type: ignore[method-assign]
+    session.decode = slow_decode  # type: ignore[method-assign]
     try:
         extra, done = _run(cancel_explicitly())
     finally:
-        session.forward = real_forward  # type: ignore[method-assign]
+        session.decode = real_decode  # type: ignore[method-assign]
     assert extra <= 1 and done is not None and done.stop_reason == "cancelled"
     assert worker.depth == 0
     _, done, _ = _run(_collect(engine, _greedy(4)))  # the worker serves on
@@ -291,6 +397,22 @@ def test_bad_requests_are_typed_errors(engine: Engine, request_kwargs: dict, err
 def test_huge_prompt_is_a_context_overflow_not_a_crash(engine: Engine) -> None:
     with pytest.raises(ContextOverflow, match="exceeds the model's context of 2048"):
         engine.prepare(_greedy(8, (Message("user", "loop " * 3000),)))
+
+
+@pytest.mark.demo
+def test_demo_firmware_decodes_eight_staggered_streams_exactly_as_alone(demo_bundle_path: Path,
+                                                                         trusted_keys: Path) -> None:  # fmt: skip
+    demo = firmware.load(demo_bundle_path, trusted_keys)
+    requests = [_greedy(12 + 2 * i, (Message("user", q),)) for i, q in enumerate(QUESTIONS)]
+    engine = Engine(demo, EngineConfig(prefix_cache_bytes=0, max_active_per_device=8))
+    try:
+        solo = [_run(_collect(engine, r))[0] for r in requests]
+        sizes = _batch_sizes(engine)
+        together = _run(_staggered(engine, requests, gap=0.01))
+    finally:
+        engine.close()
+    assert together == solo
+    assert max(sizes) >= 4
 
 
 @pytest.mark.demo

@@ -145,19 +145,19 @@ def test_oom_on_the_gpu_continues_on_the_cpu_with_an_identical_stream(bundle: fi
         expected, plain = asyncio.run(engine.complete(_greedy(), GPU))
         assert plain.output_tokens > 10
         session = engine.workers[GPU].session
-        real_forward = session.forward
+        real_decode = session.decode
         calls = {"n": 0}
 
-        def forward_that_runs_out(*args, **kwargs):  # type: ignore[no-untyped-def]
+        def decode_that_runs_out(*args, **kwargs):  # type: ignore[no-untyped-def]
             calls["n"] += 1
-            if calls["n"] == 7:  # prefill is call 1: this is decode step 6
+            if calls["n"] == 6:  # decode step 6 (the first token came from the prefill)
                 raise RuntimeException("Non-zero status code returned while running GroupQueryAttention node. "
                                        "Failed to allocate memory for requested buffer of size 65536")  # fmt: skip
-            return real_forward(*args, **kwargs)
+            return real_decode(*args, **kwargs)
 
-        session.forward = forward_that_runs_out  # type: ignore[method-assign]
+        session.decode = decode_that_runs_out  # type: ignore[method-assign]
         text, done = asyncio.run(engine.complete(_greedy(), GPU))
-        session.forward = real_forward  # type: ignore[method-assign]
+        session.decode = real_decode  # type: ignore[method-assign]
     finally:
         engine.close()
     assert text == expected  # no gap, no repeat

@@ -1,26 +1,28 @@
 """The engine: a verified bundle in, async streams of token events out.
 
-Each device has one worker thread that owns its ONNX Runtime session and interleaves the active
-requests step by step (a prefill shard or one decode token each turn), so every admitted request
-makes progress and a cancelled one stops within a step. ONNX Runtime releases the GIL while it
-runs, so the asyncio loop is never blocked by a model run.
+Each device has one worker thread that owns its ONNX Runtime session and KV slots. A pure
+scheduler decides each step (which waiting requests get a slot, which prompt chunk runs, which
+slots decode); the worker runs it: every decoding request advances one token in one batched run,
+so N streams cost far less than N times one, and a cancelled request stops within a step.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from appliance.engine.chat import ChatTemplate, Prompt
-from appliance.engine.errors import ContextOverflow, EngineBusy, EngineStopped, InvalidRequest
+from appliance.engine.errors import ContextOverflow, EngineStopped, InvalidRequest
 from appliance.engine.generation import Generation, ShardPolicy
 from appliance.engine.prefix_cache import PrefixCache
 from appliance.engine.request import Event, Finished, GenerationRequest, TextDelta
+from appliance.engine.scheduler import Scheduler, StepPlan, Ticket
 from appliance.engine.session import ModelSession
 from appliance.engine.tokenizer import TextTokenizer
 from appliance.engine.trace import Trace
@@ -34,7 +36,8 @@ class EngineConfig:
     max_tokens_per_shard: int | None = None  # None: the firmware's baked value; may only lower it
     prefix_cache_bytes: int = 256 << 20
     prefix_block_tokens: int = 32
-    max_active_per_device: int = 4
+    max_active_per_device: int = 8  # the slots: requests a device decodes together
+    kv_cache_bytes: int = 0  # KV budget per device; 0: room for every slot at the model's full context
     max_queued: int = 64
     intra_op_threads: int = 0  # 0: one per CPU
 
@@ -68,8 +71,8 @@ class Stream:
         """Stop generating: the worker drops the request at its next step and frees its KV cache."""
         self.cancelled = True
 
-    def _deliver(self, events: list[Event | BaseException]) -> None:
-        # Called on the worker thread; the queue lives on the loop.
+    def deliver(self, events: list[Event | BaseException]) -> None:
+        """Hand events to the consumer; called on the worker thread (the queue lives on the loop)."""
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._put_all, events)
 
@@ -95,104 +98,203 @@ class Stream:
                 self.cancel()
 
 
-@dataclass
-class _Job:
+@dataclass(eq=False)
+class Job:
+    """A request on a device: its stream, its generation, and the scheduler's ticket for it."""
+
     stream: Stream
     generation: Generation
+    ticket: Ticket[Job] | None = None
 
 
 class DeviceWorker:
-    """The thread that runs one session's requests, fairly interleaved."""
+    """The thread that owns one device's session and KV slots and runs the scheduler's plans.
 
-    def __init__(self, session: ModelSession, max_active: int, max_queued: int,
-                 recover: Callable[[_Job, Exception], bool] | None = None) -> None:  # fmt: skip
+    Each step it releases what was cancelled, starts newly admitted requests in their slots, runs
+    the planned prompt chunk and then one batched decode of every decoding slot, and delivers
+    each stream's events. ONNX Runtime releases the GIL while it runs, so the event loop is never
+    blocked by a model run.
+    """
+
+    def __init__(self, session: ModelSession, slots: int, kv_tokens: int, max_queued: int,
+                 max_chunk_tokens: int, recover: Callable[[Job, Exception], bool] | None = None,
+                 admitting: Callable[[], bool] | None = None) -> None:  # fmt: skip
         self.session = session
         self.recover = recover  # may take over a failed job (the OOM fallback); True if it did
-        self.admitting: Callable[[], bool] = lambda: True  # False: new jobs wait (the shed policy)
+        self.admitting: Callable[[], bool] = admitting or (lambda: True)  # False: new jobs wait (shed policy)
         self.device = session.device
-        self.max_active = max_active
-        self.max_queued = max_queued
-        self._pending: collections.deque[_Job] = collections.deque()
-        self._active: list[_Job] = []
+        # A CPU row commits memory only where it is written, so one request may use the whole budget;
+        # a device buffer is allocated whole, so there each slot gets an equal share of it.
+        share = kv_tokens if session.ort_device == "cpu" else kv_tokens // slots
+        capacity = max(1, min(session.facts.context_length, share))
+        self.kv = session.new_slots(slots, capacity)
+        self.scheduler: Scheduler[Job] = Scheduler(slots, kv_tokens, capacity, max_queued, max_chunk_tokens)
         self._cond = threading.Condition()
-        self._stopping = False
         self.last_progress = time.monotonic()  # the watchdog reads this
         self._thread = threading.Thread(target=self._run, name=f"engine-{self.device}", daemon=True)
         self._thread.start()
 
     @property
+    def max_queued(self) -> int:
+        return self.scheduler.max_queued
+
+    @max_queued.setter
+    def max_queued(self, value: int) -> None:
+        with self._cond:
+            self.scheduler.max_queued = value
+
+    @property
     def depth(self) -> int:
-        return len(self._pending) + len(self._active)
+        return self.scheduler.queued + self.scheduler.active
 
     @property
     def queued(self) -> int:
-        return len(self._pending)
+        return self.scheduler.queued
 
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def submit(self, job: _Job, front: bool = False) -> None:
+    def submit(self, job: Job, front: bool = False) -> None:
         """Queue a job; `front` (a job moved here mid-request) goes first and ignores the bound."""
         with self._cond:
-            if self._stopping:
-                raise EngineStopped("the engine is stopping")
-            if front:
-                self._pending.appendleft(job)
-            elif len(self._pending) >= self.max_queued:
-                raise EngineBusy(f"the queue for {self.device} is full ({self.max_queued} waiting)")
-            else:
-                self._pending.append(job)
+            job.ticket = self.scheduler.add(job, job.generation.kv_tokens, time.monotonic(), front)
+            self._cond.notify()
+
+    def wake(self) -> None:
+        """Something the worker waits on changed (a cancel, the shed policy): look again now."""
+        with self._cond:
             self._cond.notify()
 
     def stop(self, timeout: float = 5.0) -> None:
         with self._cond:
-            self._stopping = True
+            self.scheduler.stopped = True
             self._cond.notify()
         self._thread.join(timeout)
 
+    def warm(self) -> None:
+        """A prompt and a decode step through slot 0, before the thread has anything to run."""
+        cache = self.kv.row(0)
+        self.session.forward(cache, np.array([0, 1], dtype=np.int64))
+        self.session.decode(self.kv, np.zeros(1, dtype=np.int64), np.array([cache.length]))
+        self.kv.release(0)
+
     def _run(self) -> None:
+        sched = self.scheduler
         while True:
             with self._cond:
-                while not self._stopping and not self._active and (not self._pending or not self.admitting()):
+                while not sched.stopped:
+                    self._note_cancels()
+                    if sched.has_work(self.admitting()):
+                        break
                     self.last_progress = time.monotonic()
-                    self._cond.wait(0.05 if self._pending else 1.0)
-                if self._stopping:
-                    jobs = list(self._pending) + self._active
-                    self._pending.clear()
-                    self._active.clear()
+                    self._cond.wait(0.05 if sched.queued or sched.active else 1.0)
+                if sched.stopped:
+                    leftover = sched.drain()
                     break
-                while self._pending and len(self._active) < self.max_active and self.admitting():
-                    self._active.append(self._pending.popleft())
-                turn = list(self._active)
-            for job in turn:
-                self._step(job)
-            self.last_progress = time.monotonic()
-        for job in jobs:
-            job.generation.release()
-            job.stream._deliver([EngineStopped("the engine stopped before this request finished")])
-
-    def _step(self, job: _Job) -> None:
-        gen = job.generation
-        try:
-            if job.stream.cancelled:
-                events: list[Event | BaseException] = [gen.cancel()]
-            else:
-                events = list(gen.step())
-        except Exception as exc:  # a failed run must end this request, never the worker
+                admitted = sched.admit(self.admitting())
+            for ticket in admitted:
+                self._start(ticket)
             with self._cond:
-                self._active.remove(job)
+                self._note_cancels()
+                plan = sched.plan()
+            self._execute(plan)
+            self.last_progress = time.monotonic()
+        for ticket in leftover:
+            ticket.job.generation.release()
+            ticket.job.stream.deliver([EngineStopped("the engine stopped before this request finished")])
+
+    def _note_cancels(self) -> None:
+        for ticket in (*self.scheduler.waiting, *(t for t in self.scheduler.running if t is not None)):
+            if ticket.job.stream.cancelled and not ticket.cancelled:
+                self.scheduler.cancel(ticket)
+
+    def _start(self, ticket: Ticket[Job]) -> None:
+        assert ticket.slot is not None
+        job = ticket.job
+        try:
+            ranges = job.generation.start(self.kv.row(ticket.slot))
+        except Exception as exc:
+            self._fail([job], exc)
+            return
+        with self._cond:
+            self.scheduler.start(ticket, ranges)
+
+    def _execute(self, plan: StepPlan[Job]) -> None:
+        for ticket in plan.release:
+            self._end(ticket.job, [ticket.job.generation.cancel()])
+        chunk_seconds = 0.0
+        if plan.prefill is not None:
+            ticket, start, end = plan.prefill
+            job = ticket.job
+            t0 = time.perf_counter()
+            try:
+                events = job.generation.prefill(start, end)
+            except Exception as exc:
+                self._fail([job], exc)
+            else:
+                chunk_seconds = time.perf_counter() - t0
+                self._emit(job, events)
+        decode = [t for t in plan.decode if t.slot is not None and self.scheduler.running[t.slot] is t]
+        if not decode:
+            return
+        tokens = np.zeros(plan.rows, dtype=np.int64)
+        lengths = np.zeros(plan.rows, dtype=np.int64)
+        for t in self.scheduler.running[: plan.rows]:
+            if t is not None and t.job.generation.cache is not None:  # padding rows keep their own length
+                assert t.slot is not None
+                lengths[t.slot] = t.job.generation.cache.length
+        for t in decode:
+            assert t.slot is not None
+            tokens[t.slot] = t.job.generation.decode_input
+        t0 = time.perf_counter()
+        try:
+            logits = self.session.decode(self.kv, tokens, lengths)
+        except Exception as exc:  # the whole batch failed: each request ends or moves
+            self._fail([t.job for t in decode], exc)
+            return
+        seconds = time.perf_counter() - t0
+        if chunk_seconds and plan.prefill is not None:
+            with self._cond:
+                self.scheduler.budget.observe(seconds, plan.prefill[2] - plan.prefill[1], chunk_seconds)
+        for t in decode:
+            assert t.slot is not None
+            job = t.job
+            try:
+                events = job.generation.decoded(logits[t.slot], seconds * 1000)
+            except Exception as exc:  # a sampler or detokenizer failure ends this request only
+                self._fail([job], exc)
+                continue
+            self._emit(job, events)
+
+    def _emit(self, job: Job, events: list[Event]) -> None:
+        if job.generation.done:
+            self._end(job, events)
+        elif events:
+            job.stream.deliver(list(events))
+
+    def _end(self, job: Job, events: Sequence[Event | BaseException]) -> None:
+        """The request is over here: free its slot and row, then tell its stream."""
+        ticket = job.ticket
+        with self._cond:
+            if ticket is not None:
+                self.scheduler.finish(ticket)
+        if ticket is not None and ticket.slot is not None:
+            self.kv.release(ticket.slot)
+        if events:
+            job.stream.deliver(list(events))
+
+    def _fail(self, jobs: list[Job], exc: Exception) -> None:
+        """A failed run must end its requests (or hand them to `recover`), never the worker."""
+        for job in jobs:
+            gen = job.generation
+            self._end(job, [])
             if self.recover is not None and self.recover(job, exc):
-                return
-            log.exception("request %s failed on %s", gen.request.request_id, self.device)
+                continue
+            log.error("request %s failed on %s: %s", gen.request.request_id, self.device, exc,
+                      exc_info=exc)  # fmt: skip
             gen.release()
             gen.done = True
-            job.stream._deliver([exc])
-            return
-        if gen.done:
-            with self._cond:
-                self._active.remove(job)
-        if events:
-            job.stream._deliver(events)
+            job.stream.deliver([exc])
 
 
 class Engine:
@@ -215,12 +317,20 @@ class Engine:
             session = ModelSession(bundle, device, intra_op_threads=self.config.intra_op_threads,
                                    cuda_options=cuda_options if device.startswith("cuda") else None)  # fmt: skip
             self.workers[device] = DeviceWorker(
-                session, self.config.max_active_per_device, self.config.max_queued, recover=self._recover
+                session, self.config.max_active_per_device, self.kv_tokens(session), self.config.max_queued,
+                self.shard_policy.max_tokens_per_shard, recover=self._recover,
             )
         self.default_device = devices[0]
         self.cpu_device = next((d for d in reversed(devices) if d == "cpu"), None)
 
-    def _recover(self, job: _Job, exc: Exception) -> bool:
+    def kv_tokens(self, session: ModelSession) -> int:
+        """The KV budget of a device in token positions (what admission counts)."""
+        full = self.config.max_active_per_device * self.context_length
+        if not self.config.kv_cache_bytes:
+            return full
+        return max(1, min(full, self.config.kv_cache_bytes // session.kv_bytes_per_token))
+
+    def _recover(self, job: Job, exc: Exception) -> bool:
         """A GPU run that failed to allocate is re-run on the CPU from where it was (runs on the
         failed device's worker thread)."""
         from appliance.governor import is_allocation_failure
@@ -275,7 +385,7 @@ class Engine:
         stream = Stream(request, prompt, trace, asyncio.get_running_loop())
         gen = Generation(request, prompt, worker.session, self.tokenizer, self.prefix_cache,
                          self.shard_policy, trace)  # fmt: skip
-        worker.submit(_Job(stream, gen))
+        worker.submit(Job(stream, gen))
         return stream
 
     async def complete(self, request: GenerationRequest, device: str | None = None) -> tuple[str, Finished]:
@@ -290,11 +400,8 @@ class Engine:
 
     def warm(self) -> None:
         """One short forward pass per session, so the first request does not pay for lazy init."""
-        import numpy as np
-
         for worker in self.workers.values():
-            cache = worker.session.new_cache(4)
-            worker.session.forward(cache, np.array([0, 1], dtype=np.int64))
+            worker.warm()
 
     def alive(self) -> bool:
         return all(w.alive() for w in self.workers.values())

@@ -1,5 +1,6 @@
-"""One request's generation as a state machine: each step() runs one prefill shard or one decode
-token and returns the events it produced. The worker thread drives it; it never blocks on I/O."""
+"""One request's generation: its prompt, sampler, stop sequences and KV row. The worker starts it
+in a slot, runs its prompt chunks with prefill() and feeds it its row of each batched decode step
+with decoded(); each returns the events produced. It never blocks on I/O."""
 
 from __future__ import annotations
 
@@ -53,7 +54,6 @@ class Generation:
         self.decoder = StreamDecoder(tokenizer)
         self.stops = StopMatcher(request.stop_sequences)
         self.cache: KVCache | None = None
-        self.shards: list[tuple[int, int]] = []
         self.generated: list[int] = []
         self.next_token: int | None = None
         self.done = False
@@ -63,30 +63,31 @@ class Generation:
         self.digests = block_digests(prompt.ids, block) if block else []
         trace.digests = [d.hex() for d in self.digests[-DIGESTS_PER_FLOW:]]
 
-    def step(self) -> list[Event]:
-        if self.done:
-            return []
-        if self.cache is None:
-            self._start()
-        if self.shards:
-            return self._prefill_shard()
-        return self._decode()
+    @property
+    def kv_tokens(self) -> int:
+        """KV positions this request may fill: the prompt and every token it may generate."""
+        return len(self.prompt.ids) + self.request.max_tokens
 
     def migrate(self, session: ModelSession, why: str) -> None:
         """Continue on another session: its KV cache is rebuilt from the prompt and the tokens
         already produced, and decoding goes on from there, so the stream has no gap or repeat."""
         self.session = session
         self.cache = None
-        self.shards = []
         self.resuming = bool(self.generated)
         self.trace.notes.append(f"Fallback: {why}; re-run on {session.device} from {len(self.prompt.ids)} prompt "
                                 f"tokens and {len(self.generated)} sent")  # fmt: skip
         self.trace.device = f"{self.trace.device}->{session.device}"
 
-    def _start(self) -> None:
+    def _ids(self) -> list[int]:
         # On a resume, everything whose KV was computed: the prompt and all but the last token sent.
-        ids = self.prompt.ids + self.generated[:-1] if self.resuming else self.prompt.ids
-        self.cache = self.session.new_cache(len(self.prompt.ids) + self.request.max_tokens)
+        return self.prompt.ids + self.generated[:-1] if self.resuming else self.prompt.ids
+
+    def start(self, cache: KVCache) -> list[tuple[int, int]]:
+        """Take a slot's KV row: import what the prefix pool has, return the prompt ranges left to
+        prefill (the shard plan over what was not reused)."""
+        ids = self._ids()
+        self.cache = cache
+        cache.length = 0
         self._prefill_started = time.perf_counter()
         reused = 0
         prior = self.request.prior_digests
@@ -100,24 +101,24 @@ class Generation:
             digests = block_digests(ids, block) if self.resuming else self.digests
             hit = self.prefix_cache.lookup(digests, (len(ids) - 1) // block)
             if hit is not None:
-                self.session.import_prefix(self.cache, hit.kv, hit.tokens)
+                self.session.import_prefix(cache, hit.kv, hit.tokens)
                 reused = hit.tokens
         self.trace.reused_tokens = reused
         plan = plan_shards(
             reused, len(ids), self.shard_policy.max_tokens_per_shard,
             self.shard_policy.split_algorithm, self.prompt.message_starts,
         )  # fmt: skip
-        self.shards = list(plan.shards)
         self.trace.shards = len(plan.shards)
         self.trace.shard_size = self.shard_policy.max_tokens_per_shard
         self.trace.shard_reason = plan.reason
+        return list(plan.shards)
 
-    def _prefill_shard(self) -> list[Event]:
-        assert self.cache is not None
-        start, end = self.shards.pop(0)
-        ids = self.prompt.ids + self.generated if self.resuming else self.prompt.ids
+    def prefill(self, start: int, end: int) -> list[Event]:
+        """Run prompt positions [start, end) into the KV row; after the last, choose the first token."""
+        assert self.cache is not None and self.cache.length == start
+        ids = self._ids()
         logits = self.session.forward(self.cache, np.asarray(ids[start:end], dtype=np.int64))
-        if self.shards:
+        if end < len(ids):
             return []
         if self.resuming:  # the next token is already chosen (and sent): decode it next
             self.resuming = False
@@ -127,13 +128,18 @@ class Generation:
         events.extend(self._accept(self.sampler(logits)))
         return events
 
-    def _decode(self) -> list[Event]:
-        assert self.cache is not None and self.next_token is not None
-        t0 = time.perf_counter()
-        logits = self.session.forward(self.cache, np.array([self.next_token], dtype=np.int64))
-        token = self.sampler(logits)
-        self.trace.record_token((time.perf_counter() - t0) * 1000)
-        return self._accept(token)
+    @property
+    def decode_input(self) -> int:
+        """The token the next decode step feeds (the last one chosen)."""
+        assert self.next_token is not None
+        return self.next_token
+
+    def decoded(self, logits: np.ndarray, step_ms: float) -> list[Event]:
+        """One decode step ran for this request (its row of a batch): advance and choose."""
+        assert self.cache is not None
+        self.cache.length += 1
+        self.trace.record_token(step_ms)
+        return self._accept(self.sampler(logits))
 
     def _accept(self, token: int) -> list[Event]:
         if token in self.eos:
@@ -173,7 +179,7 @@ class Generation:
 
     def _remember_prefix(self) -> None:
         """Offer the pool every full block whose KV was computed: prompt and answer so far."""
-        if self.prefix_cache is None or self.cache is None or self.shards:
+        if self.prefix_cache is None or self.cache is None:
             return
         tokens = self.prompt.ids + self.generated
         computed = self.cache.length

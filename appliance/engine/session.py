@@ -1,13 +1,16 @@
-"""One ONNX Runtime session per device, and the KV cache a request fills.
+"""One ONNX Runtime session per device, and the KV slots its requests fill.
 
-The KV cache is one buffer per layer sized for the whole request, bound as both the past input
-and the present output (the GroupQueryAttention share-buffer mode), so a decode step writes one
-new position in place instead of copying the growing cache every step.
+The KV cache is one buffer per layer with a row per slot, bound as both the past input and the
+present output (the GroupQueryAttention share-buffer mode), so a step writes its new positions in
+place instead of copying the growing cache. A prompt is prefilled through its own row (a pointer
+into the buffer); every decoding row then advances together in one run whose attention mask gives
+each row its own length, and the operator writes each row's new key at that row's position.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,15 +82,92 @@ def last_position_logits_model(onnx_path: Path) -> bytes | None:
     return bytes(model.SerializeToString())
 
 
+class KVSlots:
+    """The KV cache of one device: per layer a key and a value buffer [rows, kv_heads, capacity,
+    head_size], bound as both past input and present output (GroupQueryAttention's share-buffer
+    mode), so a step writes its new positions in place. A row is a slot: one request's KV.
+
+    On the CPU the buffers are anonymous mappings: pages are committed only where positions are
+    written, and a released row's pages go back to the system, so memory follows the requests
+    admitted, not the rows times the capacity.
+    """
+
+    def __init__(self, session: ModelSession, rows: int, capacity: int) -> None:
+        f = session.facts
+        self.rows, self.capacity = rows, capacity
+        self.dtype = session.kv_dtype
+        self.shape = [rows, f.num_kv_heads, capacity, f.head_size]
+        self.row_bytes = f.num_kv_heads * capacity * f.head_size * np.dtype(self.dtype).itemsize
+        self.device, self.device_id = session.ort_device, session.device_id
+        self._maps: list[mmap.mmap] = []
+        self.host: list[tuple[np.ndarray, np.ndarray]] | None = None  # the arrays behind CPU buffers
+        self._values: list[tuple[ort.OrtValue, ort.OrtValue]] = []  # device buffers (not CPU)
+        if self.device == "cpu":
+            self.host = [(self._mapped(), self._mapped()) for _ in range(f.num_layers)]
+            self.pointers = [(k.ctypes.data, v.ctypes.data) for k, v in self.host]
+        else:
+            alloc = ort.OrtValue.ortvalue_from_shape_and_type
+            self._values = [(alloc(self.shape, self.dtype, self.device, self.device_id),
+                             alloc(self.shape, self.dtype, self.device, self.device_id))
+                            for _ in range(f.num_layers)]  # fmt: skip
+            self.pointers = [(k.data_ptr(), v.data_ptr()) for k, v in self._values]
+        self.bindings: dict[tuple[int, int], ort.IOBinding] = {}  # (first row, rows) -> KV bound once
+
+    def _mapped(self) -> np.ndarray:
+        size = max(1, self.rows * self.row_bytes)
+        mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._maps.append(mapping)
+        return np.frombuffer(mapping, dtype=self.dtype, count=int(np.prod(self.shape))).reshape(self.shape)
+
+    def row(self, index: int, length: int = 0) -> KVCache:
+        if not 0 <= index < self.rows:
+            raise IndexError(f"KV row {index} of {self.rows}")
+        return KVCache(self, index, length)
+
+    def release(self, index: int) -> None:
+        """Give a freed row's committed pages back (CPU); its contents are undefined afterwards."""
+        if not self._maps:
+            return
+        start = -(-index * self.row_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (index + 1) * self.row_bytes // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start:
+            for mapping in self._maps:
+                mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def arrays(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies (device) or the arrays themselves (CPU) of one layer's buffers."""
+        if self.host is not None:
+            return self.host[layer]
+        k, v = self._values[layer]
+        return k.numpy(), v.numpy()
+
+    def write(self, layer: int, row: int, keys: np.ndarray, values: np.ndarray) -> None:
+        """Put [kv_heads, tokens, head_size] arrays at the start of a row."""
+        tokens = keys.shape[1]
+        if self.host is not None:
+            hk, hv = self.host[layer]
+            hk[row, :, :tokens] = keys
+            hv[row, :, :tokens] = values
+            return
+        k, v = self._values[layer]  # no partial copy to a device buffer from Python: round-trip it
+        hk, hv = k.numpy(), v.numpy()
+        hk[row, :, :tokens] = keys
+        hv[row, :, :tokens] = values
+        k.update_inplace(hk)
+        v.update_inplace(hv)
+
+
 @dataclass
 class KVCache:
-    """Per-layer key and value buffers [1, kv_heads, capacity, head_size] and how much is filled."""
+    """One request's row of a KVSlots and how many positions of it are filled."""
 
-    keys: list[ort.OrtValue]
-    values: list[ort.OrtValue]
-    host: list[tuple[np.ndarray, np.ndarray]] | None  # the numpy memory behind CPU buffers
-    capacity: int
+    slots: KVSlots
+    row: int
     length: int = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.slots.capacity
 
 
 class ModelSession:
@@ -126,75 +206,84 @@ class ModelSession:
         if past0.type not in _ORT_TO_NUMPY or past0.type == "tensor(bfloat16)":
             raise ValueError(f"{bundle.onnx_path.name}: KV type {past0.type} is not supported")
         self.kv_dtype = _ORT_TO_NUMPY[past0.type]
+        f = self.facts
+        self.kv_bytes_per_token = 2 * f.num_layers * f.num_kv_heads * f.head_size * np.dtype(self.kv_dtype).itemsize
         self._names = [
             (f.past_key_name % i, f.past_value_name % i, f.present_key_name % i, f.present_value_name % i)
             for f in (self.facts,)
             for i in range(self.facts.num_layers)
         ]
-        self._ort_device = "cuda" if device.startswith("cuda") else "cpu"
-        self._device_id = int(device.partition(":")[2] or 0) if device.startswith("cuda") else 0
-        self._mask = np.ones((1, self.facts.context_length), dtype=np.int64)
+        self.ort_device = "cuda" if device.startswith("cuda") else "cpu"
+        self.device_id = int(device.partition(":")[2] or 0) if device.startswith("cuda") else 0
+        self._positions = np.arange(self.facts.context_length, dtype=np.int64)
         log.info("engine session on %s: %s", device, ", ".join(self.session.get_providers()))
 
+    def new_slots(self, rows: int, capacity: int) -> KVSlots:
+        return KVSlots(self, rows, capacity)
+
     def new_cache(self, capacity: int) -> KVCache:
-        f = self.facts
-        shape = [1, f.num_kv_heads, capacity, f.head_size]
-        if self._ort_device == "cpu":
-            host = [(np.zeros(shape, self.kv_dtype), np.zeros(shape, self.kv_dtype)) for _ in range(f.num_layers)]
-            keys = [ort.OrtValue.ortvalue_from_numpy(k) for k, _ in host]
-            values = [ort.OrtValue.ortvalue_from_numpy(v) for _, v in host]
-            return KVCache(keys, values, host, capacity)
-        alloc = ort.OrtValue.ortvalue_from_shape_and_type
-        keys = [alloc(shape, self.kv_dtype, self._ort_device, self._device_id) for _ in range(f.num_layers)]
-        values = [alloc(shape, self.kv_dtype, self._ort_device, self._device_id) for _ in range(f.num_layers)]
-        return KVCache(keys, values, None, capacity)
+        """A KV cache of its own for one request (a one-row KVSlots)."""
+        return KVSlots(self, 1, capacity).row(0)
 
     def forward(self, cache: KVCache, ids: np.ndarray) -> np.ndarray:
         """Run ids (1-D int64) after cache.length cached tokens; return float32 logits of the last position."""
-        return self._run(cache, ids)[-1]
+        n = int(ids.shape[0])
+        total = cache.length + n
+        if total > cache.capacity:
+            raise ValueError(f"KV cache overflow: {total} > {cache.capacity}")
+        mask = np.ones((1, total), dtype=np.int64)
+        logits = self._run(cache.slots, cache.row, 1, ids.reshape(1, n), mask)
+        cache.length = total
+        return np.asarray(logits[0, -1], dtype=np.float32)
+
+    def decode(self, slots: KVSlots, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """One token for each of rows 0..len(tokens)-1 in one run, row i after lengths[i] cached
+        positions (its new key lands at position lengths[i]); returns float32 logits [rows, vocab].
+        The caller advances the lengths of the rows it decodes; rows it only pads along (a slot
+        still prefilling, a free one) get a write at their next position, which their own next
+        run overwrites."""
+        rows = int(tokens.shape[0])
+        width = int(lengths.max()) + 1
+        if width > slots.capacity:
+            raise ValueError(f"KV cache overflow: {width} > {slots.capacity}")
+        mask = (self._positions[:width] <= lengths[:, None]).astype(np.int64)
+        logits = self._run(slots, 0, rows, tokens.reshape(rows, 1), mask)
+        return np.asarray(logits[:, -1], dtype=np.float32)
 
     def all_logits(self, ids: np.ndarray) -> np.ndarray:
         """Logits at every position of a fresh prompt (for correctness checks; needs the unedited graph)."""
         if self.last_position_logits:
             raise RuntimeError("this session computes last-position logits only")
-        return self._run(self.new_cache(int(ids.shape[0])), ids)
+        cache = self.new_cache(int(ids.shape[0]))
+        return self._run(cache.slots, 0, 1, ids.reshape(1, -1), np.ones((1, ids.shape[0]), dtype=np.int64))[0]
 
-    def _run(self, cache: KVCache, ids: np.ndarray) -> np.ndarray:
-        n = int(ids.shape[0])
-        total = cache.length + n
-        if total > cache.capacity:
-            raise ValueError(f"KV cache overflow: {total} > {cache.capacity}")
-        binding = self.session.io_binding()
-        binding.bind_output("logits", "cpu")  # first, so it is get_outputs()[0]
-        binding.bind_cpu_input("input_ids", ids.reshape(1, n))
-        binding.bind_cpu_input("attention_mask", self._mask[:, :total])
-        for (pk, pv, ok, ov), k, v in zip(self._names, cache.keys, cache.values, strict=True):
-            binding.bind_ortvalue_input(pk, k)
-            binding.bind_ortvalue_input(pv, v)
-            binding.bind_ortvalue_output(ok, k)
-            binding.bind_ortvalue_output(ov, v)
+    def _run(self, slots: KVSlots, first: int, rows: int, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """One run over rows first..first+rows-1 of the slots; the KV is bound once per row range."""
+        binding = slots.bindings.get((first, rows))
+        if binding is None:
+            binding = slots.bindings[(first, rows)] = self.session.io_binding()
+            binding.bind_output("logits", "cpu")  # first, so it is get_outputs()[0]
+            shape = [rows, *slots.shape[1:]]
+            offset = first * slots.row_bytes
+            for (pk, pv, ok, ov), (k, v) in zip(self._names, slots.pointers, strict=True):
+                for name, ptr in ((pk, k), (pv, v)):
+                    binding.bind_input(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
+                for name, ptr in ((ok, k), (ov, v)):
+                    binding.bind_output(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("attention_mask", mask)
         self.session.run_with_iobinding(binding)
-        logits = binding.get_outputs()[0].numpy()
-        cache.length = total
-        return np.asarray(logits[0], dtype=np.float32)
+        return binding.get_outputs()[0].numpy()
 
     def export_prefix(self, cache: KVCache, tokens: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """KV of the first `tokens` positions, as host arrays [kv_heads, tokens, head_size] (views on CPU)."""
-        if cache.host is not None:
-            return [(k[0, :, :tokens], v[0, :, :tokens]) for k, v in cache.host]
-        pairs = zip(cache.keys, cache.values, strict=True)
-        return [(k.numpy()[0, :, :tokens], v.numpy()[0, :, :tokens]) for k, v in pairs]
+        out = []
+        for layer in range(self.facts.num_layers):
+            k, v = cache.slots.arrays(layer)
+            out.append((k[cache.row, :, :tokens], v[cache.row, :, :tokens]))
+        return out
 
     def import_prefix(self, cache: KVCache, kv: list[tuple[np.ndarray, np.ndarray]], tokens: int) -> None:
-        if cache.host is not None:
-            for (dk, dv), (sk, sv) in zip(cache.host, kv, strict=True):
-                dk[0, :, :tokens] = sk
-                dv[0, :, :tokens] = sv
-        else:
-            for dk, dv, (sk, sv) in zip(cache.keys, cache.values, kv, strict=True):
-                hk, hv = dk.numpy(), dv.numpy()
-                hk[0, :, :tokens] = sk
-                hv[0, :, :tokens] = sv
-                dk.update_inplace(hk)
-                dv.update_inplace(hv)
+        for layer, (k, v) in enumerate(kv):
+            cache.slots.write(layer, cache.row, k[:, :tokens], v[:, :tokens])
         cache.length = tokens

@@ -1,0 +1,208 @@
+"""Who runs on a device this step: the waiting queue, the slots, admission, and the step plan.
+
+Pure: no thread, no session, no clock (time is passed in). The worker asks `admit()` which
+waiting requests get a slot now, starts them (prefix lookup, shard plan) and hands their prefill
+ranges back with `start()`; then `plan()` says what one step runs: every decoding slot advances one
+token in a single batched run, and at most one prompt chunk is prefilled beside it. A long
+prompt is cut into chunks sized so that the running streams' inter-token latency grows by a
+bounded share while a newcomer prefills (chunked prefill, as vLLM and llama.cpp do); with no
+stream decoding, a chunk is a whole shard. Admission is FIFO, so nothing starves: a request that
+does not fit the KV budget yet waits at the head until running ones free enough.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from appliance.engine.errors import ContextOverflow, EngineBusy, EngineStopped
+
+T = TypeVar("T")
+
+# While streams decode, a prompt chunk may take this share of a decode step's time on top of it,
+# so their inter-token latency grows to at most about (1 + share) times its usual value; or, where
+# that is more, a step may last MIN_STEP_SECONDS in all (a few tokens a second more or less are
+# unnoticeable to a reader, and a tiny chunk would make the newcomer wait far longer).
+PREFILL_SHARE = 1.5
+MIN_STEP_SECONDS = 0.040
+MIN_CHUNK_TOKENS = 1
+
+
+@dataclass(eq=False)
+class Ticket(Generic[T]):
+    """The scheduler's view of one request; `job` is the worker's, never read here."""
+
+    job: T
+    kv_tokens: int  # KV positions reserved for it: prompt + max_tokens
+    arrived: float
+    slot: int | None = None
+    prefill: collections.deque[tuple[int, int]] = field(default_factory=collections.deque)
+    started: bool = False  # the worker has handed back its prefill ranges
+    cancelled: bool = False
+
+    @property
+    def decoding(self) -> bool:
+        return self.started and not self.prefill
+
+
+@dataclass(frozen=True)
+class StepPlan(Generic[T]):
+    release: tuple[Ticket[T], ...]  # cancelled: end them and free their slots (slot None: never admitted)
+    prefill: tuple[Ticket[T], int, int] | None  # (ticket, start, end): one prompt chunk to run
+    decode: tuple[Ticket[T], ...]  # advance one token each, in one run over rows 0..rows-1
+    rows: int  # the decode run's batch: slots above a decoding one that are not decoding run as padding
+
+    @property
+    def empty(self) -> bool:
+        return not self.release and self.prefill is None and not self.decode
+
+
+class ChunkBudget:
+    """Prompt tokens per chunk while streams decode, steered by what the last mixed steps cost."""
+
+    def __init__(self, max_tokens: int, share: float = PREFILL_SHARE, min_step: float = MIN_STEP_SECONDS,
+                 start: int = 16) -> None:  # fmt: skip
+        self.max_tokens = max_tokens
+        self.share = share
+        self.min_step = min_step
+        self.tokens = max(MIN_CHUNK_TOKENS, min(start, max_tokens))
+
+    def observe(self, decode_seconds: float, chunk_tokens: int, chunk_seconds: float) -> None:
+        """One step ran `chunk_tokens` of prompt in `chunk_seconds` beside a decode of `decode_seconds`."""
+        if decode_seconds <= 0 or chunk_seconds <= 0 or chunk_tokens <= 0:
+            return
+        target = max(self.share * decode_seconds, self.min_step - decode_seconds)
+        scaled = chunk_tokens * target / chunk_seconds
+        # Move at most 2x a step either way: one noisy step must not swing the next chunk.
+        scaled = min(max(scaled, self.tokens / 2), self.tokens * 2)
+        self.tokens = int(max(MIN_CHUNK_TOKENS, min(self.max_tokens, round(scaled))))
+
+
+class Scheduler(Generic[T]):
+    def __init__(self, slots: int, kv_tokens: int, slot_capacity: int, max_queued: int,
+                 max_chunk_tokens: int) -> None:  # fmt: skip
+        if slots < 1:
+            raise ValueError("a device needs at least one slot")
+        self.slots = slots
+        self.kv_tokens = kv_tokens  # the KV budget over all slots, in token positions
+        self.slot_capacity = slot_capacity  # one slot's KV rows hold at most this many positions
+        self.max_queued = max_queued
+        self.budget = ChunkBudget(max_chunk_tokens)
+        self.waiting: collections.deque[Ticket[T]] = collections.deque()
+        self.running: list[Ticket[T] | None] = [None] * slots  # by slot
+        self.reserved = 0
+        self.stopped = False
+
+    # --- the request side ---------------------------------------------------------------------
+
+    def check_fits(self, kv_tokens: int) -> None:
+        """Refuse at once what could never be admitted, whatever else finishes."""
+        room = min(self.slot_capacity, self.kv_tokens)
+        if kv_tokens > room:
+            raise ContextOverflow(f"prompt + max_tokens needs {kv_tokens} KV positions; this device's KV cache holds "
+                                  f"{room} per request (engine.kv_cache_mb)", "max_tokens")  # fmt: skip
+
+    def add(self, job: T, kv_tokens: int, now: float, front: bool = False) -> Ticket[T]:
+        """Queue a request; `front` (one moved here mid-request) goes first and ignores the bound."""
+        if self.stopped:
+            raise EngineStopped("the engine is stopping")
+        self.check_fits(kv_tokens)
+        if not front and len(self.waiting) >= self.max_queued:
+            raise EngineBusy(f"the queue is full ({self.max_queued} waiting)")
+        ticket = Ticket(job, kv_tokens, now)
+        if front:
+            self.waiting.appendleft(ticket)
+        else:
+            self.waiting.append(ticket)
+        return ticket
+
+    def cancel(self, ticket: Ticket[T]) -> None:
+        """The client went away: the next plan releases it (and its slot, if it has one)."""
+        ticket.cancelled = True
+
+    # --- the worker side ----------------------------------------------------------------------
+
+    @property
+    def queued(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def active(self) -> int:
+        return sum(t is not None for t in self.running)
+
+    def has_work(self, admitting: bool) -> bool:
+        return (self.active > 0 or any(t.cancelled for t in self.waiting)
+                or (admitting and bool(self.waiting)))  # fmt: skip
+
+    def admit(self, admitting: bool = True) -> list[Ticket[T]]:
+        """Give free slots to the oldest waiting requests that fit the KV budget, in order.
+
+        `admitting` False (the governor sheds load) admits nothing. The head of the queue is never
+        passed over, so a large request waits for room rather than starving behind small ones.
+        """
+        admitted: list[Ticket[T]] = []
+        while admitting and self.waiting and not self.waiting[0].cancelled:
+            head = self.waiting[0]
+            slot = next((i for i, t in enumerate(self.running) if t is None), None)
+            if slot is None or self.reserved + head.kv_tokens > self.kv_tokens:
+                break
+            self.waiting.popleft()
+            head.slot = slot
+            self.running[slot] = head
+            self.reserved += head.kv_tokens
+            admitted.append(head)
+        return admitted
+
+    def start(self, ticket: Ticket[T], ranges: Iterable[tuple[int, int]]) -> None:
+        """The worker started an admitted request: these prompt ranges remain to prefill."""
+        ticket.prefill.extend(ranges)
+        ticket.started = True
+
+    def plan(self) -> StepPlan[T]:
+        """What the next step runs. Assumes the worker runs all of it (or finishes what fails)."""
+        release = [t for t in self.waiting if t.cancelled]
+        for t in release:
+            self.waiting.remove(t)
+        for running in self.running:
+            if running is not None and running.cancelled:
+                release.append(running)
+                self._free(running)
+        decode = tuple(t for t in self.running if t is not None and t.decoding)
+        chunk = None
+        prefilling = sorted((t for t in self.running if t is not None and t.started and t.prefill),
+                            key=lambda t: t.arrived)  # fmt: skip
+        if prefilling:
+            ticket = prefilling[0]
+            start, end = ticket.prefill[0]
+            if decode:
+                end = min(end, start + self.budget.tokens)
+            if end == ticket.prefill[0][1]:
+                ticket.prefill.popleft()
+            else:
+                ticket.prefill[0] = (end, ticket.prefill[0][1])
+            chunk = (ticket, start, end)
+        rows = max((t.slot for t in decode if t.slot is not None), default=-1) + 1
+        return StepPlan(tuple(release), chunk, decode, rows)
+
+    def finish(self, ticket: Ticket[T]) -> None:
+        """The request ended (end of turn, a limit, an error, moved away): free its slot."""
+        if ticket.slot is not None and self.running[ticket.slot] is ticket:
+            self._free(ticket)
+        elif ticket in self.waiting:
+            self.waiting.remove(ticket)
+
+    def drain(self) -> list[Ticket[T]]:
+        """Stop: everything waiting or running, to be ended by the worker; later adds are refused."""
+        self.stopped = True
+        tickets = [*self.waiting, *(t for t in self.running if t is not None)]
+        self.waiting.clear()
+        self.running = [None] * self.slots
+        self.reserved = 0
+        return tickets
+
+    def _free(self, ticket: Ticket[T]) -> None:
+        assert ticket.slot is not None
+        self.running[ticket.slot] = None
+        self.reserved -= ticket.kv_tokens

@@ -1,0 +1,195 @@
+"""The scheduler without a model: admission, the KV budget, the step plan, chunked prefill, cancels."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.engine.errors import ContextOverflow, EngineBusy, EngineStopped
+from appliance.engine.scheduler import ChunkBudget, Scheduler, Ticket
+
+
+def _scheduler(slots: int = 4, kv_tokens: int = 10_000, capacity: int = 4096, max_queued: int = 8,
+               chunk: int = 512) -> Scheduler[str]:  # fmt: skip
+    return Scheduler(slots, kv_tokens, capacity, max_queued, chunk)
+
+
+def _start_all(s: Scheduler[str], prompt: int = 10) -> list[Ticket[str]]:
+    admitted = s.admit()
+    for t in admitted:
+        s.start(t, [(0, prompt)])
+    return admitted
+
+
+def _decode_until_prefilled(s: Scheduler[str]) -> None:
+    while any(t is not None and t.prefill for t in s.running):
+        s.plan()
+
+
+def test_admits_in_arrival_order_into_the_lowest_free_slots() -> None:
+    s = _scheduler(slots=2)
+    for name in "abc":
+        s.add(name, 100, now=0.0)
+    admitted = s.admit()
+    assert [(t.job, t.slot) for t in admitted] == [("a", 0), ("b", 1)]
+    assert s.queued == 1 and s.active == 2
+    s.finish(admitted[0])
+    assert [(t.job, t.slot) for t in s.admit()] == [("c", 0)]
+
+
+def test_a_full_queue_refuses_but_a_moved_request_goes_first() -> None:
+    s = _scheduler(slots=1, max_queued=2)
+    s.add("a", 10, 0.0)
+    s.add("b", 10, 0.0)
+    with pytest.raises(EngineBusy, match="2 waiting"):
+        s.add("c", 10, 0.0)
+    s.add("moved", 10, 0.0, front=True)
+    assert [t.job for t in s.admit()] == ["moved"]
+
+
+def test_the_kv_budget_holds_back_the_head_without_passing_it_over() -> None:
+    s = _scheduler(slots=4, kv_tokens=1000)
+    s.add("big0", 600, 0.0)
+    s.add("big1", 600, 0.0)
+    s.add("small", 10, 0.0)
+    first = s.admit()
+    assert [t.job for t in first] == ["big0"]
+    assert s.admit() == []  # big1 does not fit yet, and small must not starve it by jumping ahead
+    s.finish(first[0])
+    assert [t.job for t in s.admit()] == ["big1", "small"]
+
+
+def test_a_request_that_can_never_fit_is_refused_at_once() -> None:
+    s = _scheduler(kv_tokens=1000, capacity=800)
+    with pytest.raises(ContextOverflow, match="holds 800 per request") as info:
+        s.add("huge", 900, 0.0)
+    assert info.value.param == "max_tokens"
+
+
+def test_shedding_admits_nothing_but_still_runs_what_runs() -> None:
+    s = _scheduler()
+    s.add("a", 10, 0.0)
+    assert s.admit(admitting=False) == [] and not s.has_work(admitting=False)
+    assert s.has_work(admitting=True)
+    _start_all(s)
+    s.add("b", 10, 0.0)
+    assert s.has_work(admitting=False)  # "a" still has work; "b" waits
+    assert s.admit(admitting=False) == []
+
+
+def test_every_decoding_slot_advances_in_each_step_while_a_long_prompt_prefills() -> None:
+    s = _scheduler(slots=8, chunk=512)
+    for i in range(7):
+        s.add(f"stream{i}", 100, 0.0)
+    _start_all(s)
+    _decode_until_prefilled(s)  # nothing else decodes yet: whole shards, one per step
+    s.add("long", 2100, 1.0)
+    (long,) = s.admit()
+    s.start(long, [(0, 512), (512, 1024), (1024, 1536), (1536, 2000)])
+    s.budget.tokens = 64
+    covered, steps = [], 0
+    while long.prefill:
+        plan = s.plan()
+        steps += 1
+        assert {t.job for t in plan.decode} == {f"stream{i}" for i in range(7)}  # nobody stalls
+        assert plan.prefill is not None and plan.prefill[0] is long
+        _, a, b = plan.prefill
+        assert 0 < b - a <= 64
+        covered.append((a, b))
+    assert covered[0][0] == 0 and covered[-1][1] == 2000
+    assert all(x[1] == y[0] for x, y in zip(covered, covered[1:], strict=False))  # contiguous, in order
+    assert steps == len(covered) >= 2000 // 64
+    plan = s.plan()
+    assert long in plan.decode and plan.prefill is None  # decoding with the rest from the next step
+
+
+def test_without_decoders_a_chunk_is_a_whole_shard() -> None:
+    s = _scheduler(chunk=512)
+    s.add("a", 3000, 0.0)
+    (a,) = s.admit()
+    s.start(a, [(0, 512), (512, 900)])
+    s.budget.tokens = 8
+    assert s.plan().prefill == (a, 0, 512)
+    assert s.plan().prefill == (a, 512, 900)
+
+
+def test_prompts_prefill_in_arrival_order() -> None:
+    s = _scheduler()
+    s.add("first", 100, 0.0)
+    s.add("second", 100, 1.0)
+    first, second = s.admit()
+    s.start(second, [(0, 20)])
+    s.start(first, [(0, 20)])
+    s.budget.tokens = 64
+    assert s.plan().prefill == (first, 0, 20)
+    plan = s.plan()
+    assert plan.prefill == (second, 0, 20) and plan.decode == (first,)
+
+
+def test_cancels_are_released_and_free_their_slots() -> None:
+    s = _scheduler(slots=3)
+    for name in "abcd":
+        s.add(name, 100, 0.0)
+    a, b, c = _start_all(s)
+    _decode_until_prefilled(s)
+    waiting = s.waiting[0]
+    s.cancel(b)
+    s.cancel(waiting)
+    plan = s.plan()
+    assert set(plan.release) == {b, waiting} and waiting.slot is None
+    assert plan.decode == (a, c) and plan.rows == 3  # slot 1 is free: it runs as padding
+    assert s.active == 2 and s.queued == 0 and s.reserved == 200
+    s.finish(c)
+    assert s.plan().rows == 1
+
+
+def test_rows_cover_only_up_to_the_highest_decoding_slot() -> None:
+    s = _scheduler(slots=4)
+    for name in "ab":
+        s.add(name, 100, 0.0)
+    a, b = s.admit()
+    s.start(a, [(0, 5)])
+    s.plan()
+    s.start(b, [(0, 5)])
+    plan = s.plan()
+    assert plan.decode == (a,) and plan.rows == 1 and plan.prefill == (b, 0, 5)
+
+
+def test_drain_ends_everything_and_refuses_more() -> None:
+    s = _scheduler(slots=1)
+    s.add("a", 10, 0.0)
+    s.add("b", 10, 0.0)
+    s.admit()
+    assert {t.job for t in s.drain()} == {"a", "b"}
+    assert s.active == 0 and s.reserved == 0
+    with pytest.raises(EngineStopped):
+        s.add("c", 10, 0.0)
+
+
+def test_chunk_budget_settles_where_a_chunk_costs_its_share_of_a_decode_step() -> None:
+    budget = ChunkBudget(max_tokens=2048, share=1.0, min_step=0.0, start=16)
+    decode_s, overhead_s, per_token_s = 0.030, 0.008, 0.0016  # a chunk of n tokens: 8 ms + 1.6 ms each
+    for _ in range(30):
+        n = budget.tokens
+        budget.observe(decode_s, n, overhead_s + per_token_s * n)
+    chunk_s = overhead_s + per_token_s * budget.tokens
+    assert abs(chunk_s - decode_s) <= per_token_s * 2  # within a couple of tokens of the target
+    budget.observe(decode_s, budget.tokens, 10.0)  # one pathological step moves it at most 2x
+    assert budget.tokens >= 6
+
+
+def test_chunk_budget_allows_a_whole_short_step_when_decode_steps_are_fast() -> None:
+    budget = ChunkBudget(max_tokens=2048, share=1.5, min_step=0.040, start=16)
+    decode_s, per_token_s = 0.008, 0.002
+    for _ in range(30):
+        budget.observe(decode_s, budget.tokens, per_token_s * budget.tokens)
+    assert abs(decode_s + per_token_s * budget.tokens - 0.040) <= per_token_s * 2  # the step: 40 ms in all
+
+
+def test_chunk_budget_never_exceeds_the_shard_or_drops_below_one() -> None:
+    budget = ChunkBudget(max_tokens=32, share=1.0, min_step=0.0, start=16)
+    for _ in range(10):
+        budget.observe(1.0, budget.tokens, 1e-6)
+    assert budget.tokens == 32
+    for _ in range(20):
+        budget.observe(1e-6, budget.tokens, 1.0)
+    assert budget.tokens == 1
