@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from appliance.engine.errors import ContextOverflow, EngineBusy, EngineStopped
@@ -96,7 +98,7 @@ def test_every_decoding_slot_advances_in_each_step_while_a_long_prompt_prefills(
         assert 0 < b - a <= 64
         covered.append((a, b))
     assert covered[0][0] == 0 and covered[-1][1] == 2000
-    assert all(x[1] == y[0] for x, y in zip(covered, covered[1:], strict=False))  # contiguous, in order
+    assert all(x[1] == y[0] for x, y in itertools.pairwise(covered))  # contiguous, in order
     assert steps == len(covered) >= 2000 // 64
     plan = s.plan()
     assert long in plan.decode and plan.prefill is None  # decoding with the rest from the next step
