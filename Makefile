@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PACKAGES := appliance firmware
 
-.PHONY: setup setup-test run test lint bench-engine bench-kernel bench-protocol demo-firmware image image-test
+.PHONY: setup setup-test run test lint bench-engine bench-peers bench-kernel bench-protocol demo-firmware image image-test
 
 setup:
 	@bash scripts/setup.sh
@@ -29,6 +29,10 @@ test: lint
 
 bench-engine: setup
 	$(PY) bench/engine.py
+
+# Against llama.cpp's own server on the same model (builds llama-server once, about 12 minutes; then about 6).
+bench-peers: setup demo-firmware
+	$(PY) -m bench.peers $(ARGS)
 
 # The protocol tax: Zerolayer's paths against the layered gateway (nginx, Redis); about 10 minutes.
 bench-protocol: setup-test

@@ -1,0 +1,258 @@
+"""Zerolayer against llama.cpp's own server, on the same model, cores and prompts, side by side.
+
+llama.cpp's `llama-server -np 8 -kvu` (built once from the llama-cpp-python sdist by
+bench/llama_server.sh, cached under ~/.cache/zerolayer) serves the GGUF file the demo firmware is
+converted from; our daemon serves the demo firmware over its Unix socket with the same number of
+slots (8). Both get the same thread count, greedy decoding, no prompt cache, and the same
+requests through the OpenAI chat completions API, streamed; the two servers take turns, in
+alternating order, for every measurement:
+
+- single-stream decode tokens/s (128 new tokens) and prefill tokens/s (a ~1400-token prompt);
+- 1, 4, 8 and 16 concurrent clients, each a closed loop of requests for 64 new tokens: aggregate
+  tokens/s, inter-token latency (median, P99) and request latency P99.
+
+Targets (the batching issue): our 8-client aggregate >= 1.5x llama-server's, our 8-client P99
+request latency <= llama-server's, and the single-stream leads kept.
+
+Run: `make bench-peers` (about 6 minutes on 2 CPUs after the one-time llama.cpp build; writes
+bench/results/peers.md), or `--quick` (one repetition, prints, writes nothing unless --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.engine import load_average, machine
+from bench.streams import Endpoint, LoadResult, run_load
+from firmware.demo import DEMO_NAME, demo_bundle, demo_gguf
+from firmware.devkit import dev_trusted_keys
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results" / "peers.md"
+SLOTS = 8
+CONCURRENCY = (1, 4, 8, 16)
+SENTENCE = ("The appliance keeps every decision local, in the process that runs the model, and a signed "
+            "firmware bundle carries the weights, the tokenizer and the chat template. ")  # fmt: skip
+
+
+@dataclass
+class Side:
+    endpoint: Endpoint
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+def _wait_ready(side: Side, path: str, timeout: float = 300.0) -> None:
+    transport = httpx.HTTPTransport(uds=side.endpoint.uds) if side.endpoint.uds else None
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=side.endpoint.base_url, transport=transport, timeout=5) as http:
+        while True:
+            if side.proc.poll() is not None:
+                raise RuntimeError(f"{side.endpoint.name} exited: {side.log.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if http.get(path).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{side.endpoint.name} not ready after {timeout:.0f} s")
+            time.sleep(0.3)
+
+
+@contextlib.contextmanager
+def servers(work: Path, threads: int) -> Iterator[tuple[Side, Side]]:
+    from appliance.devsetup import write_dev_config
+
+    binary = subprocess.run(["bash", str(REPO / "bench" / "llama_server.sh")], check=True, capture_output=True,
+                            text=True).stdout.strip()  # fmt: skip
+    bundle = demo_bundle()
+    extra = (f"[limits]\nmax_active_per_device = {SLOTS}\nmax_queued = 512\n\n"
+             f"[engine]\nthreads = {threads}\nprefix_cache_mb = 0\n\n[log]\nlevel = \"warning\"\n")  # fmt: skip
+    setup = write_dev_config(work / "zerolayer", bundle, dev_trusted_keys(), tcp="", quic="", extra=extra)
+    port = free_port()
+    sides: list[Side] = []
+    try:
+        ours_log = work / "zerolayer.log"
+        with open(ours_log, "wb") as out:
+            proc = subprocess.Popen([str(Path(sys.executable).with_name("zerolayer")), "serve", "--config",
+                                     str(setup.root)], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        sides.append(Side(Endpoint("zerolayer", "http://localhost", str(setup.unix_socket), DEMO_NAME), proc, ours_log))
+        llama_log = work / "llama-server.log"
+        with open(llama_log, "wb") as out:
+            proc = subprocess.Popen([binary, "-m", str(demo_gguf()), "-np", str(SLOTS), "-kvu", "-c", "16384",
+                                     "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1", "--port",
+                                     str(port)], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        sides.append(Side(Endpoint("llama-server", f"http://127.0.0.1:{port}", None, "demo",
+                                   {"cache_prompt": False}), proc, llama_log))  # fmt: skip
+        _wait_ready(sides[0], "/readyz")
+        _wait_ready(sides[1], "/health")
+        yield sides[0], sides[1]
+    finally:
+        for side in sides:
+            side.proc.terminate()
+        for side in sides:
+            try:
+                side.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                side.proc.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def alternating(reps: int, ours: Callable[[int], float], theirs: Callable[[int], float]) -> tuple[float, float]:
+    """Median of each side over `reps` turns, the order alternating each turn (rep index passed in)."""
+    xs, ys = [], []
+    for i in range(reps):
+        if i % 2 == 0:
+            xs.append(ours(i))
+            ys.append(theirs(i))
+        else:
+            ys.append(theirs(i))
+            xs.append(ours(i))
+    return statistics.median(xs), statistics.median(ys)
+
+
+def long_prompt(rep: int, sentences: int = 37) -> str:
+    # A different first line each time: neither side may reuse an earlier prefill.
+    return f"Document {rep * 7919 + 13}. " + SENTENCE * sentences + "Summarise the document in one line."
+
+
+def decode_rate(endpoint: Endpoint, rep: int) -> float:
+    result = asyncio.run(run_load(endpoint, 1, 1, 128))
+    r = result.requests[0]
+    return (len(r.chunks) - 1) / (r.chunks[-1] - r.chunks[0])
+
+
+def prefill_rate(endpoint: Endpoint, rep: int) -> tuple[float, int]:
+    from bench.streams import one_request
+
+    async def go() -> tuple[float, int]:
+        async with endpoint.client() as http:
+            timing = await one_request(http, endpoint, long_prompt(rep), 1)
+        return timing.ttft, timing.prompt_tokens
+
+    seconds, tokens = asyncio.run(go())
+    return tokens / seconds, tokens
+
+
+@dataclass
+class LoadRow:
+    clients: int
+    ours: LoadResult
+    theirs: LoadResult
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one repetition; writes no file unless --out")
+    parser.add_argument("--reps", type=int, help="repetitions per number (default 2, 1 with --quick)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    reps = args.reps or (1 if args.quick else 2)
+    out: Path | None = args.out or (None if args.quick else RESULTS)
+    threads = os.cpu_count() or 1
+    load_start = load_average()
+    lines: list[str] = []
+    targets: list[tuple[str, bool]] = []
+    with tempfile.TemporaryDirectory(prefix="zl-peers-") as tmp, servers(Path(tmp), threads) as (ours, theirs):
+        for side in (ours, theirs):  # warm both: first requests pay for lazy initialisation
+            asyncio.run(run_load(side.endpoint, 2, 1, 8))
+        d_ours, d_theirs = alternating(reps, lambda i: decode_rate(ours.endpoint, i),
+                                       lambda i: decode_rate(theirs.endpoint, i))  # fmt: skip
+        print(f"  decode: ours {d_ours:.1f}, llama-server {d_theirs:.1f} tokens/s", flush=True)
+        counts: dict[str, int] = {}
+
+        def prefill(side: Side, key: str) -> Callable[[int], float]:
+            def run(i: int) -> float:
+                rate, counts[key] = prefill_rate(side.endpoint, i)
+                return rate
+
+            return run
+
+        p_ours, p_theirs = alternating(reps, prefill(ours, "ours"), prefill(theirs, "theirs"))
+        print(f"  prefill: ours {p_ours:.1f}, llama-server {p_theirs:.1f} tokens/s", flush=True)
+        rows: list[LoadRow] = []
+        for clients in CONCURRENCY:
+            results: dict[str, list[LoadResult]] = {"ours": [], "theirs": []}
+            for i in range(reps):
+                order = [("ours", ours), ("theirs", theirs)]
+                for key, side in order if i % 2 == 0 else order[::-1]:
+                    results[key].append(asyncio.run(run_load(side.endpoint, clients, 2, 64)))
+            best = {k: sorted(v, key=lambda r: r.tokens_per_s)[len(v) // 2] for k, v in results.items()}
+            rows.append(LoadRow(clients, best["ours"], best["theirs"]))
+            print(f"  {clients} clients: ours {best['ours'].tokens_per_s:.1f}, llama-server "
+                  f"{best['theirs'].tokens_per_s:.1f} tokens/s", flush=True)  # fmt: skip
+    single = [
+        ("single-stream decode (128 new tokens), tokens/s", d_ours, d_theirs, "> 1.0x"),
+        (f"prefill ({counts.get('ours', 0)} / {counts.get('theirs', 0)} prompt tokens), tokens/s", p_ours,
+         p_theirs, "> 1.0x"),
+    ]  # fmt: skip
+    lines += ["| measurement | Zerolayer | llama-server | ratio | target |", "| --- | --- | --- | --- | --- |"]
+    for what, a, b, target in single:
+        lines.append(f"| {what} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {target} |")
+    targets.append(("single-stream decode lead kept", d_ours > d_theirs))
+    targets.append(("prefill lead kept", p_ours > p_theirs))
+    lines += ["", "| clients | Zerolayer tokens/s | llama-server tokens/s | ratio | Zerolayer ITL median / P99 ms "
+              "| llama-server ITL median / P99 ms | Zerolayer request P99 s | llama-server request P99 s |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for row in rows:
+        a, b = row.ours, row.theirs
+        lines.append(f"| {row.clients} | {a.tokens_per_s:.1f} | {b.tokens_per_s:.1f} | "
+                     f"{a.tokens_per_s / b.tokens_per_s:.2f}x | {a.itl(0.5) * 1000:.0f} / {a.itl(0.99) * 1000:.0f} | "
+                     f"{b.itl(0.5) * 1000:.0f} / {b.itl(0.99) * 1000:.0f} | {a.latency(0.99):.2f} | "
+                     f"{b.latency(0.99):.2f} |")  # fmt: skip
+    eight = next(r for r in rows if r.clients == 8)
+    ratio = eight.ours.tokens_per_s / eight.theirs.tokens_per_s
+    targets.append((f"8-client aggregate >= 1.5x llama-server ({ratio:.2f}x)", ratio >= 1.5))
+    targets.append((f"8-client P99 request latency <= llama-server's ({eight.ours.latency(0.99):.2f} s vs "
+                    f"{eight.theirs.latency(0.99):.2f} s)", eight.ours.latency(0.99) <= eight.theirs.latency(0.99)))
+    table = "\n".join(lines)
+    verdicts = "\n".join(f"- {'met' if ok else '**not met**'}: {what}" for what, ok in targets)
+    print()
+    print(table)
+    print()
+    print(verdicts)
+    if out is not None:
+        loads = f"{load_start} at the start, {load_average()} at the end"
+        command = "make bench-peers" + (f" ARGS='--reps {reps}'" if args.reps else "")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(f"""# Zerolayer against llama.cpp's server
+
+{(__doc__ or '').split(chr(10) + chr(10))[1]}
+
+- machine: {machine()}
+- load average (1, 5, 15 min): {loads}
+- {threads} threads each; {SLOTS} slots each (`llama-server -np {SLOTS} -kvu`, `limits.max_active_per_device =
+  {SLOTS}`); median of {reps} turns per number; concurrency rows: each client sends 2 requests in a row,
+  64 new tokens each (ITL: gaps between streamed chunks)
+
+{table}
+
+Targets:
+
+{verdicts}
+
+Reproduce: `{command}`
+""")
+        print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

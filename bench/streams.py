@@ -1,0 +1,129 @@
+"""Concurrent streaming clients against an OpenAI-style chat endpoint, as a user's clients see it.
+
+Each of N clients runs a closed loop (send, read the stream to its end, send the next) over its
+own prompts; every content chunk's arrival time is kept, so one run gives the aggregate tokens/s,
+each stream's inter-token latency, time to first token and whole-request latency. Used by
+bench/engine.py (our daemon over its Unix socket) and bench/peers.py (ours and llama.cpp's server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+TOPICS = (
+    "a lighthouse keeper who finds a message in a bottle", "the first expedition to a frozen moon",
+    "a baker who can taste memories", "a robot learning to paint the sea", "two rival clockmakers",
+    "a library that rearranges itself at night", "a cat that guards a mountain pass",
+    "a violinist lost in a desert town", "the last train across a flooded valley", "a gardener on a space station",
+    "a map that redraws its own borders", "a fisherman who catches a fallen star", "an orchestra of old radios",
+    "a detective who solves crimes by smell", "a kite that never lands", "a city built on the back of a whale",
+)  # fmt: skip
+
+
+def story_prompt(client: int, round_: int) -> str:
+    """A different request for each client and round, all asking for a long answer."""
+    topic = TOPICS[(client + 5 * round_) % len(TOPICS)]
+    return f"Write a long, detailed story about {topic}. Describe every scene carefully."
+
+
+@dataclass
+class RequestTiming:
+    sent: float
+    chunks: list[float] = field(default_factory=list)  # arrival of each content chunk
+    tokens: int = 0  # completion tokens (usage when the server gives it, else content chunks)
+    prompt_tokens: int = 0
+    done: float = 0.0
+
+    @property
+    def ttft(self) -> float:
+        return self.chunks[0] - self.sent if self.chunks else self.done - self.sent
+
+    @property
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in zip(self.chunks, self.chunks[1:], strict=False)]
+
+
+@dataclass
+class LoadResult:
+    clients: int
+    wall: float
+    requests: list[RequestTiming]
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.tokens for r in self.requests)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall
+
+    def itl(self, q: float) -> float:
+        gaps = sorted(g for r in self.requests for g in r.gaps)
+        return gaps[min(len(gaps) - 1, int(q * len(gaps)))] if gaps else 0.0
+
+    def latency(self, q: float) -> float:
+        values = sorted(r.done - r.sent for r in self.requests)
+        return values[min(len(values) - 1, int(q * len(values)))]
+
+    @property
+    def ttft_median(self) -> float:
+        return statistics.median(r.ttft for r in self.requests)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a server's chat completions are: a base URL, and a Unix socket or None for TCP."""
+
+    name: str
+    base_url: str
+    uds: str | None = None
+    model: str = "default"
+    extra: dict[str, object] = field(default_factory=dict)  # server-specific request fields
+
+    def client(self) -> httpx.AsyncClient:
+        transport = httpx.AsyncHTTPTransport(uds=self.uds) if self.uds else None
+        return httpx.AsyncClient(base_url=self.base_url, transport=transport, timeout=600)
+
+
+async def one_request(http: httpx.AsyncClient, endpoint: Endpoint, prompt: str, max_tokens: int) -> RequestTiming:
+    body = {"model": endpoint.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **endpoint.extra}  # fmt: skip
+    timing = RequestTiming(time.perf_counter())
+    chunks = 0
+    async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{endpoint.name}: {response.status_code} {(await response.aread())[:300]!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            event = json.loads(line[5:])
+            for choice in event.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    timing.chunks.append(time.perf_counter())
+                    chunks += 1
+            usage = event.get("usage")
+            if usage:
+                timing.tokens = int(usage.get("completion_tokens") or 0)
+                timing.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    timing.done = time.perf_counter()
+    timing.tokens = timing.tokens or chunks
+    return timing
+
+
+async def run_load(endpoint: Endpoint, clients: int, rounds: int, max_tokens: int) -> LoadResult:
+    """`clients` closed loops of `rounds` requests each, all started together."""
+    async with endpoint.client() as http:
+        async def client(i: int) -> list[RequestTiming]:
+            return [await one_request(http, endpoint, story_prompt(i, r), max_tokens) for r in range(rounds)]
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(client(i) for i in range(clients)))
+        wall = time.perf_counter() - start
+    return LoadResult(clients, wall, [t for per_client in results for t in per_client])
+
