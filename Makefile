@@ -27,8 +27,8 @@ lint: setup-test
 test: lint
 	$(VENV)/bin/pytest -q
 
-bench-engine: setup
-	$(PY) bench/engine.py
+bench-engine: setup demo-firmware
+	$(PY) -m bench.engine $(ARGS)
 
 # Against llama.cpp's own server on the same model (builds llama-server once, about 12 minutes; then about 6).
 bench-peers: setup demo-firmware

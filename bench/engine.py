@@ -11,8 +11,12 @@ order alternates (so drifting machine noise hits both) and reports the median of
    Engine that ships, as time from submit to the Prefilled event. Target: overhead <= 5%.
 3. turn-2 time to first token with the ~2k-token turn-1 prefix reused from the prefix cache vs the
    same request on an engine without a prefix cache (cold). Target: reused <= 0.2x cold.
+4. concurrent streams through the daemon over its Unix socket: aggregate tokens/s and inter-token
+   latency at 1, 2, 4, 8 and 16 streams (64 new tokens each). Target: 8 streams >= 3.0x one.
+5. fairness: while 7 streams decode, an 8th request brings a ~2000-token prompt; the 7 streams'
+   inter-token latency P99 until its first token. Target: <= 3x their median before it.
 
-Run: `.venv/bin/python bench/engine.py` (about four minutes on 2 CPUs; writes
+Run: `make bench-engine` (`.venv/bin/python -m bench.engine`) (about six minutes on 2 CPUs; writes
 bench/results/engine.md) or `--quick` (one repetition, prints the table, writes nothing unless
 --out is given).
 """
@@ -27,6 +31,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -39,6 +44,7 @@ import onnxruntime_genai as og
 
 from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, Prefilled
 from appliance.engine.session import ModelSession
+from bench.streams import Endpoint, RequestTiming, one_request, run_load, story_prompt, zerolayer_daemon
 from firmware import Bundle, load
 from firmware.demo import demo_bundle
 from firmware.devkit import dev_trusted_keys
@@ -330,6 +336,65 @@ async def engine_rows(bundle: Bundle, sizes: Sizes, reps: int, threads: int, rep
             engine.close()
 
 
+# --- 4 and 5. concurrent streams through the daemon, and a long prompt arriving among them -----
+
+CONCURRENCY = (1, 2, 4, 8, 16)
+LONG_PROMPT_SENTENCES = 105  # about 2000 tokens of the demo model
+
+
+def concurrency_rows(work: Path, threads: int, report: Report) -> list[str]:
+    """Aggregate tokens/s and inter-token latency at each concurrency, 64 new tokens per request,
+    every client a closed loop of two requests; then the fairness check. Returns the table's lines."""
+    lines = ["| streams | tokens/s (all streams) | x one stream | ITL median ms | ITL P99 ms | TTFT median s |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    with zerolayer_daemon(work, max(CONCURRENCY), threads) as endpoint:
+        asyncio.run(run_load(endpoint, 2, 1, 8))  # warm
+        base = 0.0
+        for clients in CONCURRENCY:
+            result = asyncio.run(run_load(endpoint, clients, 2, 64))
+            base = base or result.tokens_per_s
+            lines.append(f"| {clients} | {result.tokens_per_s:.1f} | {result.tokens_per_s / base:.2f}x | "
+                         f"{result.itl(0.5) * 1000:.0f} | {result.itl(0.99) * 1000:.0f} | "
+                         f"{result.ttft_median:.2f} |")  # fmt: skip
+            print(f"  {clients} streams: {result.tokens_per_s:.1f} tokens/s", flush=True)
+            if clients == 8:
+                scale = result.tokens_per_s / base
+                report.targets.append((f"8 streams >= 3.0x one stream's tokens/s ({scale:.2f}x)", scale >= 3.0))
+        median, p99, ttft, prompt_tokens = asyncio.run(fairness(endpoint))
+    ratio = p99 / median
+    report.targets.append((f"7 streams' ITL P99 while a {prompt_tokens}-token prompt prefills <= 3x their median "
+                           f"({p99 * 1000:.0f} / {median * 1000:.0f} ms = {ratio:.2f}x)", ratio <= 3.0))  # fmt: skip
+    report.notes.append(f"Fairness: 7 streams decoding; an 8th request with a {prompt_tokens}-token prompt got "
+                        f"its first token after {ttft:.2f} s; the 7 streams' inter-token latency meanwhile: P99 "
+                        f"{p99 * 1000:.0f} ms against a median of {median * 1000:.0f} ms before it.")  # fmt: skip
+    print(f"  fairness: ITL P99 {p99 * 1000:.0f} ms during the prefill, median {median * 1000:.0f} ms before; "
+          f"TTFT {ttft:.2f} s", flush=True)  # fmt: skip
+    return lines
+
+
+async def fairness(endpoint: Endpoint) -> tuple[float, float, float, int]:
+    """7 streams decode; a long prompt arrives. Their ITL median before it, their ITL P99 while it
+    prefills (up to its first token), its TTFT and its prompt tokens."""
+    streams: list[RequestTiming] = []
+    async with endpoint.client() as http:
+        running = [asyncio.create_task(one_request(http, endpoint, story_prompt(i, 0), 400, streams))
+                   for i in range(7)]  # fmt: skip
+        while len(streams) < 7 or any(len(t.chunks) < 20 for t in streams):
+            await asyncio.sleep(0.05)
+        arrived = time.perf_counter()
+        prompt = "Read this. " + " ".join(SENTENCES) * (LONG_PROMPT_SENTENCES // len(SENTENCES))
+        long = await one_request(http, endpoint, prompt + " Summarise it.", 1)
+        first = long.chunks[0] if long.chunks else long.done
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+    before = [b - a for t in streams for a, b in zip(t.chunks, t.chunks[1:], strict=False) if b <= arrived]
+    during = sorted(b - a for t in streams for a, b in zip(t.chunks, t.chunks[1:], strict=False)
+                    if arrived < b <= first)  # fmt: skip
+    p99 = during[min(len(during) - 1, int(0.99 * len(during)))]
+    return statistics.median(before), p99, first - long.sent, long.prompt_tokens
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -357,7 +422,8 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def markdown(bundle: Bundle, report: Report, reps: int, threads: int, command: str, load: str) -> str:
+def markdown(bundle: Bundle, report: Report, reps: int, threads: int, command: str, load: str,
+             concurrency: list[str]) -> str:  # fmt: skip
     precision = bundle.manifest.source.get("precision", "?")
     targets = "\n".join(f"- {'met' if ok else '**not met**'}: {what}" for what, ok in report.targets)
     notes = "\n".join(f"- {n}" for n in report.notes)
@@ -373,6 +439,12 @@ sides interleaved in alternating order.
 - onnxruntime {ort.__version__}, onnxruntime-genai {og.__version__}, numpy {np.__version__}
 
 {table(report.rows)}
+
+Concurrent streams through the daemon over its Unix socket, as a client sees them (demo firmware,
+{max(CONCURRENCY)} slots, {threads} threads, no prefix cache; each stream a closed loop of two requests for 64 new
+tokens, greedy, streamed; ITL: gaps between streamed chunks):
+
+{chr(10).join(concurrency)}
 
 Targets:
 
@@ -409,16 +481,21 @@ def main() -> int:
     )
     gc.collect()
     asyncio.run(engine_rows(bundle, sizes, reps, threads, report))
+    gc.collect()
+    with tempfile.TemporaryDirectory(prefix="zl-bench-") as tmp:
+        concurrency = concurrency_rows(Path(tmp), threads, report)
     print()
     print(table(report.rows))
+    print()
+    print("\n".join(concurrency))
     print()
     for what, ok in report.targets:
         print(f"{'met' if ok else 'NOT MET'}: {what}")
     if out is not None:
-        command = ".venv/bin/python bench/engine.py" + (f" --reps {reps}" if args.reps else "")
+        command = ".venv/bin/python -m bench.engine" + (f" --reps {reps}" if args.reps else "")
         out.parent.mkdir(parents=True, exist_ok=True)
         loads = f"{load_start} at the start, {load_average()} at the end"
-        out.write_text(markdown(bundle, report, reps, threads, command, loads))
+        out.write_text(markdown(bundle, report, reps, threads, command, loads, concurrency))
         print(f"\nwrote {out}")
     return 0
 

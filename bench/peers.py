@@ -29,17 +29,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from bench.engine import load_average, machine
-from bench.streams import Endpoint, LoadResult, run_load
-from firmware.demo import DEMO_NAME, demo_bundle, demo_gguf
-from firmware.devkit import dev_trusted_keys
+from bench.streams import Endpoint, LoadResult, one_request, run_load, wait_ready, zerolayer_daemon
+from firmware.demo import demo_gguf
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "peers.md"
@@ -49,64 +45,27 @@ SENTENCE = ("The appliance keeps every decision local, in the process that runs 
             "firmware bundle carries the weights, the tokenizer and the chat template. ")  # fmt: skip
 
 
-@dataclass
-class Side:
-    endpoint: Endpoint
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-
-def _wait_ready(side: Side, path: str, timeout: float = 300.0) -> None:
-    transport = httpx.HTTPTransport(uds=side.endpoint.uds) if side.endpoint.uds else None
-    deadline = time.monotonic() + timeout
-    with httpx.Client(base_url=side.endpoint.base_url, transport=transport, timeout=5) as http:
-        while True:
-            if side.proc.poll() is not None:
-                raise RuntimeError(f"{side.endpoint.name} exited: {side.log.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if http.get(path).status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{side.endpoint.name} not ready after {timeout:.0f} s")
-            time.sleep(0.3)
-
-
 @contextlib.contextmanager
-def servers(work: Path, threads: int) -> Iterator[tuple[Side, Side]]:
-    from appliance.devsetup import write_dev_config
-
+def servers(work: Path, threads: int) -> Iterator[tuple[Endpoint, Endpoint]]:
+    """Our daemon (Unix socket) and llama-server (loopback TCP), both ready, both stopped after."""
     binary = subprocess.run(["bash", str(REPO / "bench" / "llama_server.sh")], check=True, capture_output=True,
                             text=True).stdout.strip()  # fmt: skip
-    bundle = demo_bundle()
-    extra = (f"[limits]\nmax_active_per_device = {SLOTS}\nmax_queued = 512\n\n"
-             f"[engine]\nthreads = {threads}\nprefix_cache_mb = 0\n\n[log]\nlevel = \"warning\"\n")  # fmt: skip
-    setup = write_dev_config(work / "zerolayer", bundle, dev_trusted_keys(), tcp="", quic="", extra=extra)
     port = free_port()
-    sides: list[Side] = []
-    try:
-        ours_log = work / "zerolayer.log"
-        with open(ours_log, "wb") as out:
-            proc = subprocess.Popen([str(Path(sys.executable).with_name("zerolayer")), "serve", "--config",
-                                     str(setup.root)], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-        sides.append(Side(Endpoint("zerolayer", "http://localhost", str(setup.unix_socket), DEMO_NAME), proc, ours_log))
-        llama_log = work / "llama-server.log"
-        with open(llama_log, "wb") as out:
-            proc = subprocess.Popen([binary, "-m", str(demo_gguf()), "-np", str(SLOTS), "-kvu", "-c", "16384",
-                                     "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1", "--port",
-                                     str(port)], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-        sides.append(Side(Endpoint("llama-server", f"http://127.0.0.1:{port}", None, "demo",
-                                   {"cache_prompt": False}), proc, llama_log))  # fmt: skip
-        _wait_ready(sides[0], "/readyz")
-        _wait_ready(sides[1], "/health")
-        yield sides[0], sides[1]
-    finally:
-        for side in sides:
-            side.proc.terminate()
-        for side in sides:
+    log = work / "llama-server.log"
+    with zerolayer_daemon(work, SLOTS, threads) as ours, open(log, "wb") as out:
+        proc = subprocess.Popen([binary, "-m", str(demo_gguf()), "-np", str(SLOTS), "-kvu", "-c", "16384",
+                                 "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1", "--port",
+                                 str(port)], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        theirs = Endpoint("llama-server", f"http://127.0.0.1:{port}", None, "demo", {"cache_prompt": False})
+        try:
+            wait_ready(proc, log, theirs, "/health")
+            yield ours, theirs
+        finally:
+            proc.terminate()
             try:
-                side.proc.wait(15)
+                proc.wait(15)
             except subprocess.TimeoutExpired:
-                side.proc.kill()
+                proc.kill()
 
 
 def free_port() -> int:
@@ -140,8 +99,6 @@ def decode_rate(endpoint: Endpoint, rep: int) -> float:
 
 
 def prefill_rate(endpoint: Endpoint, rep: int) -> tuple[float, int]:
-    from bench.streams import one_request
-
     async def go() -> tuple[float, int]:
         async with endpoint.client() as http:
             timing = await one_request(http, endpoint, long_prompt(rep), 1)
@@ -172,15 +129,15 @@ def main() -> int:
     targets: list[tuple[str, bool]] = []
     with tempfile.TemporaryDirectory(prefix="zl-peers-") as tmp, servers(Path(tmp), threads) as (ours, theirs):
         for side in (ours, theirs):  # warm both: first requests pay for lazy initialisation
-            asyncio.run(run_load(side.endpoint, 2, 1, 8))
-        d_ours, d_theirs = alternating(reps, lambda i: decode_rate(ours.endpoint, i),
-                                       lambda i: decode_rate(theirs.endpoint, i))  # fmt: skip
+            asyncio.run(run_load(side, 2, 1, 8))
+        d_ours, d_theirs = alternating(reps, lambda i: decode_rate(ours, i),
+                                       lambda i: decode_rate(theirs, i))  # fmt: skip
         print(f"  decode: ours {d_ours:.1f}, llama-server {d_theirs:.1f} tokens/s", flush=True)
         counts: dict[str, int] = {}
 
-        def prefill(side: Side, key: str) -> Callable[[int], float]:
+        def prefill(side: Endpoint, key: str) -> Callable[[int], float]:
             def run(i: int) -> float:
-                rate, counts[key] = prefill_rate(side.endpoint, i)
+                rate, counts[key] = prefill_rate(side, i)
                 return rate
 
             return run
@@ -193,7 +150,7 @@ def main() -> int:
             for i in range(reps):
                 order = [("ours", ours), ("theirs", theirs)]
                 for key, side in order if i % 2 == 0 else order[::-1]:
-                    results[key].append(asyncio.run(run_load(side.endpoint, clients, 2, 64)))
+                    results[key].append(asyncio.run(run_load(side, clients, 2, 64)))
             best = {k: sorted(v, key=lambda r: r.tokens_per_s)[len(v) // 2] for k, v in results.items()}
             rows.append(LoadRow(clients, best["ours"], best["theirs"]))
             print(f"  {clients} clients: ours {best['ours'].tokens_per_s:.1f}, llama-server "

@@ -9,10 +9,15 @@ bench/engine.py (our daemon over its Unix socket) and bench/peers.py (ours and l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -91,10 +96,14 @@ class Endpoint:
         return httpx.AsyncClient(base_url=self.base_url, transport=transport, timeout=600)
 
 
-async def one_request(http: httpx.AsyncClient, endpoint: Endpoint, prompt: str, max_tokens: int) -> RequestTiming:
+async def one_request(http: httpx.AsyncClient, endpoint: Endpoint, prompt: str, max_tokens: int,
+                      seen: list[RequestTiming] | None = None) -> RequestTiming:  # fmt: skip
+    """One streamed request; `seen` gets its timing as soon as it is sent (to watch it live)."""
     body = {"model": endpoint.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **endpoint.extra}  # fmt: skip
     timing = RequestTiming(time.perf_counter())
+    if seen is not None:
+        seen.append(timing)
     chunks = 0
     async with http.stream("POST", "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
@@ -127,3 +136,46 @@ async def run_load(endpoint: Endpoint, clients: int, rounds: int, max_tokens: in
         wall = time.perf_counter() - start
     return LoadResult(clients, wall, [t for per_client in results for t in per_client])
 
+
+
+def wait_ready(proc: subprocess.Popen[bytes], log: Path, endpoint: Endpoint, path: str,
+               timeout: float = 300.0) -> None:  # fmt: skip
+    transport = httpx.HTTPTransport(uds=endpoint.uds) if endpoint.uds else None
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=endpoint.base_url, transport=transport, timeout=5) as http:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{endpoint.name} exited: {log.read_text(errors='replace')[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if http.get(path).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{endpoint.name} not ready after {timeout:.0f} s")
+            time.sleep(0.3)
+
+
+@contextlib.contextmanager
+def zerolayer_daemon(work: Path, slots: int, threads: int) -> Iterator[Endpoint]:
+    """Our daemon serving the demo firmware on a Unix socket only (no prefix cache: every prefill
+    runs), as its own process, as a client would find it."""
+    from appliance.devsetup import write_dev_config
+    from firmware.demo import DEMO_NAME, demo_bundle
+    from firmware.devkit import dev_trusted_keys
+
+    extra = (f"[limits]\nmax_active_per_device = {slots}\nmax_queued = 512\n\n"
+             f"[engine]\nthreads = {threads}\nprefix_cache_mb = 0\n\n[log]\nlevel = \"warning\"\n")  # fmt: skip
+    setup = write_dev_config(work / "zerolayer", demo_bundle(), dev_trusted_keys(), tcp="", quic="", extra=extra)
+    log = work / "zerolayer.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(Path(sys.executable).with_name("zerolayer")), "serve", "--config",
+                                 str(setup.root)], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    endpoint = Endpoint("zerolayer", "http://localhost", str(setup.unix_socket), DEMO_NAME)
+    try:
+        wait_ready(proc, log, endpoint, "/readyz")
+        yield endpoint
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
