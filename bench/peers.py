@@ -28,7 +28,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,7 +126,9 @@ def main() -> int:
     load_start = load_average()
     lines: list[str] = []
     targets: list[tuple[str, bool]] = []
-    with tempfile.TemporaryDirectory(prefix="zl-peers-") as tmp, servers(Path(tmp), threads) as (ours, theirs):
+    work = REPO / "build" / "bench-peers"  # the servers' logs stay here after the run
+    work.mkdir(parents=True, exist_ok=True)
+    with servers(work, threads) as (ours, theirs):
         for side in (ours, theirs):  # warm both: first requests pay for lazy initialisation
             asyncio.run(run_load(side, 2, 1, 8))
         d_ours, d_theirs = alternating(reps, lambda i: decode_rate(ours, i),
@@ -150,7 +151,7 @@ def main() -> int:
             for i in range(reps):
                 order = [("ours", ours), ("theirs", theirs)]
                 for key, side in order if i % 2 == 0 else order[::-1]:
-                    results[key].append(asyncio.run(run_load(side, clients, 2, 64)))
+                    results[key].append(asyncio.run(run_load(side, clients, 3, 64)))
             best = {k: sorted(v, key=lambda r: r.tokens_per_s)[len(v) // 2] for k, v in results.items()}
             rows.append(LoadRow(clients, best["ours"], best["theirs"]))
             print(f"  {clients} clients: ours {best['ours'].tokens_per_s:.1f}, llama-server "
@@ -196,7 +197,7 @@ def main() -> int:
 - machine: {machine()}
 - load average (1, 5, 15 min): {loads}
 - {threads} threads each; {SLOTS} slots each (`llama-server -np {SLOTS} -kvu`, `limits.max_active_per_device =
-  {SLOTS}`); median of {reps} turns per number; concurrency rows: each client sends 2 requests in a row,
+  {SLOTS}`); median of {reps} turns per number; concurrency rows: each client sends 3 requests in a row,
   64 new tokens each (ITL: gaps between streamed chunks)
 
 {table}

@@ -92,7 +92,9 @@ class Endpoint:
     extra: dict[str, object] = field(default_factory=dict)  # server-specific request fields
 
     def client(self) -> httpx.AsyncClient:
-        transport = httpx.AsyncHTTPTransport(uds=self.uds) if self.uds else None
+        # A new connection per request: a server may close an idle keep-alive connection just as the
+        # next request goes out on it (llama-server's HTTP library caps requests per connection).
+        transport = httpx.AsyncHTTPTransport(uds=self.uds, limits=httpx.Limits(max_keepalive_connections=0))
         return httpx.AsyncClient(base_url=self.base_url, transport=transport, timeout=600)
 
 

@@ -128,6 +128,21 @@ def test_sharded_prefill_equals_one_pass(bundle: firmware.Bundle, algorithm: str
     assert np.abs(logits - one).max() <= 1e-4
 
 
+def test_a_slot_takes_chunks_of_any_length_on_either_graph(bundle: firmware.Bundle) -> None:
+    ids = np.array(_prompt_ids(bundle), dtype=np.int64)
+    for edited in (True, False):  # a model whose graph cannot be edited runs the plain one
+        session = ModelSession(bundle, last_position_logits=edited)
+        one = session.forward(session.new_cache(len(ids)), ids)
+        slots = session.new_slots(2, len(ids) + 4)
+        cache = slots.row(1)
+        for a, b in ((0, 5), (5, 19), (19, len(ids))):  # one row, three shapes, one binding
+            logits = session.forward(cache, ids[a:b])
+        assert np.abs(logits - one).max() <= 1e-4
+        batch = session.decode(slots, np.array([7, int(one.argmax())]), np.array([0, cache.length]))
+        alone = session.forward(cache, np.array([int(one.argmax())]))
+        assert np.abs(batch[1] - alone).max() <= 1e-4  # the next token, alone or beside another row
+
+
 async def _collect(engine: Engine, request: GenerationRequest) -> tuple[str, Finished, list[object]]:
     events: list[object] = []
     async for e in engine.submit(request):

@@ -64,19 +64,15 @@ class Stream:
         self.input_tokens = len(prompt.ids)
         self.cancelled = False
         self.finished: Finished | None = None
-        self._loop = loop
+        self.loop = loop
         self._queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
 
     def cancel(self) -> None:
         """Stop generating: the worker drops the request at its next step and frees its KV cache."""
         self.cancelled = True
 
-    def deliver(self, events: list[Event | BaseException]) -> None:
-        """Hand events to the consumer; called on the worker thread (the queue lives on the loop)."""
-        if not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._put_all, events)
-
-    def _put_all(self, events: list[Event | BaseException]) -> None:
+    def put(self, events: list[Event | BaseException]) -> None:
+        """Queue events for the consumer; called on the stream's own loop."""
         for e in events:
             self._queue.put_nowait(e)
 
@@ -96,6 +92,25 @@ class Stream:
         finally:
             if self.finished is None:
                 self.cancel()
+
+
+Delivery = tuple[Stream, list[Event | BaseException]]
+
+
+def deliver(items: list[Delivery]) -> None:
+    """Hand events to their streams from a worker thread: one wake-up of each event loop for all
+    of them (a batched step produces a token for every stream at once)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Delivery]] = {}
+    for stream, events in items:
+        by_loop.setdefault(stream.loop, []).append((stream, events))
+    for loop, batch in by_loop.items():
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(_put_batch, batch)
+
+
+def _put_batch(batch: list[Delivery]) -> None:
+    for stream, events in batch:
+        stream.put(events)
 
 
 @dataclass(eq=False)
@@ -130,6 +145,7 @@ class DeviceWorker:
         self.kv = session.new_slots(slots, capacity)
         self.scheduler: Scheduler[Job] = Scheduler(slots, kv_tokens, capacity, max_queued, max_chunk_tokens)
         self._cond = threading.Condition()
+        self._outbox: list[Delivery] = []  # this step's events, delivered together at its end
         self.last_progress = time.monotonic()  # the watchdog reads this
         self._thread = threading.Thread(target=self._run, name=f"engine-{self.device}", daemon=True)
         self._thread.start()
@@ -198,10 +214,13 @@ class DeviceWorker:
                 self._note_cancels()
                 plan = sched.plan()
             self._execute(plan)
+            deliver(self._outbox)
+            self._outbox = []
             self.last_progress = time.monotonic()
         for ticket in leftover:
             ticket.job.generation.release()
-            ticket.job.stream.deliver([EngineStopped("the engine stopped before this request finished")])
+        deliver([(t.job.stream, [EngineStopped("the engine stopped before this request finished")])
+                 for t in leftover])  # fmt: skip
 
     def _note_cancels(self) -> None:
         for ticket in (*self.scheduler.waiting, *(t for t in self.scheduler.running if t is not None)):
@@ -270,7 +289,7 @@ class DeviceWorker:
         if job.generation.done:
             self._end(job, events)
         elif events:
-            job.stream.deliver(list(events))
+            self._outbox.append((job.stream, list(events)))
 
     def _end(self, job: Job, events: Sequence[Event | BaseException]) -> None:
         """The request is over here: free its slot and row, then tell its stream."""
@@ -281,7 +300,7 @@ class DeviceWorker:
         if ticket is not None and ticket.slot is not None:
             self.kv.release(ticket.slot)
         if events:
-            job.stream.deliver(list(events))
+            self._outbox.append((job.stream, list(events)))
 
     def _fail(self, jobs: list[Job], exc: Exception) -> None:
         """A failed run must end its requests (or hand them to `recover`), never the worker."""
@@ -294,7 +313,7 @@ class DeviceWorker:
                       exc_info=exc)  # fmt: skip
             gen.release()
             gen.done = True
-            job.stream.deliver([exc])
+            self._outbox.append((job.stream, [exc]))
 
 
 class Engine:

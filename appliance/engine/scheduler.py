@@ -25,8 +25,8 @@ T = TypeVar("T")
 # so their inter-token latency grows to at most about (1 + share) times its usual value; or, where
 # that is more, a step may last MIN_STEP_SECONDS in all (a few tokens a second more or less are
 # unnoticeable to a reader, and a tiny chunk would make the newcomer wait far longer).
-PREFILL_SHARE = 1.5
-MIN_STEP_SECONDS = 0.040
+PREFILL_SHARE = 1.0
+MIN_STEP_SECONDS = 0.030
 MIN_CHUNK_TOKENS = 1
 
 

@@ -272,6 +272,8 @@ class ModelSession:
                     binding.bind_output(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("attention_mask", mask)
+        # Unallocated again: the last run's logits have this run's shape only on the last-position graph.
+        binding.bind_output("logits", "cpu")
         self.session.run_with_iobinding(binding)
         return binding.get_outputs()[0].numpy()
 
