@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -21,44 +22,16 @@ from pathlib import Path
 import firmware
 from appliance.api import ApiApp, ApiSettings, KeyStore, Metrics
 from appliance.config import Config, ConfigError, load_config, parse_address
-from appliance.engine import Engine, EngineConfig, available_devices
+from appliance.engine import Engine, available_devices
 from appliance.flows import LayerDigests
-from appliance.governor import Governor, GovernorConfig, JetsonProbe, MemoryProbe, cuda_memory_limit, detect_probe
+from appliance.governor import Governor, MemoryProbe, detect_probe
 from appliance.kernel import KernelLayer, UserspaceFlows, open_kernel_layer
+from appliance.plan import HostFacts, governor_config, make_plan
 from appliance.systemd import ActivatedSockets, Notifier, configure_logging, listen_fds, run_watchdog, watchdog_interval
-from appliance.transport.http3 import Http3Server, serve_http3
+from appliance.transport.http3 import Http3Server, bind_udp, serve_http3
 from appliance.transport.tcp import HypercornListener, bind_tcp, bind_unix
 
 log = logging.getLogger(__name__)
-
-
-def engine_config(config: Config, bundle: firmware.Bundle) -> EngineConfig:
-    baked = bundle.layer.max_tokens_per_shard
-    if config.engine.max_tokens_per_shard > baked:
-        where = config.sources.get("engine.max_tokens_per_shard", "default")
-        raise ConfigError([f"{where}: engine.max_tokens_per_shard = {config.engine.max_tokens_per_shard} exceeds "
-                           f"the firmware's baked {baked}; config may only lower it"])  # fmt: skip
-    return EngineConfig(
-        max_tokens_per_shard=config.engine.max_tokens_per_shard or None,
-        prefix_cache_bytes=config.engine.prefix_cache_mb << 20,
-        kv_cache_bytes=config.engine.kv_cache_mb << 20,
-        max_active_per_device=config.limits.max_active_per_device,
-        max_queued=config.limits.max_queued,
-        intra_op_threads=config.engine.threads,
-    )
-
-
-def governor_config(config: Config, bundle: firmware.Bundle, probe: MemoryProbe) -> GovernorConfig:
-    baked = bundle.layer.fallback_cpu_threshold
-    threshold = config.governor.threshold or baked
-    if threshold > baked:
-        where = config.sources.get("governor.threshold", "default")
-        raise ConfigError([f"{where}: governor.threshold = {threshold} exceeds the firmware's baked "
-                           f"fallback_cpu_threshold {baked}; config may only lower it"])  # fmt: skip
-    policy = config.governor.policy
-    if policy == "auto":  # on Jetson the CPU shares the GPU's memory: moving work there frees nothing
-        policy = "shed" if isinstance(probe, JetsonProbe) else "cpu"
-    return GovernorConfig(threshold, config.governor.hysteresis, config.governor.interval_ms / 1000, policy)
 
 
 @dataclass
@@ -69,21 +42,40 @@ class Listeners:
     addresses: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class Sockets:
+    """The listening sockets, bound (or passed by systemd) before anything serves on them."""
+
+    quic: socket.socket | None = None
+    tcp: socket.socket | None = None
+    unix: socket.socket | None = None
+
+    def ports(self) -> list[int]:
+        return sorted({int(s.getsockname()[1]) for s in (self.quic, self.tcp) if s is not None})
+
+    def addresses(self) -> list[str]:
+        return [str(s.getsockname()[0]) for s in (self.quic, self.tcp) if s is not None]
+
+
 class Daemon:
+    """Builds each part whole, in dependency order, from one plan: firmware, governor, engine,
+    sockets, kernel layer, app, listeners. Status is read from what each part reports."""
+
     def __init__(self, config: Config, status: Callable[[str], None] | None = None,
-                 notifier: Notifier | None = None, config_root: Path | None = None) -> None:  # fmt: skip
+                 notifier: Notifier | None = None, config_root: Path | None = None,
+                 probe: MemoryProbe | None = None) -> None:  # fmt: skip
         self.config = config
         self.config_root = config_root
         self.notifier = notifier or Notifier("")
         self._echo = status
         self.metrics = Metrics()
+        self.probe = probe  # None: detected at start (tests pass one whose readings they control)
         self.engine: Engine | None = None
         self.app: ApiApp | None = None
         self.listeners = Listeners()
         self.activated = ActivatedSockets({})
         self.kernel: KernelLayer | UserspaceFlows | None = None
         self.governor: Governor | None = None
-        self.probe: MemoryProbe | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     def status(self, line: str) -> None:
@@ -100,28 +92,26 @@ class Daemon:
         self.notifier.extend_timeout(120)  # hashing a large bundle can outlast TimeoutStartSec's default
         bundle = await asyncio.to_thread(firmware.load, cfg.firmware.path, cfg.firmware.trusted_keys)
         self.status(f"verified firmware {bundle.name} {bundle.version} (signed by key {bundle.signer_key_id})")
-        if self.probe is None:  # tests set a probe whose readings they control
-            self.probe = await asyncio.to_thread(detect_probe)
-        probe = self.probe
-        gov_cfg = governor_config(cfg, bundle, probe)
+        probe = self.probe if self.probe is not None else await asyncio.to_thread(detect_probe)
+        self.probe = probe
         readings = probe.read()
-        devices = available_devices()
-        if devices == ["cpu"]:
-            log.warning("no GPU execution provider in this onnxruntime build: serving on the CPU only")
-        devices = sorted(devices, key=lambda d: d == "cpu")  # GPU first when there is one
-        cuda_options = None
-        if readings:  # the arena may not grow past the threshold: past it, work goes to the CPU
-            cuda_options = {"gpu_mem_limit": str(cuda_memory_limit(readings[0].total, gov_cfg.threshold)),
-                            "arena_extend_strategy": "kSameAsRequested"}  # fmt: skip
-        self.status(f"warming engine on {', '.join(devices)}")
+        host = HostFacts(tuple(available_devices()), probe.kind, readings[0].total if readings else None)
+        plan = make_plan(cfg, bundle, host)
+        for note in plan.notes:
+            log.warning("%s", note)
+        governor = self.governor = Governor(
+            probe, plan.governor, gpu_device=plan.gpu_device, cpu_device=plan.cpu_device,
+            on_reading=lambda r: self.metrics.memory_ratio.labels(r.device).set(r.ratio),
+            on_fallback=lambda: self.metrics.fallback.labels("vram_threshold").inc(),
+        )  # fmt: skip
+        self.status(f"warming engine on {', '.join(plan.devices)}")
         self.notifier.extend_timeout(300)
         engine = await asyncio.to_thread(
-            Engine, bundle, engine_config(cfg, bundle), tuple(devices), cuda_options,
-            lambda reason: self.metrics.fallback.labels(reason).inc(),
+            Engine, bundle, plan.engine, plan.devices, plan.cuda_options,
+            lambda reason: self.metrics.fallback.labels(reason).inc(), governor.admits,
         )  # fmt: skip
-        await asyncio.to_thread(engine.warm)
         self.engine = engine
-        self.governor = self._make_governor(gov_cfg, engine, probe)
+        await asyncio.to_thread(engine.warm)
         settings = ApiSettings(
             keys=KeyStore.load(cfg.auth.keys_file),
             auth_required=cfg.auth.required,
@@ -129,10 +119,17 @@ class Daemon:
         )
         if cfg.auth.required and not settings.keys.keys:
             log.warning("auth is required but %s holds no keys: network clients will get 401", cfg.auth.keys_file)
-        self.app = ApiApp(engine, settings, self.metrics, governor=self.governor, status_info=self.status_info)
-        await self._bind()
-        await self._open_kernel_layer()
-        self.app.ready = True
+        sockets = self._bind_sockets()
+        kernel = self.kernel = await self._open_kernel_layer(sockets)
+        userspace = kernel if isinstance(kernel, UserspaceFlows) else None
+        self.app = ApiApp(
+            engine, settings, self.metrics, governor=governor, status=self.status_info,
+            flows=LayerDigests(kernel, cfg.kernel.flow_idle_seconds),
+            # Where the kernel cannot enforce the allowlist, TCP checks it before parsing anything.
+            allowed=userspace.allowed if userspace is not None else None,
+        )  # fmt: skip
+        await self._serve(self.app, sockets, userspace)
+        self.app.set_ready(True)
         log.info("serving %s %s: %s", bundle.name, bundle.version,
                  ", ".join(f"{k} {v}" for k, v in self.listeners.addresses.items()))  # fmt: skip
         self.notifier.ready(self.serving_line())
@@ -142,30 +139,21 @@ class Daemon:
         if interval is not None:
             self._tasks.append(asyncio.create_task(run_watchdog(self.notifier, interval, self.healthy)))
         self._tasks.append(asyncio.create_task(self._report_status()))
-        self._tasks.append(asyncio.create_task(self.governor.run()))
+        self._tasks.append(asyncio.create_task(governor.run()))
 
-    async def _open_kernel_layer(self) -> None:
+    async def _open_kernel_layer(self, sockets: Sockets) -> KernelLayer | UserspaceFlows:
         """The eBPF flow table and allowlist on the serving interfaces, or their userspace stand-in."""
-        cfg, ls = self.config, self.listeners
-        assert self.app is not None
-        tcp_name = ls.tcp.sock.getsockname() if ls.tcp else None
-        ports = sorted({p for p in (ls.http3.port if ls.http3 else None, tcp_name[1] if tcp_name else None) if p})
-        bound = [a for a in (ls.http3.address[0] if ls.http3 else None, tcp_name[0] if tcp_name else None) if a]
+        cfg = self.config
         if cfg.kernel.mode != "off":
             self.status("loading eBPF programs")
         kernel = await asyncio.to_thread(
-            open_kernel_layer, cfg.kernel.mode, ports=ports, allowlist=cfg.kernel.allowlist,  # type: ignore[arg-type]
-            interfaces=cfg.kernel.interfaces, bound_addresses=bound, xdp=cfg.kernel.xdp,  # type: ignore[arg-type]
+            open_kernel_layer, cfg.kernel.mode, ports=sockets.ports(), allowlist=cfg.kernel.allowlist,  # type: ignore[arg-type]
+            interfaces=cfg.kernel.interfaces, bound_addresses=sockets.addresses(), xdp=cfg.kernel.xdp,  # type: ignore[arg-type]
         )  # fmt: skip
-        self.kernel = kernel
-        if isinstance(kernel, UserspaceFlows):
-            if cfg.kernel.mode != "off":
-                self.notifier.status("kernel layer refused: flows and allowlist in userspace (see the log)")
-            self.app.allowed = kernel.allowed  # enforce before parsing, as the kernel would
-            if ls.http3 is not None:  # drop and count datagrams, as the tc programs would
-                ls.http3.gate = kernel
-        self.app.flows = LayerDigests(kernel, cfg.kernel.flow_idle_seconds)
+        if isinstance(kernel, UserspaceFlows) and cfg.kernel.mode != "off":
+            self.notifier.status("kernel layer refused: flows and allowlist in userspace (see the log)")
         self.metrics.add_collector(self._kernel_metrics)
+        return kernel
 
     def _kernel_metrics(self) -> dict[str, float]:
         if self.kernel is None:
@@ -175,19 +163,6 @@ class Daemon:
         return {"flows": len(flows), "flow_packets": sum(f.packets for f in flows),
                 "allowlist_dropped": verdicts.get("tc_drop", 0) + verdicts.get("xdp_drop", 0)}  # fmt: skip
 
-    def _make_governor(self, gov_cfg: GovernorConfig, engine: Engine, probe: MemoryProbe) -> Governor:
-        gpu = next((d for d in engine.workers if not d.startswith("cpu")), None)
-        if gpu is None and probe.read():
-            log.warning("%s reports GPU memory but this onnxruntime has no GPU provider: CPU only", probe.kind)
-        governor = Governor(
-            probe, gov_cfg, gpu_device=gpu, cpu_device=engine.cpu_device or engine.default_device,
-            on_reading=lambda r: self.metrics.memory_ratio.labels(r.device).set(r.ratio),
-            on_fallback=lambda: self.metrics.fallback.labels("vram_threshold").inc(),
-        )  # fmt: skip
-        if gpu is not None:
-            engine.workers[gpu].admitting = lambda: not governor.shedding
-        return governor
-
     def _kernel_state(self) -> str:
         if isinstance(self.kernel, KernelLayer):
             filters = ", ".join(f"{i} {p}" for i, p, _ in self.kernel.attached_filters()) or "none"
@@ -196,34 +171,27 @@ class Daemon:
 
     def serving_line(self) -> str:
         assert self.engine is not None
-        streams = self.app.active_streams if self.app is not None else 0
-        queued = sum(w.queued for w in self.engine.workers.values())
         listeners = ", ".join(self.listeners.addresses)
         memory = ""
         if self.governor is not None and self.governor.latest is not None:
             memory = f", gpu {self.governor.latest.ratio:.0%} memory"
-        return f"serving {self.engine.bundle.name}: {streams} streams, {queued} queued{memory}, on {listeners}"
+        return (f"serving {self.engine.bundle.name}: {self.metrics.streams} streams, {self.engine.queued} queued"
+                f"{memory}, on {listeners}")  # fmt: skip
 
     def status_info(self) -> dict[str, object]:
-        """What `zerolayer status` prints."""
-        assert self.engine is not None
-        bundle, gov = self.engine.bundle, self.governor
+        """What `zerolayer status` prints: each part's own report."""
+        assert self.engine is not None and self.governor is not None
+        bundle = self.engine.bundle
         readings = self.probe.read() if self.probe is not None else []
         return {
             "firmware": {"name": bundle.name, "version": bundle.version, "signer": bundle.signer_key_id,
                          "path": str(bundle.root), "constants": dataclasses.asdict(bundle.layer)},
-            "devices": {d: {"active": w.depth - w.queued, "queued": w.queued, "alive": w.alive()}
-                        for d, w in self.engine.workers.items()},
+            "devices": self.engine.snapshot(),
             "memory": [{"device": r.device, "used": r.used, "total": r.total, "ratio": round(r.ratio, 4)}
                        for r in readings],
-            "placement": {"probe": self.probe.kind if self.probe else "none",
-                          "now": gov.place_preview() if gov else self.engine.default_device,
-                          "threshold": gov.config.threshold if gov else None,
-                          "hysteresis": gov.config.hysteresis if gov else None,
-                          "policy": gov.config.policy if gov else None,
-                          "state": gov.describe() if gov else ""},
+            "placement": self.governor.snapshot(),
             "listeners": dict(self.listeners.addresses),
-            "active_streams": self.app.active_streams if self.app else 0,
+            "active_streams": self.metrics.streams,
             "kernel": self._kernel_state(),
         }
 
@@ -234,55 +202,57 @@ class Daemon:
 
     def healthy(self, now: float | None = None) -> bool:
         """Every engine worker thread alive and, if busy, progressing within the stall limit."""
-        if self.engine is None or not self.engine.alive():
+        if self.engine is None:
             return False
-        now = time.monotonic() if now is None else now
-        limit = self.stall_limit
-        return all(not w.depth or now - w.last_progress < limit for w in self.engine.workers.values())
+        return self.engine.healthy(self.stall_limit, time.monotonic() if now is None else now)
 
     @property
     def stall_limit(self) -> float:
         interval = watchdog_interval()
         return interval * 2 if interval is not None else 60.0
 
-    async def _bind(self) -> None:
-        """Bind every listener: sockets systemd passed (by name) first, else our own."""
-        cfg, app, ls = self.config, self.app, self.listeners
-        assert app is not None
+    def _bind_sockets(self) -> Sockets:
+        """Every listening socket: those systemd passed (by name) first, else our own."""
+        cfg = self.config
         self.activated = listen_fds()
         for sock in self.activated.by_name.values():
             sock.setblocking(False)
+        sockets = Sockets(self.activated.take("quic"), self.activated.take("tcp"), self.activated.take("unix"))
+        if sockets.quic is None and cfg.listen.quic:
+            sockets.quic = bind_udp(*parse_address(cfg.listen.quic))
+        if sockets.tcp is None and cfg.listen.tcp:
+            sockets.tcp = bind_tcp(*parse_address(cfg.listen.tcp))
+        if sockets.unix is None and cfg.listen.unix:
+            sockets.unix = bind_unix(Path(cfg.listen.unix), int(cfg.listen.unix_mode, 8))
+        return sockets
+
+    async def _serve(self, app: ApiApp, sockets: Sockets, userspace: UserspaceFlows | None) -> None:
+        """Start serving on every bound socket."""
+        cfg, ls = self.config, self.listeners
         quic_port = None
-        quic_sock = self.activated.take("quic")
-        if cfg.listen.quic or quic_sock is not None:
-            host, port = parse_address(cfg.listen.quic or "[::]:0")
+        if sockets.quic is not None:
             ls.http3 = await serve_http3(
-                app, host=host, port=port, sock=quic_sock, certfile=cfg.tls.cert, keyfile=cfg.tls.key,
+                app, sock=sockets.quic, certfile=cfg.tls.cert, keyfile=cfg.tls.key,
                 ticket_key_path=cfg.state.dir / "quic-tickets", idle_timeout=cfg.limits.quic_idle_timeout,
                 max_connections=cfg.limits.quic_max_connections,
                 max_streams_per_connection=cfg.limits.quic_max_streams, ca_certs=cfg.tls.client_ca,
                 max_body_bytes=cfg.limits.max_body_bytes, on_handshake=self.metrics.count_handshake,
+                gate=userspace,  # drop and count datagrams in userspace, as the tc programs would
             )  # fmt: skip
             quic_port = ls.http3.port
             ls.addresses["http3"] = f"udp port {quic_port}"
         drain = cfg.limits.drain_timeout
-        tcp_sock = self.activated.take("tcp")
-        if cfg.listen.tcp or tcp_sock is not None:
-            if tcp_sock is None:
-                tcp_sock = bind_tcp(*parse_address(cfg.listen.tcp))
+        if sockets.tcp is not None:
             ls.tcp = HypercornListener(
-                app, tcp_sock, "tcp", certfile=cfg.tls.cert, keyfile=cfg.tls.key,
+                app, sockets.tcp, "tcp", certfile=cfg.tls.cert, keyfile=cfg.tls.key,
                 client_ca=cfg.tls.client_ca, alt_svc_port=quic_port, graceful_timeout=drain,
             )  # fmt: skip
             ls.tcp.start()
             ls.addresses["tcp"] = f"https {ls.tcp.address}"
-        unix_sock = self.activated.take("unix")
-        if cfg.listen.unix or unix_sock is not None:
-            if unix_sock is None:
-                unix_sock = bind_unix(Path(cfg.listen.unix), int(cfg.listen.unix_mode, 8))
-            ls.unix = HypercornListener(app, unix_sock, "unix", graceful_timeout=drain)
+        if sockets.unix is not None:
+            ls.unix = HypercornListener(app, sockets.unix, "unix", graceful_timeout=drain)
             ls.unix.start()
-            ls.addresses["unix"] = str(unix_sock.getsockname())
+            ls.addresses["unix"] = str(sockets.unix.getsockname())
         await asyncio.sleep(0)  # let Hypercorn start accepting on the sockets we bound
 
     def reload(self) -> bool:
@@ -297,21 +267,19 @@ class Daemon:
                 log.error("reload rejected, the running config stays: %s", line)
             self.notifier.ready(self.serving_line())
             return False
+        if self.engine is not None and self.governor is not None and self.probe is not None:
+            try:
+                gov_cfg = governor_config(new, self.engine.bundle, self.probe.kind)
+            except ConfigError as exc:
+                for line in exc.problems:
+                    log.error("reload rejected, the running config stays: %s", line)
+                self.notifier.ready(self.serving_line())
+                return False
+            self.governor.reconfigure(gov_cfg)
+            self.engine.set_max_queued(new.limits.max_queued)
         if self.app is not None:
-            self.app.settings = ApiSettings(keys=keys, auth_required=new.auth.required,
-                                            max_body_bytes=new.limits.max_body_bytes)  # fmt: skip
-        if self.engine is not None:
-            for worker in self.engine.workers.values():
-                worker.max_queued = new.limits.max_queued
-            if self.governor is not None and self.probe is not None:
-                try:
-                    gov_cfg = governor_config(new, self.engine.bundle, self.probe)
-                except ConfigError as exc:
-                    for line in exc.problems:
-                        log.error("reload rejected, the running config stays: %s", line)
-                    self.notifier.ready(self.serving_line())
-                    return False
-                self.governor.reconfigure(gov_cfg)
+            self.app.reconfigure(ApiSettings(keys=keys, auth_required=new.auth.required,
+                                             max_body_bytes=new.limits.max_body_bytes))  # fmt: skip
         try:
             for listener in (self.listeners.http3, self.listeners.tcp):
                 if listener is not None:
@@ -336,7 +304,7 @@ class Daemon:
         for task in self._tasks:
             task.cancel()
         if self.app is not None:
-            self.app.ready = False
+            self.app.set_ready(False)
         ls = self.listeners
         closers = [x.close(drain_timeout) for x in (ls.tcp, ls.unix) if x is not None]
         if ls.http3 is not None:

@@ -179,6 +179,15 @@ class Governor:
             return self.cpu_device
         return self.gpu_device + (" (shedding: new requests wait)" if self.shedding else "")
 
+    def admits(self, device: str) -> bool:
+        """Whether new requests for `device` may start now (under `shed`, the GPU's wait)."""
+        return not (self.shedding and device == self.gpu_device)
+
+    def snapshot(self) -> dict[str, object]:
+        """Where new requests go and why, for `zerolayer status`."""
+        return {"probe": self.probe.kind, "now": self.place_preview(), "threshold": self.config.threshold,
+                "hysteresis": self.config.hysteresis, "policy": self.config.policy, "state": self.describe()}
+
     @property
     def shedding(self) -> bool:
         return self.gpu_device is not None and self.config.policy == "shed" and self.state.over

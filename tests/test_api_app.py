@@ -63,7 +63,7 @@ def test_not_ready_is_503_but_health_answers(engine: Engine) -> None:
         status, headers, body = await _call(app, "POST", "/v1/messages", REQ)
         assert status == 503 and headers[b"retry-after"] == b"1"
         assert json.loads(body)["error"]["type"] == "api_error"
-        app.ready = True
+        app.set_ready(True)
         assert (await _call(app, "GET", "/readyz"))[0] == 200
         assert (await _call(app, "POST", "/v1/messages", REQ))[0] == 200
 
@@ -72,7 +72,7 @@ def test_not_ready_is_503_but_health_answers(engine: Engine) -> None:
 
 def test_full_queue_is_529_for_anthropic_and_429_for_openai(engine: Engine) -> None:
     app = ApiApp(engine, ApiSettings(keys=KeyStore([])))
-    app.ready = True
+    app.set_ready(True)
     session = engine.workers["cpu"].session
     release = threading.Event()
     real_forward = session.forward
@@ -110,7 +110,7 @@ def test_full_queue_is_529_for_anthropic_and_429_for_openai(engine: Engine) -> N
 
 def test_metrics_count_requests_tokens_and_latency(engine: Engine) -> None:
     app = ApiApp(engine, ApiSettings(keys=KeyStore([])))
-    app.ready = True
+    app.set_ready(True)
 
     async def run() -> str:
         await _call(app, "POST", "/v1/messages", REQ)

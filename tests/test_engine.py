@@ -185,11 +185,6 @@ def test_sharded_engine_generates_the_same_text(bundle: firmware.Bundle, engine:
         assert done.trace.shards > 1 and done.trace.shard_reason.startswith(algorithm)
 
 
-def test_config_cannot_raise_the_baked_shard_size(bundle: firmware.Bundle) -> None:
-    with pytest.raises(ValueError, match="config may only lower it"):
-        EngineConfig(max_tokens_per_shard=bundle.layer.max_tokens_per_shard + 1).shard_policy(bundle)
-
-
 def test_prefix_reuse_equals_cold_generation(bundle: firmware.Bundle, engine: Engine) -> None:
     warm = Engine(bundle, EngineConfig(prefix_cache_bytes=64 << 20, prefix_block_tokens=8))
     try:

@@ -18,7 +18,6 @@ from onnxruntime.capi.onnxruntime_pybind11_state import RuntimeException
 
 import firmware
 from appliance.config import load_config
-from appliance.daemon import governor_config
 from appliance.engine import Engine, EngineBusy, EngineConfig, GenerationRequest, Message
 from appliance.governor import (
     Governor,
@@ -31,6 +30,7 @@ from appliance.governor import (
     is_allocation_failure,
     is_jetson,
 )
+from appliance.plan import governor_config
 
 GPU = "cpu:1"  # the stand-in GPU session
 QUESTION = (Message("user", "Explain how the while statement and its else clause work."),)
@@ -172,11 +172,11 @@ def test_jetson_sheds_new_requests_over_the_threshold(bundle: firmware.Bundle, t
     probe = JetsonProbe(tmp_path)
     (tmp_path / "etc").mkdir()
     config = load_config(tmp_path / "etc", check_paths=False)
-    gov_cfg = governor_config(config, bundle, probe)
+    gov_cfg = governor_config(config, bundle, probe.kind)
     assert gov_cfg.policy == "shed" and gov_cfg.threshold == bundle.layer.fallback_cpu_threshold
-    engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0, max_queued=2), devices=(GPU, "cpu"))
     governor = Governor(probe, gov_cfg, gpu_device=GPU)
-    engine.workers[GPU].admitting = lambda: not governor.shedding
+    engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0, max_queued=2), devices=(GPU, "cpu"),
+                    admitting=governor.admits)  # fmt: skip
 
     async def scenario() -> None:
         governor.sample()

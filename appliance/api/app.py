@@ -87,21 +87,33 @@ DEBUG_HEADER = b"zerolayer-debug"
 
 class ApiApp:
     def __init__(self, engine: Engine, settings: ApiSettings, metrics: Metrics | None = None,
-                 governor: Governor | None = None, status_info: Callable[[], dict[str, Any]] | None = None,
-                 flows: DigestTable | None = None) -> None:  # fmt: skip
+                 governor: Governor | None = None, status: Callable[[], dict[str, Any]] | None = None,
+                 flows: DigestTable | None = None, allowed: Callable[[str], bool] | None = None) -> None:  # fmt: skip
+        """`status` answers /status; `allowed` is the source allowlist where the kernel cannot enforce
+        it: checked on TCP before anything is parsed (HTTP/3 datagrams from outside it are dropped
+        unread by the QUIC server itself)."""
         self.engine = engine
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.model_name = engine.bundle.name
         self.governor = governor
-        self.status_info = status_info
+        self.status = status
         self.flows = flows
-        # Set when the kernel cannot enforce the allowlist: checked on TCP before anything is parsed
-        # (HTTP/3 datagrams from outside it are dropped unread by the QUIC server itself).
-        self.allowed: Callable[[str], bool] | None = None
-        self.ready = False  # the daemon sets it once the engine is warm and every listener is bound
-        self.active_streams = 0
+        self.allowed = allowed
+        self.ready = False  # set once the engine is warm and every listener is bound
         self.created = int(time.time())
+
+    def set_ready(self, ready: bool) -> None:
+        """Ready to serve generations (/readyz says so), or not (starting, draining)."""
+        self.ready = ready
+
+    def reconfigure(self, settings: ApiSettings) -> None:
+        """New keys and limits (a reload); requests in flight keep what they started with."""
+        self.settings = settings
+
+    @property
+    def active_streams(self) -> int:
+        return self.metrics.streams
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -167,7 +179,7 @@ class ApiApp:
         if path == "/status":
             if not may_debug:
                 raise ApiError(403, "status is for the local socket or a debug API key")
-            return await _json(send, 200, self.status_info() if self.status_info else {})
+            return await _json(send, 200, self.status() if self.status else {})
         if not self.ready:
             raise ApiError(503, "the appliance is starting: firmware, engine or listeners not ready yet",
                            retry_after=1)  # fmt: skip
@@ -211,7 +223,7 @@ class ApiApp:
         return {"object": "list", "data": [model]}
 
     def _refresh_gauges(self) -> None:
-        self.metrics.queue_depth.set(sum(w.queued for w in self.engine.workers.values()))
+        self.metrics.queue_depth.set(self.engine.queued)
 
     def _submit(self, dialect: str, request: GenerationRequest) -> Stream:
         device = self.governor.place() if self.governor else self.engine.default_device
@@ -239,8 +251,7 @@ class ApiApp:
         if flow is not None:
             handle.trace.notes.insert(0, f"Flow: {flow.proto} {flow}")
         watcher = asyncio.create_task(_cancel_on_disconnect(receive, handle))
-        self.metrics.active_streams.inc()
-        self.active_streams += 1
+        self.metrics.stream_opened()
         try:
             if stream:
                 await self._stream(send, dialect, handle, started, include_usage, debug)
@@ -248,8 +259,7 @@ class ApiApp:
                 await self._complete(send, dialect, handle, started, debug)
             return 200
         finally:
-            self.metrics.active_streams.dec()
-            self.active_streams -= 1
+            self.metrics.stream_closed()
             watcher.cancel()
             handle.cancel()  # no-op when finished; frees the slot if we leave early
             done, trace = handle.finished, handle.trace

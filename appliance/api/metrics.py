@@ -30,6 +30,15 @@ class Metrics:
         self.memory_ratio = Gauge("zerolayer_device_memory_used_ratio", "Device memory used / total",
                                   ["device"], registry=r)  # fmt: skip
         self.placed = Counter("zerolayer_requests_placed", "Requests placed per device", ["device"], registry=r)
+        self.streams = 0  # generations in progress (the gauge's value, for status lines)
+
+    def stream_opened(self) -> None:
+        self.streams += 1
+        self.active_streams.inc()
+
+    def stream_closed(self) -> None:
+        self.streams -= 1
+        self.active_streams.dec()
 
     def add_collector(self, read: Callable[[], dict[str, float]]) -> None:
         """Values read at scrape time: `flows` a gauge, the others counters (`zerolayer_NAME_total`)."""

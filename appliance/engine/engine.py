@@ -9,6 +9,7 @@ so N streams cost far less than N times one, and a cancelled request stops withi
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EngineConfig:
-    max_tokens_per_shard: int | None = None  # None: the firmware's baked value; may only lower it
+    max_tokens_per_shard: int | None = None  # None: the firmware's baked value (the plan checks config lowers it)
     prefix_cache_bytes: int = 256 << 20
     prefix_block_tokens: int = 32
     max_active_per_device: int = 8  # the slots: requests a device decodes together
@@ -41,16 +42,6 @@ class EngineConfig:
     max_queued: int = 64
     intra_op_threads: int = 0  # 0: one per CPU
 
-    def shard_policy(self, bundle: Bundle) -> ShardPolicy:
-        baked = bundle.layer.max_tokens_per_shard
-        size = baked if self.max_tokens_per_shard is None else self.max_tokens_per_shard
-        if size > baked:
-            raise ValueError(
-                f"max_tokens_per_shard={size} exceeds the firmware's baked {baked}: config may only lower it"
-            )
-        if size < 1:
-            raise ValueError("max_tokens_per_shard must be at least 1")
-        return ShardPolicy(size, bundle.layer.split_algorithm)
 
 
 class Stream:
@@ -318,11 +309,15 @@ class DeviceWorker:
 
 class Engine:
     def __init__(self, bundle: Bundle, config: EngineConfig | None = None, devices: tuple[str, ...] = ("cpu",),
-                 cuda_options: dict[str, str] | None = None,
-                 on_fallback: Callable[[str], None] | None = None) -> None:  # fmt: skip
+                 cuda_options: dict[str, str] | None = None, on_fallback: Callable[[str], None] | None = None,
+                 admitting: Callable[[str], bool] | None = None) -> None:  # fmt: skip
+        """`admitting(device)` False holds new requests for that device in its queue (the shed policy)."""
         self.bundle = bundle
         self.config = config or EngineConfig()
-        self.shard_policy = self.config.shard_policy(bundle)
+        shard = self.config.max_tokens_per_shard or bundle.layer.max_tokens_per_shard
+        if shard < 1:
+            raise ValueError("max_tokens_per_shard must be at least 1")
+        self.shard_policy = ShardPolicy(shard, bundle.layer.split_algorithm)
         self.tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
         self.template = ChatTemplate(bundle.chat_template, self.tokenizer)
         self.prefix_cache = (
@@ -338,6 +333,7 @@ class Engine:
             self.workers[device] = DeviceWorker(
                 session, self.config.max_active_per_device, self.kv_tokens(session), self.config.max_queued,
                 self.shard_policy.max_tokens_per_shard, recover=self._recover,
+                admitting=functools.partial(admitting, device) if admitting is not None else None,
             )
         self.default_device = devices[0]
         self.cpu_device = next((d for d in reversed(devices) if d == "cpu"), None)
@@ -424,6 +420,23 @@ class Engine:
 
     def alive(self) -> bool:
         return all(w.alive() for w in self.workers.values())
+
+    def healthy(self, stall_limit: float, now: float) -> bool:
+        """Every worker alive and, if it has work, progressing within `stall_limit` seconds."""
+        return all(w.alive() and (not w.depth or now - w.last_progress < stall_limit) for w in self.workers.values())
+
+    @property
+    def queued(self) -> int:
+        return sum(w.queued for w in self.workers.values())
+
+    def snapshot(self) -> dict[str, dict[str, object]]:
+        """Per device: requests in slots, waiting, and whether its worker runs."""
+        return {d: {"active": w.depth - w.queued, "queued": w.queued, "alive": w.alive()}
+                for d, w in self.workers.items()}  # fmt: skip
+
+    def set_max_queued(self, value: int) -> None:
+        for worker in self.workers.values():
+            worker.max_queued = value
 
     def close(self) -> None:
         for w in self.workers.values():

@@ -493,7 +493,7 @@ class Http3Server(asyncio.DatagramProtocol):
     """The UDP endpoint: routes datagrams to connections by connection ID, accepts or refuses new ones."""
 
     def __init__(self, app: ASGIApp, configuration: QuicConfiguration, settings: _Settings, tickets: TicketStore,
-                 on_handshake: OnHandshake | None) -> None:  # fmt: skip
+                 on_handshake: OnHandshake | None, gate: DatagramGate | None = None) -> None:  # fmt: skip
         self.app = app
         self.configuration = configuration
         self.settings = settings
@@ -502,7 +502,7 @@ class Http3Server(asyncio.DatagramProtocol):
         self.address: tuple[str, int] = ("", 0)
         self._wildcard = False
         self._on_handshake = on_handshake
-        self.gate: DatagramGate | None = None  # set when the flow table lives in userspace
+        self.gate = gate  # the userspace flow table and allowlist, where the kernel's programs are not loaded
         self._transport: asyncio.DatagramTransport | None = None
         self._routes: dict[bytes, _Http3Connection] = {}
         self._live: set[_Http3Connection] = set()
@@ -646,8 +646,8 @@ class Http3Server(asyncio.DatagramProtocol):
 async def serve_http3(
     app: ASGIApp,
     *,
-    host: str,
-    port: int,
+    host: str = "::",
+    port: int = 0,
     certfile: Path,
     keyfile: Path,
     ticket_key_path: Path | None,
@@ -660,9 +660,11 @@ async def serve_http3(
     ca_certs: Path | None = None,
     on_handshake: OnHandshake | None = None,
     sock: socket.socket | None = None,
+    gate: DatagramGate | None = None,
 ) -> Http3Server:
     """Serve `app` over HTTP/3 on UDP `host`:`port` (port 0 picks one; "::" is dual-stack), or on
     `sock`, an already bound UDP socket (systemd socket activation).
+    `gate`: drop and count datagrams in userspace, as the kernel's programs would.
 
     `ticket_key_path` is the session ticket store file (None: tickets live in memory only).
     `ca_certs` turns on mTLS: a client must present a certificate this CA bundle verifies."""
@@ -683,15 +685,15 @@ async def serve_http3(
     settings = _Settings(max_connections, max_streams_per_connection, max_body_bytes, client_ca)
     tickets = TicketStore(ticket_key_path, fingerprint)
     if sock is None:
-        sock = _bind_udp(host, port)
+        sock = bind_udp(host, port)
     loop = asyncio.get_running_loop()
     _, server = await loop.create_datagram_endpoint(
-        lambda: Http3Server(app, configuration, settings, tickets, on_handshake), sock=sock
+        lambda: Http3Server(app, configuration, settings, tickets, on_handshake, gate), sock=sock
     )
     return server
 
 
-def _bind_udp(host: str, port: int) -> socket.socket:
+def bind_udp(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_DGRAM)
     if family == socket.AF_INET6:
