@@ -9,33 +9,25 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
 from appliance.asgi import Scope
-from appliance.kernel import FlowLayer
+from appliance.kernel import FlowKey, FlowLayer
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class FlowKey:
-    proto: str  # "udp" (QUIC) or "tcp"
-    client: tuple[str, int]
-    server: tuple[str, int]
-
-    def __str__(self) -> str:
-        host, port = self.client
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def flow_of(scope: Scope, transport: str) -> FlowKey | None:
-    """The flow a request came on; None for the Unix socket, which has no 4-tuple."""
+    """The flow a request came on, keyed as the kernel keys it; None for the Unix socket (no
+    4-tuple) or an address pair the table cannot key (a flow never fails a request)."""
     client, server = scope.get("client"), scope.get("server")
     if transport not in ("http3", "tcp") or not client or not server or server[1] is None:
         return None
-    return FlowKey("udp" if transport == "http3" else "tcp", (str(client[0]), int(client[1])),
-                   (str(server[0]), int(server[1])))  # fmt: skip
+    try:
+        return FlowKey.make("udp" if transport == "http3" else "tcp", (str(client[0]), int(client[1])),
+                            (str(server[0]), int(server[1])))  # fmt: skip
+    except ValueError:
+        return None
 
 
 class DigestTable(Protocol):
@@ -50,29 +42,32 @@ class LayerDigests:
 
     def __init__(self, layer: FlowLayer, idle_seconds: float = 600.0) -> None:
         self.layer, self.idle_seconds = layer, idle_seconds
-        self._written: dict[FlowKey, float] = {}  # when we last wrote each flow, bounded below
+        self._written: dict[bytes, float] = {}  # when we last wrote each flow (by its key's bytes), bounded below
 
     def get(self, flow: FlowKey) -> tuple[bytes, ...]:
-        written = self._written.get(flow)
+        raw = bytes(flow)
+        written = self._written.get(raw)
         if written is not None and time.monotonic() - written > self.idle_seconds:
-            del self._written[flow]  # idle too long: this flow starts afresh
+            del self._written[raw]  # idle too long: this flow starts afresh
             return ()
         # Never written by this daemon: an earlier one may have (the map is pinned), so read it.
         try:
-            record = self.layer.lookup_flow(*flow.client, *flow.server, flow.proto)
+            record = self.layer.lookup_flow(flow)
         except (OSError, ValueError) as exc:  # the table only saves work: a request never fails on it
-            log.warning("flow table: reading %s %s failed, serving without its digests: %s", flow.proto, flow, exc)
+            log.warning("flow table: reading %s %s failed, serving without its digests: %s", flow.proto_name, flow,
+                        exc)  # fmt: skip
             return ()
         return tuple(d for d in record.digests if any(d)) if record is not None else ()
 
     def put(self, flow: FlowKey, digests: list[bytes]) -> None:
         try:
-            self.layer.write_digests(*flow.client, *flow.server, flow.proto, digests)
+            self.layer.write_digests(flow, digests)
         except (OSError, ValueError) as exc:
-            log.warning("flow table: writing %s %s failed; its next request starts cold: %s", flow.proto, flow, exc)
+            log.warning("flow table: writing %s %s failed; its next request starts cold: %s", flow.proto_name, flow,
+                        exc)  # fmt: skip
             return
         now = time.monotonic()
-        self._written[flow] = now
+        self._written[bytes(flow)] = now
         if len(self._written) > 65536:  # forget the idle ones; the map keeps its own LRU bound
             for key in [k for k, t in self._written.items() if now - t > self.idle_seconds][:4096]:
                 del self._written[key]

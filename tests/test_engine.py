@@ -190,7 +190,7 @@ def test_prefix_reuse_equals_cold_generation(bundle: firmware.Bundle, engine: En
     try:
         first_text, first, _ = _run(_collect(warm, _greedy(12)))
         turn2 = (*CONVERSATION, Message("assistant", first_text), Message("user", "Give an example."))
-        prior = tuple(bytes.fromhex(d) for d in first.trace.digests)
+        prior = tuple(first.trace.digests)
         text, done, _ = _run(_collect(warm, _greedy(12, turn2, prior_digests=prior)))
     finally:
         warm.close()

@@ -162,8 +162,8 @@ def test_flow_map_round_trips(layer: KernelLayer) -> None:
     assert {bytes(k): v.packets for k, v in m.items()} == walked
     v6 = next(r for r in layer.flows() if r.proto == "tcp")
     assert v6.client == ("2001:db8::7", 55000) and v6.server == ("2001:db8::1", 443)
-    layer.write_digests("10.0.0.10", 1009, "10.0.9.254", PORT, "udp", [b"a" * 32, b"b" * 32])
-    rec = layer.lookup_flow("10.0.0.10", 1009, "10.0.9.254", PORT, "udp")
+    layer.write_digests(FlowKey.make("udp", ("10.0.0.10", 1009), ("10.0.9.254", PORT)), [b"a" * 32, b"b" * 32])
+    rec = layer.lookup_flow(FlowKey.make("udp", ("10.0.0.10", 1009), ("10.0.9.254", PORT)))
     assert rec is not None and rec.digests == (b"a" * 32, b"b" * 32) and rec.packets == 16  # counters kept
 
 
@@ -185,11 +185,11 @@ def test_allowlist_map_and_lpm(layer: KernelLayer, caplog: pytest.LogCaptureFixt
 def test_pinned_maps_survive_a_second_load(bpf_object: Path, pin_root: Path) -> None:
     first = KernelLayer(bpf_object, pin_root)
     first.set_ports([PORT])
-    first.write_digests("10.1.2.3", 40000, "10.1.2.1", PORT, "udp", [b"d" * 32])
+    first.write_digests(FlowKey.make("udp", ("10.1.2.3", 40000), ("10.1.2.1", PORT)), [b"d" * 32])
     first.close()
     assert sorted(p.name for p in pin_root.iterdir()) == ["allow", "allow_config", "flows", "ports", "verdicts"]
     with KernelLayer(bpf_object, pin_root) as second:
-        rec = second.lookup_flow("10.1.2.3", 40000, "10.1.2.1", PORT, "udp")
+        rec = second.lookup_flow(FlowKey.make("udp", ("10.1.2.3", 40000), ("10.1.2.1", PORT)))
         assert rec is not None and rec.digests == (b"d" * 32,)
         assert [k.value for k in second.ports_map.iter_keys()] == [PORT]
 
@@ -211,7 +211,7 @@ def test_tc_counts_udp_flow_both_directions(layer: KernelLayer, netpair: NetPair
     sizes = [1, 100, 512, 1200]
     result = send(netpair, sizes)
     assert result["received"] == len(sizes)
-    rec = layer.lookup_flow(netpair.client4, result["port"], netpair.server4, PORT, "udp")
+    rec = layer.lookup_flow(FlowKey.make("udp", (netpair.client4, result["port"]), (netpair.server4, PORT)))
     assert rec is not None, list(layer.flows())
     assert rec.packets == 2 * len(sizes)  # each datagram in (ingress) and its echo out (egress)
     assert rec.bytes == 2 * sum(n + UDP + IPV4 + ETH for n in sizes)
@@ -219,11 +219,12 @@ def test_tc_counts_udp_flow_both_directions(layer: KernelLayer, netpair: NetPair
     # IPv6: same key layout, family 10
     result6 = send(netpair, sizes, v6=True)
     assert result6["received"] == len(sizes)
-    rec6 = layer.lookup_flow(netpair.client6, result6["port"], netpair.server6, PORT, "udp")
+    rec6 = layer.lookup_flow(FlowKey.make("udp", (netpair.client6, result6["port"]), (netpair.server6, PORT)))
     assert rec6 is not None and rec6.packets == 2 * len(sizes)
     assert rec6.bytes == 2 * sum(n + UDP + IPV6 + ETH for n in sizes)
     # digests written by userspace survive the kernel's counting
-    layer.write_digests(netpair.client4, result["port"], netpair.server4, PORT, "udp", [b"z" * 32])
+    layer.write_digests(FlowKey.make("udp", (netpair.client4, result["port"]), (netpair.server4, PORT)),
+                        [b"z" * 32])
     assert send(netpair, [10])["received"] == 1
     assert layer.verdict_counts()["tc_pass"] == 2 * len(sizes) + 1
     layer.detach()
@@ -320,7 +321,7 @@ def test_loopback_counts_each_packet_once(layer: KernelLayer, netpair: NetPair) 
     with echo_server(netpair.server_ns, "127.0.0.1"):
         result = send(netpair, sizes, via=(netpair.server_ns, "127.0.0.1", "127.0.0.1"))
     assert result["received"] == 2
-    rec = layer.lookup_flow("127.0.0.1", result["port"], "127.0.0.1", PORT, "udp")
+    rec = layer.lookup_flow(FlowKey.make("udp", ("127.0.0.1", result["port"]), ("127.0.0.1", PORT)))
     assert rec is not None and rec.packets == 4 and rec.bytes == 2 * sum(n + UDP + IPV4 + ETH for n in sizes)
 
 
@@ -407,10 +408,11 @@ def test_userspace_flows_same_layout_and_lru_bound() -> None:
     raw_key, raw_value = next(iter(flows._flows.items()))
     assert isinstance(raw_value, FlowValue) and len(raw_key) == ctypes.sizeof(FlowKey)
     assert FlowKey.from_buffer_copy(raw_key).family == 2
-    rec = flows.lookup_flow("10.0.0.1", 5000, "10.0.0.254", PORT, "udp")
+    rec = flows.lookup_flow(FlowKey.make("udp", ("10.0.0.1", 5000), ("10.0.0.254", PORT)))
     assert rec is not None and (rec.packets, rec.bytes, rec.last_ns) == (2, 150, 9)
-    flows.write_digests("10.0.0.1", 5000, "10.0.0.254", PORT, "udp", [bytes([i]) * 32 for i in range(12)])
-    rec = flows.lookup_flow("10.0.0.1", 5000, "10.0.0.254", PORT, "udp")
+    flows.write_digests(FlowKey.make("udp", ("10.0.0.1", 5000), ("10.0.0.254", PORT)),
+                        [bytes([i]) * 32 for i in range(12)])
+    rec = flows.lookup_flow(FlowKey.make("udp", ("10.0.0.1", 5000), ("10.0.0.254", PORT)))
     assert rec is not None and rec.digests == tuple(bytes([i]) * 32 for i in range(2, 12)) and rec.packets == 2
     assert flows.allowed("10.1.2.3") and flows.allowed("::ffff:10.1.2.3") and not flows.allowed("192.0.2.1")
     assert flows.allowed("2001:db8::5") and flows.verdict_counts()["tc_drop"] == 1
@@ -487,7 +489,7 @@ def test_attach_replaces_what_a_killed_run_left_attached(bpf_object: Path, pin_r
         for hook in ("ingress", "egress"):
             assert tc_filters(netpair, hook).count("zerolayer") == 1
         result = send(netpair, [100, 200])
-        rec = layer.lookup_flow(netpair.client4, result["port"], netpair.server4, PORT, "udp")
+        rec = layer.lookup_flow(FlowKey.make("udp", (netpair.client4, result["port"]), (netpair.server4, PORT)))
         assert result["received"] == 2 and rec is not None and rec.packets == 4  # counted once each way
         layer.detach()
         assert "zerolayer" not in tc_filters(netpair, "ingress") + tc_filters(netpair, "egress")

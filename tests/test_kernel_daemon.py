@@ -19,7 +19,7 @@ from daemon_process import UNPRIVILEGED, NotifySocket, daemon_process
 
 from appliance.config import load_config
 from appliance.devsetup import DevSetup, RunningDaemon, write_dev_config
-from appliance.kernel import KernelLayer
+from appliance.kernel import FlowKey, KernelLayer
 from appliance.kernel.loader import PIN_ROOT
 
 LONG = "Explain the for statement, the while statement and the else clauses of both loops. " * 3
@@ -93,7 +93,7 @@ def test_flows_allowlist_reload_restart_and_detach(pins: None, tiny_bundle_path:
     try:
         kernel = restarted.daemon.kernel
         assert isinstance(kernel, KernelLayer)
-        again = kernel.lookup_flow(flow.client[0], flow.client[1], flow.server[0], flow.server[1], "udp")
+        again = kernel.lookup_flow(FlowKey.make("udp", flow.client, flow.server))
         assert again is not None and again.packets >= flow.packets and again.digests == flow.digests
     finally:
         restarted.stop()

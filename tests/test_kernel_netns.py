@@ -19,7 +19,7 @@ from daemon_process import NotifySocket, daemon_process
 from netns import NetPair, sh
 
 from appliance.devsetup import DevSetup, write_dev_config
-from appliance.kernel import FlowRecord, KernelLayer
+from appliance.kernel import FlowKey, FlowRecord, KernelLayer
 from appliance.kernel.loader import PIN_ROOT
 
 PORT = 8443
@@ -120,7 +120,7 @@ def test_daemon_in_a_namespace_counts_filters_reloads_restarts_and_detaches(
     notify = NotifySocket(tmp_path / "notify2.sock")
     with daemon_process(setup.root, notify, argv_prefix=in_server_ns, log=tmp_path / "daemon2.log") as proc:
         notify.wait_for("READY=1")
-        again = reader.lookup_flow(*flow.client, *flow.server, "udp")  # the map is pinned: same entry
+        again = reader.lookup_flow(FlowKey.make("udp", flow.client, flow.server))  # the map is pinned: same entry
         assert again is not None and again.packets == flow.packets and again.digests == flow.digests
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0

@@ -30,8 +30,9 @@ from appliance.engine import (
     Stream,
     TextDelta,
 )
-from appliance.flows import DigestTable, FlowKey, flow_of
+from appliance.flows import DigestTable, flow_of
 from appliance.governor import Governor
+from appliance.kernel import FlowKey
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +250,7 @@ class ApiApp:
             request = dataclasses.replace(request, prior_digests=self.flows.get(flow))
         handle = self._submit(dialect, request)
         if flow is not None:
-            handle.trace.notes.insert(0, f"Flow: {flow.proto} {flow}")
+            handle.trace.notes.insert(0, f"Flow: {flow.proto_name} {flow}")
         watcher = asyncio.create_task(_cancel_on_disconnect(receive, handle))
         self.metrics.stream_opened()
         try:
@@ -264,7 +265,7 @@ class ApiApp:
             handle.cancel()  # no-op when finished; frees the slot if we leave early
             done, trace = handle.finished, handle.trace
             if flow is not None and self.flows is not None and trace.digests:
-                self.flows.put(flow, [bytes.fromhex(d) for d in trace.digests])
+                self.flows.put(flow, trace.digests)
             log.info("request %s %s on %s: %s, %d in + %d out tokens, prefill %.0f ms, %.1f ms/token",
                      trace.request_id, dialect, trace.device, done.stop_reason if done else "aborted",
                      handle.input_tokens, done.output_tokens if done else 0, trace.prefill_ms, trace.ms_per_token,

@@ -61,7 +61,7 @@ class Generation:
         self._prefill_started = 0.0
         block = prefix_cache.block_tokens if prefix_cache is not None else 0
         self.digests = block_digests(prompt.ids, block) if block else []
-        trace.digests = [d.hex() for d in self.digests[-DIGESTS_PER_FLOW:]]
+        trace.digests = self.digests[-DIGESTS_PER_FLOW:]
 
     @property
     def kv_tokens(self) -> int:

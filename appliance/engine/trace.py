@@ -16,7 +16,7 @@ class Trace:
     reused_tokens: int = 0
     prior_digests_found: int = 0
     prior_digests_total: int = 0
-    digests: list[str] = field(default_factory=list)  # hex chain digests of the prompt's last ten blocks
+    digests: list[bytes] = field(default_factory=list)  # chain digests of the prompt's last ten blocks
     prefill_ms: float = 0.0
     decode_tokens: int = 0
     decode_ms: float = 0.0

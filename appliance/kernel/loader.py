@@ -89,11 +89,9 @@ class FlowLayer(Protocol):
 
     def flows(self) -> Iterator[FlowRecord]: ...
 
-    def lookup_flow(self, client_addr: str, client_port: int, server_addr: str, server_port: int,
-                    proto: str) -> FlowRecord | None: ...  # fmt: skip
+    def lookup_flow(self, key: FlowKey) -> FlowRecord | None: ...
 
-    def write_digests(self, client_addr: str, client_port: int, server_addr: str, server_port: int, proto: str,
-                      digests: list[bytes]) -> None: ...  # fmt: skip
+    def write_digests(self, key: FlowKey, digests: list[bytes]) -> None: ...
 
     def verdict_counts(self) -> dict[str, int]: ...
 
@@ -255,18 +253,14 @@ class KernelLayer:
         for key, value in self.flows_map.items():
             yield FlowRecord.of(key, value)
 
-    def lookup_flow(self, client_addr: str, client_port: int, server_addr: str, server_port: int,
-                    proto: str) -> FlowRecord | None:  # fmt: skip
-        key = FlowKey.make(proto, (client_addr, client_port), (server_addr, server_port))
+    def lookup_flow(self, key: FlowKey) -> FlowRecord | None:
         value = self.flows_map.lookup(key)
         return FlowRecord.of(key, value) if value is not None else None
 
-    def write_digests(self, client_addr: str, client_port: int, server_addr: str, server_port: int, proto: str,
-                      digests: list[bytes]) -> None:  # fmt: skip
+    def write_digests(self, key: FlowKey, digests: list[bytes]) -> None:
         """Stores the flow's last FLOW_DIGESTS prompt digests (32 bytes each). The counters are
         read and written back with them: packets counted by the kernel between the two are lost
         (a few, at most, and only in the counters)."""
-        key = FlowKey.make(proto, (client_addr, client_port), (server_addr, server_port))
         value = self.flows_map.lookup(key) or FlowValue()
         value.set_digests(digests)
         self.flows_map.update(key, value)
@@ -517,16 +511,12 @@ class UserspaceFlows:
         for key, value in items:
             yield FlowRecord.of(key, value)
 
-    def lookup_flow(self, client_addr: str, client_port: int, server_addr: str, server_port: int,
-                    proto: str) -> FlowRecord | None:  # fmt: skip
-        key = FlowKey.make(proto, (client_addr, client_port), (server_addr, server_port))
+    def lookup_flow(self, key: FlowKey) -> FlowRecord | None:
         with self._lock:
             value = self._flows.get(bytes(key))
             return FlowRecord.of(key, value) if value is not None else None
 
-    def write_digests(self, client_addr: str, client_port: int, server_addr: str, server_port: int, proto: str,
-                      digests: list[bytes]) -> None:  # fmt: skip
-        key = FlowKey.make(proto, (client_addr, client_port), (server_addr, server_port))
+    def write_digests(self, key: FlowKey, digests: list[bytes]) -> None:
         with self._lock:
             value = self._get(bytes(key), create=True)
             assert value is not None

@@ -66,6 +66,10 @@ class FlowKey(ctypes.Structure):
     def proto_name(self) -> str:
         return PROTO_NAMES.get(self.proto, str(self.proto))
 
+    def __str__(self) -> str:
+        host, port = self.client
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
 
 class FlowValue(ctypes.Structure):
     """struct flow_value: counters kept by the kernel, digests written by userspace."""
