@@ -238,6 +238,7 @@ class Daemon:
                 max_streams_per_connection=cfg.limits.quic_max_streams, ca_certs=cfg.tls.client_ca,
                 max_body_bytes=cfg.limits.max_body_bytes, on_handshake=self.metrics.count_handshake,
                 gate=userspace,  # drop and count datagrams in userspace, as the tc programs would
+                refusal=app.refusal,
             )  # fmt: skip
             quic_port = ls.http3.port
             ls.addresses["http3"] = f"udp port {quic_port}"

@@ -7,9 +7,17 @@ import time
 import uuid
 from typing import Any
 
+from appliance.api.dialect import Call, ModelInfo
 from appliance.api.errors import ApiError
 from appliance.api.fields import get_bool, get_int, get_number, get_str, reject_unknown, text_content
 from appliance.engine import Finished, GenerationRequest, Message
+
+# status -> the Messages API's error type
+_ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    405: "invalid_request_error", 413: "request_too_large", 425: "invalid_request_error", 429: "rate_limit_error",
+    500: "api_error", 503: "api_error", 529: "overloaded_error",
+}  # fmt: skip
 
 _KNOWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
           "metadata", "stream"}  # fmt: skip
@@ -148,4 +156,38 @@ class StreamEncoder:
         )
 
     def error(self, err: ApiError) -> bytes:
-        return f"event: error\ndata: {err.body('anthropic').decode()}\n\n".encode()
+        return f"event: error\ndata: {error_body(err).decode()}\n\n".encode()
+
+
+def error_body(err: ApiError) -> bytes:
+    kind = _ERROR_TYPES.get(err.status, "api_error")
+    return json.dumps({"type": "error", "error": {"type": kind, "message": err.message}}).encode()
+
+
+class AnthropicDialect:
+    """The Messages API (`/v1/messages`, `/v1/messages/count_tokens`, `anthropic-version` clients)."""
+
+    name = "anthropic"
+    busy_status = 529
+
+    def parse(self, doc: dict[str, Any], served_model: str) -> Call:
+        request, stream = parse_request(doc, served_model)
+        return Call(request, stream)
+
+    def response(self, model: str, text: str, done: Finished) -> dict[str, Any]:
+        return response(new_message_id(), model, text, done)
+
+    def stream(self, model: str, input_tokens: int, call: Call) -> StreamEncoder:
+        return StreamEncoder(new_message_id(), model, input_tokens)
+
+    def error_body(self, err: ApiError) -> bytes:
+        return error_body(err)
+
+    def models(self, model: ModelInfo) -> dict[str, Any]:
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(model.created))
+        item = {"type": "model", "id": model.name, "display_name": f"{model.name} {model.version}",
+                "created_at": created}  # fmt: skip
+        return {"data": [item], "has_more": False, "first_id": model.name, "last_id": model.name}
+
+
+ANTHROPIC = AnthropicDialect()

@@ -10,16 +10,18 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from appliance.api import anthropic, openai
+from appliance.api import anthropic
+from appliance.api.anthropic import ANTHROPIC
 from appliance.api.auth import ApiKey, KeyStore, presented_key
-from appliance.api.errors import ANTHROPIC, OPENAI, ApiError, busy_error
+from appliance.api.dialect import Call, Dialect, ModelInfo, StreamEncoder
+from appliance.api.errors import ApiError
 from appliance.api.fields import parse_json_object
 from appliance.api.metrics import Metrics
+from appliance.api.openai import OPENAI
 from appliance.asgi import ASGIApp, Message, Receive, Scope, Send
 from appliance.engine import (
-    Engine,
     EngineBusy,
     EngineError,
     EngineStopped,
@@ -65,7 +67,25 @@ def tag_transport(app: ASGIApp, transport: str) -> ASGIApp:
     return tagged
 
 
-def _dialect(path: str, headers: list[tuple[bytes, bytes]]) -> str:
+class GenerationService(Protocol):
+    """What the app needs of the engine, and nothing more."""
+
+    model_name: str
+    model_version: str
+    default_device: str
+
+    def submit(self, request: GenerationRequest, device: str | None = None) -> Stream: ...
+
+    def count_tokens(self, request: GenerationRequest) -> int: ...
+
+    def alive(self) -> bool: ...
+
+    @property
+    def queued(self) -> int: ...
+
+
+def dialect_of(path: str, headers: list[tuple[bytes, bytes]]) -> Dialect:
+    """The API a request speaks: by its path, else by an Anthropic client's version header."""
     if path.startswith("/v1/messages"):
         return ANTHROPIC
     if path.startswith("/v1/chat"):
@@ -73,21 +93,41 @@ def _dialect(path: str, headers: list[tuple[bytes, bytes]]) -> str:
     return ANTHROPIC if any(k == b"anthropic-version" for k, _ in headers) else OPENAI
 
 
-_ROUTES: dict[str, tuple[str, ...]] = {
-    "/v1/messages": ("POST",),
-    "/v1/messages/count_tokens": ("POST",),
-    "/v1/chat/completions": ("POST",),
-    "/v1/models": ("GET",),
-    "/healthz": ("GET", "HEAD"),
-    "/readyz": ("GET", "HEAD"),
-    "/metrics": ("GET",),
-    "/status": ("GET",),
+@dataclass(frozen=True)
+class Route:
+    methods: tuple[str, ...]
+    handler: str  # the ApiApp method that serves it
+    api: bool = True  # an API endpoint (auth, readiness); False: ops (health, metrics)
+
+
+ROUTES: dict[str, Route] = {
+    "/v1/messages": Route(("POST",), "_generate"),
+    "/v1/messages/count_tokens": Route(("POST",), "_count_tokens"),
+    "/v1/chat/completions": Route(("POST",), "_generate"),
+    "/v1/models": Route(("GET",), "_models"),
+    "/healthz": Route(("GET", "HEAD"), "_healthz", api=False),
+    "/readyz": Route(("GET", "HEAD"), "_readyz", api=False),
+    "/metrics": Route(("GET",), "_metrics", api=False),
+    "/status": Route(("GET",), "_status", api=False),
 }
 DEBUG_HEADER = b"zerolayer-debug"
 
 
+@dataclass
+class Exchange:
+    """One request as the handlers see it."""
+
+    scope: Scope
+    receive: Receive
+    send: Send
+    path: str
+    headers: list[tuple[bytes, bytes]]
+    dialect: Dialect
+    transport: str
+
+
 class ApiApp:
-    def __init__(self, engine: Engine, settings: ApiSettings, metrics: Metrics | None = None,
+    def __init__(self, engine: GenerationService, settings: ApiSettings, metrics: Metrics | None = None,
                  governor: Governor | None = None, status: Callable[[], dict[str, Any]] | None = None,
                  flows: DigestTable | None = None, allowed: Callable[[str], bool] | None = None) -> None:  # fmt: skip
         """`status` answers /status; `allowed` is the source allowlist where the kernel cannot enforce
@@ -96,7 +136,6 @@ class ApiApp:
         self.engine = engine
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self.model_name = engine.bundle.name
         self.governor = governor
         self.status = status
         self.flows = flows
@@ -116,6 +155,10 @@ class ApiApp:
     def active_streams(self) -> int:
         return self.metrics.streams
 
+    def refusal(self, scope: Scope, status: int, message: str) -> bytes:
+        """The error body for a request a transport refuses before the app sees it, in its dialect."""
+        return dialect_of(scope["path"], list(scope.get("headers", []))).error_body(ApiError(status, message))
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await _lifespan(receive, send)
@@ -124,8 +167,8 @@ class ApiApp:
             return
         path, method = scope["path"], scope["method"]
         headers = list(scope.get("headers", []))
-        dialect = _dialect(path, headers)
-        api = dialect if path.startswith("/v1/") else "ops"
+        dialect = dialect_of(path, headers)
+        api = dialect.name if path.startswith("/v1/") else "ops"
         transport = transport_of(scope)
         status = 500
         body_done = [method in ("GET", "HEAD")]
@@ -136,11 +179,18 @@ class ApiApp:
                 body_done[0] = True
             return message
 
+        ex = Exchange(scope, tracking_receive, send, path, headers, dialect, transport)
         try:
             client = scope.get("client")
             if self.allowed is not None and transport == "tcp" and client and not self.allowed(client[0]):
                 raise ApiError(403, "source address not allowed")  # before anything of the request is parsed
-            status = await self._handle(scope, tracking_receive, send, path, method, headers, dialect, transport)
+            route = ROUTES.get(path)
+            if route is None:
+                raise ApiError(404, f"no such endpoint: {path}")
+            if method not in route.methods:
+                raise ApiError(405, f"{path} takes {', '.join(route.methods)}, not {method}",
+                               allow=", ".join(route.methods))  # fmt: skip
+            status = await getattr(self, route.handler)(ex)
         except ApiError as err:
             status = err.status
             headers_out = err.headers()
@@ -148,64 +198,41 @@ class ApiApp:
                 # Answered before the body was read: the server will not reuse this HTTP/1 connection,
                 # so tell the client not to either (it would send its next request into a closing socket).
                 headers_out.append((b"connection", b"close"))
-            await _respond(send, err.status, err.body(dialect), headers_out)
+            await _respond(send, err.status, dialect.error_body(err), headers_out)
         except Exception:
             # Never a traceback to a client: log it for the operator, answer a plain 500.
             log.exception("unhandled error on %s %s", method, path)
             internal = ApiError(500, "internal error: the server logged the details")
-            await _respond(send, 500, internal.body(dialect), internal.headers())
+            await _respond(send, 500, dialect.error_body(internal), internal.headers())
         finally:
             self.metrics.requests.labels(api, transport, str(status)).inc()
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send, path: str, method: str,
-                      headers: list[tuple[bytes, bytes]], dialect: str, transport: str) -> int:  # fmt: skip
-        allowed = _ROUTES.get(path)
-        if allowed is None:
-            raise ApiError(404, f"no such endpoint: {path}")
-        if method not in allowed:
-            raise ApiError(405, f"{path} takes {', '.join(allowed)}, not {method}", allow=", ".join(allowed))
-        if path == "/healthz":
-            return await _json(send, 200, {"status": "alive"})
-        if path == "/readyz":
-            ok = self.ready and self.engine.alive()
-            return await _json(send, 200 if ok else 503, {"status": "ready" if ok else "not ready"})
-        if path == "/metrics":
-            self._refresh_gauges()
-            await _respond(send, 200, self.metrics.render(), [(b"content-type", b"text/plain; version=0.0.4")])
-            return 200
-        key = self._authorize(transport, headers)
-        # The decision trace only for callers who may see it: the local socket, or a debug key.
-        may_debug = transport not in NETWORK_TRANSPORTS or (key is not None and key.debug)
-        debug = may_debug and any(k == DEBUG_HEADER and v.strip() == b"1" for k, v in headers)
-        if path == "/status":
-            if not may_debug:
-                raise ApiError(403, "status is for the local socket or a debug API key")
-            return await _json(send, 200, self.status() if self.status else {})
-        if not self.ready:
-            raise ApiError(503, "the appliance is starting: firmware, engine or listeners not ready yet",
-                           retry_after=1)  # fmt: skip
-        if path == "/v1/models":
-            return await _json(send, 200, self._models(dialect))
-        body = await _read_body(receive, headers, self.settings.max_body_bytes)
-        doc = parse_json_object(body)
-        if path == "/v1/messages/count_tokens":
-            request = anthropic.parse_count_tokens(doc, self.model_name)
-            try:
-                count = self.engine.count_tokens(request)
-            except InvalidRequest as exc:
-                raise ApiError(400, str(exc), param=exc.param) from None
-            return await _json(send, 200, {"input_tokens": count})
-        flow = flow_of(scope, transport) if self.flows is not None else None
-        if path == "/v1/messages":
-            request, stream = anthropic.parse_request(doc, self.model_name)
-            return await self._generate(send, receive, dialect, request, stream, False, debug, flow)
-        request, stream, include_usage = openai.parse_request(doc, self.model_name)
-        return await self._generate(send, receive, dialect, request, stream, include_usage, debug, flow)
+    # --- ops endpoints -------------------------------------------------------------------------
 
-    def _authorize(self, transport: str, headers: list[tuple[bytes, bytes]]) -> ApiKey | None:
-        presented = presented_key(headers)
+    async def _healthz(self, ex: Exchange) -> int:
+        return await _json(ex.send, 200, {"status": "alive"})
+
+    async def _readyz(self, ex: Exchange) -> int:
+        ok = self.ready and self.engine.alive()
+        return await _json(ex.send, 200 if ok else 503, {"status": "ready" if ok else "not ready"})
+
+    async def _metrics(self, ex: Exchange) -> int:
+        self.metrics.queue_depth.set(self.engine.queued)
+        await _respond(ex.send, 200, self.metrics.render(), [(b"content-type", b"text/plain; version=0.0.4")])
+        return 200
+
+    async def _status(self, ex: Exchange) -> int:
+        key = self._authorize(ex)
+        if not self._may_debug(ex, key):
+            raise ApiError(403, "status is for the local socket or a debug API key")
+        return await _json(ex.send, 200, self.status() if self.status else {})
+
+    # --- the API -------------------------------------------------------------------------------
+
+    def _authorize(self, ex: Exchange) -> ApiKey | None:
+        presented = presented_key(ex.headers)
         key = self.settings.keys.check(presented) if presented else None
-        if transport not in NETWORK_TRANSPORTS or not self.settings.auth_required:
+        if ex.transport not in NETWORK_TRANSPORTS or not self.settings.auth_required:
             return key  # the Unix socket is authorised by its file permissions
         if presented is None:
             raise ApiError(401, "missing API key: send it as x-api-key or Authorization: Bearer")
@@ -213,27 +240,49 @@ class ApiApp:
             raise ApiError(401, "invalid API key")
         return key
 
-    def _models(self, dialect: str) -> dict[str, Any]:
-        name = self.model_name
-        if dialect == ANTHROPIC:
-            created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created))
-            item = {"type": "model", "id": name, "display_name": f"{name} {self.engine.bundle.version}",
-                    "created_at": created}  # fmt: skip
-            return {"data": [item], "has_more": False, "first_id": name, "last_id": name}
-        model: dict[str, Any] = {"id": name, "object": "model", "created": self.created, "owned_by": "zerolayer"}
-        return {"object": "list", "data": [model]}
+    @staticmethod
+    def _may_debug(ex: Exchange, key: ApiKey | None) -> bool:
+        """The decision trace only for callers who may see it: the local socket, or a debug key."""
+        return ex.transport not in NETWORK_TRANSPORTS or (key is not None and key.debug)
 
-    def _refresh_gauges(self) -> None:
-        self.metrics.queue_depth.set(self.engine.queued)
+    def _admit(self, ex: Exchange) -> ApiKey | None:
+        key = self._authorize(ex)
+        if not self.ready:
+            raise ApiError(503, "the appliance is starting: firmware, engine or listeners not ready yet",
+                           retry_after=1)  # fmt: skip
+        return key
 
-    def _submit(self, dialect: str, request: GenerationRequest) -> Stream:
+    async def _models(self, ex: Exchange) -> int:
+        self._admit(ex)
+        model = ModelInfo(self.engine.model_name, self.engine.model_version, self.created)
+        return await _json(ex.send, 200, ex.dialect.models(model))
+
+    async def _count_tokens(self, ex: Exchange) -> int:
+        self._admit(ex)
+        doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
+        request = anthropic.parse_count_tokens(doc, self.engine.model_name)
+        try:
+            count = self.engine.count_tokens(request)
+        except InvalidRequest as exc:
+            raise ApiError(400, str(exc), param=exc.param) from None
+        return await _json(ex.send, 200, {"input_tokens": count})
+
+    async def _generate(self, ex: Exchange) -> int:
+        key = self._admit(ex)
+        debug = self._may_debug(ex, key) and any(k == DEBUG_HEADER and v.strip() == b"1" for k, v in ex.headers)
+        doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
+        call = ex.dialect.parse(doc, self.engine.model_name)
+        flow = flow_of(ex.scope, ex.transport) if self.flows is not None else None
+        return await self._run(ex, call, debug, flow)
+
+    def _submit(self, dialect: Dialect, request: GenerationRequest) -> Stream:
         device = self.governor.place() if self.governor else self.engine.default_device
         try:
             handle = self.engine.submit(request, device)
         except InvalidRequest as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
         except EngineBusy as exc:
-            raise busy_error(dialect, f"{exc}; retry shortly") from None
+            raise ApiError(dialect.busy_status, f"{exc}; retry shortly", retry_after=1) from None
         except EngineStopped as exc:
             raise ApiError(503, str(exc), retry_after=1) from None
         self.metrics.placed.labels(device).inc()
@@ -241,23 +290,22 @@ class ApiApp:
             handle.trace.notes.append(f"Placement: {self.governor.describe()} -> {device}")
         return handle
 
-    async def _generate(self, send: Send, receive: Receive, dialect: str, request: GenerationRequest,
-                        stream: bool, include_usage: bool, debug: bool = False,
-                        flow: FlowKey | None = None) -> int:  # fmt: skip
+    async def _run(self, ex: Exchange, call: Call, debug: bool, flow: FlowKey | None) -> int:
         started = time.monotonic()
+        request = call.request
         if flow is not None and self.flows is not None:
             # What this connection sent last: the engine says how much of it the new prompt shares.
             request = dataclasses.replace(request, prior_digests=self.flows.get(flow))
-        handle = self._submit(dialect, request)
+        handle = self._submit(ex.dialect, request)
         if flow is not None:
             handle.trace.notes.insert(0, f"Flow: {flow.proto_name} {flow}")
-        watcher = asyncio.create_task(_cancel_on_disconnect(receive, handle))
+        watcher = asyncio.create_task(_cancel_on_disconnect(ex.receive, handle))
         self.metrics.stream_opened()
+        model = self.engine.model_name
+        sink: Sink = (StreamSink(ex.send, ex.dialect.stream(model, handle.input_tokens, call), debug) if call.stream
+                      else WholeSink(ex.send, ex.dialect, model, debug))  # fmt: skip
         try:
-            if stream:
-                await self._stream(send, dialect, handle, started, include_usage, debug)
-            else:
-                await self._complete(send, dialect, handle, started, debug)
+            await self._pump(handle, sink, started)
             return 200
         finally:
             self.metrics.stream_closed()
@@ -267,72 +315,120 @@ class ApiApp:
             if flow is not None and self.flows is not None and trace.digests:
                 self.flows.put(flow, trace.digests)
             log.info("request %s %s on %s: %s, %d in + %d out tokens, prefill %.0f ms, %.1f ms/token",
-                     trace.request_id, dialect, trace.device, done.stop_reason if done else "aborted",
+                     trace.request_id, ex.dialect.name, trace.device, done.stop_reason if done else "aborted",
                      handle.input_tokens, done.output_tokens if done else 0, trace.prefill_ms, trace.ms_per_token,
                      extra={"request_id": trace.request_id, "device": trace.device})  # fmt: skip
 
-    def _observe(self, started: float, last: float | None, now: float) -> float:
-        if last is None:
-            self.metrics.ttft.observe(now - started)
-        else:
-            self.metrics.inter_token.observe(now - last)
-        return now
-
-    def _count(self, done: Finished) -> None:
-        self.metrics.tokens.labels("input").inc(done.input_tokens)
-        self.metrics.tokens.labels("output").inc(done.output_tokens)
-
-    async def _complete(self, send: Send, dialect: str, handle: Stream, started: float, debug: bool) -> None:
-        parts: list[str] = []
+    async def _pump(self, handle: Stream, sink: Sink, started: float) -> None:
+        """The one loop from engine events to a sink: a whole response or a stream."""
+        await sink.open()
         last: float | None = None
         try:
             async for event in handle:
                 if isinstance(event, TextDelta):
-                    last = self._observe(started, last, time.monotonic())
-                    parts.append(event.text)
-        except EngineError as exc:
-            raise ApiError(503 if isinstance(exc, EngineStopped) else 500, f"generation failed: {exc}") from None
-        done = handle.finished
-        assert done is not None
-        self._count(done)
-        text = "".join(parts)
-        if dialect == ANTHROPIC:
-            doc = anthropic.response(anthropic.new_message_id(), self.model_name, text, done)
-        else:
-            doc = openai.response(openai.new_completion_id(), self.model_name, text, done)
-        extra = [(b"zerolayer-trace", json.dumps(done.trace.lines()).encode())] if debug else []
-        await _respond(send, 200, json.dumps(doc, ensure_ascii=False).encode(),
-                       [(b"content-type", b"application/json"), *extra])  # fmt: skip
-
-    async def _stream(self, send: Send, dialect: str, handle: Stream, started: float, include_usage: bool,
-                      debug: bool) -> None:  # fmt: skip
-        encoder: anthropic.StreamEncoder | openai.StreamEncoder
-        if dialect == ANTHROPIC:
-            encoder = anthropic.StreamEncoder(anthropic.new_message_id(), self.model_name, handle.input_tokens)
-        else:
-            encoder = openai.StreamEncoder(openai.new_completion_id(), self.model_name, include_usage)
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]})  # fmt: skip
-        await _chunk(send, encoder.start())
-        last: float | None = None
-        try:
-            async for event in handle:
-                if isinstance(event, TextDelta):
-                    last = self._observe(started, last, time.monotonic())
-                    await _chunk(send, encoder.delta(event.text))
-                elif isinstance(event, Prefilled) and debug:  # before the first delta
-                    await _chunk(send, encoder.debug(event.trace.lines()[:2] + event.trace.lines()[3:]))
+                    now = time.monotonic()
+                    if last is None:
+                        self.metrics.ttft.observe(now - started)
+                    else:
+                        self.metrics.inter_token.observe(now - last)
+                    last = now
+                    await sink.delta(event.text)
+                elif isinstance(event, Prefilled):  # before the first delta
+                    await sink.prefilled(event.trace.lines())
                 elif isinstance(event, Finished):
-                    self._count(event)
-                    if debug:
-                        await _chunk(send, encoder.debug(event.trace.lines()[2:3]))
-                    if event.stop_reason != "cancelled":
-                        await _chunk(send, encoder.finish(event))
+                    self.metrics.tokens.labels("input").inc(event.input_tokens)
+                    self.metrics.tokens.labels("output").inc(event.output_tokens)
+                    await sink.finished(event)
         except EngineError as exc:
+            status = 503 if isinstance(exc, EngineStopped) else 500
+            if not sink.started:
+                raise ApiError(status, f"generation failed: {exc}") from None
             # Headers are gone: the failure travels as the dialect's in-stream error.
             log.error("generation %s failed mid-stream: %s", handle.request.request_id, exc)
-            await _chunk(send, encoder.error(ApiError(500, f"generation failed: {exc}")))
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await sink.error(ApiError(status, f"generation failed: {exc}"))
+        await sink.close()
+
+
+class Sink(Protocol):
+    started: bool  # response headers sent
+
+    async def open(self) -> None: ...
+
+    async def prefilled(self, trace: list[str]) -> None: ...
+
+    async def delta(self, text: str) -> None: ...
+
+    async def finished(self, done: Finished) -> None: ...
+
+    async def error(self, err: ApiError) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class WholeSink:
+    """The answer as one JSON document once it is complete."""
+
+    def __init__(self, send: Send, dialect: Dialect, model: str, debug: bool) -> None:
+        self.send, self.dialect, self.model, self.debug = send, dialect, model, debug
+        self.started = False
+        self.parts: list[str] = []
+        self.done: Finished | None = None
+
+    async def open(self) -> None:
+        pass
+
+    async def prefilled(self, trace: list[str]) -> None:
+        pass
+
+    async def delta(self, text: str) -> None:
+        self.parts.append(text)
+
+    async def finished(self, done: Finished) -> None:
+        self.done = done
+
+    async def error(self, err: ApiError) -> None:
+        raise err
+
+    async def close(self) -> None:
+        assert self.done is not None
+        doc = self.dialect.response(self.model, "".join(self.parts), self.done)
+        extra = [(b"zerolayer-trace", json.dumps(self.done.trace.lines()).encode())] if self.debug else []
+        self.started = True
+        await _respond(self.send, 200, json.dumps(doc, ensure_ascii=False).encode(),
+                       [(b"content-type", b"application/json"), *extra])  # fmt: skip
+
+
+class StreamSink:
+    """Server-sent events in the dialect's shape, as the engine produces tokens."""
+
+    def __init__(self, send: Send, encoder: StreamEncoder, debug: bool) -> None:
+        self.send, self.encoder, self.debug = send, encoder, debug
+        self.started = False
+
+    async def open(self) -> None:
+        await self.send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]})  # fmt: skip
+        self.started = True
+        await _chunk(self.send, self.encoder.start())
+
+    async def prefilled(self, trace: list[str]) -> None:
+        if self.debug:  # the shard and cache decisions now; the run's figures at the end
+            await _chunk(self.send, self.encoder.debug(trace[:2] + trace[3:]))
+
+    async def delta(self, text: str) -> None:
+        await _chunk(self.send, self.encoder.delta(text))
+
+    async def finished(self, done: Finished) -> None:
+        if self.debug:
+            await _chunk(self.send, self.encoder.debug(done.trace.lines()[2:3]))
+        if done.stop_reason != "cancelled":
+            await _chunk(self.send, self.encoder.finish(done))
+
+    async def error(self, err: ApiError) -> None:
+        await _chunk(self.send, self.encoder.error(err))
+
+    async def close(self) -> None:
+        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _cancel_on_disconnect(receive: Receive, handle: Stream) -> None:

@@ -7,9 +7,19 @@ import time
 import uuid
 from typing import Any
 
+from appliance.api.dialect import Call, ModelInfo
 from appliance.api.errors import ApiError
 from appliance.api.fields import get_bool, get_int, get_number, get_str, reject_unknown, text_content
 from appliance.engine import Finished, GenerationRequest, Message
+
+# status -> (OpenAI error type, code)
+_ERROR_KINDS: dict[int, tuple[str, str | None]] = {
+    400: ("invalid_request_error", None), 401: ("invalid_request_error", "invalid_api_key"),
+    403: ("invalid_request_error", "permission_denied"), 404: ("invalid_request_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"), 413: ("invalid_request_error", "request_too_large"),
+    425: ("invalid_request_error", "too_early"), 429: ("rate_limit_error", "rate_limit_exceeded"),
+    500: ("server_error", None), 503: ("server_error", "not_ready"), 529: ("server_error", "overloaded"),
+}  # fmt: skip
 
 _KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
           "stream", "stream_options", "user", "frequency_penalty", "presence_penalty", "logprobs", "metadata",
@@ -168,4 +178,36 @@ class StreamEncoder:
         return out + b"data: [DONE]\n\n"
 
     def error(self, err: ApiError) -> bytes:
-        return b"data: " + err.body("openai") + b"\n\n"
+        return b"data: " + error_body(err) + b"\n\n"
+
+
+def error_body(err: ApiError) -> bytes:
+    kind, code = _ERROR_KINDS.get(err.status, _ERROR_KINDS[500])
+    return json.dumps({"error": {"message": err.message, "type": kind, "param": err.param, "code": code}}).encode()
+
+
+class OpenAIDialect:
+    """Chat Completions (`/v1/chat/completions`, and OpenAI clients on shared paths)."""
+
+    name = "openai"
+    busy_status = 429
+
+    def parse(self, doc: dict[str, Any], served_model: str) -> Call:
+        request, stream, include_usage = parse_request(doc, served_model)
+        return Call(request, stream, include_usage)
+
+    def response(self, model: str, text: str, done: Finished) -> dict[str, Any]:
+        return response(new_completion_id(), model, text, done)
+
+    def stream(self, model: str, input_tokens: int, call: Call) -> StreamEncoder:
+        return StreamEncoder(new_completion_id(), model, call.include_usage)
+
+    def error_body(self, err: ApiError) -> bytes:
+        return error_body(err)
+
+    def models(self, model: ModelInfo) -> dict[str, Any]:
+        item: dict[str, Any] = {"id": model.name, "object": "model", "created": model.created, "owned_by": "zerolayer"}
+        return {"object": "list", "data": [item]}
+
+
+OPENAI = OpenAIDialect()

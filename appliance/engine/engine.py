@@ -313,6 +313,7 @@ class Engine:
                  admitting: Callable[[str], bool] | None = None) -> None:  # fmt: skip
         """`admitting(device)` False holds new requests for that device in its queue (the shed policy)."""
         self.bundle = bundle
+        self.model_name, self.model_version = bundle.name, bundle.version
         self.config = config or EngineConfig()
         shard = self.config.max_tokens_per_shard or bundle.layer.max_tokens_per_shard
         if shard < 1:

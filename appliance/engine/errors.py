@@ -1,16 +1,12 @@
-"""Typed engine errors: the API maps each to a status code and its dialect's error JSON."""
+"""Typed engine errors. No HTTP here: the API maps each to a status in its dialect."""
 
 
 class EngineError(Exception):
-    """Base class. `status` is the HTTP status a transport should answer with."""
-
-    status = 500
+    """Base class: the engine could not serve the request."""
 
 
 class InvalidRequest(EngineError):
     """The client's mistake: bad parameters, an empty prompt, a context overflow."""
-
-    status = 400
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -24,8 +20,6 @@ class ContextOverflow(InvalidRequest):
 class EngineBusy(EngineError):
     """The admission queue is full; retry after a while."""
 
-    status = 429
-
 
 class EngineStopped(EngineError):
-    status = 503
+    """The engine is stopping (or stopped) and takes no more work."""

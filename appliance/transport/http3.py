@@ -222,13 +222,9 @@ class _Exchange:
             raise RuntimeError(f"unexpected ASGI message {kind!r} (response started: {self.response_started})")
 
     def respond(self, status: int, error: str) -> None:
-        """Answer without the app: a JSON error body, for requests the transport refuses.
-
-        The transport does not know the API dialect, so the body is the one shape both parse:
-        Anthropic's {"type": "error", "error": {type, message}} with OpenAI's param and code."""
-        kind = {413: "request_too_large", 400: "invalid_request_error"}.get(status, "api_error")
-        detail = {"type": kind, "message": error, "param": None, "code": kind}
-        body = json.dumps({"type": "error", "error": detail}).encode()
+        """Answer without the app, for requests the transport refuses: the body in the request's
+        API dialect, as the app would write it."""
+        body = self.conn.server.refusal(self.scope, status, error)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         self.response_started = True
         self.conn.send_headers(self.stream_id, status, headers)
@@ -489,12 +485,22 @@ class _Http3Connection(QuicConnectionProtocol):
         return self._client_verified
 
 
+# scope, status, message -> the JSON error body
+Refusal = Callable[[Scope, int, str], bytes]
+
+
+def plain_refusal(scope: Scope, status: int, message: str) -> bytes:
+    return json.dumps({"error": {"message": message}}).encode()
+
+
 class Http3Server(asyncio.DatagramProtocol):
     """The UDP endpoint: routes datagrams to connections by connection ID, accepts or refuses new ones."""
 
     def __init__(self, app: ASGIApp, configuration: QuicConfiguration, settings: _Settings, tickets: TicketStore,
-                 on_handshake: OnHandshake | None, gate: DatagramGate | None = None) -> None:  # fmt: skip
+                 on_handshake: OnHandshake | None, gate: DatagramGate | None = None,
+                 refusal: Refusal | None = None) -> None:  # fmt: skip
         self.app = app
+        self.refusal = refusal or plain_refusal
         self.configuration = configuration
         self.settings = settings
         self.tickets = tickets
@@ -661,10 +667,12 @@ async def serve_http3(
     on_handshake: OnHandshake | None = None,
     sock: socket.socket | None = None,
     gate: DatagramGate | None = None,
+    refusal: Refusal | None = None,
 ) -> Http3Server:
     """Serve `app` over HTTP/3 on UDP `host`:`port` (port 0 picks one; "::" is dual-stack), or on
     `sock`, an already bound UDP socket (systemd socket activation).
     `gate`: drop and count datagrams in userspace, as the kernel's programs would.
+    `refusal`: the error body for requests refused before the app sees them (the API's dialect).
 
     `ticket_key_path` is the session ticket store file (None: tickets live in memory only).
     `ca_certs` turns on mTLS: a client must present a certificate this CA bundle verifies."""
@@ -688,7 +696,7 @@ async def serve_http3(
         sock = bind_udp(host, port)
     loop = asyncio.get_running_loop()
     _, server = await loop.create_datagram_endpoint(
-        lambda: Http3Server(app, configuration, settings, tickets, on_handshake, gate), sock=sock
+        lambda: Http3Server(app, configuration, settings, tickets, on_handshake, gate, refusal), sock=sock
     )
     return server
 

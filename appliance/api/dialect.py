@@ -1,0 +1,57 @@
+"""What differs between the APIs the app speaks, behind one interface: a request body into a
+generation call, a whole answer and a stream out, errors in the dialect's own JSON, the status a
+full queue gets, and the model list. The app holds no `if anthropic` branch; each dialect is an
+object (appliance/api/anthropic.py, appliance/api/openai.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from appliance.api.errors import ApiError
+from appliance.engine import Finished, GenerationRequest
+
+
+@dataclass(frozen=True)
+class Call:
+    """A parsed generation request and how the client wants the answer."""
+
+    request: GenerationRequest
+    stream: bool
+    include_usage: bool = False  # OpenAI's stream_options.include_usage
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    version: str
+    created: int  # unix seconds
+
+
+class StreamEncoder(Protocol):
+    """Engine events -> the dialect's server-sent events."""
+
+    def start(self) -> bytes: ...
+
+    def delta(self, text: str) -> bytes: ...
+
+    def debug(self, lines: list[str]) -> bytes: ...
+
+    def finish(self, done: Finished) -> bytes: ...
+
+    def error(self, err: ApiError) -> bytes: ...
+
+
+class Dialect(Protocol):
+    name: str  # "anthropic" or "openai": the metrics' api label
+    busy_status: int  # what a full queue answers: Anthropic 529 overloaded, OpenAI 429
+
+    def parse(self, doc: dict[str, Any], served_model: str) -> Call: ...
+
+    def response(self, model: str, text: str, done: Finished) -> dict[str, Any]: ...
+
+    def stream(self, model: str, input_tokens: int, call: Call) -> StreamEncoder: ...
+
+    def error_body(self, err: ApiError) -> bytes: ...
+
+    def models(self, model: ModelInfo) -> dict[str, Any]: ...
