@@ -240,18 +240,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    import dataclasses
+    from appliance.config import toml_value, walk
 
     config = _load_config(args.config)
-    for section in dataclasses.fields(config):
-        if section.name == "sources":
-            continue
-        print(f"[{section.name}]")
-        for f in dataclasses.fields(getattr(config, section.name)):
-            value = getattr(getattr(config, section.name), f.name)
-            where = config.sources.get(f"{section.name}.{f.name}", "default")
-            line = f"{f.name} = {json.dumps(value if isinstance(value, bool | int | float) else str(value or ''))}"
-            print(f"{line:<64} # {where}")
+    section = None
+    for s in walk(config):
+        if s.section != section:
+            section = s.section
+            print(f"[{section}]")
+        line = f"{s.key} = {toml_value(s.value)}"
+        print(f"{line:<64} # {config.sources.get(s.name, 'default')}")
     return 0
 
 

@@ -9,6 +9,7 @@ import ipaddress
 import json
 import os
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -141,20 +142,51 @@ _RANGES: dict[str, tuple[float, float]] = {
 _LEVELS = ("debug", "info", "warning", "error")
 
 
-def reference_table() -> str:
-    """The README's config reference, made from the schema so the two cannot drift."""
-    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
-    defaults = Config()
+@dataclass(frozen=True)
+class Setting:
+    section: str
+    key: str
+    value: Any
+    doc: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.section}.{self.key}"
+
+
+def walk(config: Config) -> Iterator[Setting]:
+    """Every setting of a config, section by section, in schema order (the one walk the reference
+    table, `config check` and the image's commented default config share)."""
     for section in dataclasses.fields(Config):
         if section.name == "sources":
             continue
-        for f in dataclasses.fields(getattr(defaults, section.name)):
-            value = getattr(getattr(defaults, section.name), f.name)
-            if isinstance(value, tuple):
-                shown = json.dumps(list(value))
-            else:
-                shown = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-            rows.append(f"| `{section.name}.{f.name}` | `{shown}` | {f.metadata.get('doc', '')} |")
+        values = getattr(config, section.name)
+        for f in dataclasses.fields(values):
+            yield Setting(section.name, f.name, getattr(values, f.name), f.metadata.get("doc", ""))
+
+
+def toml_value(value: Any) -> str:
+    """A value as TOML a user could paste back (None: the empty string, which turns an option off)."""
+    if value is None:
+        return '""'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return json.dumps([str(v) for v in value])
+    return json.dumps(str(value))
+
+
+def reference_table() -> str:
+    """The README's config reference, made from the schema so the two cannot drift."""
+    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for s in walk(Config()):
+        if isinstance(s.value, tuple):
+            shown = json.dumps(list(s.value))
+        else:
+            shown = "none" if s.value is None else str(s.value).lower() if isinstance(s.value, bool) else str(s.value)
+        rows.append(f"| `{s.name}` | `{shown}` | {s.doc} |")
     return "\n".join(rows)
 
 

@@ -28,7 +28,6 @@ import asyncio
 import gc
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -44,6 +43,7 @@ import onnxruntime_genai as og
 
 from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, Prefilled
 from appliance.engine.session import ModelSession
+from bench.host import load_average, machine
 from bench.streams import (
     Endpoint,
     LoadResult,
@@ -408,21 +408,6 @@ async def fairness(endpoint: Endpoint) -> tuple[float, float, float, int]:
 
 
 # --- report ------------------------------------------------------------------------------------
-
-
-def machine() -> str:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return (f"{platform.machine()}, {os.cpu_count()} CPUs ({cpu or 'unknown CPU'}), {platform.platform()}, "
-            f"Python {platform.python_version()}")  # fmt: skip
-
-
-def load_average() -> str:
-    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def table(rows: list[Row]) -> str:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.engine import load_average, machine
+from bench.host import load_average, machine
 from bench.streams import Endpoint, LoadResult, one_request, run_load, wait_ready, zerolayer_daemon
 from firmware.demo import demo_gguf
 

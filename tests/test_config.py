@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,9 @@ def test_config_check_prints_sources_or_exits_78(root: Path) -> None:
                for line in ok.stdout.splitlines())  # fmt: skip
     assert any(line.startswith("max_body_bytes = 1048576") and line.endswith("# default")
                for line in ok.stdout.splitlines())  # fmt: skip
+    merged = "\n".join(line.split("#", 1)[0].rstrip() for line in ok.stdout.splitlines())
+    assert tomllib.loads(merged)["kernel"] == {  # TOML a user can paste back, tuples as arrays
+        "mode": "auto", "interfaces": ["auto"], "allowlist": [], "xdp": "off", "flow_idle_seconds": 600.0}
     (root / "conf.d" / "50-bad.toml").write_text("[engine]\nthreds = 2\n")
     bad = check()
     assert bad.returncode == EX_CONFIG

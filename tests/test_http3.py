@@ -29,7 +29,9 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from appliance.tls import ClientCert, DevCert, make_client_cert, make_dev_cert
-from appliance.transport.http3 import Http3Server, TicketStore, serve_http3
+from appliance.transport import quic_private
+from appliance.transport.http3 import Http3Server, serve_http3
+from appliance.transport.tickets import TicketStore
 
 
 def run(work: Coroutine[Any, Any, Any], timeout: float = 20.0) -> Any:
@@ -562,3 +564,9 @@ def test_dual_stack_serves_ipv4_and_ipv6(certs: DevCert) -> None:
             await server.close()
 
     run(main())
+
+
+def test_aioquic_still_has_the_private_state_the_server_reaches_into() -> None:
+    """An aioquic upgrade that moves the stream limit or the client-certificate state fails here,
+    loudly, not as mTLS quietly turned off."""
+    quic_private.check()

@@ -5,16 +5,13 @@ machine-id. Plain file operations plus the host's own `systemd-sysusers --root` 
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from appliance.config import Config
+from appliance.config import Config, toml_value, walk
 from firmware.bundle import verify
 from firmware.install import install
 from firmware.signing import load_trusted_keys
@@ -126,28 +123,15 @@ def default_config_text() -> str:
         "# conf.d/*.toml override this file in name order. `zerolayer config check` prints the merged",
         "# result with where each value came from; `systemctl reload zerolayer` applies most keys live.",
     ]
-    defaults = Config()
-    for section in dataclasses.fields(Config):
-        if section.name == "sources":
-            continue
-        lines += ["", f"[{section.name}]"]
-        values = getattr(defaults, section.name)
-        for f in dataclasses.fields(values):
-            lines.append(f"# {f.metadata['doc']}")
-            lines.append(f"#{f.name} = {_toml_value(getattr(values, f.name))}")
+    section = None
+    for setting in walk(Config()):
+        if setting.section != section:
+            section = setting.section
+            lines += ["", f"[{section}]"]
+        lines.append(f"# {setting.doc}")
+        none = "  # none" if setting.value is None else ""
+        lines.append(f"#{setting.key} = {toml_value(setting.value)}{none}")
     return "\n".join(lines) + "\n"
-
-
-def _toml_value(value: Any) -> str:
-    if value is None:
-        return '""  # none'
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return json.dumps([str(v) for v in value])
-    return json.dumps(str(value))
 
 
 def _run(*args: str | Path) -> None:

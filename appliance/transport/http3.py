@@ -1,22 +1,24 @@
 """HTTP/3 on one UDP socket: aioquic's sans-IO QUIC and H3 state machines driving one ASGI app.
 
 This module only moves bytes and maps events: datagrams go to a `QuicConnection` chosen by
-connection ID, QUIC events to an `H3Connection`, H3 events become ASGI calls, and what the app
-sends goes back out at once. It adds what Hypercorn's QUIC server lacks: session tickets that
-survive a restart, 0-RTT that never runs a side effect from replayable data, idle timeout,
-connection and stream limits, and CONNECTION_CLOSE to every client on shutdown.
+connection ID, QUIC events to an `H3Connection`, H3 events to each request's state machine
+(h3_request.py), whose actions become ASGI calls, and what the app sends goes back out at once.
+It adds what Hypercorn's QUIC server lacks: session tickets that survive a restart, 0-RTT that
+never runs a side effect from replayable data, idle timeout, connection and stream limits, and
+CONNECTION_CLOSE to every client on shutdown.
 
 Early data (0-RTT): a request whose HEADERS arrive before the handshake completes came in early
 data, which an attacker can replay. GET/HEAD/OPTIONS run at once; any other method is held until
 `HandshakeCompleted` (a replayed flight never completes a handshake: the replayer lacks the
-client's keys), then runs, so replayed early data never runs a POST. Tickets are also single use,
-so a replayed ClientHello finds no ticket and its early data is dropped.
+client's keys), then runs, so replayed early data never runs a POST (h3_request.py decides).
+Tickets are also single use, so a replayed ClientHello finds no ticket and its early data is
+dropped.
 
 What survives a restart: with `ticket_key_path`, the session tickets issued in the last day (at
-most `TicketStore.max_tickets`) are kept in that file (SQLite, mode 0600). A client holding one
-resumes with a PSK handshake and may send early data to the new process, as long as the new
-process has the same flow-control limits and client CA (their fingerprint is stored with each
-ticket; RFC 9000 section 7.4.1 forbids lowering remembered limits). Connections, streams and
+most `TicketStore.max_tickets`) are kept in that file (tickets.py: SQLite, mode 0600). A client
+holding one resumes with a PSK handshake and may send early data to the new process, as long as
+the new process has the same flow-control limits and client CA (their fingerprint is stored with
+each ticket; RFC 9000 section 7.4.1 forbids lowering remembered limits). Connections, streams and
 requests in flight do not survive: close() ends them with CONNECTION_CLOSE.
 """
 
@@ -24,15 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import hashlib
 import ipaddress
 import json
 import logging
-import os
 import socket
-import sqlite3
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +43,7 @@ from aioquic.h3.connection import H3_ALPN, ErrorCode, H3Connection
 from aioquic.h3.events import DataReceived, H3Event, HeadersReceived
 from aioquic.quic import events
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
-from aioquic.quic.connection import TRANSPORT_CLOSE_FRAME_CAPACITY, NetworkAddress, QuicConnection
+from aioquic.quic.connection import TRANSPORT_CLOSE_FRAME_CAPACITY, NetworkAddress
 from aioquic.quic.crypto import CryptoPair
 from aioquic.quic.packet import (
     QuicErrorCode,
@@ -56,82 +54,24 @@ from aioquic.quic.packet import (
     pull_quic_header,
 )
 from aioquic.quic.packet_builder import QuicPacketBuilder
-from aioquic.tls import AlertDescription, CipherSuite, SessionTicket, load_pem_x509_certificates
+from aioquic.tls import AlertDescription, SessionTicket, load_pem_x509_certificates
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
 from appliance.asgi import ASGIApp, Message, Scope
+from appliance.transport import quic_private
+from appliance.transport.h3_request import Action, Cancel, Reject, RequestMachine, Start
+from appliance.transport.quic_private import ServerConnection
+from appliance.transport.tickets import TicketStore
 
 log = logging.getLogger(__name__)
 
 OnHandshake = Callable[[bool, bool], None]  # (resumed, early_data)
 
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # the only ones run straight from early data
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"})
 
 
 class ClientDisconnected(OSError):
     """send() on a stream the client reset, or on a connection that is gone (ASGI asks for an OSError)."""
-
-
-class TicketStore:
-    """TLS session tickets by ticket id, single use, in SQLite (`path`) or in memory (`path=None`).
-
-    Rows carry a fingerprint of the server settings a resumed client remembers; rows with another
-    fingerprint are dropped on open. The newest `max_tickets` are kept."""
-
-    max_tickets = 10_000
-
-    def __init__(self, path: Path | None, fingerprint: str) -> None:
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))  # SQLite's -wal/-shm copy this mode
-        self._db = sqlite3.connect(":memory:" if path is None else path, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # a crash may lose recent tickets: a full handshake
-        self._db.execute("CREATE TABLE IF NOT EXISTS tickets (id BLOB PRIMARY KEY, expires REAL NOT NULL, "
-                         "fingerprint TEXT NOT NULL, ticket TEXT NOT NULL)")  # fmt: skip
-        self._db.execute("DELETE FROM tickets WHERE expires < ? OR fingerprint != ?", (time.time(), fingerprint))
-        self._fingerprint = fingerprint
-
-    def add(self, ticket: SessionTicket) -> None:
-        cur = self._db.execute(
-            "INSERT OR REPLACE INTO tickets VALUES (?, ?, ?, ?)",
-            (ticket.ticket, ticket.not_valid_after.timestamp(), self._fingerprint, _encode_ticket(ticket)),
-        )
-        if cur.lastrowid is not None and cur.lastrowid > self.max_tickets:
-            self._db.execute("DELETE FROM tickets WHERE rowid <= ?", (cur.lastrowid - self.max_tickets,))
-
-    def pop(self, ticket_id: bytes) -> SessionTicket | None:
-        row = self._db.execute("DELETE FROM tickets WHERE id = ? RETURNING ticket", (ticket_id,)).fetchone()
-        return None if row is None else _decode_ticket(ticket_id, row[0])
-
-    def __len__(self) -> int:
-        return int(self._db.execute("SELECT count(*) FROM tickets").fetchone()[0])
-
-    def close(self) -> None:
-        self._db.close()
-
-
-def _encode_ticket(t: SessionTicket) -> str:
-    return json.dumps({
-        "age_add": t.age_add, "cipher_suite": int(t.cipher_suite), "server_name": t.server_name,
-        "not_valid_before": t.not_valid_before.timestamp(), "not_valid_after": t.not_valid_after.timestamp(),
-        "resumption_secret": t.resumption_secret.hex(), "max_early_data_size": t.max_early_data_size,
-        "other_extensions": [[kind, data.hex()] for kind, data in t.other_extensions],
-    })  # fmt: skip
-
-
-def _decode_ticket(ticket_id: bytes, text: str) -> SessionTicket:
-    d = json.loads(text)
-    utc = datetime.UTC
-    return SessionTicket(
-        age_add=d["age_add"], cipher_suite=CipherSuite(d["cipher_suite"]), server_name=d["server_name"],
-        not_valid_before=datetime.datetime.fromtimestamp(d["not_valid_before"], utc),
-        not_valid_after=datetime.datetime.fromtimestamp(d["not_valid_after"], utc),
-        resumption_secret=bytes.fromhex(d["resumption_secret"]), ticket=ticket_id,
-        max_early_data_size=d["max_early_data_size"],
-        other_extensions=[(kind, bytes.fromhex(data)) for kind, data in d["other_extensions"]],
-    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -164,32 +104,16 @@ class _CountedTransport(asyncio.DatagramTransport):
         self._transport.sendto(data, addr)
 
 
-class _ServerConnection(QuicConnection):
-    """A QuicConnection with our stream limit and, for mTLS, a CertificateRequest.
-
-    aioquic hard-codes 128 streams and asks for client certificates only in its own tests."""
-
-    def __init__(self, *, max_streams: int, request_client_cert: bool, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._local_max_streams_bidi.value = self._local_max_streams_bidi.sent = max_streams
-        self._request_client_cert = request_client_cert
-
-    def _initialize(self, peer_cid: bytes) -> None:
-        super()._initialize(peer_cid)
-        self.tls._request_client_certificate = self._request_client_cert
-
-
 class _Exchange:
     """One request and its response on one bidirectional stream; the ASGI receive/send pair."""
 
-    def __init__(self, conn: _Http3Connection, stream_id: int, scope: Scope) -> None:
+    def __init__(self, conn: _Http3Connection, stream_id: int, scope: Scope, machine: RequestMachine) -> None:
         self.conn = conn
         self.stream_id = stream_id
         self.scope = scope
         self.method: str = scope["method"]
+        self.machine = machine  # where the request is in its life (h3_request.py)
         self.body = bytearray()
-        self.request_ended = False  # FIN or reset seen on the request side
-        self.rejected = False  # answered without the app; the rest of the body is discarded
         self.task: asyncio.Task[None] | None = None
         self.response_started = False
         self.response_ended = False
@@ -269,7 +193,7 @@ class _Http3Connection(QuicConnectionProtocol):
 
     def __init__(self, server: Http3Server, header: QuicHeader, peer: NetworkAddress) -> None:
         settings = server.settings
-        quic = _ServerConnection(
+        quic = ServerConnection(
             configuration=server.configuration,
             original_destination_connection_id=header.destination_cid,
             session_ticket_fetcher=server.tickets.pop,
@@ -278,6 +202,7 @@ class _Http3Connection(QuicConnectionProtocol):
             request_client_cert=settings.client_ca is not None,
         )
         super().__init__(quic)
+        self._server_quic = quic
         self.server = server
         self.cids = {header.destination_cid, quic.host_cid}
         self.exchanges: dict[int, _Exchange] = {}
@@ -286,7 +211,6 @@ class _Http3Connection(QuicConnectionProtocol):
         self.count_datagram: Callable[[int], None] | None = None  # set when flows are counted in userspace
         self._h3: H3Connection | None = None
         self._handshake_done = False
-        self._held: list[_Exchange] = []  # unsafe requests from early data, waiting for the handshake
         self._client_verified: bool | None = None
         self._closing = False
         self._detached = False
@@ -353,92 +277,74 @@ class _Http3Connection(QuicConnectionProtocol):
 
     def forget(self, ex: _Exchange) -> None:
         ex.task = None
-        if ex.request_ended and self.exchanges.get(ex.stream_id) is ex:
+        if ex.machine.finished(app_running=False) and self.exchanges.get(ex.stream_id) is ex:
             del self.exchanges[ex.stream_id]
 
     # private
 
     def _handshake_completed(self, event: events.HandshakeCompleted) -> None:
         if self.server.settings.client_ca is not None and not event.session_resumed and not self._verify_client():
-            missing = self._peer_cert() is None
+            missing = self._server_quic.peer_certificate is None
             alert = AlertDescription.certificate_required if missing else AlertDescription.bad_certificate
             self._closing = True
             self._quic.close(error_code=QuicErrorCode.CRYPTO_ERROR + alert, reason_phrase="client certificate refused")
             return
         self._handshake_done = True
         self.server.handshake_completed(event.session_resumed, event.early_data_accepted)
-        held, self._held = self._held, []
-        for ex in held:
-            self._start(ex)
+        for ex in list(self.exchanges.values()):
+            self._act(ex, ex.machine.handshake_completed())
 
     def _h3_event_received(self, event: H3Event) -> None:
         if isinstance(event, HeadersReceived):
             ex = self.exchanges.get(event.stream_id)
             if ex is None:
-                self._open(event)
-            elif event.stream_ended:  # trailers: nothing in them for us
-                self._end_request(ex)
+                ex = self._open(event)
+            if event.stream_ended:  # with the headers, or trailers: nothing in them for us
+                self._act(ex, ex.machine.end())
         elif isinstance(event, DataReceived) and (ex := self.exchanges.get(event.stream_id)) is not None:
-            if not ex.rejected:
+            keep, actions = ex.machine.data(len(event.data))
+            if keep:
                 ex.body += event.data
-                if len(ex.body) > self.server.settings.max_body_bytes:
-                    self._reject(ex, 413, "request body too large")
+            self._act(ex, actions)
             if event.stream_ended:
-                self._end_request(ex)
+                self._act(ex, ex.machine.end())
 
-    def _open(self, event: HeadersReceived) -> None:
+    def _open(self, event: HeadersReceived) -> _Exchange:
         early_data = not self._handshake_done
-        ex = _Exchange(self, event.stream_id, self._scope(event.headers, early_data))
+        machine = RequestMachine(next((v.decode("latin-1") for k, v in event.headers if k == b":method"), ""),
+                                 early_data=early_data, max_body_bytes=self.server.settings.max_body_bytes)  # fmt: skip
+        ex = _Exchange(self, event.stream_id, self._scope(event.headers, early_data), machine)
         self.exchanges[event.stream_id] = ex
-        length = next((v for k, v in event.headers if k == b"content-length"), b"0")
-        if self.server.draining:
-            self._reject(ex, 503, "server is shutting down")
-        elif not length.isdigit():
-            self._reject(ex, 400, "invalid content-length")
-        elif int(length) > self.server.settings.max_body_bytes:
-            self._reject(ex, 413, "request body too large")
-        if event.stream_ended:
-            self._end_request(ex)
+        length = next((v for k, v in event.headers if k == b"content-length"), None)
+        self._act(ex, machine.headers(length, self.server.draining))
+        return ex
 
-    def _end_request(self, ex: _Exchange) -> None:
-        ex.request_ended = True
-        if ex.rejected:
-            self.forget(ex)
-        elif not self._handshake_done and ex.method not in SAFE_METHODS:
-            self._held.append(ex)  # replayable until the handshake completes
-        else:
-            self._start(ex)
-
-    def _start(self, ex: _Exchange) -> None:
-        ex.task = self.server.spawn(ex.run(self.server.app))
-
-    def _reject(self, ex: _Exchange, status: int, error: str) -> None:
-        """Answer now without the app and ask the client to stop sending the body."""
-        ex.rejected = True
-        ex.body.clear()
-        ex.respond(status, error)
-        if not ex.request_ended:
-            with contextlib.suppress(ValueError):  # the stream may already be gone at the QUIC layer
-                self._quic.stop_stream(ex.stream_id, ErrorCode.H3_NO_ERROR)
-            self.transmit()
+    def _act(self, ex: _Exchange, actions: list[Action]) -> None:
+        """Carry out what the request's state machine decided."""
+        for action in actions:
+            if isinstance(action, Start):
+                ex.task = self.server.spawn(ex.run(self.server.app))
+            elif isinstance(action, Reject):
+                ex.body.clear()
+                ex.respond(action.status, action.message)
+                if action.stop_sending:
+                    with contextlib.suppress(ValueError):  # the stream may already be gone at the QUIC layer
+                        self._quic.stop_stream(ex.stream_id, ErrorCode.H3_NO_ERROR)
+                    self.transmit()
+            elif isinstance(action, Cancel):
+                ex.disconnect()
+                if action.reset:
+                    with contextlib.suppress(ValueError, AssertionError):
+                        self.reset(ex.stream_id, ErrorCode.H3_REQUEST_CANCELLED)
+        if ex.machine.finished(app_running=ex.task is not None) and self.exchanges.get(ex.stream_id) is ex:
+            del self.exchanges[ex.stream_id]
 
     def _stream_abandoned(self, stream_id: int, request_side: bool) -> None:
         ex = self.exchanges.get(stream_id)
-        if ex is None:
-            return
-        if ex in self._held:
-            self._held.remove(ex)
-        if not ex.response_ended:
-            ex.disconnect()
-            with contextlib.suppress(ValueError, AssertionError):
-                self.reset(stream_id, ErrorCode.H3_REQUEST_CANCELLED)
-        if request_side:
-            ex.request_ended = True
-        if ex.task is None and (request_side or ex.rejected):
-            self.exchanges.pop(stream_id, None)
+        if ex is not None:
+            self._act(ex, ex.machine.abandoned(request_side, ex.response_ended))
 
     def _disconnect_all(self) -> None:
-        self._held.clear()
         for ex in self.exchanges.values():
             ex.disconnect()
         self.exchanges.clear()
@@ -470,16 +376,13 @@ class _Http3Connection(QuicConnectionProtocol):
         if self.server.settings.client_ca is None or self._verify_client():
             self.server.tickets.add(ticket)
 
-    def _peer_cert(self) -> Any:
-        return self._quic.tls._peer_certificate
-
     def _verify_client(self) -> bool:
         if self._client_verified is None:
-            store, cert, verified = self.server.settings.client_ca, self._peer_cert(), False
+            store, cert, verified = self.server.settings.client_ca, self._server_quic.peer_certificate, False
             if store is not None and cert is not None:
                 verifier = PolicyBuilder().store(store).build_client_verifier()
                 with contextlib.suppress(VerificationError, ValueError):
-                    verifier.verify(cert, self._quic.tls._peer_certificate_chain)
+                    verifier.verify(cert, self._server_quic.peer_certificate_chain)
                     verified = True
             self._client_verified = verified
         return self._client_verified
@@ -690,6 +593,7 @@ async def serve_http3(
         pem = ca_certs.read_bytes()
         client_ca = Store(load_pem_x509_certificates(pem))
         fingerprint += "/" + hashlib.sha256(pem).hexdigest()
+    quic_private.check()  # mTLS and the stream limit depend on it: say so now, not per connection
     settings = _Settings(max_connections, max_streams_per_connection, max_body_bytes, client_ca)
     tickets = TicketStore(ticket_key_path, fingerprint)
     if sock is None:

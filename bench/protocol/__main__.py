@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.host import load_average, machine
 from bench.protocol.capture import WireStats, read_pcap, tcpdump, wire_stats
 from bench.protocol.load import Point
 from bench.protocol.paths import PATHS, Sample
@@ -85,10 +86,6 @@ class Run:
     loads: list[str] = field(default_factory=list)
     link: list[str] = field(default_factory=list)  # the lossy link forwarder's own counts
     started: float = field(default_factory=time.time)
-
-
-def load_average() -> str:
-    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def cpu_busy() -> float:
@@ -214,20 +211,6 @@ def targets(run: Run) -> list[tuple[str, bool | None]]:
                     f"{gain:.1f} ms ({gain / rtt:.2f} round trips of {rtt:.0f} ms); target >= 1 round trip",
                     gain >= rtt))  # fmt: skip
     return out
-
-
-def machine() -> str:
-    import platform
-
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{platform.machine()}, {os.cpu_count()} CPUs ({cpu or 'unknown CPU'}), {mem:.0f} GiB, "
-            f"{platform.platform()}, Python {platform.python_version()}")  # fmt: skip
 
 
 def versions() -> str:
