@@ -32,13 +32,13 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True)
-class FirmwareConfig:
+class FirmwareSection:
     path: Path = setting(Path("/usr/lib/zerolayer/firmware/current"), 'the bundle to load')
     trusted_keys: Path = setting(Path("/etc/zerolayer/trusted-keys"), 'directory of trusted `*.pub` signing keys')
 
 
 @dataclass(frozen=True)
-class ListenConfig:
+class ListenSection:
     quic: str = setting("[::]:8443", 'HTTP/3 (UDP) `HOST:PORT`; `""` turns it off')
     tcp: str = setting("[::]:8443", 'HTTPS (HTTP/1.1, HTTP/2) `HOST:PORT`; `""` turns it off')
     unix: str = setting("/run/zerolayer/api.sock", 'Unix socket for local clients (no API key); `""` turns it off')
@@ -46,20 +46,20 @@ class ListenConfig:
 
 
 @dataclass(frozen=True)
-class TlsConfig:
+class TlsSection:
     cert: Path = setting(Path("/etc/zerolayer/tls/server.crt"), 'server certificate (PEM)')
     key: Path = setting(Path("/etc/zerolayer/tls/server.key"), 'server private key (PEM, 0600)')
     client_ca: Path | None = setting(None, 'require client certificates signed by this CA (mTLS on TCP and QUIC)')
 
 
 @dataclass(frozen=True)
-class AuthConfig:
+class AuthSection:
     required: bool = setting(True, 'network clients need an API key; false only for a lab')
     keys_file: Path = setting(Path("/etc/zerolayer/api-keys"), 'hashed API keys (`zerolayer keys add`)')
 
 
 @dataclass(frozen=True)
-class LimitsConfig:
+class LimitsSection:
     max_body_bytes: int = setting(1 << 20, 'larger request bodies get 413')
     max_queued: int = setting(64, 'requests waiting per device before 429/529')
     max_active_per_device: int = setting(8, 'slots: requests a device decodes together in one batch')
@@ -99,27 +99,27 @@ class KernelSection:
 
 
 @dataclass(frozen=True)
-class StateConfig:
+class StateSection:
     dir: Path = setting(Path("/var/lib/zerolayer"), 'state: QUIC session tickets')
 
 
 @dataclass(frozen=True)
-class LogConfig:
+class LogSection:
     level: str = setting("info", 'debug, info, warning or error')
 
 
 @dataclass(frozen=True)
 class Config:
-    firmware: FirmwareConfig = field(default_factory=FirmwareConfig)
-    listen: ListenConfig = field(default_factory=ListenConfig)
-    tls: TlsConfig = field(default_factory=TlsConfig)
-    auth: AuthConfig = field(default_factory=AuthConfig)
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    firmware: FirmwareSection = field(default_factory=FirmwareSection)
+    listen: ListenSection = field(default_factory=ListenSection)
+    tls: TlsSection = field(default_factory=TlsSection)
+    auth: AuthSection = field(default_factory=AuthSection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
     engine: EngineSection = field(default_factory=EngineSection)
     governor: GovernorSection = field(default_factory=GovernorSection)
     kernel: KernelSection = field(default_factory=KernelSection)
-    state: StateConfig = field(default_factory=StateConfig)
-    log: LogConfig = field(default_factory=LogConfig)
+    state: StateSection = field(default_factory=StateSection)
+    log: LogSection = field(default_factory=LogSection)
     sources: dict[str, str] = field(default_factory=dict, compare=False)  # "section.key" -> file
 
 

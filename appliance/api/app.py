@@ -20,7 +20,7 @@ from appliance.api.errors import ApiError
 from appliance.api.fields import parse_json_object
 from appliance.api.metrics import Metrics
 from appliance.api.openai import OPENAI
-from appliance.asgi import ASGIApp, Message, Receive, Scope, Send
+from appliance.asgi import ASGIApp, ASGIMessage, Receive, Scope, Send
 from appliance.engine import (
     EngineBusy,
     EngineError,
@@ -173,7 +173,7 @@ class ApiApp:
         status = 500
         body_done = [method in ("GET", "HEAD")]
 
-        async def tracking_receive() -> Message:
+        async def tracking_receive() -> ASGIMessage:
             message = await receive()
             if message["type"] == "http.request" and not message.get("more_body", False):
                 body_done[0] = True

@@ -57,7 +57,7 @@ from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.tls import AlertDescription, SessionTicket, load_pem_x509_certificates
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from appliance.asgi import ASGIApp, Message, Scope
+from appliance.asgi import ASGIApp, ASGIMessage, Scope
 from appliance.transport import quic_private
 from appliance.transport.h3_request import Action, Cancel, Reject, RequestMachine, Start
 from appliance.transport.quic_private import ServerConnection
@@ -120,7 +120,7 @@ class _Exchange:
         self._body_delivered = False
         self._gone = asyncio.Event()  # response done, stream reset or connection gone
 
-    async def receive(self) -> Message:
+    async def receive(self) -> ASGIMessage:
         # The body is read whole before the app starts (see _Http3Connection._end_request).
         if not self._body_delivered:
             self._body_delivered = True
@@ -128,7 +128,7 @@ class _Exchange:
         await self._gone.wait()
         return {"type": "http.disconnect"}
 
-    async def send(self, message: Message) -> None:
+    async def send(self, message: ASGIMessage) -> None:
         if self._gone.is_set():
             raise ClientDisconnected(f"HTTP/3 stream {self.stream_id} is closed")
         kind = message["type"]
