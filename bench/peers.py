@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.host import load_average, machine
-from bench.streams import Endpoint, LoadResult, one_request, run_load, wait_ready, zerolayer_daemon
+from bench.streams import Endpoint, LoadResult, one_request, run_load, serving, zerolayer_daemon
 from firmware.demo import demo_gguf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,15 +56,8 @@ def servers(work: Path, threads: int) -> Iterator[tuple[Endpoint, Endpoint]]:
                                  "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1", "--port",
                                  str(port)], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
         theirs = Endpoint("llama-server", f"http://127.0.0.1:{port}", None, "demo", {"cache_prompt": False})
-        try:
-            wait_ready(proc, log, theirs, "/health")
+        with serving(proc, log, theirs, "/health"):
             yield ours, theirs
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def free_port() -> int:

@@ -172,9 +172,16 @@ def zerolayer_daemon(work: Path, slots: int, threads: int) -> Iterator[Endpoint]
         proc = subprocess.Popen([str(Path(sys.executable).with_name("zerolayer")), "serve", "--config",
                                  str(setup.root)], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     endpoint = Endpoint("zerolayer", "http://localhost", str(setup.unix_socket), DEMO_NAME)
-    try:
-        wait_ready(proc, log, endpoint, "/readyz")
+    with serving(proc, log, endpoint, "/readyz"):
         yield endpoint
+
+
+@contextlib.contextmanager
+def serving(proc: subprocess.Popen[bytes], log: Path, endpoint: Endpoint, ready_path: str) -> Iterator[None]:
+    """A server process we started: ready before the body runs, stopped after it (killed if it hangs)."""
+    try:
+        wait_ready(proc, log, endpoint, ready_path)
+        yield
     finally:
         proc.terminate()
         try:
