@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from appliance import __version__
+from appliance.client import DaemonUnreachable
 from appliance.config import EX_CONFIG, ConfigError
 from appliance.kernel import KernelLayerError
 from firmware import BundleError
@@ -104,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _client_args(p: argparse.ArgumentParser) -> None:
     from appliance.client import DEFAULT_SOCKET
 
-    p.add_argument("--socket", default=DEFAULT_SOCKET, help=f"the daemon's Unix socket (default {DEFAULT_SOCKET})")
+    p.add_argument("--socket", help=f"the daemon's Unix socket (default $ZEROLAYER_SOCKET, {DEFAULT_SOCKET}, or the "
+                   "development daemon's that `make run` starts)")  # fmt: skip
     p.add_argument("--url", help="https://HOST:PORT: use HTTP/3 instead of the socket")
     p.add_argument("--api-key", default=os.environ.get("ZEROLAYER_API_KEY"),
                    help="for --url (default $ZEROLAYER_API_KEY); the trace needs a key made with --debug")  # fmt: skip
@@ -112,9 +114,9 @@ def _client_args(p: argparse.ArgumentParser) -> None:
 
 
 def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from appliance.client import ApplianceClient
+    from appliance.client import ApplianceClient, find_socket
 
-    return ApplianceClient(args.socket, args.url, args.api_key, args.ca)
+    return ApplianceClient(find_socket(args.socket), args.url, args.api_key, args.ca)
 
 
 def cmd_debug(args: argparse.Namespace) -> int:
@@ -313,7 +315,8 @@ def cmd_run_demo(args: argparse.Namespace) -> int:
                            tcp=f"127.0.0.1:{args.port}", quic=f"127.0.0.1:{args.port}", kernel="auto")  # fmt: skip
     config = load_config(dev.root)
     print(DEMO_USAGE.format(port=args.port, key=dev.api_key, ca=dev.ca_cert, sock=dev.unix_socket,
-                            model=config.firmware.path.name, root=dev.root), flush=True)  # fmt: skip
+                            model=config.firmware.path.name, root=dev.root,
+                            bin=Path(sys.executable).parent), flush=True)  # fmt: skip
     logging.getLogger().setLevel(logging.INFO)
     daemon = Daemon(config, status=lambda line: print(f"zerolayer: {line}", flush=True), config_root=dev.root)
     return asyncio.run(daemon.run())
@@ -321,6 +324,10 @@ def cmd_run_demo(args: argparse.Namespace) -> int:
 
 DEMO_USAGE = """
 == serving the demo firmware (config in {root}); Ctrl-C stops it.
+== in another shell, paste these (the README's examples use them):
+export KEY={key} CA={ca} SOCK={sock}
+export ZEROLAYER_CONFIG={root} ZEROLAYER_SOCKET={sock} PATH={bin}:$PATH
+== then, for example: zerolayer status; zerolayer debug messages.create --prompt 'Capital of France?'
 API key: {key}
   curl --cacert {ca} https://localhost:{port}/v1/messages -H 'x-api-key: {key}' \\
        -H 'content-type: application/json' \\
@@ -347,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
               "root) and bpffs; kernel.mode = \"auto\" serves with the userspace flow table instead",
               file=sys.stderr)  # fmt: skip
         return EX_UNAVAILABLE
+    except DaemonUnreachable as exc:
+        print(f"zerolayer: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

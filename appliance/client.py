@@ -5,12 +5,33 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_SOCKET = "/run/zerolayer/api.sock"
+
+
+def find_socket(explicit: str | None) -> str:
+    """The daemon's socket: the one asked for, else $ZEROLAYER_SOCKET, else the system daemon's,
+    else the development daemon `make run` starts (it lives under the build cache)."""
+    if explicit:
+        return explicit
+    from_env = os.environ.get("ZEROLAYER_SOCKET")
+    if from_env:
+        return from_env
+    if os.path.exists(DEFAULT_SOCKET):
+        return DEFAULT_SOCKET
+    from firmware.paths import cache_dir
+
+    dev = cache_dir() / "demo-appliance" / "api.sock"
+    return str(dev) if dev.exists() else DEFAULT_SOCKET
+
+
+class DaemonUnreachable(OSError):
+    """No daemon answers where the client looked: one line for the user, no traceback."""
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -21,7 +42,12 @@ class _UnixConnection(http.client.HTTPConnection):
     def connect(self) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(self.timeout)
-        self.sock.connect(self.path)
+        try:
+            self.sock.connect(self.path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            why = (exc.strerror or str(exc)).lower()
+            raise DaemonUnreachable(f"no daemon answers on {self.path} ({why}): start it (`make run`, or "
+                                    "`systemctl start zerolayer`) or pass --socket PATH") from None
 
 
 @dataclass

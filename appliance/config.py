@@ -104,6 +104,11 @@ class StateSection:
 
 
 @dataclass(frozen=True)
+class MetricsSection:
+    require_auth: bool = setting(True, "/metrics over TCP and HTTP/3 needs an API key (the Unix socket never does)")
+
+
+@dataclass(frozen=True)
 class LogSection:
     level: str = setting("info", 'debug, info, warning or error')
 
@@ -119,6 +124,7 @@ class Config:
     governor: GovernorSection = field(default_factory=GovernorSection)
     kernel: KernelSection = field(default_factory=KernelSection)
     state: StateSection = field(default_factory=StateSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
     log: LogSection = field(default_factory=LogSection)
     sources: dict[str, str] = field(default_factory=dict, compare=False)  # "section.key" -> file
 

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import firmware
-from appliance.api import ApiApp, ApiSettings, KeyStore, Metrics
+from appliance.api import ApiApp, KeyStore, Metrics
 from appliance.config import Config, ConfigError, load_config, parse_address
 from appliance.engine import Engine, available_devices
 from appliance.flows import LayerDigests
 from appliance.governor import Governor, MemoryProbe, detect_probe
 from appliance.kernel import KernelLayer, UserspaceFlows, open_kernel_layer
-from appliance.plan import HostFacts, governor_config, make_plan
+from appliance.plan import HostFacts, api_settings, governor_config, make_plan
 from appliance.systemd import ActivatedSockets, Notifier, configure_logging, listen_fds, run_watchdog, watchdog_interval
 from appliance.transport.http3 import Http3Server, bind_udp, serve_http3
 from appliance.transport.tcp import HypercornListener, bind_tcp, bind_unix
@@ -111,12 +111,10 @@ class Daemon:
             lambda reason: self.metrics.fallback.labels(reason).inc(), governor.admits,
         )  # fmt: skip
         self.engine = engine
+        self.metrics.add_engine(engine.snapshot, engine.prefix_stats)
+        self.metrics.set_firmware(bundle.name, bundle.version, bundle.signer_key_id)
         await asyncio.to_thread(engine.warm)
-        settings = ApiSettings(
-            keys=KeyStore.load(cfg.auth.keys_file),
-            auth_required=cfg.auth.required,
-            max_body_bytes=cfg.limits.max_body_bytes,
-        )
+        settings = api_settings(cfg, KeyStore.load(cfg.auth.keys_file))
         if cfg.auth.required and not settings.keys.keys:
             log.warning("auth is required but %s holds no keys: network clients will get 401", cfg.auth.keys_file)
         sockets = self._bind_sockets()
@@ -279,8 +277,7 @@ class Daemon:
             self.governor.reconfigure(gov_cfg)
             self.engine.set_max_queued(new.limits.max_queued)
         if self.app is not None:
-            self.app.reconfigure(ApiSettings(keys=keys, auth_required=new.auth.required,
-                                             max_body_bytes=new.limits.max_body_bytes))  # fmt: skip
+            self.app.reconfigure(api_settings(new, keys))
         try:
             for listener in (self.listeners.http3, self.listeners.tcp):
                 if listener is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import firmware
+from appliance.api import ApiSettings, KeyStore
 from appliance.config import Config, ConfigError
 from appliance.engine import EngineConfig
 from appliance.governor import GovernorConfig, cuda_memory_limit
@@ -62,6 +63,12 @@ def engine_config(config: Config, bundle: firmware.Bundle) -> EngineConfig:
         max_queued=config.limits.max_queued,
         intra_op_threads=config.engine.threads,
     )
+
+
+def api_settings(config: Config, keys: KeyStore) -> ApiSettings:
+    """What the app may change live: built at start and again on every reload."""
+    return ApiSettings(keys=keys, auth_required=config.auth.required, max_body_bytes=config.limits.max_body_bytes,
+                       metrics_require_auth=config.metrics.require_auth)  # fmt: skip
 
 
 def make_plan(config: Config, bundle: firmware.Bundle, host: HostFacts) -> Plan:

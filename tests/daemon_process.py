@@ -44,6 +44,19 @@ class NotifySocket:
             return
         self.messages.append((time.monotonic(), data.decode()))
 
+    def drain_pending(self) -> None:
+        """Read what already waits in the socket's buffer, without waiting for more."""
+        self.sock.setblocking(False)
+        try:
+            while True:
+                try:
+                    data = self.sock.recv(4096)
+                except BlockingIOError:
+                    return
+                self.messages.append((time.monotonic(), data.decode()))
+        finally:
+            self.sock.settimeout(0.1)
+
     def collect(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:

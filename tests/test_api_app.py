@@ -155,3 +155,41 @@ def test_keys_and_dev_cert_cli(tmp_path: Path) -> None:
     assert zl("keys", "revoke", "bob", "--file", str(keys)).returncode == 1
     cert = zl("tls", "dev-cert", "--out", str(tmp_path / "tls"))
     assert cert.returncode == 0 and (tmp_path / "tls" / "server.crt").is_file()
+
+
+def test_metrics_carry_slots_kv_prefix_cache_and_firmware_and_need_a_key_on_the_network(
+    tiny_bundle_path: Path, trusted_keys: Path
+) -> None:
+    from appliance.api.metrics import Metrics
+
+    bundle = firmware.load(tiny_bundle_path, trusted_keys)
+    engine = Engine(bundle, EngineConfig(max_active_per_device=3, prefix_cache_bytes=8 << 20, prefix_block_tokens=8))
+    metrics = Metrics()
+    metrics.add_engine(engine.snapshot, engine.prefix_stats)
+    metrics.set_firmware(bundle.name, bundle.version, bundle.signer_key_id)
+    app = ApiApp(engine, ApiSettings(keys=KeyStore([])), metrics)
+    app.set_ready(True)
+    body = {**REQ, "max_tokens": 2, "messages": [{"role": "user", "content": "Tell me about loops, lists and dicts."}]}
+
+    async def run() -> tuple[str, int, int]:
+        for _ in range(2):  # the second finds the first's prompt in the pool
+            assert (await _call(app, "POST", "/v1/messages", body))[0] == 200
+        local = (await _call(app, "GET", "/metrics"))[2].decode()
+        network = (await _call(app, "GET", "/metrics", transport="tcp"))[0]
+        keyed = (await _call(app, "GET", "/metrics", transport="tcp", headers=[(b"x-api-key", b"zl-nope")]))[0]
+        return local, network, keyed
+
+    try:
+        text, network, keyed = asyncio.run(run())
+    finally:
+        engine.close()
+    assert network == 401 and keyed == 401  # no key, a wrong key: the network needs a real one
+    assert 'zerolayer_slots{device="cpu"} 3.0' in text
+    assert 'zerolayer_slots_active{device="cpu"} 0.0' in text
+    assert "zerolayer_kv_budget_positions" in text
+    assert "zerolayer_prefix_cache_lookups_total 2.0" in text and "zerolayer_prefix_cache_hits_total 1.0" in text
+    assert "zerolayer_prefix_cache_misses_total 1.0" in text
+    reused = next(line for line in text.splitlines() if line.startswith("zerolayer_prefix_cache_reused_tokens_total"))
+    assert float(reused.split()[1]) >= 8
+    labels = f'name="{bundle.name}",signer="{bundle.signer_key_id}",version="{bundle.version}"'
+    assert f"zerolayer_firmware_info{{{labels}}} 1.0" in text

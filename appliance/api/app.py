@@ -49,6 +49,7 @@ class ApiSettings:
     keys: KeyStore
     auth_required: bool = True
     max_body_bytes: int = 1 << 20
+    metrics_require_auth: bool = True  # on the network listeners; the Unix socket is always open
 
 
 def transport_of(scope: Scope) -> str:
@@ -217,6 +218,8 @@ class ApiApp:
         return await _json(ex.send, 200 if ok else 503, {"status": "ready" if ok else "not ready"})
 
     async def _metrics(self, ex: Exchange) -> int:
+        if self.settings.metrics_require_auth:
+            self._authorize(ex)
         self.metrics.queue_depth.set(self.engine.queued)
         await _respond(ex.send, 200, self.metrics.render(), [(b"content-type", b"text/plain; version=0.0.4")])
         return 200

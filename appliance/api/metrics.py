@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -44,11 +44,49 @@ class Metrics:
         """Values read at scrape time: `flows` a gauge, the others counters (`zerolayer_NAME_total`)."""
         self.registry.register(_ReadAtScrape(read))
 
+    def add_engine(self, devices: Callable[[], dict[str, dict[str, Any]]],
+                   prefix: Callable[[], dict[str, int]]) -> None:  # fmt: skip
+        """Slot and KV occupancy per device and the prefix pool's counters, read at scrape time
+        (the shapes of Engine.snapshot() and Engine.prefix_stats())."""
+        self.registry.register(_EngineCollector(devices, prefix))
+
+    def set_firmware(self, name: str, version: str, signer: str) -> None:
+        Info("zerolayer_firmware", "The firmware bundle being served", registry=self.registry).info(
+            {"name": name, "version": version, "signer": signer})
+
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
 
     def count_handshake(self, resumed: bool, early_data: bool) -> None:
         self.quic_handshakes.labels(str(resumed).lower(), str(early_data).lower()).inc()
+
+
+class _EngineCollector(Collector):
+    def __init__(self, devices: Callable[[], dict[str, dict[str, Any]]], prefix: Callable[[], dict[str, int]]) -> None:
+        self.devices, self.prefix = devices, prefix
+
+    def collect(self) -> Iterator[Metric]:
+        per_device = {
+            "slots": ("zerolayer_slots", "Requests a device can run at once", "slots"),
+            "active": ("zerolayer_slots_active", "Slots running a request", "active"),
+            "kv_reserved": ("zerolayer_kv_reserved_positions", "KV positions admitted requests reserve", "kv_reserved"),
+            "kv_budget": ("zerolayer_kv_budget_positions", "KV positions a device may reserve", "kv_budget"),
+        }  # fmt: skip
+        devices = self.devices()
+        for name, help_text, key in per_device.values():
+            family = GaugeMetricFamily(name, help_text, labels=["device"])
+            for device, values in devices.items():
+                family.add_metric([device], float(values[key]))
+            yield family
+        pool = self.prefix()
+        yield CounterMetricFamily("zerolayer_prefix_cache_lookups", "Prefix pool lookups", value=pool["lookups"])
+        yield CounterMetricFamily("zerolayer_prefix_cache_hits", "Lookups that reused a cached prefix",
+                                  value=pool["hits"])  # fmt: skip
+        yield CounterMetricFamily("zerolayer_prefix_cache_misses", "Lookups that found nothing",
+                                  value=pool["lookups"] - pool["hits"])  # fmt: skip
+        yield CounterMetricFamily("zerolayer_prefix_cache_reused_tokens", "Prompt tokens whose prefill was skipped",
+                                  value=pool["reused_tokens"])  # fmt: skip
+        yield GaugeMetricFamily("zerolayer_prefix_cache_bytes", "Bytes the prefix pool holds", value=pool["bytes"])
 
 
 class _ReadAtScrape(Collector):

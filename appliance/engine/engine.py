@@ -431,9 +431,17 @@ class Engine:
         return sum(w.queued for w in self.workers.values())
 
     def snapshot(self) -> dict[str, dict[str, object]]:
-        """Per device: requests in slots, waiting, and whether its worker runs."""
-        return {d: {"active": w.depth - w.queued, "queued": w.queued, "alive": w.alive()}
+        """Per device: requests in slots, waiting, whether its worker runs, and its KV in positions."""
+        return {d: {"active": w.depth - w.queued, "queued": w.queued, "alive": w.alive(), "slots": w.scheduler.slots,
+                    "kv_reserved": w.scheduler.reserved, "kv_budget": w.scheduler.kv_tokens}
                 for d, w in self.workers.items()}  # fmt: skip
+
+    def prefix_stats(self) -> dict[str, int]:
+        """The prefix pool's lookups, hits, tokens reused and bytes held (zeros when it is off)."""
+        pool = self.prefix_cache
+        if pool is None:
+            return {"lookups": 0, "hits": 0, "reused_tokens": 0, "bytes": 0}
+        return {"lookups": pool.lookups, "hits": pool.hits, "reused_tokens": pool.reused_tokens, "bytes": pool.nbytes}
 
     def set_max_queued(self, value: int) -> None:
         for worker in self.workers.values():

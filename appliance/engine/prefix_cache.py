@@ -53,6 +53,7 @@ class PrefixCache:
         self._index: dict[bytes, tuple[int, int]] = {}  # digest -> (entry id, blocks)
         self._next_id = 0
         self._bytes = 0
+        self.lookups = self.hits = self.reused_tokens = 0  # for the operator's metrics
         self._lock = threading.Lock()  # one pool for every device worker
 
     @property
@@ -65,6 +66,7 @@ class PrefixCache:
     def lookup(self, digests: list[bytes], max_blocks: int) -> PrefixHit | None:
         """The longest cached prefix among the first max_blocks blocks of these digests."""
         with self._lock:
+            self.lookups += 1
             for n in range(min(max_blocks, len(digests)), 0, -1):
                 found = self._index.get(digests[n - 1])
                 if found is None:
@@ -73,6 +75,8 @@ class PrefixCache:
                 entry = self._entries[entry_id]
                 self._entries.move_to_end(entry_id)
                 t = blocks * self.block_tokens
+                self.hits += 1
+                self.reused_tokens += t
                 return PrefixHit(t, [(k[:, :t], v[:, :t]) for k, v in entry.kv])
             return None
 
