@@ -255,7 +255,10 @@ def load_config(root: Path | None = None, check_paths: bool = True) -> Config:
     sections = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "sources"}
     for path in files:
         try:
-            doc = tomllib.loads(path.read_text())
+            doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            problems.append(f"{path}: not UTF-8 text (byte {exc.start}): TOML files must be UTF-8")
+            continue
         except (OSError, tomllib.TOMLDecodeError) as exc:
             problems.append(f"{path}: {exc}")
             continue

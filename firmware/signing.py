@@ -96,8 +96,10 @@ def verify_signature(manifest_bytes: bytes, sig_bytes: bytes, trusted: dict[str,
     try:
         doc = json.loads(sig_bytes)
         algorithm, kid, sig = doc["algorithm"], doc["key_id"], base64.b64decode(doc["signature"], validate=True)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BundleError(f"{SIGNATURE_NAME}: malformed ({exc})") from None
+    except KeyError as exc:
+        raise BundleError(f"{SIGNATURE_NAME}: the signature file is malformed: it has no {exc} field") from None
+    except (ValueError, TypeError) as exc:
+        raise BundleError(f"{SIGNATURE_NAME}: the signature file is malformed ({exc}); re-sign the bundle") from None
     if algorithm != "ed25519":
         raise BundleError(f"{SIGNATURE_NAME}: algorithm {algorithm!r} is not supported (ed25519 only)")
     key = trusted.get(kid)

@@ -85,6 +85,10 @@ def test_config_check_prints_sources_or_exits_78(root: Path) -> None:
     serve = subprocess.run([sys.executable, "-m", "appliance.cli", "serve", "--config", str(root)],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert serve.returncode == EX_CONFIG and "engine.threds" in serve.stderr
+    (root / "conf.d" / "50-bad.toml").write_bytes(b"\x00\xff\xfe[limits]\n")  # not UTF-8
+    binary = check()
+    assert binary.returncode == EX_CONFIG and "Traceback" not in binary.stderr
+    assert "50-bad.toml: not UTF-8 text" in binary.stderr
 
 
 def test_config_cannot_raise_the_baked_shard_size(tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:

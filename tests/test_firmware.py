@@ -67,6 +67,19 @@ def test_tampered_bundle_is_refused_naming_the_file(tiny_copy: Path, trusted_key
         firmware.verify(tiny_copy, trusted_keys)
 
 
+@pytest.mark.parametrize(("sig", "says"), [
+    (b'{"algorithm": "ed25519", "key_id": "abc"}', "the signature file is malformed: it has no 'signature' field"),
+    (b"\x00garbage", "the signature file is malformed"),
+    (b'{"algorithm": "ed25519", "key_id": "abc", "signature": "%%%"}', "the signature file is malformed"),
+])  # fmt: skip
+def test_a_corrupted_signature_file_is_named_as_such(tiny_copy: Path, trusted_keys: Path, sig: bytes,
+                                                     says: str) -> None:  # fmt: skip
+    (tiny_copy / "manifest.sig").write_bytes(sig)
+    with pytest.raises(BundleError) as info:
+        firmware.verify(tiny_copy, trusted_keys)
+    assert str(info.value).startswith("manifest.sig: ") and says in str(info.value)
+
+
 def test_signature_by_untrusted_key_is_refused(tiny_copy: Path, trusted_keys: Path, tmp_path: Path) -> None:
     other = generate_keypair(tmp_path / "keys", "intruder")
     sign(tiny_copy, other.private_path)

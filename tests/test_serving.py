@@ -236,6 +236,15 @@ BAD: list[tuple[str, str, str, Any, int]] = [
     ("unknown-path", "POST", "/v1/completions", GOOD_O, 404),
     ("models-post", "POST", "/v1/models", {}, 405),
     ("oversized-body", "POST", MSG, _with(GOOD_A, messages=[{"role": "user", "content": "x" * 70_000}]), 413),
+    ("a-lone-surrogate", "POST", MSG, _with(GOOD_A, messages=[{"role": "user", "content": "a\ud800b"}]), 400),
+    ("o-lone-surrogate", "POST", CHAT, _with(GOOD_O, messages=[{"role": "user", "content": "a\udfffb"}]), 400),
+    ("a-surrogate-system", "POST", MSG, _with(GOOD_A, system="\ud800"), 400),
+    ("a-deep-array", "POST", MSG, b"[" * 60_000, 400),  # under the 64 KiB body limit of these tests
+    ("a-deep-metadata", "POST", MSG, b'{"metadata": ' + b'{"a": ' * 8_000 + b"1" + b"}" * 8_001, 400),
+    ("o-deep-but-valid", "POST", CHAT, json.dumps(_with(GOOD_O, metadata=json.loads("[" * 70 + "]" * 70))).encode(),
+     400),
+    ("o-user-not-string", "POST", CHAT, _with(GOOD_O, user=5), 400),
+    ("o-name-not-string", "POST", CHAT, _with(GOOD_O, messages=[{"role": "user", "content": "hi", "name": 5}]), 400),
     ("oversized-body-openai", "POST", CHAT, _with(GOOD_O, messages=[{"role": "user", "content": "x" * 70_000}]), 413),
 ]
 NO_AUTH = [("a-no-key", MSG, {}, 401), ("a-bad-key", MSG, {"x-api-key": "zl-wrong"}, 401),

@@ -8,17 +8,35 @@ from typing import Any
 
 from appliance.api.errors import ApiError
 
+MAX_NESTING = 64  # far beyond any API request; deeper bodies are refused, not parsed to exhaustion
+
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
     if not body:
         raise ApiError(400, "the request body is empty: send a JSON object")
+    too_deep = ApiError(400, f"the request body nests arrays and objects more than {MAX_NESTING} levels deep")
     try:
         doc = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise too_deep from None
     if not isinstance(doc, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    if _depth(doc) > MAX_NESTING:
+        raise too_deep
     return doc
+
+
+def _depth(doc: Any) -> int:
+    """How deeply arrays and objects nest (iteratively: a recursive walk is what deep JSON breaks)."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
 
 
 def reject_unknown(doc: dict[str, Any], known: set[str], unsupported: dict[str, str], where: str = "") -> None:

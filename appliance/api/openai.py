@@ -61,6 +61,7 @@ def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
         if role not in _ROLES:
             raise ApiError(400, f"{where}.role: must be one of {', '.join(_ROLES)}", param="messages")
         reject_unknown(m, {"role", "content", "name"}, {}, where=f"{where}.")
+        get_str(m, "name", where=f"{where}.")
         if m.get("content") is None:
             raise ApiError(400, f"{where}.content: field required", param="messages")
         text = text_content(m["content"], f"{where}.content")
@@ -83,6 +84,7 @@ def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationReq
         raise ApiError(404, f"The model `{model}` does not exist; this appliance serves `{served_model}`",
                        param="model")  # fmt: skip
     system, messages = _messages(doc)
+    get_str(doc, "user")
     n = get_int(doc, "n", minimum=1)
     if n not in (None, 1):
         raise ApiError(400, "n: only n=1 is supported by this server", param="n")

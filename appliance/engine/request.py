@@ -44,6 +44,9 @@ class GenerationRequest:
                 raise InvalidRequest(f"messages[{i}].role {m.role!r} is not one of {', '.join(ROLES)}", "messages")
             if not isinstance(m.content, str):
                 raise InvalidRequest(f"messages[{i}].content must be text", "messages")
+            _check_text(m.content, f"messages[{i}].content", "messages")
+        if self.system is not None:
+            _check_text(self.system, "system", "system")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequest("max_tokens must be an integer of at least 1", "max_tokens")
         if self.temperature is not None:
@@ -65,6 +68,16 @@ class GenerationRequest:
                     f"each stop sequence must be a non-empty string of at most {MAX_STOP_SEQUENCE_CHARS} characters",
                     "stop_sequences",
                 )
+            _check_text(s, "stop_sequences", "stop_sequences")
+
+
+def _check_text(text: str, where: str, param: str) -> None:
+    """Text the tokenizer can take: valid Unicode (JSON's \\ud800 escapes can make lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"{where}: character {exc.start} is a lone surrogate (U+{ord(text[exc.start]):04X}), "
+                             "not a Unicode character", param) from None
 
 
 def _check_number(value: object, name: str, lo: float, hi: float) -> None:
