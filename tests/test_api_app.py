@@ -193,3 +193,56 @@ def test_metrics_carry_slots_kv_prefix_cache_and_firmware_and_need_a_key_on_the_
     assert float(reused.split()[1]) >= 8
     labels = f'name="{bundle.name}",signer="{bundle.signer_key_id}",version="{bundle.version}"'
     assert f"zerolayer_firmware_info{{{labels}}} 1.0" in text
+
+
+def test_a_long_conversation_is_prepared_off_the_event_loop_and_an_endless_one_refused(engine: Engine) -> None:
+    from appliance.engine.request import MAX_MESSAGES
+
+    app = ApiApp(engine, ApiSettings(keys=KeyStore([])))
+    app.set_ready(True)
+    threads: list[str] = []
+    real_prepare = engine.prepare
+
+    def recording_prepare(request):  # type: ignore[no-untyped-def]
+        threads.append(threading.current_thread().name)
+        return real_prepare(request)
+
+    engine.prepare = recording_prepare  # type: ignore[method-assign]
+
+    def turns(n: int) -> list[dict[str, str]]:
+        return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(n)]
+
+    async def run() -> tuple[int, bytes, str]:
+        status, _, body = await _call(app, "POST", "/v1/messages", {**REQ, "messages": turns(MAX_MESSAGES + 1)})
+        ok = (await _call(app, "POST", "/v1/messages", {**REQ, "messages": turns(61)}))[0]
+        assert ok == 200
+        return status, body, threading.current_thread().name
+
+    try:
+        status, body, loop_thread = asyncio.run(run())
+    finally:
+        engine.prepare = real_prepare  # type: ignore[method-assign]
+    assert status == 400 and f"at most {MAX_MESSAGES} messages" in json.loads(body)["error"]["message"]
+    assert threads and loop_thread not in threads  # templating and tokenizing ran in a worker thread
+
+
+def test_message_boundaries_cost_a_bounded_number_of_renders(engine: Engine) -> None:
+    from appliance.engine import Message
+    from appliance.engine.chat import BOUNDARY_MESSAGES
+
+    template = engine.template
+    calls = []
+    real_render = template.render
+
+    def counting_render(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real_render(*args, **kwargs)
+
+    template.render = counting_render  # type: ignore[method-assign]
+    try:
+        messages = tuple(Message("user" if i % 2 == 0 else "assistant", f"turn {i}") for i in range(1001))
+        prompt = template.prompt(messages)
+    finally:
+        template.render = real_render  # type: ignore[method-assign]
+    assert len(calls) <= BOUNDARY_MESSAGES + 1  # not one render per prefix (that was quadratic)
+    assert len(prompt.message_starts) == BOUNDARY_MESSAGES  # the last ones, for the shard cuts near the end

@@ -29,6 +29,7 @@ from appliance.engine import (
     GenerationRequest,
     InvalidRequest,
     Prefilled,
+    Prompt,
     Stream,
     TextDelta,
 )
@@ -75,7 +76,10 @@ class GenerationService(Protocol):
     model_version: str
     default_device: str
 
-    def submit(self, request: GenerationRequest, device: str | None = None) -> Stream: ...
+    def prepare(self, request: GenerationRequest) -> Prompt: ...
+
+    def submit(self, request: GenerationRequest, device: str | None = None, prompt: Prompt | None = None) -> Stream:
+        ...
 
     def count_tokens(self, request: GenerationRequest) -> int: ...
 
@@ -265,7 +269,7 @@ class ApiApp:
         doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
         request = anthropic.parse_count_tokens(doc, self.engine.model_name)
         try:
-            count = self.engine.count_tokens(request)
+            count = await asyncio.to_thread(self.engine.count_tokens, request)  # templating and tokenizing
         except InvalidRequest as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
         return await _json(ex.send, 200, {"input_tokens": count})
@@ -278,10 +282,15 @@ class ApiApp:
         flow = flow_of(ex.scope, ex.transport) if self.flows is not None else None
         return await self._run(ex, call, debug, flow)
 
-    def _submit(self, dialect: Dialect, request: GenerationRequest) -> Stream:
+    async def _submit(self, dialect: Dialect, request: GenerationRequest) -> Stream:
+        try:
+            # Rendering and tokenizing a long conversation is CPU work: never on the event loop.
+            prompt = await asyncio.to_thread(self.engine.prepare, request)
+        except InvalidRequest as exc:
+            raise ApiError(400, str(exc), param=exc.param) from None
         device = self.governor.place() if self.governor else self.engine.default_device
         try:
-            handle = self.engine.submit(request, device)
+            handle = self.engine.submit(request, device, prompt)
         except InvalidRequest as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
         except EngineBusy as exc:
@@ -299,7 +308,7 @@ class ApiApp:
         if flow is not None and self.flows is not None:
             # What this connection sent last: the engine says how much of it the new prompt shares.
             request = dataclasses.replace(request, prior_digests=self.flows.get(flow))
-        handle = self._submit(ex.dialect, request)
+        handle = await self._submit(ex.dialect, request)
         if flow is not None:
             handle.trace.notes.insert(0, f"Flow: {flow.proto_name} {flow}")
         watcher = asyncio.create_task(_cancel_on_disconnect(ex.receive, handle))

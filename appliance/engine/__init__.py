@@ -1,6 +1,7 @@
 """The engine: ONNX Runtime generation with a shared KV buffer, sharded prefill, sampling and
 prefix reuse. It yields token events and knows nothing of HTTP."""
 
+from appliance.engine.chat import Prompt
 from appliance.engine.engine import Engine, EngineConfig, Stream
 from appliance.engine.errors import ContextOverflow, EngineBusy, EngineError, EngineStopped, InvalidRequest
 from appliance.engine.request import Event, Finished, GenerationRequest, Message, Prefilled, TextDelta
@@ -9,6 +10,6 @@ from appliance.engine.trace import Trace
 
 __all__ = [
     "ContextOverflow", "Engine", "EngineBusy", "EngineConfig", "EngineError", "EngineStopped", "Event",
-    "Finished", "GenerationRequest", "InvalidRequest", "Message", "ModelSession", "Prefilled", "Stream",
+    "Finished", "GenerationRequest", "InvalidRequest", "Message", "ModelSession", "Prefilled", "Prompt", "Stream",
     "TextDelta", "Trace", "available_devices",
 ]  # fmt: skip

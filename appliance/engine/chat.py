@@ -25,6 +25,11 @@ def _tojson(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
+# Message boundaries come from rendering each prefix of the conversation: only the last this many
+# are found, so a long conversation costs a bounded number of renders (linear, not quadratic).
+BOUNDARY_MESSAGES = 64
+
+
 @dataclass(frozen=True)
 class Prompt:
     ids: list[int]
@@ -59,7 +64,7 @@ class ChatTemplate:
         text = self.render(docs, add_generation_prompt=docs[-1]["role"] != "assistant")
         ids, offsets = self.tokenizer.encode(text)
         starts = []
-        for k in range(1, len(docs)):
+        for k in range(max(1, len(docs) - BOUNDARY_MESSAGES), len(docs)):
             head = self.render(docs[:k], add_generation_prompt=False)
             if text.startswith(head):
                 # First token starting at or after the boundary character.

@@ -371,7 +371,8 @@ class Engine:
         return self.bundle.model.context_length
 
     def prepare(self, request: GenerationRequest) -> Prompt:
-        """Validate and tokenize; raises InvalidRequest before anything is queued."""
+        """Validate, render and tokenize (pure CPU work: callers on an event loop run it in a
+        thread); raises InvalidRequest before anything is queued."""
         request.validate()
         prompt = self.template.prompt(request.messages, request.system)
         if not prompt.ids:
@@ -390,9 +391,10 @@ class Engine:
         request.validate()
         return len(self.template.prompt(request.messages, request.system).ids)
 
-    def submit(self, request: GenerationRequest, device: str | None = None) -> Stream:
-        """Queue a request on a device (default: the first). Must be called on the event loop."""
-        prompt = self.prepare(request)
+    def submit(self, request: GenerationRequest, device: str | None = None, prompt: Prompt | None = None) -> Stream:
+        """Queue a request on a device (default: the first). Must be called on the event loop;
+        `prompt`: what prepare() made of it already (off the loop), else it is prepared here."""
+        prompt = prompt if prompt is not None else self.prepare(request)
         device = device or self.default_device
         worker = self.workers.get(device)
         if worker is None:

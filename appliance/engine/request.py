@@ -10,6 +10,7 @@ from appliance.engine.errors import InvalidRequest
 from appliance.engine.trace import Trace
 
 ROLES = ("system", "user", "assistant")
+MAX_MESSAGES = 2048  # a conversation longer than this is refused before it is rendered
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_SEQUENCE_CHARS = 256
 
@@ -39,6 +40,9 @@ class GenerationRequest:
         """Check what needs no tokenizer; raise InvalidRequest naming the parameter."""
         if not self.messages:
             raise InvalidRequest("messages must contain at least one message", "messages")
+        if len(self.messages) > MAX_MESSAGES:
+            raise InvalidRequest(f"at most {MAX_MESSAGES} messages are allowed ({len(self.messages)} sent)",
+                                 "messages")  # fmt: skip
         for i, m in enumerate(self.messages):
             if m.role not in ROLES:
                 raise InvalidRequest(f"messages[{i}].role {m.role!r} is not one of {', '.join(ROLES)}", "messages")
