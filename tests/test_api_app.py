@@ -246,3 +246,55 @@ def test_message_boundaries_cost_a_bounded_number_of_renders(engine: Engine) -> 
         template.render = real_render  # type: ignore[method-assign]
     assert len(calls) <= BOUNDARY_MESSAGES + 1  # not one render per prefix (that was quadratic)
     assert len(prompt.message_starts) == BOUNDARY_MESSAGES  # the last ones, for the shard cuts near the end
+
+
+def test_a_client_that_goes_away_is_499_not_500_and_no_error_is_logged(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = ApiApp(engine, ApiSettings(keys=KeyStore([]), auth_required=False))  # a lab box: no key on the network
+    app.set_ready(True)
+    body = json.dumps({**REQ, "max_tokens": 200, "stream": True}).encode()
+
+    async def reset_mid_stream() -> None:  # the transport's send fails: an HTTP/3 stream reset
+        chunks = 0
+
+        async def receive() -> dict[str, Any]:
+            if chunks == 0:
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.sleep(3600)
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal chunks
+            chunks += 1
+            if chunks > 3:
+                raise ConnectionResetError("stream reset by the client")
+
+        await app({"type": "http", "method": "POST", "path": "/v1/messages", "headers": [],
+                   "extensions": {"zerolayer": {"transport": "http3"}}}, receive, send)  # fmt: skip
+
+    async def disconnect_mid_stream() -> None:  # the transport reports a disconnect (TCP, the Unix socket)
+        delivered = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.sleep(0.05)
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            await asyncio.sleep(0.01)
+
+        await app({"type": "http", "method": "POST", "path": "/v1/messages", "headers": [],
+                   "extensions": {"zerolayer": {"transport": "tcp"}}}, receive, send)  # fmt: skip
+
+    with caplog.at_level("INFO"):
+        asyncio.run(reset_mid_stream())
+        asyncio.run(disconnect_mid_stream())
+    text = app.metrics.render().decode()
+    assert 'zerolayer_requests_total{api="anthropic",code="499",transport="http3"} 1.0' in text
+    assert 'zerolayer_requests_total{api="anthropic",code="499",transport="tcp"} 1.0' in text
+    assert 'code="500"' not in text
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]

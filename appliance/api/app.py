@@ -116,6 +116,11 @@ ROUTES: dict[str, Route] = {
     "/status": Route(("GET",), "_status", api=False),
 }
 DEBUG_HEADER = b"zerolayer-debug"
+CLIENT_CLOSED = 499  # the metrics' code for a request whose client went away (as nginx counts it)
+
+
+class ClientGone(Exception):
+    """Sending failed because the client is gone: the request ends quietly, counted as 499."""
 
 
 @dataclass
@@ -184,7 +189,13 @@ class ApiApp:
                 body_done[0] = True
             return message
 
-        ex = Exchange(scope, tracking_receive, send, path, headers, dialect, transport)
+        async def guarded_send(message: ASGIMessage) -> None:
+            try:
+                await send(message)
+            except OSError as exc:  # the transport says the client is gone (a reset stream, a closed socket)
+                raise ClientGone(str(exc)) from None
+
+        ex = Exchange(scope, tracking_receive, guarded_send, path, headers, dialect, transport)
         try:
             client = scope.get("client")
             if self.allowed is not None and transport == "tcp" and client and not self.allowed(client[0]):
@@ -196,6 +207,10 @@ class ApiApp:
                 raise ApiError(405, f"{path} takes {', '.join(route.methods)}, not {method}",
                                allow=", ".join(route.methods))  # fmt: skip
             status = await getattr(self, route.handler)(ex)
+        except ClientGone as gone:
+            # The client left: neither a server error nor a success; nginx's 499, logged for debugging only.
+            status = CLIENT_CLOSED
+            log.debug("client went away during %s %s: %s", method, path, gone)
         except ApiError as err:
             status = err.status
             headers_out = err.headers()
@@ -311,14 +326,16 @@ class ApiApp:
         handle = await self._submit(ex.dialect, request)
         if flow is not None:
             handle.trace.notes.insert(0, f"Flow: {flow.proto_name} {flow}")
-        watcher = asyncio.create_task(_cancel_on_disconnect(ex.receive, handle))
         self.metrics.stream_opened()
         model = self.engine.model_name
         sink: Sink = (StreamSink(ex.send, ex.dialect.stream(model, handle.input_tokens, call), debug) if call.stream
                       else WholeSink(ex.send, ex.dialect, model, debug))  # fmt: skip
+        gone = asyncio.Event()  # the client disconnected before its answer was complete
+        watcher = asyncio.create_task(_cancel_on_disconnect(ex.receive, handle, gone, sink))
         try:
             await self._pump(handle, sink, started)
-            return 200
+            cancelled = handle.finished is not None and handle.finished.stop_reason == "cancelled"
+            return CLIENT_CLOSED if cancelled or gone.is_set() else 200  # the client hung up before the end
         finally:
             self.metrics.stream_closed()
             watcher.cancel()
@@ -363,6 +380,7 @@ class ApiApp:
 
 class Sink(Protocol):
     started: bool  # response headers sent
+    closing: bool  # the last of the answer is being sent
 
     async def open(self) -> None: ...
 
@@ -382,7 +400,7 @@ class WholeSink:
 
     def __init__(self, send: Send, dialect: Dialect, model: str, debug: bool) -> None:
         self.send, self.dialect, self.model, self.debug = send, dialect, model, debug
-        self.started = False
+        self.started = self.closing = False
         self.parts: list[str] = []
         self.done: Finished | None = None
 
@@ -403,6 +421,7 @@ class WholeSink:
 
     async def close(self) -> None:
         assert self.done is not None
+        self.closing = True
         doc = self.dialect.response(self.model, "".join(self.parts), self.done)
         extra = [(b"zerolayer-trace", json.dumps(self.done.trace.lines()).encode())] if self.debug else []
         self.started = True
@@ -415,7 +434,7 @@ class StreamSink:
 
     def __init__(self, send: Send, encoder: StreamEncoder, debug: bool) -> None:
         self.send, self.encoder, self.debug = send, encoder, debug
-        self.started = False
+        self.started = self.closing = False
 
     async def open(self) -> None:
         await self.send({"type": "http.response.start", "status": 200, "headers": [
@@ -440,13 +459,16 @@ class StreamSink:
         await _chunk(self.send, self.encoder.error(err))
 
     async def close(self) -> None:
+        self.closing = True
         await self.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _cancel_on_disconnect(receive: Receive, handle: Stream) -> None:
+async def _cancel_on_disconnect(receive: Receive, handle: Stream, gone: asyncio.Event, sink: Sink) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            if not sink.closing:  # a transport may report the disconnect that follows a complete answer
+                gone.set()
             handle.cancel()
             return
 
@@ -459,7 +481,7 @@ async def _read_body(receive: Receive, headers: list[tuple[bytes, bytes]], limit
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError("client went away")
+            raise ClientGone("the client went away while sending the body")
         body = message.get("body", b"")
         size += len(body)
         if size > limit:
