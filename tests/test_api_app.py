@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,11 @@ from appliance.engine import Engine, EngineConfig
 
 
 async def _call(app: ApiApp, method: str, path: str, body: Any = None, transport: str = "unix",
-                headers: list[tuple[bytes, bytes]] | None = None) -> tuple[int, dict[bytes, bytes], bytes]:  # fmt: skip
+                headers: list[tuple[bytes, bytes]] | None = None, connected_for: float = 3600.0,
+                on_send: Callable[[int], Awaitable[None]] | None = None,
+                ) -> tuple[int, dict[bytes, bytes], bytes]:  # fmt: skip
+    """One request straight into the app; the client disconnects after `connected_for` seconds, and
+    `on_send(n)` runs as the app sends its n-th message (to slow the client down, or fail the send)."""
     data = b"" if body is None else json.dumps(body).encode()
     sent: list[dict[str, Any]] = []
     delivered = False
@@ -29,16 +34,18 @@ async def _call(app: ApiApp, method: str, path: str, body: Any = None, transport
         if not delivered:
             delivered = True
             return {"type": "http.request", "body": data, "more_body": False}
-        await asyncio.sleep(3600)  # the client stays connected
+        await asyncio.sleep(connected_for)
         return {"type": "http.disconnect"}
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
+        if on_send is not None:
+            await on_send(len(sent))
 
     scope = {"type": "http", "method": method, "path": path, "headers": headers or [],
              "extensions": {"zerolayer": {"transport": transport}}}  # fmt: skip
     await app(scope, receive, send)
-    start = sent[0]
+    start = sent[0] if sent else {"status": 0, "headers": []}
     return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
 
 
@@ -253,42 +260,20 @@ def test_a_client_that_goes_away_is_499_not_500_and_no_error_is_logged(
 ) -> None:
     app = ApiApp(engine, ApiSettings(keys=KeyStore([]), auth_required=False))  # a lab box: no key on the network
     app.set_ready(True)
-    body = json.dumps({**REQ, "max_tokens": 200, "stream": True}).encode()
+    body = {**REQ, "max_tokens": 200, "stream": True}
 
-    async def reset_mid_stream() -> None:  # the transport's send fails: an HTTP/3 stream reset
-        chunks = 0
+    async def reset_after_three(n: int) -> None:  # the transport's send fails: an HTTP/3 stream reset
+        if n > 3:
+            raise ConnectionResetError("stream reset by the client")
 
-        async def receive() -> dict[str, Any]:
-            if chunks == 0:
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.sleep(3600)
-            return {"type": "http.disconnect"}
+    async def slow_reader(n: int) -> None:
+        await asyncio.sleep(0.01)
 
-        async def send(message: dict[str, Any]) -> None:
-            nonlocal chunks
-            chunks += 1
-            if chunks > 3:
-                raise ConnectionResetError("stream reset by the client")
-
-        await app({"type": "http", "method": "POST", "path": "/v1/messages", "headers": [],
-                   "extensions": {"zerolayer": {"transport": "http3"}}}, receive, send)  # fmt: skip
+    async def reset_mid_stream() -> None:
+        await _call(app, "POST", "/v1/messages", body, transport="http3", on_send=reset_after_three)
 
     async def disconnect_mid_stream() -> None:  # the transport reports a disconnect (TCP, the Unix socket)
-        delivered = False
-
-        async def receive() -> dict[str, Any]:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.sleep(0.05)
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, Any]) -> None:
-            await asyncio.sleep(0.01)
-
-        await app({"type": "http", "method": "POST", "path": "/v1/messages", "headers": [],
-                   "extensions": {"zerolayer": {"transport": "tcp"}}}, receive, send)  # fmt: skip
+        await _call(app, "POST", "/v1/messages", body, transport="tcp", connected_for=0.05, on_send=slow_reader)
 
     with caplog.at_level("INFO"):
         asyncio.run(reset_mid_stream())
