@@ -141,14 +141,9 @@ class DeviceWorker:
         self._thread = threading.Thread(target=self._run, name=f"engine-{self.device}", daemon=True)
         self._thread.start()
 
-    @property
-    def max_queued(self) -> int:
-        return self.scheduler.max_queued
-
-    @max_queued.setter
-    def max_queued(self, value: int) -> None:
+    def set_max_queued(self, value: int) -> None:
         with self._cond:
-            self.scheduler.max_queued = value
+            self.scheduler.set_max_queued(value)
 
     @property
     def depth(self) -> int:
@@ -167,14 +162,9 @@ class DeviceWorker:
             job.ticket = self.scheduler.add(job, job.generation.kv_tokens, time.monotonic(), front)
             self._cond.notify()
 
-    def wake(self) -> None:
-        """Something the worker waits on changed (a cancel, the shed policy): look again now."""
-        with self._cond:
-            self._cond.notify()
-
     def stop(self, timeout: float = 5.0) -> None:
         with self._cond:
-            self.scheduler.stopped = True
+            self.scheduler.stop()
             self._cond.notify()
         self._thread.join(timeout)
 
@@ -302,8 +292,7 @@ class DeviceWorker:
                 continue
             log.error("request %s failed on %s: %s", gen.request.request_id, self.device, exc,
                       exc_info=exc)  # fmt: skip
-            gen.release()
-            gen.done = True
+            gen.abort()
             self._outbox.append((job.stream, [exc]))
 
 
@@ -447,7 +436,7 @@ class Engine:
 
     def set_max_queued(self, value: int) -> None:
         for worker in self.workers.values():
-            worker.max_queued = value
+            worker.set_max_queued(value)
 
     def close(self) -> None:
         for w in self.workers.values():

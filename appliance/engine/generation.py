@@ -190,3 +190,8 @@ class Generation:
 
     def release(self) -> None:
         self.cache = None
+
+    def abort(self) -> None:
+        """A run failed: nothing more happens for this request here."""
+        self.release()
+        self.done = True

@@ -118,6 +118,13 @@ class Scheduler(Generic[T]):
             self.waiting.append(ticket)
         return ticket
 
+    def set_max_queued(self, value: int) -> None:
+        self.max_queued = value
+
+    def stop(self) -> None:
+        """Refuse new requests from now on; the worker drains the rest."""
+        self.stopped = True
+
     def cancel(self, ticket: Ticket[T]) -> None:
         """The client went away: the next plan releases it (and its slot, if it has one)."""
         ticket.cancelled = True
