@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -313,6 +314,28 @@ class Daemon:
         if self.engine is not None:
             await asyncio.to_thread(self.engine.close)
 
+    def _exit_now(self) -> None:
+        """A second stop signal: exit at once, without draining, but leave no program attached to an
+        interface (the pinned maps stay, as on every stop)."""
+        log.warning("second signal: stopping at once, without draining")
+        kernel = self.kernel
+        if kernel is not None:
+            failed: list[BaseException] = []
+
+            def detach() -> None:  # netlink wants a thread of its own: this handler runs on the loop
+                try:
+                    kernel.detach()
+                except Exception as exc:
+                    failed.append(exc)
+
+            worker = threading.Thread(target=detach, name="detach")
+            worker.start()
+            worker.join(5)
+            if failed or worker.is_alive():  # exiting regardless: say what may be left behind
+                why = failed[0] if failed else "no answer in 5 s"
+                log.error("second signal: detaching the kernel layer failed (%s); `tc filter show` may list it", why)
+        os._exit(1)
+
     async def run(self) -> int:
         """Serve until SIGTERM or SIGINT (SIGHUP reloads); a second stop signal exits at once."""
         loop = asyncio.get_running_loop()
@@ -328,7 +351,7 @@ class Daemon:
             raise
         await stop.wait()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, _exit_now)
+            loop.add_signal_handler(sig, self._exit_now)
         await self.stop()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(ValueError):
@@ -336,11 +359,6 @@ class Daemon:
         self.notifier.close()
         log.info("stopped")
         return 0
-
-
-def _exit_now() -> None:
-    log.warning("second signal: stopping at once, without draining")
-    os._exit(1)
 
 
 def serve(config_root: Path | None) -> int:

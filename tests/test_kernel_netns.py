@@ -127,3 +127,33 @@ def test_daemon_in_a_namespace_counts_filters_reloads_restarts_and_detaches(
     reader.close()
     assert ours(netpair) == ""
     assert "kernel layer unavailable" not in (tmp_path / "daemon.log").read_text()
+
+
+def test_a_second_stop_signal_exits_at_once_and_still_detaches(
+    pins: None, netpair: NetPair, tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path
+) -> None:
+    import socket
+
+    setup = write_dev_config(
+        tmp_path / "etc", tiny_bundle_path, trusted_keys, tcp=f"{netpair.server4}:{PORT}",
+        quic=f"{netpair.server4}:{PORT}", kernel="required", cert_hosts=[netpair.server4],
+        extra='xdp = "generic"\n\n[limits]\ndrain_timeout = 60.0\n',
+    )  # fmt: skip
+    in_server_ns = ["nsenter", f"--net=/run/netns/{netpair.server_ns}", "--"]
+    notify = NotifySocket(tmp_path / "notify.sock")
+    with daemon_process(setup.root, notify, argv_prefix=in_server_ns, log=tmp_path / "daemon.log") as proc, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as held:  # fmt: skip
+        notify.wait_for("READY=1")
+        assert ours(netpair) == "zerolayer xdp"
+        held.connect(str(setup.unix_socket))  # a request whose body never finishes: the drain waits for it
+        held.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: 100\r\n\r\n{")  # fmt: skip
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        notify.wait_for("STOPPING=1", 10)
+        time.sleep(0.3)
+        assert proc.poll() is None  # draining, as asked
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 1  # the second signal: at once, without draining
+    assert ours(netpair) == ""  # and no program left on the interface
+    assert "second signal: stopping at once" in (tmp_path / "daemon.log").read_text()
