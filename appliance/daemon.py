@@ -258,25 +258,20 @@ class Daemon:
     def reload(self) -> bool:
         """SIGHUP: re-read the config and apply what can change live; a bad config changes nothing."""
         self.notifier.reloading()
+        engine, governor, probe = self.engine, self.governor, self.probe
         try:
             new = load_config(self.config_root)
             keys = KeyStore.load(new.auth.keys_file)
+            gov_cfg = governor_config(new, engine.bundle, probe.kind) if engine and probe else None
         except (ConfigError, ValueError, OSError) as exc:
             problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
             for line in problems:
                 log.error("reload rejected, the running config stays: %s", line)
             self.notifier.ready(self.serving_line())
             return False
-        if self.engine is not None and self.governor is not None and self.probe is not None:
-            try:
-                gov_cfg = governor_config(new, self.engine.bundle, self.probe.kind)
-            except ConfigError as exc:
-                for line in exc.problems:
-                    log.error("reload rejected, the running config stays: %s", line)
-                self.notifier.ready(self.serving_line())
-                return False
-            self.governor.reconfigure(gov_cfg)
-            self.engine.set_max_queued(new.limits.max_queued)
+        if engine is not None and governor is not None and gov_cfg is not None:
+            governor.reconfigure(gov_cfg)
+            engine.set_max_queued(new.limits.max_queued)
         if self.app is not None:
             self.app.reconfigure(api_settings(new, keys))
         try:

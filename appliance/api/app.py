@@ -102,7 +102,6 @@ def dialect_of(path: str, headers: list[tuple[bytes, bytes]]) -> Dialect:
 class Route:
     methods: tuple[str, ...]
     handler: str  # the ApiApp method that serves it
-    api: bool = True  # an API endpoint (auth, readiness); False: ops (health, metrics)
 
 
 ROUTES: dict[str, Route] = {
@@ -110,10 +109,10 @@ ROUTES: dict[str, Route] = {
     "/v1/messages/count_tokens": Route(("POST",), "_count_tokens"),
     "/v1/chat/completions": Route(("POST",), "_generate"),
     "/v1/models": Route(("GET",), "_models"),
-    "/healthz": Route(("GET", "HEAD"), "_healthz", api=False),
-    "/readyz": Route(("GET", "HEAD"), "_readyz", api=False),
-    "/metrics": Route(("GET",), "_metrics", api=False),
-    "/status": Route(("GET",), "_status", api=False),
+    "/healthz": Route(("GET", "HEAD"), "_healthz"),
+    "/readyz": Route(("GET", "HEAD"), "_readyz"),
+    "/metrics": Route(("GET",), "_metrics"),
+    "/status": Route(("GET",), "_status"),
 }
 DEBUG_HEADER = b"zerolayer-debug"
 CLIENT_CLOSED = 499  # the metrics' code for a request whose client went away (as nginx counts it)

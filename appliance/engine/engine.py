@@ -43,7 +43,6 @@ class EngineConfig:
     intra_op_threads: int = 0  # 0: one per CPU
 
 
-
 class Stream:
     """One request's events, consumed with `async for`. Leaving the loop early cancels it."""
 

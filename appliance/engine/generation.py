@@ -87,7 +87,6 @@ class Generation:
         prefill (the shard plan over what was not reused)."""
         ids = self._ids()
         self.cache = cache
-        cache.length = 0
         self._prefill_started = time.perf_counter()
         reused = 0
         prior = self.request.prior_digests

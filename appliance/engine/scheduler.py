@@ -54,10 +54,6 @@ class StepPlan(Generic[T]):
     decode: tuple[Ticket[T], ...]  # advance one token each, in one run over rows 0..rows-1
     rows: int  # the decode run's batch: slots above a decoding one that are not decoding run as padding
 
-    @property
-    def empty(self) -> bool:
-        return not self.release and self.prefill is None and not self.decode
-
 
 class ChunkBudget:
     """Prompt tokens per chunk while streams decode, steered by what the last mixed steps cost."""

@@ -119,10 +119,11 @@ class KVSlots:
         self._maps.append(mapping)
         return np.frombuffer(mapping, dtype=self.dtype, count=int(np.prod(self.shape))).reshape(self.shape)
 
-    def row(self, index: int, length: int = 0) -> KVCache:
+    def row(self, index: int) -> KVCache:
+        """Row `index` as an empty cache (what a slot's new request fills)."""
         if not 0 <= index < self.rows:
             raise IndexError(f"KV row {index} of {self.rows}")
-        return KVCache(self, index, length)
+        return KVCache(self, index)
 
     def release(self, index: int) -> None:
         """Give a freed row's committed pages back (CPU); its contents are undefined afterwards."""
@@ -216,6 +217,7 @@ class ModelSession:
         self.ort_device = "cuda" if device.startswith("cuda") else "cpu"
         self.device_id = int(device.partition(":")[2] or 0) if device.startswith("cuda") else 0
         self._positions = np.arange(self.facts.context_length, dtype=np.int64)
+        self._ones = np.ones((1, self.facts.context_length), dtype=np.int64)  # a prompt's mask is a slice of it
         log.info("engine session on %s: %s", device, ", ".join(self.session.get_providers()))
 
     def new_slots(self, rows: int, capacity: int) -> KVSlots:
@@ -231,7 +233,7 @@ class ModelSession:
         total = cache.length + n
         if total > cache.capacity:
             raise ValueError(f"KV cache overflow: {total} > {cache.capacity}")
-        mask = np.ones((1, total), dtype=np.int64)
+        mask = self._ones[:, :total]
         logits = self._run(cache.slots, cache.row, 1, ids.reshape(1, n), mask)
         cache.length = total
         return np.asarray(logits[0, -1], dtype=np.float32)
