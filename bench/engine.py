@@ -15,6 +15,8 @@ order alternates (so drifting machine noise hits both) and reports the median of
    latency at 1, 2, 4, 8 and 16 streams (64 new tokens each). Target: 8 streams >= 3.0x one.
 5. fairness: while 7 streams decode, an 8th request brings a ~2000-token prompt; the 7 streams'
    inter-token latency P99 until its first token. Target: <= 3x their median before it.
+6. decode tokens/s of a request held to a JSON schema (llguidance computes a token mask each step,
+   while the model runs) against the same prompt unconstrained. Target: >= 0.9x.
 
 Run: `make bench-engine` (`.venv/bin/python -m bench.engine`) (about six minutes on 2 CPUs; writes
 bench/results/engine.md) or `--quick` (one repetition, prints the table, writes nothing unless
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import json
 import os
@@ -43,6 +46,7 @@ import onnxruntime_genai as og
 
 from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, Prefilled
 from appliance.engine.session import ModelSession
+from appliance.engine.tools import OutputRules
 from bench.host import load_average, machine
 from bench.streams import (
     Endpoint,
@@ -344,6 +348,46 @@ async def engine_rows(bundle: Bundle, sizes: Sizes, reps: int, threads: int, rep
             engine.close()
 
 
+# --- 6. constrained decoding: the same decode with and without a JSON-schema grammar -----------
+
+CONSTRAINED_SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
+    "text": {"type": "string", "maxLength": 24}, "priority": {"enum": ["low", "high"]}},
+    "required": ["text", "priority"]}}  # fmt: skip
+CONSTRAINED_TOKENS = 96
+
+
+async def constrained_rows(bundle: Bundle, reps: int, threads: int, report: Report) -> None:
+    """Decode tokens/s of a JSON-schema request (a mask per token) against the same prompt free."""
+    engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0, intra_op_threads=threads))
+    question = (Message("user", "List my to-dos for the week as JSON, with priorities."),)
+    free = GenerationRequest(question, max_tokens=CONSTRAINED_TOKENS, temperature=0.0)
+    constrained = dataclasses.replace(free, output=OutputRules(json_schema=CONSTRAINED_SCHEMA))
+    tokens: dict[str, list[int]] = {"free": [], "json": []}
+
+    async def per_token(request: GenerationRequest, key: str) -> float:
+        prompt = await asyncio.to_thread(engine.prepare, request)  # the grammar compiles here, off the clock
+        stream = engine.submit(request, prompt=prompt)
+        async for _ in stream:
+            pass
+        assert stream.finished is not None
+        trace = stream.finished.trace
+        tokens[key].append(trace.decode_tokens)
+        return trace.decode_ms / 1000 / max(1, trace.decode_tokens)
+
+    try:
+        await per_token(constrained, "json")  # compiles the tokenizer's trie once
+        t_json, t_free = await interleaved_async(reps, lambda: per_token(constrained, "json"),
+                                                 lambda: per_token(free, "free"))  # fmt: skip
+    finally:
+        engine.close()
+    ratio = t_free / t_json  # constrained tokens/s over free tokens/s
+    report.rows.append(Row(f"decode with a JSON-schema grammar / without ({min(tokens['json'])}-"
+                           f"{max(tokens['json'])} and {min(tokens['free'])} tokens)", "tokens/s",
+                           1 / t_json, 1 / t_free, ">= 0.9x", ratio >= 0.9))  # fmt: skip
+    report.targets.append((f"constrained decode >= 0.9x unconstrained ({ratio:.2f}x)", ratio >= 0.9))
+    print(f"  constrained: {1 / t_json:.1f} tokens/s vs free {1 / t_free:.1f} tokens/s", flush=True)
+
+
 # --- 4 and 5. concurrent streams through the daemon, and a long prompt arriving among them -----
 
 CONCURRENCY = (1, 2, 4, 8, 16)
@@ -462,7 +506,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help=f"where to write the markdown (default {RESULTS} on a full run)")
     parser.add_argument("--concurrency-only", action="store_true", help="only the daemon's concurrency and "
                         "fairness rows (sections 4 and 5); writes no file unless --out")  # fmt: skip
+    parser.add_argument("--constrained-only", action="store_true", help="only the constrained-decoding row "
+                        "(section 6); writes no file")  # fmt: skip
     args = parser.parse_args()
+    if args.constrained_only:
+        report = Report([], [], [])
+        asyncio.run(constrained_rows(load(demo_bundle(), dev_trusted_keys()), args.reps or 5,
+                                     os.cpu_count() or 1, report))  # fmt: skip
+        print(table(report.rows))
+        for what, ok in report.targets:
+            print(f"{'met' if ok else 'NOT MET'}: {what}")
+        return 0
     if args.concurrency_only:
         report = Report([], [], [])
         with tempfile.TemporaryDirectory(prefix="zl-bench-") as tmp:
@@ -487,6 +541,8 @@ def main() -> int:
     )
     gc.collect()
     asyncio.run(engine_rows(bundle, sizes, reps, threads, report))
+    gc.collect()
+    asyncio.run(constrained_rows(bundle, reps, threads, report))
     gc.collect()
     with tempfile.TemporaryDirectory(prefix="zl-bench-") as tmp:
         concurrency = concurrency_rows(Path(tmp), threads, report)

@@ -8,8 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from clients import serve
 from netns import NetPair, net_pair
 
+from appliance.devsetup import DevSetup, RunningDaemon
 from appliance.kernel.loader import PIN_ROOT
 from firmware.devkit import dev_trusted_keys, ensure_dev_key
 
@@ -43,6 +45,25 @@ def demo_bundle_path() -> Path:
     from firmware.demo import demo_bundle
 
     return demo_bundle()
+
+
+@pytest.fixture(scope="module")
+def demo(demo_bundle_path: Path, trusted_keys: Path, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[tuple[RunningDaemon, DevSetup]]:  # fmt: skip
+    """A daemon serving the demo firmware, for one test module."""
+    running, setup = serve(tmp_path_factory.mktemp("demo"), demo_bundle_path, trusted_keys)
+    yield running, setup
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_bundle_path: Path, trusted_keys: Path, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[tuple[RunningDaemon, DevSetup]]:  # fmt: skip
+    """A daemon serving the tiny firmware (a 64 KiB body limit), for one test module."""
+    running, setup = serve(tmp_path_factory.mktemp("tiny"), tiny_bundle_path, trusted_keys,
+                           extra="[limits]\nmax_body_bytes = 65536\n")  # fmt: skip
+    yield running, setup
+    running.stop()
 
 
 @pytest.fixture()

@@ -11,6 +11,7 @@ from appliance.api.app import dialect_of
 from appliance.api.dialect import ModelInfo
 from appliance.api.errors import ApiError
 from appliance.api.openai import OPENAI
+from appliance.api.tools import Answer
 from appliance.engine import Finished, Trace
 
 
@@ -57,10 +58,10 @@ def test_errors_in_each_dialects_shape_and_a_full_queue_in_its_status() -> None:
 
 
 def test_whole_answers_carry_text_stop_reason_and_usage() -> None:
-    a = ANTHROPIC.response("m", "Paris.", _done("max_tokens"))
+    a = ANTHROPIC.response("m", Answer("Paris."), _done("max_tokens"))
     assert a["content"] == [{"type": "text", "text": "Paris."}] and a["stop_reason"] == "max_tokens"
     assert a["usage"] == {"input_tokens": 12, "output_tokens": 3}
-    o = OPENAI.response("m", "Paris.", _done("max_tokens"))
+    o = OPENAI.response("m", Answer("Paris."), _done("max_tokens"))
     assert o["choices"][0]["message"]["content"] == "Paris." and o["choices"][0]["finish_reason"] == "length"
     assert o["usage"]["total_tokens"] == 15
 
@@ -70,7 +71,7 @@ def test_anthropic_stream_is_the_messages_event_sequence() -> None:
                             "messages": [{"role": "user", "content": "hi"}]}, "m")  # fmt: skip
     enc = ANTHROPIC.stream("m", 12, call)
     events = _events(enc.start() + enc.delta("Par") + enc.delta("is") + enc.finish(_done()))
-    assert [e["type"] for e in events] == ["message_start", "content_block_start", "ping", "content_block_delta",
+    assert [e["type"] for e in events] == ["message_start", "ping", "content_block_start", "content_block_delta",
                                            "content_block_delta", "content_block_stop", "message_delta",
                                            "message_stop"]  # fmt: skip
     assert events[6]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}

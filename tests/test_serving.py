@@ -6,74 +6,24 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import ssl
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx2 as httpx  # the official clients' own HTTP library (httpx's successor)
 import niquests
-import openai
 import pytest
+from clients import MODEL, anthropic_client, openai_client, trust
 
 from appliance.devsetup import DevSetup, RunningDaemon, write_dev_config
 
 QUESTION = "What is the capital of France?"
 
 
-def _serve(root: Path, bundle: Path, trusted: Path, extra: str = "") -> tuple[RunningDaemon, DevSetup]:
-    setup = write_dev_config(root, bundle, trusted, extra=extra)
-    return RunningDaemon(setup.root).start(), setup
-
-
-@pytest.fixture(scope="module")
-def demo(demo_bundle_path: Path, trusted_keys: Path, tmp_path_factory: pytest.TempPathFactory
-         ) -> Iterator[tuple[RunningDaemon, DevSetup]]:  # fmt: skip
-    running, setup = _serve(tmp_path_factory.mktemp("demo"), demo_bundle_path, trusted_keys)
-    yield running, setup
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_bundle_path: Path, trusted_keys: Path, tmp_path_factory: pytest.TempPathFactory
-         ) -> Iterator[tuple[RunningDaemon, DevSetup]]:  # fmt: skip
-    running, setup = _serve(tmp_path_factory.mktemp("tiny"), tiny_bundle_path, trusted_keys,
-                            extra="[limits]\nmax_body_bytes = 65536\n")  # fmt: skip
-    yield running, setup
-    running.stop()
-
-
-def _anthropic(running: RunningDaemon, setup: DevSetup, unix: bool = False) -> anthropic.Anthropic:
-    if unix:
-        client = httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket)))
-        return anthropic.Anthropic(base_url="http://localhost", api_key="unused", http_client=client)
-    client = httpx.Client(verify=_trust(setup))
-    return anthropic.Anthropic(base_url=f"https://localhost:{running.port('tcp')}", api_key=setup.api_key,
-                               http_client=client, max_retries=0)  # fmt: skip
-
-
-def _openai(running: RunningDaemon, setup: DevSetup, unix: bool = False) -> openai.OpenAI:
-    if unix:
-        client = httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket)))
-        return openai.OpenAI(base_url="http://localhost/v1", api_key="unused", http_client=client)
-    client = httpx.Client(verify=_trust(setup))
-    return openai.OpenAI(base_url=f"https://localhost:{running.port('tcp')}/v1", api_key=setup.api_key,
-                         http_client=client, max_retries=0)  # fmt: skip
-
-
-MODEL = "smollm2-135m-instruct"
-
-
-def _trust(setup: DevSetup) -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=str(setup.ca_cert))
-
-
 @pytest.mark.demo
 @pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
 def test_anthropic_client_create_and_stream(demo: tuple[RunningDaemon, DevSetup], unix: bool) -> None:
-    client = _anthropic(*demo, unix=unix)
+    client = anthropic_client(*demo, unix=unix)
     msg = client.messages.create(model=MODEL, max_tokens=40,
                                  messages=[{"role": "user", "content": QUESTION}])  # fmt: skip
     assert "Paris" in msg.content[0].text
@@ -99,7 +49,7 @@ def test_anthropic_client_create_and_stream(demo: tuple[RunningDaemon, DevSetup]
 @pytest.mark.demo
 @pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
 def test_openai_client_create_and_stream(demo: tuple[RunningDaemon, DevSetup], unix: bool) -> None:
-    client = _openai(*demo, unix=unix)
+    client = openai_client(*demo, unix=unix)
     messages: Any = [{"role": "user", "content": QUESTION}]
     done = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40)
     assert "Paris" in (done.choices[0].message.content or "")
@@ -201,9 +151,14 @@ BAD: list[tuple[str, str, str, Any, int]] = [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]), 400),
     ("a-document-block", "POST", MSG, _with(GOOD_A, messages=[{"role": "user", "content": [
         {"type": "document", "source": {"type": "text", "data": "x"}}]}]), 400),
-    ("a-tool-result-block", "POST", MSG, _with(GOOD_A, messages=[{"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]), 400),
-    ("a-tools", "POST", MSG, _with(GOOD_A, tools=[{"name": "x", "input_schema": {}}]), 400),
+    ("a-tool-result-from-assistant", "POST", MSG, _with(GOOD_A, messages=[{"role": "user", "content": "hi"}, {
+        "role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]), 400),
+    ("a-tool-not-object", "POST", MSG, _with(GOOD_A, tools=[{"name": "x", "input_schema": {"type": "string"}}]), 400),
+    ("a-server-tool", "POST", MSG, _with(GOOD_A, tools=[{"type": "web_search_20250305", "name": "web_search"}]), 400),
+    ("a-tool-choice-unknown", "POST", MSG, _with(GOOD_A, tools=[{"name": "x", "input_schema": {}}],
+                                                 tool_choice={"type": "tool", "name": "y"}), 400),
+    ("a-schema-bad-ref", "POST", MSG, _with(GOOD_A, output_config={"format": {"type": "json_schema", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}), 400),
     ("a-unknown-field", "POST", MSG, _with(GOOD_A, temprature=0.5), 400),
     ("a-temperature-high", "POST", MSG, _with(GOOD_A, temperature=1.5), 400),
     ("a-top-p-string", "POST", MSG, _with(GOOD_A, top_p="high"), 400),
@@ -219,7 +174,7 @@ BAD: list[tuple[str, str, str, Any, int]] = [
     ("o-empty-messages", "POST", CHAT, _with(GOOD_O, messages=[]), 400),
     ("o-only-system", "POST", CHAT, _with(GOOD_O, messages=[{"role": "system", "content": "x"}]), 400),
     ("o-bad-role", "POST", CHAT, _with(GOOD_O, messages=[{"role": "wizard", "content": "x"}]), 400),
-    ("o-tool-role", "POST", CHAT, _with(GOOD_O, messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]), 400),
+    ("o-tool-no-call-id", "POST", CHAT, _with(GOOD_O, messages=[{"role": "tool", "content": "x"}]), 400),
     ("o-image-part", "POST", CHAT, _with(GOOD_O, messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]), 400),
     ("o-n-2", "POST", CHAT, _with(GOOD_O, n=2), 400),
@@ -227,8 +182,10 @@ BAD: list[tuple[str, str, str, Any, int]] = [
     ("o-max-tokens-huge", "POST", CHAT, _with(GOOD_O, max_completion_tokens=10**7), 400),
     ("o-temperature-high", "POST", CHAT, _with(GOOD_O, temperature=2.5), 400),
     ("o-stop-five", "POST", CHAT, _with(GOOD_O, stop=["a", "b", "c", "d", "e"]), 400),
-    ("o-tools", "POST", CHAT, _with(GOOD_O, tools=[{"type": "function", "function": {"name": "f"}}]), 400),
-    ("o-response-format", "POST", CHAT, _with(GOOD_O, response_format={"type": "json_object"}), 400),
+    ("o-custom-tool", "POST", CHAT, _with(GOOD_O, tools=[{"type": "custom", "custom": {"name": "f"}}]), 400),
+    ("o-tool-name-spaces", "POST", CHAT, _with(GOOD_O, tools=[{"type": "function", "function": {"name": "a b"}}]), 400),
+    ("o-response-format", "POST", CHAT, _with(GOOD_O, response_format={"type": "xml"}), 400),
+    ("o-required-no-tools", "POST", CHAT, _with(GOOD_O, tool_choice="required"), 400),
     ("o-stream-options-no-stream", "POST", CHAT, _with(GOOD_O, stream_options={"include_usage": True}), 400),
     ("o-seed-float", "POST", CHAT, _with(GOOD_O, seed=1.5), 400),
     ("o-unknown-field", "POST", CHAT, _with(GOOD_O, best_of=3), 400),
@@ -292,7 +249,7 @@ def test_malformed_requests_get_dialect_errors_on_every_transport(tiny: tuple[Ru
             client = httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket)))
             base = "http://localhost"
         else:
-            client = httpx.Client(verify=_trust(setup))
+            client = httpx.Client(verify=trust(setup))
             base = f"https://localhost:{running.port('tcp')}"
 
         def send(method: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, bytes]:
@@ -328,7 +285,7 @@ def test_32_concurrent_streams_over_one_quic_connection_and_32_tcp_connections(
         assert sum(1 for r in lazy if r.status_code == 200) == 32
 
     def one(_: int) -> str:
-        with httpx.Client(verify=_trust(setup)) as c:
+        with httpx.Client(verify=trust(setup)) as c:
             r = c.post(f"https://localhost:{running.port('tcp')}/v1/messages", json=body, headers=headers, timeout=60)
             assert r.status_code == 200 and r.text.rstrip().endswith('{"type": "message_stop"}')
             return _sse_text(r.text)
@@ -369,9 +326,9 @@ def test_mtls_requires_a_client_certificate_on_tcp_and_quic(tiny_bundle_path: Pa
     running = RunningDaemon(root).start()
     try:
         url = f"https://localhost:{running.port('tcp')}/healthz"
-        with pytest.raises(httpx.TransportError), httpx.Client(verify=_trust(setup)) as c:
+        with pytest.raises(httpx.TransportError), httpx.Client(verify=trust(setup)) as c:
             c.get(url)
-        ctx = _trust(setup)
+        ctx = trust(setup)
         ctx.load_cert_chain(str(client.cert), str(client.key))
         with httpx.Client(verify=ctx) as c:
             assert c.get(url).status_code == 200

@@ -9,8 +9,19 @@ from typing import Any
 
 from appliance.api.dialect import Call, ModelInfo
 from appliance.api.errors import ApiError
-from appliance.api.fields import get_bool, get_int, get_number, get_str, reject_unknown, text_content
+from appliance.api.fields import block_text, get_bool, get_int, get_number, get_str, reject_unknown, text_content
+from appliance.api.tools import (
+    Answer,
+    CallOut,
+    arguments_text,
+    check_tools,
+    make_tool,
+    new_call_id,
+    schema_object,
+    tool_items,
+)
 from appliance.engine import Finished, GenerationRequest, Message
+from appliance.engine.tools import OutputRules, Tool, ToolChoice, format_call, format_results
 
 # status -> the Messages API's error type
 _ERROR_TYPES = {
@@ -20,16 +31,15 @@ _ERROR_TYPES = {
 }  # fmt: skip
 
 _KNOWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
-          "metadata", "stream"}  # fmt: skip
+          "metadata", "stream", "tools", "tool_choice", "output_config"}  # fmt: skip
 _UNSUPPORTED = {
-    "tools": "tool use is not supported by this server",
-    "tool_choice": "tool use is not supported by this server",
     "thinking": "extended thinking is not supported by this server",
     "mcp_servers": "MCP servers are not supported by this server",
     "container": "containers are not supported by this server",
     "service_tier": "service tiers are not supported by this server",
 }
-_COUNT_KNOWN = {"model", "messages", "system"}
+_COUNT_KNOWN = {"model", "messages", "system", "tools", "tool_choice", "output_config"}
+_TOOL_KNOWN = {"name", "description", "input_schema", "type", "cache_control", "strict"}
 
 
 def _messages(doc: dict[str, Any]) -> tuple[Message, ...]:
@@ -52,8 +62,92 @@ def _messages(doc: dict[str, Any]) -> tuple[Message, ...]:
             raise ApiError(400, f"{where}.role: roles must alternate, starting with 'user'", param="messages")
         if "content" not in m:
             raise ApiError(400, f"{where}.content: field required", param="messages")
-        out.append(Message(role, text_content(m["content"], f"{where}.content")))
+        out.append(Message(role, _content(m["content"], role, f"{where}.content")))
     return tuple(out)
+
+
+def _content(content: Any, role: str, where: str) -> str:
+    """A message's text as the model sees it: text blocks, and the assistant's earlier tool calls
+    and the user's tool results written in the model's tool format."""
+    if not isinstance(content, list):
+        return text_content(content, where)
+    parts: list[str] = []
+    results: list[tuple[str, bool]] = []
+    for i, block in enumerate(content):
+        at = f"{where}[{i}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "tool_use" and role == "assistant":
+            reject_unknown(block, {"type", "id", "name", "input", "cache_control", "caller", "toolset_name"}, {},
+                           where=f"{at}.")  # what the SDK echoes back from a response
+            get_str(block, "id", required=True, where=f"{at}.")
+            name = get_str(block, "name", required=True, where=f"{at}.")
+            parts.append(format_call(str(name), arguments_text(block.get("input"), f"{at}.input", "messages")))
+        elif kind == "tool_result" and role == "user":
+            reject_unknown(block, {"type", "tool_use_id", "content", "is_error", "cache_control"}, {},
+                           where=f"{at}.")  # fmt: skip
+            get_str(block, "tool_use_id", required=True, where=f"{at}.")
+            body = block.get("content", "")
+            text = "" if body == [] else text_content(body, f"{at}.content")
+            results.append((text, get_bool(block, "is_error")))
+        elif kind in ("tool_use", "tool_result"):
+            owner = "assistant" if kind == "tool_use" else "user"
+            raise ApiError(400, f"{at}: {kind} blocks belong in {owner} messages", param="messages")
+        else:
+            parts.append(block_text(block, at, param="messages"))
+    if results:
+        parts.insert(0, format_results(results))
+    return "\n".join(parts)
+
+
+def _tools(doc: dict[str, Any]) -> OutputRules:
+    """tools, tool_choice and output_config.format: what the answer may be."""
+    tools: list[Tool] = []
+    for where, t in tool_items(doc):
+        if t.get("type") not in (None, "custom"):
+            raise ApiError(400, f"{where}.type: server tools ({t.get('type')!r}) are not supported by this server; "
+                           "define custom tools with input_schema", param="tools")  # fmt: skip
+        reject_unknown(t, _TOOL_KNOWN, {}, where=f"{where}.")
+        if "input_schema" not in t:
+            raise ApiError(400, f"{where}.input_schema: field required", param="tools")
+        tools.append(make_tool(t.get("name"), t.get("description"), t["input_schema"], where, "tools"))
+    choice = _tool_choice(doc.get("tool_choice"), {t.name for t in tools})
+    return OutputRules(check_tools(tools, "tools"), choice, _output_format(doc.get("output_config")),
+                       schema_field="output_config")  # fmt: skip
+
+
+def _tool_choice(raw: Any, names: set[str]) -> ToolChoice:
+    if raw is None:
+        return ToolChoice()
+    if not isinstance(raw, dict):
+        raise ApiError(400, "tool_choice: must be an object", param="tool_choice")
+    kind = raw.get("type")
+    modes = {"auto": "auto", "any": "required", "tool": "tool", "none": "none"}
+    if kind not in modes:
+        raise ApiError(400, "tool_choice.type: must be one of auto, any, tool, none", param="tool_choice")
+    reject_unknown(raw, {"type", "name", "disable_parallel_tool_use"}, {}, where="tool_choice.")
+    name = get_str(raw, "name", required=kind == "tool", where="tool_choice.")
+    if kind == "tool" and name not in names:
+        raise ApiError(400, f"tool_choice.name: {name!r} is not one of the tools", param="tool_choice")
+    if kind in ("any", "tool") and not names:
+        raise ApiError(400, f"tool_choice: type {kind!r} needs tools", param="tool_choice")
+    return ToolChoice(modes[kind], name, parallel=not get_bool(raw, "disable_parallel_tool_use"))
+
+
+def _output_format(raw: Any) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ApiError(400, "output_config: must be an object", param="output_config")
+    reject_unknown(raw, {"format"}, {"effort": "effort levels are not supported by this server"},
+                   where="output_config.")  # fmt: skip
+    fmt = raw.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise ApiError(400, "output_config.format: must be {type: 'json_schema', schema: {...}}",
+                       param="output_config")  # fmt: skip
+    reject_unknown(fmt, {"type", "schema"}, {}, where="output_config.format.")
+    return schema_object(fmt.get("schema"), "output_config.format.schema", "output_config")
 
 
 def _system(doc: dict[str, Any]) -> str | None:
@@ -87,6 +181,7 @@ def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationReq
         top_p=get_number(doc, "top_p", 0.0, 1.0),
         top_k=get_int(doc, "top_k", minimum=0),
         stop_sequences=tuple(stops),
+        output=_tools(doc),
     )
     return request, get_bool(doc, "stream")
 
@@ -94,20 +189,27 @@ def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationReq
 def parse_count_tokens(doc: dict[str, Any], served_model: str) -> GenerationRequest:
     reject_unknown(doc, _COUNT_KNOWN, _UNSUPPORTED)
     check_model(doc, served_model)
-    return GenerationRequest(messages=_messages(doc), system=_system(doc), max_tokens=1)
+    return GenerationRequest(messages=_messages(doc), system=_system(doc), max_tokens=1, output=_tools(doc))
 
 
 def new_message_id() -> str:
     return "msg_" + uuid.uuid4().hex[:24]
 
 
-def response(message_id: str, model: str, text: str, done: Finished) -> dict[str, Any]:
+def response(message_id: str, model: str, answer: Answer, done: Finished) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if answer.text or not answer.calls:
+        content.append({"type": "text", "text": answer.text})
+    for call in answer.calls:
+        arguments = call.input()
+        if arguments is not None:  # a call cut off by max_tokens has no input to give
+            content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": arguments})
     return {
         "id": message_id,
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": text}],
+        "content": content,
         "stop_reason": done.stop_reason,
         "stop_sequence": done.stop_sequence,
         "usage": {"input_tokens": done.input_tokens, "output_tokens": done.output_tokens},
@@ -119,11 +221,13 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
 
 
 class StreamEncoder:
-    """Engine events -> the Messages API's SSE event sequence."""
+    """Engine events -> the Messages API's SSE event sequence. Content blocks open as the answer
+    needs them: a text block for text, a tool_use block for each call."""
 
     def __init__(self, message_id: str, model: str, input_tokens: int) -> None:
         self.message_id, self.model, self.input_tokens = message_id, model, input_tokens
-        self.started = time.monotonic()
+        self.block = -1  # index of the open content block
+        self.open: str | None = None  # its type
 
     def start(self) -> bytes:
         message: dict[str, Any] = {
@@ -131,29 +235,46 @@ class StreamEncoder:
             "stop_reason": None, "stop_sequence": None,
             "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
         }  # fmt: skip
-        return (
-            sse("message_start", {"type": "message_start", "message": message})
-            + sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                          "content_block": {"type": "text", "text": ""}})
-            + sse("ping", {"type": "ping"})
-        )
+        return sse("message_start", {"type": "message_start", "message": message}) + sse("ping", {"type": "ping"})
+
+    def _open(self, block: dict[str, Any]) -> bytes:
+        out = self._close()
+        self.block += 1
+        self.open = block["type"]
+        return out + sse("content_block_start", {"type": "content_block_start", "index": self.block,
+                                                 "content_block": block})  # fmt: skip
+
+    def _close(self) -> bytes:
+        if self.open is None:
+            return b""
+        self.open = None
+        return sse("content_block_stop", {"type": "content_block_stop", "index": self.block})
 
     def delta(self, text: str) -> bytes:
-        return sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                           "delta": {"type": "text_delta", "text": text}})  # fmt: skip
+        out = b"" if self.open == "text" else self._open({"type": "text", "text": ""})
+        return out + sse("content_block_delta", {"type": "content_block_delta", "index": self.block,
+                                                 "delta": {"type": "text_delta", "text": text}})  # fmt: skip
+
+    def call_start(self, call: CallOut) -> bytes:
+        return self._open({"type": "tool_use", "id": call.id, "name": call.name, "input": {}})
+
+    def call_arguments(self, call: CallOut, piece: str) -> bytes:
+        return sse("content_block_delta", {"type": "content_block_delta", "index": self.block,
+                                           "delta": {"type": "input_json_delta", "partial_json": piece}})  # fmt: skip
 
     def debug(self, lines: list[str]) -> bytes:
         """The decision trace, for callers allowed to see it (not part of the Messages API)."""
         return sse("zerolayer_debug", {"type": "zerolayer_debug", "lines": lines})
 
     def finish(self, done: Finished) -> bytes:
+        out = self._open({"type": "text", "text": ""}) if self.block < 0 else b""  # an empty answer: one empty block
         return (
-            sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+            out + self._close()
             + sse("message_delta", {"type": "message_delta",
                                     "delta": {"stop_reason": done.stop_reason, "stop_sequence": done.stop_sequence},
                                     "usage": {"output_tokens": done.output_tokens}})
             + sse("message_stop", {"type": "message_stop"})
-        )
+        )  # fmt: skip
 
     def error(self, err: ApiError) -> bytes:
         return f"event: error\ndata: {error_body(err).decode()}\n\n".encode()
@@ -174,8 +295,11 @@ class AnthropicDialect:
         request, stream = parse_request(doc, served_model)
         return Call(request, stream)
 
-    def response(self, model: str, text: str, done: Finished) -> dict[str, Any]:
-        return response(new_message_id(), model, text, done)
+    def response(self, model: str, answer: Answer, done: Finished) -> dict[str, Any]:
+        return response(new_message_id(), model, answer, done)
+
+    def new_call(self, name: str) -> CallOut:
+        return CallOut(new_call_id("toolu_"), name)
 
     def stream(self, model: str, input_tokens: int, call: Call) -> StreamEncoder:
         return StreamEncoder(new_message_id(), model, input_tokens)
@@ -184,10 +308,12 @@ class AnthropicDialect:
         return error_body(err)
 
     def models(self, model: ModelInfo) -> dict[str, Any]:
+        return {"data": [self.model(model)], "has_more": False, "first_id": model.name, "last_id": model.name}
+
+    def model(self, model: ModelInfo) -> dict[str, Any]:
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(model.created))
-        item = {"type": "model", "id": model.name, "display_name": f"{model.name} {model.version}",
+        return {"type": "model", "id": model.name, "display_name": f"{model.name} {model.version}",
                 "created_at": created}  # fmt: skip
-        return {"data": [item], "has_more": False, "first_id": model.name, "last_id": model.name}
 
 
 ANTHROPIC = AnthropicDialect()

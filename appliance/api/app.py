@@ -20,6 +20,7 @@ from appliance.api.errors import ApiError
 from appliance.api.fields import parse_json_object
 from appliance.api.metrics import Metrics
 from appliance.api.openai import OPENAI
+from appliance.api.tools import Answer, CallOut
 from appliance.asgi import ASGIApp, ASGIMessage, Receive, Scope, Send
 from appliance.engine import (
     EngineBusy,
@@ -33,6 +34,7 @@ from appliance.engine import (
     Stream,
     TextDelta,
 )
+from appliance.engine.tools import CallArguments, CallStart
 from appliance.flows import DigestTable, flow_of
 from appliance.governor import Governor
 from appliance.kernel import FlowKey
@@ -109,11 +111,21 @@ ROUTES: dict[str, Route] = {
     "/v1/messages/count_tokens": Route(("POST",), "_count_tokens"),
     "/v1/chat/completions": Route(("POST",), "_generate"),
     "/v1/models": Route(("GET",), "_models"),
+    "/v1/models/{id}": Route(("GET",), "_model"),
     "/healthz": Route(("GET", "HEAD"), "_healthz"),
     "/readyz": Route(("GET", "HEAD"), "_readyz"),
     "/metrics": Route(("GET",), "_metrics"),
     "/status": Route(("GET",), "_status"),
 }
+MODEL_PATH = "/v1/models/"
+
+
+def route_of(path: str) -> Route | None:
+    if path.startswith(MODEL_PATH) and len(path) > len(MODEL_PATH):
+        return ROUTES["/v1/models/{id}"]
+    return ROUTES.get(path)
+
+
 DEBUG_HEADER = b"zerolayer-debug"
 CLIENT_CLOSED = 499  # the metrics' code for a request whose client went away (as nginx counts it)
 
@@ -199,7 +211,7 @@ class ApiApp:
             client = scope.get("client")
             if self.allowed is not None and transport == "tcp" and client and not self.allowed(client[0]):
                 raise ApiError(403, "source address not allowed")  # before anything of the request is parsed
-            route = ROUTES.get(path)
+            route = route_of(path)
             if route is None:
                 raise ApiError(404, f"no such endpoint: {path}")
             if method not in route.methods:
@@ -278,6 +290,14 @@ class ApiApp:
         model = ModelInfo(self.engine.model_name, self.engine.model_version, self.created)
         return await _json(ex.send, 200, ex.dialect.models(model))
 
+    async def _model(self, ex: Exchange) -> int:
+        self._admit(ex)
+        name = ex.path[len(MODEL_PATH) :]
+        if name != self.engine.model_name:
+            raise ApiError(404, f"model {name!r} is not served here; this appliance serves {self.engine.model_name!r}")
+        model = ModelInfo(self.engine.model_name, self.engine.model_version, self.created)
+        return await _json(ex.send, 200, ex.dialect.model(model))
+
     async def _count_tokens(self, ex: Exchange) -> int:
         self._admit(ex)
         doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
@@ -332,7 +352,7 @@ class ApiApp:
         gone = asyncio.Event()  # the client disconnected before its answer was complete
         watcher = asyncio.create_task(_cancel_on_disconnect(ex.receive, handle, gone, sink))
         try:
-            await self._pump(handle, sink, started)
+            await self._pump(handle, sink, ex.dialect, started)
             cancelled = handle.finished is not None and handle.finished.stop_reason == "cancelled"
             return CLIENT_CLOSED if cancelled or gone.is_set() else 200  # the client hung up before the end
         finally:
@@ -347,10 +367,11 @@ class ApiApp:
                      handle.input_tokens, done.output_tokens if done else 0, trace.prefill_ms, trace.ms_per_token,
                      extra={"request_id": trace.request_id, "device": trace.device})  # fmt: skip
 
-    async def _pump(self, handle: Stream, sink: Sink, started: float) -> None:
+    async def _pump(self, handle: Stream, sink: Sink, dialect: Dialect, started: float) -> None:
         """The one loop from engine events to a sink: a whole response or a stream."""
         await sink.open()
         last: float | None = None
+        calls: list[CallOut] = []
         try:
             async for event in handle:
                 if isinstance(event, TextDelta):
@@ -361,6 +382,13 @@ class ApiApp:
                         self.metrics.inter_token.observe(now - last)
                     last = now
                     await sink.delta(event.text)
+                elif isinstance(event, CallStart):
+                    call = dialect.new_call(event.name)
+                    calls.append(call)
+                    await sink.call_start(call)
+                elif isinstance(event, CallArguments):
+                    calls[event.index].arguments += event.json
+                    await sink.call_arguments(calls[event.index], event.json)
                 elif isinstance(event, Prefilled):  # before the first delta
                     await sink.prefilled(event.trace.lines())
                 elif isinstance(event, Finished):
@@ -387,6 +415,10 @@ class Sink(Protocol):
 
     async def delta(self, text: str) -> None: ...
 
+    async def call_start(self, call: CallOut) -> None: ...
+
+    async def call_arguments(self, call: CallOut, piece: str) -> None: ...
+
     async def finished(self, done: Finished) -> None: ...
 
     async def error(self, err: ApiError) -> None: ...
@@ -401,6 +433,7 @@ class WholeSink:
         self.send, self.dialect, self.model, self.debug = send, dialect, model, debug
         self.started = self.closing = False
         self.parts: list[str] = []
+        self.calls: list[CallOut] = []
         self.done: Finished | None = None
 
     async def open(self) -> None:
@@ -412,6 +445,12 @@ class WholeSink:
     async def delta(self, text: str) -> None:
         self.parts.append(text)
 
+    async def call_start(self, call: CallOut) -> None:
+        self.calls.append(call)  # its arguments fill in as they arrive
+
+    async def call_arguments(self, call: CallOut, piece: str) -> None:
+        pass
+
     async def finished(self, done: Finished) -> None:
         self.done = done
 
@@ -421,7 +460,7 @@ class WholeSink:
     async def close(self) -> None:
         assert self.done is not None
         self.closing = True
-        doc = self.dialect.response(self.model, "".join(self.parts), self.done)
+        doc = self.dialect.response(self.model, Answer("".join(self.parts), self.calls), self.done)
         extra = [(b"zerolayer-trace", json.dumps(self.done.trace.lines()).encode())] if self.debug else []
         self.started = True
         await _respond(self.send, 200, json.dumps(doc, ensure_ascii=False).encode(),
@@ -447,6 +486,12 @@ class StreamSink:
 
     async def delta(self, text: str) -> None:
         await _chunk(self.send, self.encoder.delta(text))
+
+    async def call_start(self, call: CallOut) -> None:
+        await _chunk(self.send, self.encoder.call_start(call))
+
+    async def call_arguments(self, call: CallOut, piece: str) -> None:
+        await _chunk(self.send, self.encoder.call_arguments(call, piece))
 
     async def finished(self, done: Finished) -> None:
         if self.debug:

@@ -97,18 +97,19 @@ def text_content(content: Any, where: str, allow_types: tuple[str, ...] = ("text
         return content
     if not isinstance(content, list) or not content:
         raise ApiError(400, f"{where}: must be a string or a non-empty list of content blocks", param=where)
-    parts = []
-    for i, block in enumerate(content):
-        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            raise ApiError(400, f"{where}[{i}]: must be an object with a type", param=where)
-        kind = block["type"]
-        if kind not in allow_types:
-            raise ApiError(
-                400, f"{where}[{i}]: content blocks of type {kind!r} are not supported by this server (text only)",
-                param=where,
-            )  # fmt: skip
-        text = block.get("text")
-        if not isinstance(text, str):
-            raise ApiError(400, f"{where}[{i}].text: must be a string", param=where)
-        parts.append(text)
-    return "".join(parts)
+    return "".join(block_text(block, f"{where}[{i}]", allow_types, where) for i, block in enumerate(content))
+
+
+def block_text(block: Any, at: str, allow_types: tuple[str, ...] = ("text",), param: str | None = None) -> str:
+    """One content block's text; blocks of other types are refused by name."""
+    param = param or at
+    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        raise ApiError(400, f"{at}: must be an object with a type", param=param)
+    kind = block["type"]
+    if kind not in allow_types:
+        raise ApiError(400, f"{at}: content blocks of type {kind!r} are not supported by this server (text only)",
+                       param=param)  # fmt: skip
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise ApiError(400, f"{at}.text: must be a string", param=param)
+    return text

@@ -10,7 +10,18 @@ from typing import Any
 from appliance.api.dialect import Call, ModelInfo
 from appliance.api.errors import ApiError
 from appliance.api.fields import get_bool, get_int, get_number, get_str, reject_unknown, text_content
+from appliance.api.tools import (
+    Answer,
+    CallOut,
+    arguments_text,
+    check_tools,
+    make_tool,
+    new_call_id,
+    schema_object,
+    tool_items,
+)
 from appliance.engine import Finished, GenerationRequest, Message
+from appliance.engine.tools import OutputRules, Tool, ToolChoice, format_call, format_results
 
 # status -> (OpenAI error type, code)
 _ERROR_KINDS: dict[int, tuple[str, str | None]] = {
@@ -23,13 +34,11 @@ _ERROR_KINDS: dict[int, tuple[str, str | None]] = {
 
 _KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
           "stream", "stream_options", "user", "frequency_penalty", "presence_penalty", "logprobs", "metadata",
-          "store"}  # fmt: skip
+          "store", "tools", "tool_choice", "parallel_tool_calls", "response_format", "top_k", "min_p",
+          "repetition_penalty"}  # fmt: skip
 _UNSUPPORTED = {
-    "tools": "tool calls are not supported by this server",
-    "tool_choice": "tool calls are not supported by this server",
-    "functions": "function calls are not supported by this server",
-    "function_call": "function calls are not supported by this server",
-    "response_format": "structured output is not supported by this server",
+    "functions": "the legacy functions field is not supported by this server (use tools)",
+    "function_call": "the legacy function_call field is not supported by this server (use tool_choice)",
     "logit_bias": "logit_bias is not supported by this server",
     "top_logprobs": "logprobs are not supported by this server",
     "audio": "audio output is not supported by this server",
@@ -37,9 +46,8 @@ _UNSUPPORTED = {
     "prediction": "predicted outputs are not supported by this server",
     "web_search_options": "web search is not supported by this server",
     "reasoning_effort": "reasoning effort is not supported by this server",
-    "parallel_tool_calls": "tool calls are not supported by this server",
 }
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "user"}
 DEFAULT_MAX_TOKENS = 1024
 
 
@@ -51,15 +59,26 @@ def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
         raise ApiError(400, "messages: must be a non-empty list", param="messages")
     system_parts: list[str] = []
     out: list[Message] = []
+    results: list[tuple[str, bool]] = []  # consecutive tool messages: one user turn for the model
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise ApiError(400, f"{where}: must be an object", param="messages")
         role = m.get("role")
-        if role == "tool" or "tool_calls" in m:
-            raise ApiError(400, f"{where}: tool messages are not supported by this server", param="messages")
         if role not in _ROLES:
             raise ApiError(400, f"{where}.role: must be one of {', '.join(_ROLES)}", param="messages")
+        if role != "tool" and results:
+            out.append(Message("user", format_results(results)))
+            results = []
+        if role == "tool":
+            reject_unknown(m, {"role", "content", "tool_call_id"}, {}, where=f"{where}.")
+            get_str(m, "tool_call_id", required=True, where=f"{where}.")
+            results.append((text_content(m.get("content", ""), f"{where}.content") if m.get("content") else "", False))
+            continue
+        if role == "assistant":
+            reject_unknown(m, {"role", "content", "name", "tool_calls", "refusal"}, {}, where=f"{where}.")
+            out.append(Message("assistant", _assistant_text(m, where)))
+            continue
         reject_unknown(m, {"role", "content", "name"}, {}, where=f"{where}.")
         get_str(m, "name", where=f"{where}.")
         if m.get("content") is None:
@@ -71,9 +90,86 @@ def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
             system_parts.append(text)
         else:
             out.append(Message(_ROLES[role], text))
+    if results:
+        out.append(Message("user", format_results(results)))
     if not out:
         raise ApiError(400, "messages: needs at least one user message", param="messages")
     return ("\n\n".join(system_parts) or None), tuple(out)
+
+
+def _assistant_text(m: dict[str, Any], where: str) -> str:
+    """An assistant turn as the model wrote it: its text, then its tool calls in the model's format."""
+    get_str(m, "name", where=f"{where}.")
+    content = m.get("content")
+    parts = [text_content(content, f"{where}.content")] if content not in (None, "", []) else []
+    calls = m.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise ApiError(400, f"{where}.tool_calls: must be a list", param="messages")
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            raise ApiError(400, f"{at}: must be an object with a function", param="messages")
+        reject_unknown(call, {"id", "type", "function"}, {}, where=f"{at}.")
+        fn = call["function"]
+        name = get_str(fn, "name", required=True, where=f"{at}.function.")
+        parts.append(format_call(str(name), arguments_text(fn.get("arguments", "{}"), f"{at}.function.arguments",
+                                                           "messages")))  # fmt: skip
+    if not parts and content is None:
+        raise ApiError(400, f"{where}.content: field required (or tool_calls)", param="messages")
+    return "\n".join(parts)
+
+
+def _tools(doc: dict[str, Any]) -> OutputRules:
+    tools: list[Tool] = []
+    for where, t in tool_items(doc):
+        if t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            raise ApiError(400, f"{where}: must be {{type: 'function', function: {{...}}}} (other tool types are "
+                           "not supported by this server)", param="tools")  # fmt: skip
+        reject_unknown(t, {"type", "function"}, {}, where=f"{where}.")
+        fn = t["function"]
+        reject_unknown(fn, {"name", "description", "parameters", "strict"}, {}, where=f"{where}.function.")
+        tools.append(make_tool(fn.get("name"), fn.get("description"), fn.get("parameters"), f"{where}.function",
+                               "tools"))  # fmt: skip
+    names = {t.name for t in tools}
+    parallel = doc.get("parallel_tool_calls") is None or get_bool(doc, "parallel_tool_calls")  # default: allowed
+    choice = _tool_choice(doc.get("tool_choice"), names, parallel)
+    return OutputRules(check_tools(tools, "tools"), choice, _response_format(doc.get("response_format")))
+
+
+def _tool_choice(raw: Any, names: set[str], parallel: bool) -> ToolChoice:
+    if raw is None:
+        return ToolChoice(parallel=parallel)
+    if raw in ("auto", "none", "required"):
+        if raw == "required" and not names:
+            raise ApiError(400, "tool_choice: 'required' needs tools", param="tool_choice")
+        return ToolChoice(raw, parallel=parallel)
+    fn = raw.get("function") if isinstance(raw, dict) and raw.get("type") == "function" else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise ApiError(400, "tool_choice: must be 'auto', 'none', 'required' or {type: 'function', function: "
+                       "{name: ...}}", param="tool_choice")  # fmt: skip
+    if name not in names:
+        raise ApiError(400, f"tool_choice.function.name: {name!r} is not one of the tools", param="tool_choice")
+    return ToolChoice("tool", name, parallel=parallel)
+
+
+def _response_format(raw: Any) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = raw.get("json_schema")
+        if not isinstance(spec, dict):
+            raise ApiError(400, "response_format.json_schema: must be an object", param="response_format")
+        reject_unknown(spec, {"name", "description", "schema", "strict"}, {}, where="response_format.json_schema.")
+        get_str(spec, "name", required=True, where="response_format.json_schema.")
+        return schema_object(spec.get("schema", {}), "response_format.json_schema.schema", "response_format")
+    raise ApiError(400, "response_format.type: must be 'text', 'json_object' or 'json_schema'",
+                   param="response_format")  # fmt: skip
 
 
 def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationRequest, bool, bool]:
@@ -88,11 +184,11 @@ def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationReq
     n = get_int(doc, "n", minimum=1)
     if n not in (None, 1):
         raise ApiError(400, "n: only n=1 is supported by this server", param="n")
-    for key in ("frequency_penalty", "presence_penalty"):
-        if get_number(doc, key, -2.0, 2.0) not in (None, 0.0):
-            raise ApiError(400, f"{key}: penalties are not supported by this server (use 0)", param=key)
     if get_bool(doc, "logprobs"):
         raise ApiError(400, "logprobs: not supported by this server", param="logprobs")
+    metadata = doc.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise ApiError(400, "metadata: must be an object", param="metadata")
     max_tokens = get_int(doc, "max_completion_tokens", minimum=1)
     if max_tokens is None:
         max_tokens = get_int(doc, "max_tokens", minimum=1)
@@ -115,35 +211,47 @@ def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationReq
             raise ApiError(400, "stream_options: only allowed when stream is true", param="stream_options")
         reject_unknown(options, {"include_usage", "include_obfuscation"}, {}, where="stream_options.")
         include_usage = get_bool(options, "include_usage")
-    seed = get_int(doc, "seed")
     request = GenerationRequest(
         messages=messages,
         system=system,
         max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
         temperature=get_number(doc, "temperature", 0.0, 2.0),
         top_p=get_number(doc, "top_p", 0.0, 1.0),
+        top_k=get_int(doc, "top_k", minimum=0),
+        min_p=get_number(doc, "min_p", 0.0, 1.0) or 0.0,
+        frequency_penalty=get_number(doc, "frequency_penalty", -2.0, 2.0) or 0.0,
+        presence_penalty=get_number(doc, "presence_penalty", -2.0, 2.0) or 0.0,
+        repetition_penalty=get_number(doc, "repetition_penalty", 0.01, 10.0) or 1.0,
         stop_sequences=stops,
-        seed=seed,
+        seed=get_int(doc, "seed"),
+        output=_tools(doc),
     )
     return request, stream, include_usage
 
 
 def finish_reason(done: Finished) -> str:
-    return "length" if done.stop_reason == "max_tokens" else "stop"
+    return {"max_tokens": "length", "tool_use": "tool_calls"}.get(done.stop_reason, "stop")
 
 
 def new_completion_id() -> str:
     return "chatcmpl-" + uuid.uuid4().hex[:24]
 
 
-def response(completion_id: str, model: str, text: str, done: Finished) -> dict[str, Any]:
+def _call(call: CallOut) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def response(completion_id: str, model: str, answer: Answer, done: Finished) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": answer.text or (None if answer.calls else ""),
+                               "refusal": None}  # fmt: skip
+    if answer.calls:
+        message["tool_calls"] = [_call(c) for c in answer.calls]
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                     "finish_reason": finish_reason(done), "logprobs": None}],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(done), "logprobs": None}],
         "usage": _usage(done),
     }
 
@@ -157,6 +265,7 @@ class StreamEncoder:
     def __init__(self, completion_id: str, model: str, include_usage: bool) -> None:
         self.id, self.model, self.include_usage = completion_id, model, include_usage
         self.created = int(time.time())
+        self.calls = 0
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         doc = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
@@ -168,6 +277,15 @@ class StreamEncoder:
 
     def delta(self, text: str) -> bytes:
         return self._chunk([{"index": 0, "delta": {"content": text}, "finish_reason": None}])
+
+    def call_start(self, call: CallOut) -> bytes:
+        self.calls += 1
+        first = {"index": self.calls - 1, **_call(call)}
+        return self._chunk([{"index": 0, "delta": {"tool_calls": [first]}, "finish_reason": None}])
+
+    def call_arguments(self, call: CallOut, piece: str) -> bytes:
+        more = {"index": self.calls - 1, "function": {"arguments": piece}}
+        return self._chunk([{"index": 0, "delta": {"tool_calls": [more]}, "finish_reason": None}])
 
     def debug(self, lines: list[str]) -> bytes:
         """The decision trace as an SSE comment: clients that do not ask for it skip it."""
@@ -198,8 +316,11 @@ class OpenAIDialect:
         request, stream, include_usage = parse_request(doc, served_model)
         return Call(request, stream, include_usage)
 
-    def response(self, model: str, text: str, done: Finished) -> dict[str, Any]:
-        return response(new_completion_id(), model, text, done)
+    def response(self, model: str, answer: Answer, done: Finished) -> dict[str, Any]:
+        return response(new_completion_id(), model, answer, done)
+
+    def new_call(self, name: str) -> CallOut:
+        return CallOut(new_call_id("call_"), name)
 
     def stream(self, model: str, input_tokens: int, call: Call) -> StreamEncoder:
         return StreamEncoder(new_completion_id(), model, call.include_usage)
@@ -208,8 +329,10 @@ class OpenAIDialect:
         return error_body(err)
 
     def models(self, model: ModelInfo) -> dict[str, Any]:
-        item: dict[str, Any] = {"id": model.name, "object": "model", "created": model.created, "owned_by": "zerolayer"}
-        return {"object": "list", "data": [item]}
+        return {"object": "list", "data": [self.model(model)]}
+
+    def model(self, model: ModelInfo) -> dict[str, Any]:
+        return {"id": model.name, "object": "model", "created": model.created, "owned_by": "zerolayer"}
 
 
 OPENAI = OpenAIDialect()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
@@ -15,6 +15,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from appliance.engine.errors import InvalidRequest
 from appliance.engine.request import Message
 from appliance.engine.tokenizer import TextTokenizer
+from appliance.engine.tools import OutputRules, schema_block, system_block
+
+if TYPE_CHECKING:
+    from appliance.engine.constraint import Constraint
 
 
 def _raise_exception(message: str) -> None:
@@ -35,6 +39,7 @@ class Prompt:
     ids: list[int]
     message_starts: list[int]  # token index where each message after the first begins
     text: str
+    constraint: Constraint | None = None  # the request's output grammar, compiled (engine.prepare)
 
 
 class ChatTemplate:
@@ -45,28 +50,62 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise_exception
         self.template = env.from_string(source)
         self.tokenizer = tokenizer
+        # Hugging Face templates that know tools read a `tools` variable; others get our system block.
+        self.takes_tools = "tools" in source
 
-    def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> str:
+    def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool, **extra: Any) -> str:
         try:
             return self.template.render(
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.tokenizer.bos_token or "",
                 eos_token=self.tokenizer.eos_token or "",
+                **extra,
             )
         except TemplateError as exc:
             raise InvalidRequest(f"the chat template failed on these messages: {exc}", "messages") from None
 
-    def prompt(self, messages: Sequence[Message], system: str | None = None) -> Prompt:
+    def prompt(self, messages: Sequence[Message], system: str | None = None, output: OutputRules | None = None
+               ) -> Prompt:  # fmt: skip
+        """The rendered, tokenized conversation. A final assistant message is continued, not
+        answered (the answer carries on from its last character). The output rules' tools and
+        schema are shown to the model: the grammar holds it to them, but it writes better
+        arguments and values when it knows what they are for."""
+        extra: dict[str, Any] = {}
+        blocks = [system] if system else []
+        tools = output.tools if output is not None else ()
+        if tools and self.takes_tools:
+            extra["tools"] = [t.as_function() for t in tools]
+        elif tools:
+            blocks.append(system_block(tools))
+        if output is not None and output.json_schema is not None:
+            blocks.append(schema_block(output.json_schema))
+        system = "\n\n".join(blocks) or None
         docs = ([{"role": "system", "content": system}] if system else []) + [
             {"role": m.role, "content": m.content} for m in messages
         ]
-        text = self.render(docs, add_generation_prompt=docs[-1]["role"] != "assistant")
+        if docs[-1]["role"] == "assistant" and not docs[-1]["content"]:
+            docs = docs[:-1]  # an empty final assistant message continues nothing: answer as usual
+        if docs[-1]["role"] == "assistant":
+            text = _through_final(self.render(docs, add_generation_prompt=False, **extra), docs[-1]["content"])
+        else:
+            text = self.render(docs, add_generation_prompt=True, **extra)
         ids, offsets = self.tokenizer.encode(text)
         starts = []
         for k in range(max(1, len(docs) - BOUNDARY_MESSAGES), len(docs)):
-            head = self.render(docs[:k], add_generation_prompt=False)
+            head = self.render(docs[:k], add_generation_prompt=False, **extra)
             if text.startswith(head):
                 # First token starting at or after the boundary character.
                 starts.append(next((i for i, off in enumerate(offsets) if off >= len(head)), len(ids)))
         return Prompt(ids=ids, message_starts=sorted(set(starts)), text=text)
+
+
+def _through_final(text: str, final: str) -> str:
+    """The rendered conversation cut right after the final message's text, so the model continues
+    it (the end-of-turn the template writes after it is dropped), as transformers'
+    continue_final_message does."""
+    end = text.rfind(final)
+    if end < 0:
+        raise InvalidRequest("messages: the chat template does not render the final assistant message verbatim, "
+                             "so it cannot be continued", "messages")  # fmt: skip
+    return text[: end + len(final)]

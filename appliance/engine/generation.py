@@ -12,11 +12,12 @@ import numpy as np
 from appliance.engine.chat import Prompt
 from appliance.engine.prefix_cache import DIGESTS_PER_FLOW, PrefixCache, block_digests
 from appliance.engine.request import Event, Finished, GenerationRequest, Prefilled, TextDelta
-from appliance.engine.sampling import Sampler
+from appliance.engine.sampling import Sampler, penalize
 from appliance.engine.session import KVCache, ModelSession
 from appliance.engine.shards import plan_shards
 from appliance.engine.stops import StopMatcher
 from appliance.engine.tokenizer import StreamDecoder, TextTokenizer
+from appliance.engine.tools import CallParser, TextPart
 from appliance.engine.trace import Trace
 
 
@@ -50,7 +51,11 @@ class Generation:
             facts.default_top_k if request.top_k is None else request.top_k,
             facts.default_top_p if request.top_p is None else request.top_p,
             request.seed,
+            request.min_p,
         )
+        self.constraint = prompt.constraint  # the output grammar, if the request has one
+        # Tool calls are parsed out of the output only where the grammar lets the model write them.
+        self.calls = CallParser() if request.output.calls_allowed else None
         self.decoder = StreamDecoder(tokenizer)
         self.stops = StopMatcher(request.stop_sequences)
         self.cache: KVCache | None = None
@@ -124,7 +129,7 @@ class Generation:
             return []
         self.trace.prefill_ms = (time.perf_counter() - self._prefill_started) * 1000
         events: list[Event] = [Prefilled(self.trace)]
-        events.extend(self._accept(self.sampler(logits)))
+        events.extend(self._accept(self._choose(logits)))
         return events
 
     @property
@@ -138,7 +143,19 @@ class Generation:
         assert self.cache is not None
         self.cache.length += 1
         self.trace.record_token(step_ms)
-        return self._accept(self.sampler(logits))
+        return self._accept(self._choose(logits))
+
+    def _choose(self, logits: np.ndarray) -> int:
+        """The next token: penalties, then the grammar's mask, then the sampler."""
+        req = self.request
+        if req.frequency_penalty or req.presence_penalty or req.repetition_penalty != 1.0:
+            logits = penalize(logits, self.generated, self.prompt.ids, req.frequency_penalty, req.presence_penalty,
+                              req.repetition_penalty)  # fmt: skip
+        if self.constraint is None:
+            return self.sampler(logits)
+        token = self.sampler(self.constraint.apply(logits))
+        self.constraint.accept(token)
+        return token
 
     def _accept(self, token: int) -> list[Event]:
         if token in self.eos:
@@ -148,9 +165,18 @@ class Generation:
         text, matched = self.stops.push(self.decoder.push(token))
         if matched is not None:
             return self._finish("stop_sequence", matched, text, flush=False)
+        if self.constraint is not None and self.constraint.finished:  # only the end can follow: save a step
+            return self._finish("end_turn", None, text + self.decoder.flush())
         if len(self.generated) >= self.request.max_tokens:
             return self._finish("max_tokens", None, text + self.decoder.flush())
-        return [TextDelta(text)] if text else []
+        return self._parts(text)
+
+    def _parts(self, text: str, last: bool = False) -> list[Event]:
+        """Output text as events: text deltas, or tool calls where the request allows them."""
+        if self.calls is None:
+            return [TextDelta(text)] if text else []
+        parts = self.calls.push(text) + (self.calls.flush() if last else [])
+        return [TextDelta(p.text) if isinstance(p, TextPart) else p for p in parts]
 
     def _finish(self, reason: str, stop: str | None, text: str, flush: bool = True) -> list[Event]:
         events: list[Event] = []
@@ -160,8 +186,9 @@ class Generation:
                 reason, stop = "stop_sequence", matched
             else:
                 text += self.stops.flush()
-        if text:
-            events.append(TextDelta(text))
+        events.extend(self._parts(text, last=True))
+        if reason == "end_turn" and self.calls is not None and self.calls.complete:
+            reason = "tool_use"
         self.done = True
         self._remember_prefix()
         events.append(self._finished(reason, stop))

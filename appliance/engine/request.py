@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from appliance.engine.errors import InvalidRequest
+from appliance.engine.tools import CallArguments, CallStart, OutputRules
 from appliance.engine.trace import Trace
 
 ROLES = ("system", "user", "assistant")
@@ -30,8 +31,14 @@ class GenerationRequest:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one
+    # OpenAI's penalties on tokens already generated, and the multiplicative one llama.cpp and vLLM take.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     stop_sequences: tuple[str, ...] = ()
     seed: int | None = None
+    output: OutputRules = field(default_factory=OutputRules)  # tools, tool choice, a JSON schema
     # Chain digests the client's flow saw last time (the kernel layer keeps them per connection).
     prior_digests: tuple[bytes, ...] = ()
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
@@ -62,6 +69,10 @@ class GenerationRequest:
         top_k = self.top_k
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
             raise InvalidRequest("top_k must be a non-negative integer (0 disables it)", "top_k")
+        _check_number(self.min_p, "min_p", 0.0, 1.0)
+        _check_number(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)
+        _check_number(self.presence_penalty, "presence_penalty", -2.0, 2.0)
+        _check_number(self.repetition_penalty, "repetition_penalty", 0.01, 10.0)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise InvalidRequest("seed must be an integer", "seed")
         if len(self.stop_sequences) > MAX_STOP_SEQUENCES:
@@ -105,11 +116,12 @@ class Prefilled:
 
 @dataclass(frozen=True)
 class Finished:
-    stop_reason: str  # "end_turn" | "max_tokens" | "stop_sequence" | "cancelled"
+    stop_reason: str  # "end_turn" | "tool_use" | "max_tokens" | "stop_sequence" | "cancelled"
     stop_sequence: str | None
     input_tokens: int
     output_tokens: int
     trace: Trace
 
 
-Event = TextDelta | Prefilled | Finished
+# CallStart and CallArguments (appliance/engine/tools.py): a tool call as it is generated.
+Event = TextDelta | CallStart | CallArguments | Prefilled | Finished

@@ -1,0 +1,105 @@
+"""What both dialects share about tools: checking a tool definition and a JSON schema, a tool
+call's id and its arguments, and the answer as text plus calls."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from appliance.api.errors import ApiError
+from appliance.engine.tools import MAX_PARALLEL_CALLS, Tool
+
+MAX_TOOLS = 128
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")  # what both APIs accept as a tool name
+
+
+@dataclass
+class CallOut:
+    """A tool call the model made: its name and its arguments' JSON text (as generated)."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+    def input(self) -> dict[str, Any] | None:
+        """The arguments as an object; None if they were cut off (max_tokens) before they closed."""
+        try:
+            value = json.loads(self.arguments)
+        except json.JSONDecodeError:
+            return None
+        return value if isinstance(value, dict) else None
+
+
+@dataclass
+class Answer:
+    """A whole answer: its text and the calls it made, in order."""
+
+    text: str = ""
+    calls: list[CallOut] = field(default_factory=list)
+
+
+def new_call_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+def schema_object(value: Any, where: str, param: str) -> dict[str, Any]:
+    """A JSON schema given as an object (its content is checked when the grammar is compiled)."""
+    if not isinstance(value, dict):
+        raise ApiError(400, f"{where}: must be a JSON schema object", param=param)
+    return value
+
+
+def make_tool(name: Any, description: Any, schema: Any, where: str, param: str) -> Tool:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ApiError(400, f"{where}.name: must be 1 to 128 letters, digits, '_' or '-'", param=param)
+    if description is not None and not isinstance(description, str):
+        raise ApiError(400, f"{where}.description: must be a string", param=param)
+    schema = schema_object({} if schema is None else schema, f"{where} schema", param)
+    kind = schema.get("type", "object")
+    if kind != "object":
+        raise ApiError(400, f"{where} schema: a tool's arguments must be an object (type 'object', not {kind!r})",
+                       param=param)  # fmt: skip
+    return Tool(name, description or "", schema)
+
+
+def tool_items(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The request's `tools` list, each item an object, with where it is for error messages."""
+    raw = doc.get("tools") or []
+    if not isinstance(raw, list):
+        raise ApiError(400, "tools: must be a list", param="tools")
+    items = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ApiError(400, f"tools[{i}]: must be an object", param="tools")
+        items.append((f"tools[{i}]", item))
+    return items
+
+
+def check_tools(tools: list[Tool], param: str) -> tuple[Tool, ...]:
+    if len(tools) > MAX_TOOLS:
+        raise ApiError(400, f"{param}: at most {MAX_TOOLS} tools are allowed ({len(tools)} sent)", param=param)
+    names = [t.name for t in tools]
+    for name in names:
+        if names.count(name) > 1:
+            raise ApiError(400, f"{param}: tool names must be unique ({name!r} appears {names.count(name)} times)",
+                           param=param)  # fmt: skip
+    return tuple(tools)
+
+
+def arguments_text(value: Any, where: str, param: str) -> str:
+    """An earlier call's arguments, for the prompt: an object, or JSON text of one."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError:
+            raise ApiError(400, f"{where}: must be JSON text of an object", param=param) from None
+    if not isinstance(value, dict):
+        raise ApiError(400, f"{where}: must be an object", param=param)
+    return json.dumps(value, ensure_ascii=False)
+
+
+__all__ = ["MAX_PARALLEL_CALLS", "Answer", "CallOut", "arguments_text", "check_tools", "make_tool", "new_call_id",
+           "schema_object", "tool_items"]  # fmt: skip

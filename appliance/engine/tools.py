@@ -1,0 +1,280 @@
+"""Tool calls and structured output, as the model sees and writes them.
+
+One text format for every model (the Hermes format that Qwen and many fine-tunes are trained on):
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+Earlier calls and their results are rendered into the conversation in the same format, the tools
+reach the model through the chat template (when it takes `tools`) or a system block of ours, and
+the output is held to a grammar built from the request: free text, a JSON schema, or calls whose
+names and arguments are those the tools allow. So a parser that expects exactly this format
+(`CallParser`) is enough to turn the output back into calls, even on a 135M model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+CALL_OPEN = "<tool_call>\n"
+CALL_CLOSE = "}\n</tool_call>"
+CALL_SEPARATOR = "\n"
+_NAME_OPEN = '{"name": "'
+_ARGS_OPEN = '", "arguments": '
+_HEAD = CALL_OPEN + _NAME_OPEN
+MAX_PARALLEL_CALLS = 8  # calls in one turn when parallel calls are allowed: a small model may otherwise loop
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    schema: Mapping[str, Any]  # JSON schema of the arguments (an object)
+
+    def as_function(self) -> dict[str, Any]:
+        """The OpenAI/Hugging Face shape that chat templates take in `tools`."""
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": dict(self.schema)}}
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: str = "auto"  # "auto": text or calls; "required": at least one call; "none": text only; "tool": `name`
+    name: str | None = None
+    parallel: bool = True  # more than one call in a turn
+
+
+@dataclass(frozen=True)
+class OutputRules:
+    """What the answer may be: the request's tools and choice, and a JSON schema for a text answer."""
+
+    tools: tuple[Tool, ...] = ()
+    choice: ToolChoice = field(default_factory=ToolChoice)
+    json_schema: Mapping[str, Any] | None = None  # the text answer must be JSON valid against it
+    schema_field: str = "response_format"  # what the client called it, for errors
+
+    @property
+    def constrained(self) -> bool:
+        return bool(self.tools) or self.json_schema is not None
+
+    @property
+    def calls_allowed(self) -> bool:
+        return bool(self.tools) and self.choice.mode != "none"
+
+
+def format_call(name: str, arguments: Mapping[str, Any] | str) -> str:
+    """An earlier call as the model would have written it (a string is already JSON)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return f"{CALL_OPEN}{_NAME_OPEN}{name}{_ARGS_OPEN}{args}{CALL_CLOSE}"
+
+
+def format_results(results: Sequence[tuple[str, bool]]) -> str:
+    """Tool results (content, is_error) as one user turn, as Hermes-format templates render them."""
+    parts = []
+    for content, is_error in results:
+        body = f"Error: {content}" if is_error else content
+        parts.append(f"<tool_response>\n{body}\n</tool_response>")
+    return "\n".join(parts)
+
+
+def system_block(tools: Sequence[Tool]) -> str:
+    """How the tools reach a model whose chat template does not take them."""
+    listing = "\n".join(json.dumps(t.as_function(), ensure_ascii=False) for t in tools)
+    return ("You may call one or more functions to assist with the user query. The functions you can call, as "
+            f"JSON schemas:\n<tools>\n{listing}\n</tools>\nTo call a function, answer with its name and arguments "
+            'as JSON inside tags:\n<tool_call>\n{"name": <function-name>, "arguments": <arguments-object>}\n'
+            "</tool_call>")  # fmt: skip
+
+
+def schema_block(schema: Mapping[str, Any]) -> str:
+    """How a JSON schema for the answer reaches the model."""
+    return "Answer with JSON only, matching this JSON schema:\n" + json.dumps(schema, ensure_ascii=False)
+
+
+def grammar(rules: OutputRules) -> str | None:
+    """The Lark grammar (llguidance's dialect, with %json for schemas) the answer must match; None:
+    unconstrained."""
+    if not rules.constrained:
+        return None
+    if rules.json_schema is not None:
+        text = "text: %json " + json.dumps(_compact(rules.json_schema), ensure_ascii=False)
+    else:  # free text that does not begin as a call would (so a call is never half-written as text)
+        text = "text: TEXT\nTEXT: /(.|\\n)*/ & ~/<tool_call>(.|\\n)*/"
+    if not rules.calls_allowed:
+        return f"start: text\n{text}\n"
+    tools = rules.tools
+    if rules.choice.mode == "tool":
+        tools = tuple(t for t in tools if t.name == rules.choice.name)
+    lines = []
+    for i, tool in enumerate(tools):
+        head = json.dumps(_HEAD + tool.name + _ARGS_OPEN, ensure_ascii=False)
+        lines.append(f"call_{i}: {head} args_{i} {json.dumps(CALL_CLOSE)}")
+        lines.append(f"args_{i}: %json " + json.dumps(_compact(_object_schema(tool.schema)), ensure_ascii=False))
+    more = f'("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if rules.choice.parallel else ""
+    start = "calls" if rules.choice.mode in ("required", "tool") else "text | calls"
+    return "\n".join([f"start: {start}", text, f"calls: call {more}",
+                      "call: " + " | ".join(f"call_{i}" for i in range(len(tools))), *lines]) + "\n"  # fmt: skip
+
+
+# JSON as the model writes it under a grammar: one line with the usual separators. Flexible
+# whitespace lets a small model spend its tokens on newlines and indentation.
+_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _compact(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema as the grammar uses it: our JSON style, and objects that list their properties
+    closed to others unless the schema says otherwise. Output still validates against the
+    original; it just cannot wander into invented keys until max_tokens cuts it off."""
+    out = _closed(schema)
+    assert isinstance(out, dict)
+    out["x-guidance"] = dict(_JSON_STYLE)
+    return out
+
+
+_SCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}  # name -> schema
+_VALUES = {"enum", "const", "default", "examples"}  # JSON values, not schemas
+
+
+def _closed(node: Any, in_all_of: bool = False) -> Any:
+    if isinstance(node, list):
+        return [_closed(item, in_all_of) for item in node]
+    if not isinstance(node, Mapping):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _VALUES:
+            out[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, Mapping):
+            out[key] = {name: _closed(sub) for name, sub in value.items()}
+        else:
+            out[key] = _closed(value, key == "allOf")
+    if "properties" in out and "additionalProperties" not in out and not in_all_of:
+        out["additionalProperties"] = False  # (allOf members each list part of the properties)
+    return out
+
+
+def _object_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Arguments are always an object; a tool with no schema takes any object."""
+    out = dict(schema) if schema else {}
+    out.setdefault("type", "object")
+    return out
+
+
+@dataclass(frozen=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True)
+class CallStart:
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class CallArguments:
+    index: int
+    json: str  # the next piece of the arguments' JSON text
+
+
+Part = TextPart | CallStart | CallArguments
+
+
+class CallParser:
+    """Splits the model's output into text and calls as it streams. Calls can only begin the
+    answer (the grammar allows text or calls, not both), so the first characters decide; inside a
+    call the arguments are passed on as they arrive, ending where their JSON value ends."""
+
+    def __init__(self) -> None:
+        self.mode = "start"  # start | text | head | args | tail
+        self.buf = ""
+        self.calls = 0  # calls begun
+        self.complete = 0  # calls whose closing tag arrived
+        self._depth = 0
+        self._in_string = False
+        self._escape = False
+
+    def push(self, text: str) -> list[Part]:
+        out: list[Part] = []
+        self.buf += text
+        while self.buf:
+            before = (self.mode, len(self.buf))
+            self._step(out)
+            if (self.mode, len(self.buf)) == before:
+                break  # waiting for more text
+        return out
+
+    def _step(self, out: list[Part]) -> None:
+        if self.mode == "text":
+            out.append(TextPart(self.buf))
+            self.buf = ""
+        elif self.mode in ("start", "head"):
+            expect = _HEAD if self.mode == "head" or self.calls == 0 else CALL_SEPARATOR + _HEAD
+            if len(self.buf) < len(expect):
+                if not expect.startswith(self.buf):
+                    self.mode = "text"
+                return
+            if not self.buf.startswith(expect):
+                self.mode = "text"
+                return
+            end = self.buf.find('"', len(expect))
+            if end < 0:
+                return
+            if not self.buf.startswith(_ARGS_OPEN, end):
+                if len(self.buf) - end < len(_ARGS_OPEN):
+                    return
+                self.mode = "text"
+                return
+            out.append(CallStart(self.calls, self.buf[len(expect) : end]))
+            self.calls += 1
+            self.buf = self.buf[end + len(_ARGS_OPEN) :]
+            self.mode, self._depth, self._in_string, self._escape = "args", 0, False, False
+        elif self.mode == "args":
+            n = self._value_end(self.buf)
+            piece = self.buf if n is None else self.buf[:n]
+            if piece:
+                out.append(CallArguments(self.calls - 1, piece))
+            self.buf = "" if n is None else self.buf[n:]
+            if n is not None:
+                self.mode = "tail"
+        elif self.mode == "tail":
+            if len(self.buf) < len(CALL_CLOSE):
+                return
+            if self.buf.startswith(CALL_CLOSE):
+                self.complete += 1
+                self.buf = self.buf[len(CALL_CLOSE) :]
+                self.mode = "start"
+            else:
+                self.mode = "text"
+
+    def _value_end(self, text: str) -> int | None:
+        """Where the arguments' JSON value ends in `text`, tracking nesting across pushes."""
+        for i, ch in enumerate(text):
+            if self._in_string:
+                if self._escape:
+                    self._escape = False
+                elif ch == "\\":
+                    self._escape = True
+                elif ch == '"':
+                    self._in_string = False
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    return i + 1
+        return None
+
+    def flush(self) -> list[Part]:
+        """The end of the output: whatever is held and was not a call is text."""
+        if self.mode in ("start", "text") and self.buf and (self.mode == "text" or not self.calls):
+            out: list[Part] = [TextPart(self.buf)]
+            self.buf = ""
+            return out
+        return []

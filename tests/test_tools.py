@@ -1,0 +1,430 @@
+"""Tools, structured output and prefill: the grammar and call parser alone, constrained rows in a
+real batch on the tiny model, and the official clients against the demo firmware (every call and
+every structured answer validates against its schema)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+from clients import MODEL, anthropic_client, openai_client
+from tool_cases import CASES, TOOLS
+
+import firmware
+from appliance.api.anthropic import ANTHROPIC
+from appliance.api.errors import ApiError
+from appliance.api.openai import OPENAI
+from appliance.api.tools import Answer, CallOut
+from appliance.devsetup import DevSetup, RunningDaemon
+from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, TextDelta, Trace
+from appliance.engine.constraint import GrammarCompiler
+from appliance.engine.sampling import Sampler, penalize
+from appliance.engine.tools import (
+    CallArguments,
+    CallParser,
+    CallStart,
+    OutputRules,
+    TextPart,
+    Tool,
+    ToolChoice,
+    format_call,
+    grammar,
+)
+
+WEATHER = Tool("get_weather", "Weather in a city", {"type": "object", "properties": {
+    "city": {"type": "string"}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]})  # fmt: skip
+CLOCK = Tool("get_time", "The time", {})
+
+
+# --- the format, the grammar and the parser, without a model ----------------------------------
+
+
+def _parse(output: str, chunk: int) -> tuple[str, list[tuple[str, str]], int]:
+    parser, text, calls = CallParser(), "", []
+    pieces = [output[i : i + chunk] for i in range(0, len(output), chunk)]
+    for part in [p for piece in pieces for p in parser.push(piece)] + parser.flush():
+        if isinstance(part, TextPart):
+            text += part.text
+        elif isinstance(part, CallStart):
+            calls.append((part.name, ""))
+        elif isinstance(part, CallArguments):
+            name, args = calls[part.index]
+            calls[part.index] = (name, args + part.json)
+    return text, calls, parser.complete
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1000])
+def test_the_call_parser_splits_text_and_calls_however_the_output_is_chunked(chunk: int) -> None:
+    tricky = {"q": "a } b { \" ] [", "nested": {"list": [1, {"x": "\\"}]}}
+    two = format_call("get_weather", {"city": "Paris", "unit": "c"}) + "\n" + format_call("search", tricky)
+    assert _parse(two, chunk) == ("", [("get_weather", '{"city": "Paris", "unit": "c"}'),
+                                       ("search", json.dumps(tricky))], 2)  # fmt: skip
+    assert _parse("Hello <b>there</b> {not a call}", chunk) == ("Hello <b>there</b> {not a call}", [], 0)
+    assert _parse("<tool", chunk) == ("<tool", [], 0)  # ended before it could be a call: it was text
+    cut = format_call("get_weather", {"city": "Paris"}).split("is")[0]  # max_tokens inside the arguments
+    text, calls, complete = _parse(cut, chunk)
+    assert text == "" and calls == [("get_weather", '{"city": "Par')] and complete == 0
+
+
+@pytest.fixture(scope="module")
+def compiler(tiny_bundle_path: Path, trusted_keys: Path) -> GrammarCompiler:
+    bundle = firmware.load(tiny_bundle_path, trusted_keys)
+    return GrammarCompiler(bundle.tokenizer_path, bundle.model.vocab_size, bundle.model.eos_token_ids)
+
+
+def _accepts(compiler: GrammarCompiler, rules: OutputRules, output: str) -> bool:
+    lark = grammar(rules)
+    assert lark is not None
+    constraint = compiler.constraint(lark, "tools")
+    return all(constraint.matcher.consume_token(t) for t in compiler.tokenizer.tokenize_str(output)) and bool(
+        constraint.matcher.is_accepting())
+
+
+def test_the_grammar_allows_what_the_tool_choice_allows_and_nothing_else(compiler: GrammarCompiler) -> None:
+    call = format_call("get_weather", {"city": "Paris", "unit": "c"})
+    bad_args = format_call("get_weather", {"city": "Paris", "unit": "kelvin"})
+    clock = format_call("get_time", {})
+    auto = OutputRules((WEATHER, CLOCK))
+    assert _accepts(compiler, auto, "It is sunny.") and _accepts(compiler, auto, call)
+    assert _accepts(compiler, auto, call + "\n" + clock)  # parallel calls
+    assert not _accepts(compiler, auto, bad_args)  # arguments outside the schema
+    assert not _accepts(compiler, auto, "<tool_call>\nnot json")  # no half-written call as text
+    required = OutputRules((WEATHER, CLOCK), ToolChoice("required", parallel=False))
+    assert _accepts(compiler, required, clock) and not _accepts(compiler, required, "It is sunny.")
+    assert not _accepts(compiler, required, call + "\n" + clock)  # parallel calls disabled
+    named = OutputRules((WEATHER, CLOCK), ToolChoice("tool", "get_time"))
+    assert _accepts(compiler, named, clock) and not _accepts(compiler, named, call)
+    none = OutputRules((WEATHER,), ToolChoice("none"))
+    assert _accepts(compiler, none, "It is sunny.") and not _accepts(compiler, none, call)
+    schema = OutputRules(json_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    assert _accepts(compiler, schema, '{"n": 3}')
+    assert not _accepts(compiler, schema, '{"n": 3, "extra": 1}')  # closed: no invented keys
+    assert not _accepts(compiler, schema, "three")
+
+
+def test_a_schema_that_cannot_be_compiled_is_a_client_error_naming_the_field(compiler: GrammarCompiler) -> None:
+    from appliance.engine import InvalidRequest
+
+    rules = OutputRules(json_schema={"$ref": "#/$defs/nowhere"}, schema_field="output_config")
+    lark = grammar(rules)
+    assert lark is not None
+    with pytest.raises(InvalidRequest, match="output_config: the schema cannot be used"):
+        compiler.constraint(lark, rules.schema_field)
+
+
+def test_penalties_and_min_p_change_what_they_should() -> None:
+    logits = np.array([4.0, 3.0, 2.0, -1.0], dtype=np.float32)
+    out = penalize(logits, [0, 0, 1], [], frequency=0.5, presence=0.25, repetition=1.0)
+    assert out.tolist() == [4.0 - 1.0 - 0.25, 3.0 - 0.5 - 0.25, 2.0, -1.0]
+    out = penalize(logits, [], [0, 3], frequency=0.0, presence=0.0, repetition=2.0)
+    assert out.tolist() == [2.0, 3.0, 2.0, -2.0]  # positive divided, negative multiplied
+    # Relative to the top token: 1, e^-1 = 0.37, e^-2 = 0.14, e^-5.
+    assert {Sampler(1.0, seed=s, min_p=0.5)(logits) for s in range(200)} == {0}
+    assert {Sampler(1.0, seed=s, min_p=0.3)(logits) for s in range(200)} == {0, 1}
+    assert {Sampler(1.0, seed=s)(logits) for s in range(200)} >= {0, 1, 2}
+
+
+# --- the dialects: calls in, calls out ---------------------------------------------------------
+
+
+def test_anthropic_tool_turns_reach_the_model_in_its_tool_format() -> None:
+    call = ANTHROPIC.parse({"model": "m", "max_tokens": 50, "tools": [{"name": "get_weather", "input_schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}], "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Let me look."}, {
+            "type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+            {"type": "text", "text": "18 C"}]}, {"type": "tool_result", "tool_use_id": "toolu_2", "content": "down",
+                                                 "is_error": True}]}]}, "m")  # fmt: skip
+    msgs = call.request.messages
+    assert msgs[1].content == "Let me look.\n" + format_call("get_weather", {"city": "Paris"})
+    assert msgs[2].content == "<tool_response>\n18 C\n</tool_response>\n<tool_response>\nError: down\n</tool_response>"
+    assert call.request.output.tools[0].name == "get_weather" and call.request.output.choice.mode == "auto"
+    with pytest.raises(ApiError, match=r"tool_choice\.name"):
+        ANTHROPIC.parse({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                         "tools": [{"name": "a", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "b"}},
+                        "m")  # fmt: skip
+
+
+def test_openai_tool_turns_reach_the_model_in_its_tool_format() -> None:
+    call = OPENAI.parse({"model": "m", "tools": [{"type": "function", "function": {"name": "get_weather"}}],
+                         "tool_choice": "required", "parallel_tool_calls": False, "messages": [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "25 C"}]}, "m")  # fmt: skip
+    msgs = call.request.messages
+    assert [m.role for m in msgs] == ["user", "assistant", "user"]  # the two results are one turn
+    assert msgs[1].content == format_call("get_weather", {"city": "Paris"}) + "\n" + format_call(
+        "get_weather", {"city": "Rome"})
+    assert msgs[2].content == "<tool_response>\n18 C\n</tool_response>\n<tool_response>\n25 C\n</tool_response>"
+    assert call.request.output.choice == ToolChoice("required", None, parallel=False)
+    fmt = OPENAI.parse({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                        "response_format": {"type": "json_object"}}, "m")  # fmt: skip
+    assert fmt.request.output.json_schema == {"type": "object"}
+
+
+def _done(reason: str) -> Finished:
+    return Finished(reason, None, 12, 30, Trace(request_id="r"))
+
+
+def test_answers_with_calls_in_each_dialects_shape() -> None:
+    whole = CallOut("toolu_1", "get_weather", '{"city": "Paris"}')
+    cut = CallOut("toolu_2", "get_weather", '{"city": "Ro')
+    a = ANTHROPIC.response("m", Answer("", [whole, cut]), _done("tool_use"))
+    assert a["content"] == [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]
+    assert a["stop_reason"] == "tool_use"
+    o = OPENAI.response("m", Answer("", [whole]), _done("tool_use"))
+    choice = o["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert choice["message"]["tool_calls"] == [{"id": "toolu_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": '{"city": "Paris"}'}}]  # fmt: skip
+
+
+def _events(sse: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line[5:]) for line in sse.decode().splitlines() if line.startswith("data: {")]
+
+
+def test_streams_open_a_block_per_call() -> None:
+    call = ANTHROPIC.parse({"model": "m", "max_tokens": 5, "stream": True,
+                            "messages": [{"role": "user", "content": "hi"}]}, "m")  # fmt: skip
+    enc = ANTHROPIC.stream("m", 12, call)
+    c = CallOut("toolu_1", "f")
+    raw = enc.start() + enc.delta("Hm.") + enc.call_start(c) + enc.call_arguments(c, '{"a"') + enc.call_arguments(
+        c, ": 1}") + enc.finish(_done("tool_use"))
+    events = _events(raw)
+    assert [(e["type"], e.get("index")) for e in events] == [
+        ("message_start", None), ("ping", None), ("content_block_start", 0), ("content_block_delta", 0),
+        ("content_block_stop", 0), ("content_block_start", 1), ("content_block_delta", 1),
+        ("content_block_delta", 1), ("content_block_stop", 1), ("message_delta", None), ("message_stop", None)]
+    assert events[5]["content_block"] == {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+    assert events[6]["delta"] == {"type": "input_json_delta", "partial_json": '{"a"'}
+    ocall = OPENAI.parse({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}, "m")
+    oenc = OPENAI.stream("m", 12, ocall)
+    chunks = _events(oenc.start() + oenc.call_start(c) + oenc.call_arguments(c, "{}") + oenc.finish(_done("tool_use")))
+    assert chunks[1]["choices"][0]["delta"]["tool_calls"] == [
+        {"index": 0, "id": "toolu_1", "type": "function", "function": {"name": "f", "arguments": ""}}]
+    assert chunks[2]["choices"][0]["delta"]["tool_calls"] == [{"index": 0, "function": {"arguments": "{}"}}]
+    assert chunks[3]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+# --- constrained rows in a real batch (the tiny model, random weights: only the grammar holds it) --
+
+
+SMALL_SCHEMAS = [
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green"]}},
+     "required": ["ok", "color"]},
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 1, "maxItems": 3},
+    {"type": "object", "properties": {"inner": {"type": "object", "properties": {"n": {"enum": [1, 2, 3]}},
+                                                "required": ["n"]}}, "required": ["inner"]},
+]  # fmt: skip
+
+
+# Tools whose arguments are finite: random weights would otherwise write a free string forever.
+PICK = Tool("pick", "", {"type": "object", "properties": {"c": {"enum": ["a", "b"]}}, "required": ["c"]})
+SWITCH = Tool("switch", "", {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]})
+
+
+def test_constrained_and_free_rows_share_a_batch_and_each_keeps_its_own_rules(tiny_bundle_path: Path,
+                                                                              trusted_keys: Path) -> None:  # fmt: skip
+    engine = Engine(firmware.load(tiny_bundle_path, trusted_keys), EngineConfig(prefix_cache_bytes=0))
+    question = (Message("user", "Tell me something."),)
+    free = GenerationRequest(question, max_tokens=24, temperature=0.0)
+    constrained = [GenerationRequest(question, max_tokens=120, temperature=0.8, seed=i,
+                                     output=OutputRules(json_schema=schema))
+                   for i, schema in enumerate(SMALL_SCHEMAS)]  # fmt: skip
+    forced = GenerationRequest(question, max_tokens=120, temperature=0.8, seed=7,
+                               output=OutputRules((PICK, SWITCH), ToolChoice("required", parallel=False)))  # fmt: skip
+
+    async def run(request: GenerationRequest) -> tuple[list[object], Finished]:
+        stream = engine.submit(request, prompt=await asyncio.to_thread(engine.prepare, request))
+        events = [e async for e in stream]
+        assert stream.finished is not None
+        return events, stream.finished
+
+    async def together() -> list[tuple[list[object], Finished]]:
+        return await asyncio.gather(*(run(r) for r in [free, *constrained, forced]))
+
+    try:
+        alone, _ = asyncio.run(run(free))
+        results = asyncio.run(together())
+    finally:
+        engine.close()
+    texts = ["".join(e.text for e in events if isinstance(e, TextDelta)) for events in (alone, results[0][0])]
+    assert texts[0] == texts[1]  # a free row is untouched by its neighbours' masks
+    for (events, done), schema in zip(results[1:4], SMALL_SCHEMAS, strict=True):
+        text = "".join(e.text for e in events if isinstance(e, TextDelta))
+        assert done.stop_reason == "end_turn", text
+        jsonschema.validate(json.loads(text), schema)
+    events, done = results[4]
+    assert done.stop_reason == "tool_use"
+    calls: dict[int, list[str]] = {}
+    for e in events:
+        if isinstance(e, CallStart):
+            calls[e.index] = [e.name, ""]
+        elif isinstance(e, CallArguments):
+            calls[e.index][1] += e.json
+    ((name, args),) = calls.values()
+    jsonschema.validate(json.loads(args), (PICK if name == "pick" else SWITCH).schema)
+
+
+def test_a_final_assistant_message_is_continued_not_answered(tiny_bundle_path: Path, trusted_keys: Path) -> None:
+    engine = Engine(firmware.load(tiny_bundle_path, trusted_keys), EngineConfig(prefix_cache_bytes=0))
+    try:
+        user = Message("user", "What is the capital of France?")
+        text = engine.prepare(GenerationRequest((user, Message("assistant", "The capital of France is")))).text
+        assert text.endswith("The capital of France is")
+        fresh = engine.prepare(GenerationRequest((user,))).text
+        assert engine.prepare(GenerationRequest((user, Message("assistant", "")))).text == fresh
+    finally:
+        engine.close()
+
+
+# --- the official clients against the demo firmware -------------------------------------------
+
+
+def _fan_out(fn: Any, items: list[Any]) -> list[Any]:
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:  # eight at once: the engine batches them
+        return list(pool.map(fn, items))
+
+
+@pytest.mark.demo
+def test_anthropic_forced_tool_calls_validate_20_of_20_whole_and_streamed(demo: tuple[RunningDaemon, DevSetup]
+                                                                          ) -> None:  # fmt: skip
+    client = anthropic_client(*demo)
+
+    def ask(case: tuple[tuple[dict[str, Any], str], bool]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        (tool, prompt), streamed = case
+        kw: dict[str, Any] = dict(model=MODEL, max_tokens=200, messages=[{"role": "user", "content": prompt}],
+                                  tools=[{"name": t["name"], "description": t["description"],
+                                          "input_schema": t["schema"]} for t in TOOLS],
+                                  tool_choice={"type": "tool", "name": tool["name"]})  # fmt: skip
+        if streamed:
+            with client.messages.stream(**kw) as stream:
+                message = stream.get_final_message()
+        else:
+            message = client.messages.create(**kw)
+        assert message.stop_reason == "tool_use", message
+        uses = [b for b in message.content if b.type == "tool_use"]  # parallel calls are allowed
+        assert uses and all(u.name == tool["name"] and u.id.startswith("toolu_") for u in uses)
+        return [(u.input, tool["schema"]) for u in uses]
+
+    results = _fan_out(ask, [(case, streamed) for streamed in (False, True) for case in CASES])
+    for arguments, schema in (pair for uses in results for pair in uses):
+        jsonschema.validate(arguments, schema)  # 40 of 40: every call parses and validates
+
+    # The client runs the tool and sends the result: a text answer comes back.
+    tools = [{"name": "get_weather", "description": "Weather in a city", "input_schema": TOOLS[0]["schema"]}]
+    first = client.messages.create(model=MODEL, max_tokens=100, tools=tools, tool_choice={"type": "any"},
+                                   messages=[{"role": "user", "content": "What's the weather in Paris?"}])  # fmt: skip
+    use = next(b for b in first.content if b.type == "tool_use")
+    second = client.messages.create(model=MODEL, max_tokens=60, tools=tools, messages=[
+        {"role": "user", "content": "What's the weather in Paris?"},
+        {"role": "assistant", "content": first.content},  # the SDK sends its own blocks back
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 24 C"}]},
+    ], tool_choice={"type": "none"})  # fmt: skip
+    assert second.stop_reason in ("end_turn", "max_tokens") and second.content[0].type == "text"
+    assert second.content[0].text.strip()
+
+
+@pytest.mark.demo
+def test_anthropic_auto_gives_text_or_a_valid_call_never_a_broken_one(demo: tuple[RunningDaemon, DevSetup]) -> None:
+    client = anthropic_client(*demo)
+    tools = [{"name": t["name"], "description": t["description"], "input_schema": t["schema"]} for t in TOOLS]
+    schemas = {t["name"]: t["schema"] for t in TOOLS}
+
+    def ask(prompt: str) -> list[Any]:
+        message = client.messages.create(model=MODEL, max_tokens=120, tools=tools,
+                                         messages=[{"role": "user", "content": prompt}])  # fmt: skip
+        return list(message.content) if message.stop_reason != "max_tokens" else []
+
+    for content in _fan_out(ask, [prompt for _, prompt in CASES[::3]] + ["Hi! How are you?"]):
+        for block in content:
+            assert block.type in ("text", "tool_use")
+            if block.type == "tool_use":
+                jsonschema.validate(block.input, schemas[block.name])
+
+
+@pytest.mark.demo
+def test_anthropic_prefill_structured_output_and_model_retrieve(demo: tuple[RunningDaemon, DevSetup]) -> None:
+    client = anthropic_client(*demo)
+    msg = client.messages.create(model=MODEL, max_tokens=20, messages=[
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "The capital of France is"}])  # fmt: skip
+    text = msg.content[0].text  # type: ignore[union-attr]
+    assert text.strip() and not text.startswith("The capital of France is")
+    assert "Paris" in text
+    schema = TOOLS[1]["schema"]
+    out = client.messages.create(model=MODEL, max_tokens=200, output_config={"format": {
+        "type": "json_schema", "schema": schema}}, messages=[{"role": "user", "content": CASES[2][1]}])  # fmt: skip
+    jsonschema.validate(json.loads(out.content[0].text), schema)  # type: ignore[union-attr]
+    assert client.models.retrieve(MODEL).id == MODEL
+
+
+@pytest.mark.demo
+def test_openai_required_tool_calls_and_json_schema_validate_20_of_20(demo: tuple[RunningDaemon, DevSetup]) -> None:
+    client = openai_client(*demo)
+    functions = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                                   "parameters": t["schema"]}} for t in TOOLS]  # fmt: skip
+
+    def call(case: tuple[tuple[dict[str, Any], str], bool]) -> tuple[str, str, str]:
+        (tool, prompt), streamed = case
+        # The case's tool and one other: which tool fits is the model's choice, and a 135M model's is poor.
+        offered = [f for f in functions if f["function"]["name"] in (tool["name"], "get_weather")]
+        kw: dict[str, Any] = dict(model=MODEL, max_tokens=200, messages=[{"role": "user", "content": prompt}],
+                                  tools=offered, tool_choice="required", parallel_tool_calls=False)  # fmt: skip
+        if not streamed:
+            choice = client.chat.completions.create(**kw).choices[0]
+            assert choice.finish_reason == "tool_calls"
+            (tc,) = choice.message.tool_calls or []
+            return tc.function.name, tc.function.arguments, tc.id  # type: ignore[union-attr]
+        name, args, call_id, finish = "", "", "", None
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            if not chunk.choices:
+                continue
+            for d in chunk.choices[0].delta.tool_calls or []:
+                assert d.index == 0
+                name += d.function.name or "" if d.function else ""
+                args += d.function.arguments or "" if d.function else ""
+                call_id = d.id or call_id
+            finish = chunk.choices[0].finish_reason or finish
+        assert finish == "tool_calls"
+        return name, args, call_id
+
+    schemas = {t["name"]: t["schema"] for t in TOOLS}
+    for name, args, call_id in _fan_out(call, [(case, streamed) for streamed in (False, True) for case in CASES]):
+        assert call_id.startswith("call_")
+        jsonschema.validate(json.loads(args), schemas[name])
+
+    def structured(case: tuple[tuple[dict[str, Any], str], bool]) -> tuple[str, dict[str, Any]]:
+        (tool, prompt), streamed = case
+        kw: dict[str, Any] = dict(model=MODEL, max_tokens=200, messages=[{"role": "user", "content": prompt}],
+                                  response_format={"type": "json_schema", "json_schema": {
+                                      "name": tool["name"], "schema": tool["schema"], "strict": True}})  # fmt: skip
+        if not streamed:
+            return client.chat.completions.create(**kw).choices[0].message.content or "", tool["schema"]
+        chunks = client.chat.completions.create(stream=True, **kw)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), tool["schema"]
+
+    for text, schema in _fan_out(structured, [(case, streamed) for streamed in (False, True) for case in CASES]):
+        jsonschema.validate(json.loads(text), schema)
+
+    # A tool's reply as role "tool", then a text answer.
+    first = client.chat.completions.create(model=MODEL, max_tokens=100, tools=functions[:1], tool_choice="required",
+                                           parallel_tool_calls=False,
+                                           messages=[{"role": "user", "content": "Weather in Paris?"}])  # fmt: skip
+    message = first.choices[0].message
+    (tc,) = message.tool_calls or []
+    second = client.chat.completions.create(model=MODEL, max_tokens=60, tools=functions[:1], messages=[
+        {"role": "user", "content": "Weather in Paris?"}, message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": tc.id, "content": "Sunny, 24 C"}], tool_choice="none")  # fmt: skip
+    assert second.choices[0].message.content and not second.choices[0].message.tool_calls
+    assert client.models.retrieve(MODEL).id == MODEL
