@@ -62,6 +62,7 @@ from firmware.demo import demo_bundle
 from firmware.devkit import dev_trusted_keys
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine.md"
+CONSTRAINED_RESULTS = RESULTS.with_name("constrained.md")
 SEED = 0
 SENTENCES = (
     "The appliance keeps every decision local, in the process that runs the model.",
@@ -507,15 +508,24 @@ def main() -> int:
     parser.add_argument("--concurrency-only", action="store_true", help="only the daemon's concurrency and "
                         "fairness rows (sections 4 and 5); writes no file unless --out")  # fmt: skip
     parser.add_argument("--constrained-only", action="store_true", help="only the constrained-decoding row "
-                        "(section 6); writes no file")  # fmt: skip
+                        f"(section 6); writes {CONSTRAINED_RESULTS.name} unless --quick")  # fmt: skip
     args = parser.parse_args()
     if args.constrained_only:
         report = Report([], [], [])
-        asyncio.run(constrained_rows(load(demo_bundle(), dev_trusted_keys()), args.reps or 5,
-                                     os.cpu_count() or 1, report))  # fmt: skip
+        reps = args.reps or (1 if args.quick else 5)
+        load_start = load_average()
+        asyncio.run(constrained_rows(load(demo_bundle(), dev_trusted_keys()), reps, os.cpu_count() or 1, report))
         print(table(report.rows))
         for what, ok in report.targets:
             print(f"{'met' if ok else 'NOT MET'}: {what}")
+        if not args.quick:
+            out = args.out or CONSTRAINED_RESULTS
+            out.write_text(f"# Constrained decoding\n\n`.venv/bin/python -m bench.engine --constrained-only` on "
+                           f"{machine()}, median of {reps}, load average {load_start} at the start, "
+                           f"{load_average()} at the end.\n\n{table(report.rows)}\n\nThe same prompt and "
+                           f"greedy decoding; the JSON schema is an array of {{text, priority}} objects "
+                           f"(bench/engine.py CONSTRAINED_SCHEMA).\n")  # fmt: skip
+            print(f"wrote {out}")
         return 0
     if args.concurrency_only:
         report = Report([], [], [])
