@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import jsonschema
 import numpy as np
 import pytest
@@ -428,3 +429,36 @@ def test_openai_required_tool_calls_and_json_schema_validate_20_of_20(demo: tupl
         {"role": "tool", "tool_call_id": tc.id, "content": "Sunny, 24 C"}], tool_choice="none")  # fmt: skip
     assert second.choices[0].message.content and not second.choices[0].message.tool_calls
     assert client.models.retrieve(MODEL).id == MODEL
+
+
+@pytest.mark.demo
+def test_the_anthropic_sdk_tool_runner_runs_a_two_step_loop_to_the_end(demo: tuple[RunningDaemon, DevSetup]) -> None:
+    from anthropic import beta_tool
+
+    client = anthropic_client(*demo)
+    asked: list[str] = []
+
+    @beta_tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city.
+
+        Args:
+            city: the city name
+        """
+        asked.append(city)
+        return f"Sunny, 24 C in {city}"
+
+    # thread=False: the runner would otherwise ask for a server-side thread, which is refused by name.
+    runner = client.beta.messages.tool_runner(
+        model=MODEL, max_tokens=100, tools=[get_weather], thread=False, max_iterations=4,
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        messages=[{"role": "user", "content": "What's the weather in Paris?"}])  # fmt: skip
+    replies = []
+    for reply in runner:
+        replies.append(reply)
+        runner.set_messages_params(lambda p: {**p, "tool_choice": {"type": "none"}})  # a call first, then the answer
+    assert [r.stop_reason for r in replies] == ["tool_use", "end_turn"] and len(asked) == 1
+    assert replies[-1].content[0].type == "text" and replies[-1].content[0].text.strip()
+    with pytest.raises(anthropic.BadRequestError, match="thread"):
+        client.beta.messages.tool_runner(model=MODEL, max_tokens=10, tools=[get_weather],
+                                         messages=[{"role": "user", "content": "Hi"}]).until_done()  # fmt: skip

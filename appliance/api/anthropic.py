@@ -31,7 +31,7 @@ _ERROR_TYPES = {
 }  # fmt: skip
 
 _KNOWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
-          "metadata", "stream", "tools", "tool_choice", "output_config"}  # fmt: skip
+          "metadata", "stream", "tools", "tool_choice", "output_config", "thread"}  # fmt: skip
 _UNSUPPORTED = {
     "thinking": "extended thinking is not supported by this server",
     "mcp_servers": "MCP servers are not supported by this server",
@@ -164,6 +164,9 @@ def check_model(doc: dict[str, Any], served: str) -> None:
 def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationRequest, bool]:
     reject_unknown(doc, _KNOWN, _UNSUPPORTED)
     check_model(doc, served_model)
+    if doc.get("thread") not in (None, False):  # the SDK's tool runner sends thread: false
+        raise ApiError(400, f"thread: server-side threads ({doc['thread']!r}) are not supported by this server; "
+                       "the SDK's tool_runner runs without one given thread=False", param="thread")
     messages = _messages(doc)
     max_tokens = get_int(doc, "max_tokens", required=True, minimum=1)
     assert max_tokens is not None
