@@ -8,11 +8,13 @@ import pytest
 
 from appliance.api.anthropic import ANTHROPIC
 from appliance.api.app import dialect_of
-from appliance.api.dialect import ModelInfo
+from appliance.api.dialect import Call, ModelInfo
 from appliance.api.errors import ApiError
 from appliance.api.openai import OPENAI
 from appliance.api.tools import Answer
-from appliance.engine import Finished, Trace
+from appliance.engine import Finished, GenerationRequest, Message, Trace
+
+PLAIN_CALL = Call(GenerationRequest((Message("user", "hi"),)), stream=False)
 
 
 def _done(reason: str = "end_turn") -> Finished:
@@ -58,10 +60,10 @@ def test_errors_in_each_dialects_shape_and_a_full_queue_in_its_status() -> None:
 
 
 def test_whole_answers_carry_text_stop_reason_and_usage() -> None:
-    a = ANTHROPIC.response("m", Answer("Paris."), _done("max_tokens"))
+    a = ANTHROPIC.response("m", PLAIN_CALL, Answer("Paris."), _done("max_tokens"))
     assert a["content"] == [{"type": "text", "text": "Paris."}] and a["stop_reason"] == "max_tokens"
     assert a["usage"] == {"input_tokens": 12, "output_tokens": 3}
-    o = OPENAI.response("m", Answer("Paris."), _done("max_tokens"))
+    o = OPENAI.response("m", PLAIN_CALL, Answer("Paris."), _done("max_tokens"))
     assert o["choices"][0]["message"]["content"] == "Paris." and o["choices"][0]["finish_reason"] == "length"
     assert o["usage"]["total_tokens"] == 15
 

@@ -66,6 +66,37 @@ def test_openai_client_create_and_stream(demo: tuple[RunningDaemon, DevSetup], u
     assert [m.id for m in client.models.list()] == [MODEL]
 
 
+@pytest.mark.demo
+def test_openai_logprobs_and_plain_completions(demo: tuple[RunningDaemon, DevSetup]) -> None:
+    client = openai_client(*demo)
+    messages: Any = [{"role": "user", "content": QUESTION}]
+    done = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, logprobs=True, top_logprobs=3)
+    content = done.choices[0].logprobs.content if done.choices[0].logprobs else None
+    assert content and "".join(t.token for t in content) == done.choices[0].message.content
+    for t in content:  # greedy: the chosen token is the most likely, and the alternatives come in order
+        assert len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token and t.logprob <= 0
+        assert [a.logprob for a in t.top_logprobs] == sorted((a.logprob for a in t.top_logprobs), reverse=True)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, logprobs=True,
+                                                 stream=True))  # fmt: skip
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content or []]
+    assert [t.token for t in streamed] == [t.token for t in content]
+
+    prompt = "The capital of France is"
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=2)
+    choice = plain.choices[0]
+    assert "Paris" in choice.text and choice.finish_reason == "length"
+    assert choice.logprobs is not None and "".join(choice.logprobs.tokens or []) == choice.text
+    assert choice.logprobs.text_offset == [sum(map(len, (choice.logprobs.tokens or [])[:i])) for i in range(8)]
+    assert plain.usage is not None and plain.usage.completion_tokens == 8
+    echoed = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, echo=True)
+    assert echoed.choices[0].text == prompt + choice.text
+    stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, stream=True,
+                                       stream_options={"include_usage": True})  # fmt: skip
+    parts = list(stream)
+    assert "".join(c.choices[0].text for c in parts if c.choices) == choice.text
+    assert parts[-1].usage is not None and parts[-1].usage.completion_tokens == 8
+
+
 def _sse_text(body: str) -> str:
     text = ""
     for line in body.splitlines():
@@ -185,12 +216,19 @@ BAD: list[tuple[str, str, str, Any, int]] = [
     ("o-custom-tool", "POST", CHAT, _with(GOOD_O, tools=[{"type": "custom", "custom": {"name": "f"}}]), 400),
     ("o-tool-name-spaces", "POST", CHAT, _with(GOOD_O, tools=[{"type": "function", "function": {"name": "a b"}}]), 400),
     ("o-response-format", "POST", CHAT, _with(GOOD_O, response_format={"type": "xml"}), 400),
+    ("o-top-logprobs-alone", "POST", CHAT, _with(GOOD_O, top_logprobs=2), 400),
+    ("o-top-logprobs-too-many", "POST", CHAT, _with(GOOD_O, logprobs=True, top_logprobs=21), 400),
+    ("c-suffix", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": "a", "suffix": "b"}, 400),
+    ("c-token-prompt", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": [1, 2, 3]}, 400),
+    ("c-echo-logprobs", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": "a", "echo": True,
+                                                    "logprobs": 1}, 400),
+    ("c-no-prompt", "POST", "/v1/completions", {"model": "tiny-llama"}, 400),
     ("o-required-no-tools", "POST", CHAT, _with(GOOD_O, tool_choice="required"), 400),
     ("o-stream-options-no-stream", "POST", CHAT, _with(GOOD_O, stream_options={"include_usage": True}), 400),
     ("o-seed-float", "POST", CHAT, _with(GOOD_O, seed=1.5), 400),
     ("o-unknown-field", "POST", CHAT, _with(GOOD_O, best_of=3), 400),
     ("o-wrong-method", "PUT", CHAT, GOOD_O, 405),
-    ("unknown-path", "POST", "/v1/completions", GOOD_O, 404),
+    ("unknown-path", "POST", "/v1/embeddings", GOOD_O, 404),
     ("models-post", "POST", "/v1/models", {}, 405),
     ("oversized-body", "POST", MSG, _with(GOOD_A, messages=[{"role": "user", "content": "x" * 70_000}]), 413),
     ("a-lone-surrogate", "POST", MSG, _with(GOOD_A, messages=[{"role": "user", "content": "a\ud800b"}]), 400),

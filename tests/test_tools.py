@@ -19,6 +19,7 @@ from tool_cases import CASES, TOOLS
 
 import firmware
 from appliance.api.anthropic import ANTHROPIC
+from appliance.api.dialect import Call
 from appliance.api.errors import ApiError
 from appliance.api.openai import OPENAI
 from appliance.api.tools import Answer, CallOut
@@ -173,6 +174,9 @@ def test_openai_tool_turns_reach_the_model_in_its_tool_format() -> None:
     assert fmt.request.output.json_schema == {"type": "object"}
 
 
+PLAIN_CALL = Call(GenerationRequest((Message("user", "hi"),)), stream=False)
+
+
 def _done(reason: str) -> Finished:
     return Finished(reason, None, 12, 30, Trace(request_id="r"))
 
@@ -180,10 +184,10 @@ def _done(reason: str) -> Finished:
 def test_answers_with_calls_in_each_dialects_shape() -> None:
     whole = CallOut("toolu_1", "get_weather", '{"city": "Paris"}')
     cut = CallOut("toolu_2", "get_weather", '{"city": "Ro')
-    a = ANTHROPIC.response("m", Answer("", [whole, cut]), _done("tool_use"))
+    a = ANTHROPIC.response("m", PLAIN_CALL, Answer("", [whole, cut]), _done("tool_use"))
     assert a["content"] == [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]
     assert a["stop_reason"] == "tool_use"
-    o = OPENAI.response("m", Answer("", [whole]), _done("tool_use"))
+    o = OPENAI.response("m", PLAIN_CALL, Answer("", [whole]), _done("tool_use"))
     choice = o["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     assert choice["message"]["tool_calls"] == [{"id": "toolu_1", "type": "function", "function": {
@@ -462,3 +466,48 @@ def test_the_anthropic_sdk_tool_runner_runs_a_two_step_loop_to_the_end(demo: tup
     with pytest.raises(anthropic.BadRequestError, match="thread"):
         client.beta.messages.tool_runner(model=MODEL, max_tokens=10, tools=[get_weather],
                                          messages=[{"role": "user", "content": "Hi"}]).until_done()  # fmt: skip
+
+
+def test_logprobs_are_the_models_own_and_a_raw_prompt_skips_the_template(tiny_bundle_path: Path,
+                                                                        trusted_keys: Path) -> None:  # fmt: skip
+    from appliance.engine.request import TokenLogprob
+
+    engine = Engine(firmware.load(tiny_bundle_path, trusted_keys), EngineConfig(prefix_cache_bytes=0))
+    question = (Message("user", "Tell me something."),)
+
+    async def run(request: GenerationRequest) -> list[object]:
+        return [e async for e in engine.submit(request)]
+
+    try:
+        events = asyncio.run(run(GenerationRequest(question, max_tokens=12, temperature=0.0, logprobs=4)))
+        plain = asyncio.run(run(GenerationRequest(question, max_tokens=12, temperature=0.0)))
+        raw = engine.prepare(GenerationRequest((), raw_prompt="Once upon a time"))
+    finally:
+        engine.close()
+    tokens = [e for e in events if isinstance(e, TokenLogprob)]
+    texts = ["".join(e.text for e in run if isinstance(e, TextDelta)) for run in (events, plain)]
+    assert texts[0] == texts[1] and len(tokens) == 12  # asking for log probabilities changes nothing else
+    for t in tokens:
+        assert len(t.top) == 4 and t.top[0] == (t.token, t.logprob)  # greedy takes the most likely
+        assert [lp for _, lp in t.top] == sorted((lp for _, lp in t.top), reverse=True)
+        assert sum(np.exp(lp) for _, lp in t.top) <= 1.0 + 1e-6
+    assert raw.text == "Once upon a time" and raw.message_starts == []
+
+
+def test_plain_completions_parse_echo_and_answer_in_the_legacy_shape() -> None:
+    from appliance.api.completions import COMPLETIONS
+    from appliance.engine.request import TokenLogprob
+
+    call = COMPLETIONS.parse({"model": "m", "prompt": ["Once"], "max_tokens": 3, "echo": True, "stop": "\n"}, "m")
+    assert call.request.raw_prompt == "Once" and call.request.messages == () and call.echo == "Once"
+    assert call.request.stop_sequences == ("\n",)
+    with pytest.raises(ApiError, match="echo"):
+        COMPLETIONS.parse({"model": "m", "prompt": "Once", "echo": True, "logprobs": 1}, "m")
+    lp = [TokenLogprob(" upon", -0.5, ((" upon", -0.5), (" more", -1.5))), TokenLogprob(" a", -0.1)]
+    plain = COMPLETIONS.parse({"model": "m", "prompt": "Once", "logprobs": 2}, "m")
+    doc = COMPLETIONS.response("m", plain, Answer(" upon a", [], lp), _done("max_tokens"))
+    choice = doc["choices"][0]
+    assert doc["object"] == "text_completion" and choice["text"] == " upon a" and choice["finish_reason"] == "length"
+    assert choice["logprobs"] == {"tokens": [" upon", " a"], "token_logprobs": [-0.5, -0.1],
+                                  "top_logprobs": [{" upon": -0.5, " more": -1.5}, {}], "text_offset": [0, 5]}
+    assert COMPLETIONS.response("m", call, Answer(" upon"), _done("end_turn"))["choices"][0]["text"] == "Once upon"

@@ -21,6 +21,7 @@ from appliance.api.tools import (
     tool_items,
 )
 from appliance.engine import Finished, GenerationRequest, Message
+from appliance.engine.request import TokenLogprob
 from appliance.engine.tools import OutputRules, Tool, ToolChoice, format_call, format_results
 
 # status -> the Messages API's error type
@@ -265,6 +266,9 @@ class StreamEncoder:
         return sse("content_block_delta", {"type": "content_block_delta", "index": self.block,
                                            "delta": {"type": "input_json_delta", "partial_json": piece}})  # fmt: skip
 
+    def logprob(self, token: TokenLogprob) -> bytes:
+        return b""  # the Messages API has no log probabilities (never asked for)
+
     def debug(self, lines: list[str]) -> bytes:
         """The decision trace, for callers allowed to see it (not part of the Messages API)."""
         return sse("zerolayer_debug", {"type": "zerolayer_debug", "lines": lines})
@@ -298,7 +302,7 @@ class AnthropicDialect:
         request, stream = parse_request(doc, served_model)
         return Call(request, stream)
 
-    def response(self, model: str, answer: Answer, done: Finished) -> dict[str, Any]:
+    def response(self, model: str, call: Call, answer: Answer, done: Finished) -> dict[str, Any]:
         return response(new_message_id(), model, answer, done)
 
     def new_call(self, name: str) -> CallOut:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from appliance.api import anthropic
 from appliance.api.anthropic import ANTHROPIC
 from appliance.api.auth import ApiKey, KeyStore, presented_key
+from appliance.api.completions import COMPLETIONS
 from appliance.api.dialect import Call, Dialect, ModelInfo, StreamEncoder
 from appliance.api.errors import ApiError
 from appliance.api.fields import parse_json_object
@@ -34,6 +35,7 @@ from appliance.engine import (
     Stream,
     TextDelta,
 )
+from appliance.engine.request import TokenLogprob
 from appliance.engine.tools import CallArguments, CallStart
 from appliance.flows import DigestTable, flow_of
 from appliance.governor import Governor
@@ -97,6 +99,8 @@ def dialect_of(path: str, headers: list[tuple[bytes, bytes]]) -> Dialect:
         return ANTHROPIC
     if path.startswith("/v1/chat"):
         return OPENAI
+    if path == "/v1/completions":
+        return COMPLETIONS
     return ANTHROPIC if any(k == b"anthropic-version" for k, _ in headers) else OPENAI
 
 
@@ -110,6 +114,7 @@ ROUTES: dict[str, Route] = {
     "/v1/messages": Route(("POST",), "_generate"),
     "/v1/messages/count_tokens": Route(("POST",), "_count_tokens"),
     "/v1/chat/completions": Route(("POST",), "_generate"),
+    "/v1/completions": Route(("POST",), "_generate"),
     "/v1/models": Route(("GET",), "_models"),
     "/v1/models/{id}": Route(("GET",), "_model"),
     "/healthz": Route(("GET", "HEAD"), "_healthz"),
@@ -348,7 +353,7 @@ class ApiApp:
         self.metrics.stream_opened()
         model = self.engine.model_name
         sink: Sink = (StreamSink(ex.send, ex.dialect.stream(model, handle.input_tokens, call), debug) if call.stream
-                      else WholeSink(ex.send, ex.dialect, model, debug))  # fmt: skip
+                      else WholeSink(ex.send, ex.dialect, model, call, debug))  # fmt: skip
         gone = asyncio.Event()  # the client disconnected before its answer was complete
         watcher = asyncio.create_task(_cancel_on_disconnect(ex.receive, handle, gone, sink))
         try:
@@ -389,6 +394,8 @@ class ApiApp:
                 elif isinstance(event, CallArguments):
                     calls[event.index].arguments += event.json
                     await sink.call_arguments(calls[event.index], event.json)
+                elif isinstance(event, TokenLogprob):
+                    await sink.logprob(event)
                 elif isinstance(event, Prefilled):  # before the first delta
                     await sink.prefilled(event.trace.lines())
                 elif isinstance(event, Finished):
@@ -419,6 +426,8 @@ class Sink(Protocol):
 
     async def call_arguments(self, call: CallOut, piece: str) -> None: ...
 
+    async def logprob(self, token: TokenLogprob) -> None: ...
+
     async def finished(self, done: Finished) -> None: ...
 
     async def error(self, err: ApiError) -> None: ...
@@ -429,11 +438,12 @@ class Sink(Protocol):
 class WholeSink:
     """The answer as one JSON document once it is complete."""
 
-    def __init__(self, send: Send, dialect: Dialect, model: str, debug: bool) -> None:
-        self.send, self.dialect, self.model, self.debug = send, dialect, model, debug
+    def __init__(self, send: Send, dialect: Dialect, model: str, call: Call, debug: bool) -> None:
+        self.send, self.dialect, self.model, self.call, self.debug = send, dialect, model, call, debug
         self.started = self.closing = False
         self.parts: list[str] = []
         self.calls: list[CallOut] = []
+        self.logprobs: list[TokenLogprob] | None = [] if call.request.logprobs is not None else None
         self.done: Finished | None = None
 
     async def open(self) -> None:
@@ -451,6 +461,10 @@ class WholeSink:
     async def call_arguments(self, call: CallOut, piece: str) -> None:
         pass
 
+    async def logprob(self, token: TokenLogprob) -> None:
+        if self.logprobs is not None:
+            self.logprobs.append(token)
+
     async def finished(self, done: Finished) -> None:
         self.done = done
 
@@ -460,7 +474,8 @@ class WholeSink:
     async def close(self) -> None:
         assert self.done is not None
         self.closing = True
-        doc = self.dialect.response(self.model, Answer("".join(self.parts), self.calls), self.done)
+        answer = Answer("".join(self.parts), self.calls, self.logprobs)
+        doc = self.dialect.response(self.model, self.call, answer, self.done)
         extra = [(b"zerolayer-trace", json.dumps(self.done.trace.lines()).encode())] if self.debug else []
         self.started = True
         await _respond(self.send, 200, json.dumps(doc, ensure_ascii=False).encode(),
@@ -492,6 +507,9 @@ class StreamSink:
 
     async def call_arguments(self, call: CallOut, piece: str) -> None:
         await _chunk(self.send, self.encoder.call_arguments(call, piece))
+
+    async def logprob(self, token: TokenLogprob) -> None:
+        await _chunk(self.send, self.encoder.logprob(token))
 
     async def finished(self, done: Finished) -> None:
         if self.debug:

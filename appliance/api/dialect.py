@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from appliance.api.errors import ApiError
 from appliance.api.tools import Answer, CallOut
 from appliance.engine import Finished, GenerationRequest
+from appliance.engine.request import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class Call:
     request: GenerationRequest
     stream: bool
     include_usage: bool = False  # OpenAI's stream_options.include_usage
+    echo: str = ""  # text the answer repeats before its own (the Completions API's echo of the prompt)
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class StreamEncoder(Protocol):
 
     def call_arguments(self, call: CallOut, piece: str) -> bytes: ...
 
+    def logprob(self, token: TokenLogprob) -> bytes: ...
+
     def debug(self, lines: list[str]) -> bytes: ...
 
     def finish(self, done: Finished) -> bytes: ...
@@ -53,7 +57,7 @@ class Dialect(Protocol):
 
     def parse(self, doc: dict[str, Any], served_model: str) -> Call: ...
 
-    def response(self, model: str, answer: Answer, done: Finished) -> dict[str, Any]: ...
+    def response(self, model: str, call: Call, answer: Answer, done: Finished) -> dict[str, Any]: ...
 
     def new_call(self, name: str) -> CallOut:
         """A tool call the model began, with an id in the dialect's style."""

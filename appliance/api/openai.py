@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
+from appliance.api import dialect
 from appliance.api.dialect import Call, ModelInfo
 from appliance.api.errors import ApiError
 from appliance.api.fields import get_bool, get_int, get_number, get_str, reject_unknown, text_content
@@ -21,6 +23,7 @@ from appliance.api.tools import (
     tool_items,
 )
 from appliance.engine import Finished, GenerationRequest, Message
+from appliance.engine.request import TokenLogprob
 from appliance.engine.tools import OutputRules, Tool, ToolChoice, format_call, format_results
 
 # status -> (OpenAI error type, code)
@@ -35,12 +38,11 @@ _ERROR_KINDS: dict[int, tuple[str, str | None]] = {
 _KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
           "stream", "stream_options", "user", "frequency_penalty", "presence_penalty", "logprobs", "metadata",
           "store", "tools", "tool_choice", "parallel_tool_calls", "response_format", "top_k", "min_p",
-          "repetition_penalty"}  # fmt: skip
+          "repetition_penalty", "top_logprobs"}  # fmt: skip
 _UNSUPPORTED = {
     "functions": "the legacy functions field is not supported by this server (use tools)",
     "function_call": "the legacy function_call field is not supported by this server (use tool_choice)",
     "logit_bias": "logit_bias is not supported by this server",
-    "top_logprobs": "logprobs are not supported by this server",
     "audio": "audio output is not supported by this server",
     "modalities": "only text output is supported by this server",
     "prediction": "predicted outputs are not supported by this server",
@@ -172,26 +174,27 @@ def _response_format(raw: Any) -> dict[str, Any] | None:
                    param="response_format")  # fmt: skip
 
 
-def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationRequest, bool, bool]:
-    """Returns the request, whether to stream, and whether to send a usage chunk."""
-    reject_unknown(doc, _KNOWN, _UNSUPPORTED)
+@dataclass(frozen=True)
+class Common:
+    """What Chat Completions and Completions share: sampling, stops, streaming, n and the model."""
+
+    sampling: dict[str, Any]  # GenerationRequest's keyword arguments
+    stream: bool
+    include_usage: bool
+
+
+def common_fields(doc: dict[str, Any], served_model: str) -> Common:
     model = get_str(doc, "model", required=True)
     if model != served_model:
         raise ApiError(404, f"The model `{model}` does not exist; this appliance serves `{served_model}`",
                        param="model")  # fmt: skip
-    system, messages = _messages(doc)
     get_str(doc, "user")
     n = get_int(doc, "n", minimum=1)
     if n not in (None, 1):
         raise ApiError(400, "n: only n=1 is supported by this server", param="n")
-    if get_bool(doc, "logprobs"):
-        raise ApiError(400, "logprobs: not supported by this server", param="logprobs")
     metadata = doc.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise ApiError(400, "metadata: must be an object", param="metadata")
-    max_tokens = get_int(doc, "max_completion_tokens", minimum=1)
-    if max_tokens is None:
-        max_tokens = get_int(doc, "max_tokens", minimum=1)
     stop = doc.get("stop")
     if isinstance(stop, str):
         stops: tuple[str, ...] = (stop,)
@@ -211,10 +214,7 @@ def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationReq
             raise ApiError(400, "stream_options: only allowed when stream is true", param="stream_options")
         reject_unknown(options, {"include_usage", "include_obfuscation"}, {}, where="stream_options.")
         include_usage = get_bool(options, "include_usage")
-    request = GenerationRequest(
-        messages=messages,
-        system=system,
-        max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+    sampling = dict(
         temperature=get_number(doc, "temperature", 0.0, 2.0),
         top_p=get_number(doc, "top_p", 0.0, 1.0),
         top_k=get_int(doc, "top_k", minimum=0),
@@ -224,9 +224,30 @@ def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationReq
         repetition_penalty=get_number(doc, "repetition_penalty", 0.01, 10.0) or 1.0,
         stop_sequences=stops,
         seed=get_int(doc, "seed"),
-        output=_tools(doc),
     )
-    return request, stream, include_usage
+    return Common(sampling, stream, include_usage)
+
+
+def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationRequest, bool, bool]:
+    """Returns the request, whether to stream, and whether to send a usage chunk."""
+    reject_unknown(doc, _KNOWN, _UNSUPPORTED)
+    common = common_fields(doc, served_model)
+    system, messages = _messages(doc)
+    top = get_int(doc, "top_logprobs", minimum=0)
+    if top is not None and not get_bool(doc, "logprobs"):
+        raise ApiError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
+    max_tokens = get_int(doc, "max_completion_tokens", minimum=1)
+    if max_tokens is None:
+        max_tokens = get_int(doc, "max_tokens", minimum=1)
+    request = GenerationRequest(
+        messages=messages,
+        system=system,
+        max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+        logprobs=(top or 0) if get_bool(doc, "logprobs") else None,
+        output=_tools(doc),
+        **common.sampling,
+    )
+    return request, common.stream, common.include_usage
 
 
 def finish_reason(done: Finished) -> str:
@@ -251,12 +272,21 @@ def response(completion_id: str, model: str, answer: Answer, done: Finished) -> 
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(done), "logprobs": None}],
-        "usage": _usage(done),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(done),
+                     "logprobs": None if answer.logprobs is None else {
+                         "content": [logprob_entry(t) for t in answer.logprobs], "refusal": None}}],
+        "usage": usage(done),
     }
 
 
-def _usage(done: Finished) -> dict[str, int]:
+def logprob_entry(token: TokenLogprob) -> dict[str, Any]:
+    def one(text: str, logprob: float) -> dict[str, Any]:
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {**one(token.token, token.logprob), "top_logprobs": [one(t, lp) for t, lp in token.top]}
+
+
+def usage(done: Finished) -> dict[str, int]:
     return {"prompt_tokens": done.input_tokens, "completion_tokens": done.output_tokens,
             "total_tokens": done.input_tokens + done.output_tokens}  # fmt: skip
 
@@ -287,6 +317,10 @@ class StreamEncoder:
         more = {"index": self.calls - 1, "function": {"arguments": piece}}
         return self._chunk([{"index": 0, "delta": {"tool_calls": [more]}, "finish_reason": None}])
 
+    def logprob(self, token: TokenLogprob) -> bytes:
+        return self._chunk([{"index": 0, "delta": {}, "logprobs": {"content": [logprob_entry(token)], "refusal": None},
+                             "finish_reason": None}])  # fmt: skip
+
     def debug(self, lines: list[str]) -> bytes:
         """The decision trace as an SSE comment: clients that do not ask for it skip it."""
         return b"".join(f": zerolayer-debug {line}\n".encode() for line in lines) + b"\n"
@@ -294,7 +328,7 @@ class StreamEncoder:
     def finish(self, done: Finished) -> bytes:
         out = self._chunk([{"index": 0, "delta": {}, "finish_reason": finish_reason(done)}])
         if self.include_usage:
-            out += self._chunk([], usage=_usage(done))
+            out += self._chunk([], usage=usage(done))
         return out + b"data: [DONE]\n\n"
 
     def error(self, err: ApiError) -> bytes:
@@ -316,13 +350,13 @@ class OpenAIDialect:
         request, stream, include_usage = parse_request(doc, served_model)
         return Call(request, stream, include_usage)
 
-    def response(self, model: str, answer: Answer, done: Finished) -> dict[str, Any]:
+    def response(self, model: str, call: Call, answer: Answer, done: Finished) -> dict[str, Any]:
         return response(new_completion_id(), model, answer, done)
 
     def new_call(self, name: str) -> CallOut:
         return CallOut(new_call_id("call_"), name)
 
-    def stream(self, model: str, input_tokens: int, call: Call) -> StreamEncoder:
+    def stream(self, model: str, input_tokens: int, call: Call) -> dialect.StreamEncoder:
         return StreamEncoder(new_completion_id(), model, call.include_usage)
 
     def error_body(self, err: ApiError) -> bytes:

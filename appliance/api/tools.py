@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appliance.api.errors import ApiError
+from appliance.engine.request import TokenLogprob
 from appliance.engine.tools import MAX_PARALLEL_CALLS, Tool
 
 MAX_TOOLS = 128
@@ -35,10 +36,12 @@ class CallOut:
 
 @dataclass
 class Answer:
-    """A whole answer: its text and the calls it made, in order."""
+    """A whole answer: its text, the calls it made in order, and its tokens' log probabilities
+    (None when the request did not ask)."""
 
     text: str = ""
     calls: list[CallOut] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
 
 
 def new_call_id(prefix: str) -> str:

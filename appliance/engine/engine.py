@@ -387,7 +387,7 @@ class Engine:
         """Validate, render and tokenize (pure CPU work: callers on an event loop run it in a
         thread); raises InvalidRequest before anything is queued."""
         request.validate()
-        prompt = self.template.prompt(request.messages, request.system, request.output)
+        prompt = self._render(request)
         if not prompt.ids:
             raise InvalidRequest("the prompt is empty after rendering", "messages")
         need = len(prompt.ids) + request.max_tokens
@@ -411,10 +411,16 @@ class Engine:
                 self._grammars = GrammarCompiler(self.bundle.tokenizer_path, model.vocab_size, model.eos_token_ids)
             return self._grammars
 
+    def _render(self, request: GenerationRequest) -> Prompt:
+        if request.raw_prompt is not None:  # a plain completion: the text as it is, with the tokenizer's BOS
+            ids, _ = self.tokenizer.encode(request.raw_prompt, add_special_tokens=True)
+            return Prompt(ids=ids, message_starts=[], text=request.raw_prompt)
+        return self.template.prompt(request.messages, request.system, request.output)
+
     def count_tokens(self, request: GenerationRequest) -> int:
         """Prompt tokens as the engine would see them; no context check (counting a long prompt is no error)."""
         request.validate()
-        return len(self.template.prompt(request.messages, request.system, request.output).ids)
+        return len(self._render(request).ids)
 
     def submit(self, request: GenerationRequest, device: str | None = None, prompt: Prompt | None = None) -> Stream:
         """Queue a request on a device (default: the first). Must be called on the event loop;

@@ -11,7 +11,7 @@ import numpy as np
 
 from appliance.engine.chat import Prompt
 from appliance.engine.prefix_cache import DIGESTS_PER_FLOW, PrefixCache, block_digests
-from appliance.engine.request import Event, Finished, GenerationRequest, Prefilled, TextDelta
+from appliance.engine.request import Event, Finished, GenerationRequest, Prefilled, TextDelta, TokenLogprob
 from appliance.engine.sampling import Sampler, penalize
 from appliance.engine.session import KVCache, ModelSession
 from appliance.engine.shards import plan_shards
@@ -56,8 +56,10 @@ class Generation:
         self.constraint = prompt.constraint  # the output grammar, if the request has one
         # Tool calls are parsed out of the output only where the grammar lets the model write them.
         self.calls = CallParser() if request.output.calls_allowed else None
+        self.tokenizer = tokenizer
         self.decoder = StreamDecoder(tokenizer)
         self.stops = StopMatcher(request.stop_sequences)
+        self._logprob: TokenLogprob | None = None  # the last chosen token's, when the request asks
         self.cache: KVCache | None = None
         self.generated: list[int] = []
         self.next_token: int | None = None
@@ -148,18 +150,40 @@ class Generation:
     def _choose(self, logits: np.ndarray) -> int:
         """The next token: penalties, then the grammar's mask, then the sampler."""
         req = self.request
+        raw = logits
         if req.frequency_penalty or req.presence_penalty or req.repetition_penalty != 1.0:
             logits = penalize(logits, self.generated, self.prompt.ids, req.frequency_penalty, req.presence_penalty,
                               req.repetition_penalty)  # fmt: skip
         if self.constraint is None:
-            return self.sampler(logits)
-        token = self.sampler(self.constraint.apply(logits))
-        self.constraint.accept(token)
+            token = self.sampler(logits)
+        else:
+            token = self.sampler(self.constraint.apply(logits))
+            self.constraint.accept(token)
+        if req.logprobs is not None:
+            self._logprob = self._logprob_of(raw, token, req.logprobs)
         return token
+
+    def _logprob_of(self, logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+        """The model's own log probabilities (before penalties, grammar and temperature)."""
+        x = logits.astype(np.float64)
+        peak = x.max()
+        logz = peak + np.log(np.exp(x - peak).sum())
+        best = np.argpartition(-x, top)[:top] if top else np.array([], dtype=np.int64)
+        best = best[np.argsort(-x[best], kind="stable")]
+        piece = self.tokenizer.decode
+        return TokenLogprob(piece([token]), float(x[token] - logz),
+                            tuple((piece([int(i)]), float(x[i] - logz)) for i in best))  # fmt: skip
 
     def _accept(self, token: int) -> list[Event]:
         if token in self.eos:
             return self._finish("end_turn", None, self.decoder.flush())
+        events: list[Event] = []
+        if self._logprob is not None:
+            events.append(self._logprob)
+            self._logprob = None
+        return events + self._advance(token)
+
+    def _advance(self, token: int) -> list[Event]:
         self.generated.append(token)
         self.next_token = token
         text, matched = self.stops.push(self.decoder.push(token))

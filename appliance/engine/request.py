@@ -14,6 +14,7 @@ ROLES = ("system", "user", "assistant")
 MAX_MESSAGES = 2048  # a conversation longer than this is refused before it is rendered
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_SEQUENCE_CHARS = 256
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -39,13 +40,19 @@ class GenerationRequest:
     stop_sequences: tuple[str, ...] = ()
     seed: int | None = None
     output: OutputRules = field(default_factory=OutputRules)  # tools, tool choice, a JSON schema
+    logprobs: int | None = None  # None: none; k: each token's log probability and the k most likely
+    raw_prompt: str | None = None  # a plain completion: this text as it is, no chat template (messages empty)
     # Chain digests the client's flow saw last time (the kernel layer keeps them per connection).
     prior_digests: tuple[bytes, ...] = ()
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
     def validate(self) -> None:
         """Check what needs no tokenizer; raise InvalidRequest naming the parameter."""
-        if not self.messages:
+        if self.raw_prompt is not None:
+            if self.messages:
+                raise InvalidRequest("a plain completion has a prompt, not messages", "prompt")
+            _check_text(self.raw_prompt, "prompt", "prompt")
+        elif not self.messages:
             raise InvalidRequest("messages must contain at least one message", "messages")
         if len(self.messages) > MAX_MESSAGES:
             raise InvalidRequest(f"at most {MAX_MESSAGES} messages are allowed ({len(self.messages)} sent)",
@@ -73,6 +80,9 @@ class GenerationRequest:
         _check_number(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)
         _check_number(self.presence_penalty, "presence_penalty", -2.0, 2.0)
         _check_number(self.repetition_penalty, "repetition_penalty", 0.01, 10.0)
+        lp = self.logprobs
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS):
+            raise InvalidRequest(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise InvalidRequest("seed must be an integer", "seed")
         if len(self.stop_sequences) > MAX_STOP_SEQUENCES:
@@ -108,6 +118,16 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log probability under the model (before sampling settings), and the
+    most likely alternatives at that step, most likely first."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Prefilled:
     """Sent once the prompt is in the KV cache, before the first delta: what the engine decided."""
 
@@ -124,4 +144,4 @@ class Finished:
 
 
 # CallStart and CallArguments (appliance/engine/tools.py): a tool call as it is generated.
-Event = TextDelta | CallStart | CallArguments | Prefilled | Finished
+Event = TextDelta | CallStart | CallArguments | TokenLogprob | Prefilled | Finished

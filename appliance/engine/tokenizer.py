@@ -15,10 +15,10 @@ class TextTokenizer:
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
 
-    def encode(self, text: str) -> tuple[list[int], list[int]]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> tuple[list[int], list[int]]:
         """Token ids and each token's start offset (in characters). The chat template already
-        carries the special tokens, so none are added (as Hugging Face's apply_chat_template does)."""
-        enc = self._tok.encode(text, add_special_tokens=False)
+        carries the special tokens, so by default none are added (as apply_chat_template does)."""
+        enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
         return list(enc.ids), [start for start, _ in enc.offsets]
 
     def decode(self, ids: list[int]) -> str:

@@ -1,0 +1,139 @@
+"""OpenAI's legacy Completions (`/v1/completions`): a prompt continued as plain text, no chat
+template; what evaluation harnesses and older clients call. Errors and the model list are the
+OpenAI dialect's."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from appliance.api.dialect import Call
+from appliance.api.errors import ApiError
+from appliance.api.fields import get_bool, get_int, reject_unknown
+from appliance.api.openai import OpenAIDialect, common_fields, error_body, finish_reason, usage
+from appliance.api.tools import Answer, CallOut
+from appliance.engine import Finished, GenerationRequest
+from appliance.engine.request import MAX_TOP_LOGPROBS, TokenLogprob
+
+_KNOWN = {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options",
+          "user", "frequency_penalty", "presence_penalty", "logprobs", "echo", "top_k", "min_p",
+          "repetition_penalty", "metadata", "best_of"}  # fmt: skip
+_UNSUPPORTED = {
+    "suffix": "suffix (insertion) is not supported by this server",
+    "logit_bias": "logit_bias is not supported by this server",
+}
+DEFAULT_MAX_TOKENS = 16  # the Completions API's own default
+
+
+def _prompt(doc: dict[str, Any]) -> str:
+    prompt = doc.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise ApiError(400, "prompt: must be a string (one prompt per request; token arrays are not supported)",
+                       param="prompt")  # fmt: skip
+    if not prompt:
+        raise ApiError(400, "prompt: must not be empty", param="prompt")
+    return prompt
+
+
+def parse_request(doc: dict[str, Any], served_model: str) -> Call:
+    reject_unknown(doc, _KNOWN, _UNSUPPORTED)
+    common = common_fields(doc, served_model)
+    if get_int(doc, "best_of", minimum=1) not in (None, 1):
+        raise ApiError(400, "best_of: only best_of=1 is supported by this server", param="best_of")
+    logprobs = get_int(doc, "logprobs", minimum=0)
+    if logprobs is not None and logprobs > MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"logprobs: at most {MAX_TOP_LOGPROBS}", param="logprobs")
+    echo = get_bool(doc, "echo")
+    if echo and logprobs is not None:
+        raise ApiError(400, "echo: the prompt's log probabilities are not computed by this server (echo without "
+                       "logprobs works)", param="echo")  # fmt: skip
+    prompt = _prompt(doc)
+    request = GenerationRequest(messages=(), raw_prompt=prompt, logprobs=logprobs,
+                                max_tokens=get_int(doc, "max_tokens", minimum=1) or DEFAULT_MAX_TOKENS,
+                                **common.sampling)  # fmt: skip
+    return Call(request, common.stream, common.include_usage, echo=prompt if echo else "")
+
+
+def legacy_logprobs(tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    """The legacy shape: parallel lists, each step's alternatives as a token -> logprob map, and
+    where each token starts in the text."""
+    offsets, at = [], offset
+    for t in tokens:
+        offsets.append(at)
+        at += len(t.token)
+    return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [dict(t.top) for t in tokens], "text_offset": offsets}  # fmt: skip
+
+
+def response(completion_id: str, model: str, call: Call, answer: Answer, done: Finished) -> dict[str, Any]:
+    logprobs = None if answer.logprobs is None else legacy_logprobs(answer.logprobs, len(call.echo))
+    return {"id": completion_id, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": call.echo + answer.text, "logprobs": logprobs,
+                         "finish_reason": finish_reason(done)}], "usage": usage(done)}  # fmt: skip
+
+
+class CompletionStream:
+    """Engine events -> `text_completion` chunks, then `[DONE]`."""
+
+    def __init__(self, completion_id: str, model: str, call: Call) -> None:
+        self.id, self.model, self.call = completion_id, model, call
+        self.created = int(time.time())
+        self.offset = len(call.echo)  # where the next token starts in the whole text
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        doc = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+               "choices": choices, **extra}  # fmt: skip
+        return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n".encode()
+
+    def _text(self, text: str, logprobs: dict[str, Any] | None = None, finish: str | None = None) -> bytes:
+        return self._chunk([{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}])
+
+    def start(self) -> bytes:
+        return self._text(self.call.echo) if self.call.echo else b""
+
+    def delta(self, text: str) -> bytes:
+        return self._text(text)
+
+    def call_start(self, call: CallOut) -> bytes:
+        return b""  # a plain completion has no tools
+
+    def call_arguments(self, call: CallOut, piece: str) -> bytes:
+        return b""
+
+    def logprob(self, token: TokenLogprob) -> bytes:
+        out = self._text("", legacy_logprobs([token], self.offset))
+        self.offset += len(token.token)
+        return out
+
+    def debug(self, lines: list[str]) -> bytes:
+        """The decision trace as an SSE comment: clients that do not ask for it skip it."""
+        return b"".join(f": zerolayer-debug {line}\n".encode() for line in lines) + b"\n"
+
+    def finish(self, done: Finished) -> bytes:
+        out = self._text("", finish=finish_reason(done))
+        if self.call.include_usage:
+            out += self._chunk([], usage=usage(done))
+        return out + b"data: [DONE]\n\n"
+
+    def error(self, err: ApiError) -> bytes:
+        return b"data: " + error_body(err) + b"\n\n"
+
+
+class CompletionsDialect(OpenAIDialect):
+    """`/v1/completions`: the prompt as it is, the answer as `text`."""
+
+    def parse(self, doc: dict[str, Any], served_model: str) -> Call:
+        return parse_request(doc, served_model)
+
+    def response(self, model: str, call: Call, answer: Answer, done: Finished) -> dict[str, Any]:
+        return response("cmpl-" + uuid.uuid4().hex[:24], model, call, answer, done)
+
+    def stream(self, model: str, input_tokens: int, call: Call) -> CompletionStream:
+        return CompletionStream("cmpl-" + uuid.uuid4().hex[:24], model, call)
+
+
+COMPLETIONS = CompletionsDialect()
