@@ -281,6 +281,28 @@ def test_constrained_and_free_rows_share_a_batch_and_each_keeps_its_own_rules(ti
     jsonschema.validate(json.loads(args), (PICK if name == "pick" else SWITCH).schema)
 
 
+def test_constrained_output_is_the_same_with_the_prompt_from_the_prefix_pool(tiny_bundle_path: Path,
+                                                                            trusted_keys: Path) -> None:  # fmt: skip
+    engine = Engine(firmware.load(tiny_bundle_path, trusted_keys),
+                    EngineConfig(prefix_cache_bytes=64 << 20, prefix_block_tokens=8))  # fmt: skip
+    long = (Message("user", "Pick a colour and say whether it is fine. " * 6),)
+    request = GenerationRequest(long, max_tokens=60, temperature=0.0, output=OutputRules(json_schema=SMALL_SCHEMAS[0]))
+
+    async def run() -> tuple[str, int]:
+        stream = engine.submit(request, prompt=await asyncio.to_thread(engine.prepare, request))
+        text = "".join([e.text async for e in stream if isinstance(e, TextDelta)])
+        assert stream.finished is not None
+        return text, stream.finished.trace.reused_tokens
+
+    try:
+        (cold, none_reused), (warm, reused) = asyncio.run(run()), asyncio.run(run())
+    finally:
+        engine.close()
+    assert none_reused == 0 and reused > 0
+    assert warm == cold
+    jsonschema.validate(json.loads(cold), SMALL_SCHEMAS[0])
+
+
 def test_a_final_assistant_message_is_continued_not_answered(tiny_bundle_path: Path, trusted_keys: Path) -> None:
     engine = Engine(firmware.load(tiny_bundle_path, trusted_keys), EngineConfig(prefix_cache_bytes=0))
     try:
@@ -433,6 +455,10 @@ def test_openai_required_tool_calls_and_json_schema_validate_20_of_20(demo: tupl
         {"role": "tool", "tool_call_id": tc.id, "content": "Sunny, 24 C"}], tool_choice="none")  # fmt: skip
     assert second.choices[0].message.content and not second.choices[0].message.tool_calls
     assert client.models.retrieve(MODEL).id == MODEL
+    prefilled = client.chat.completions.create(model=MODEL, max_tokens=20, messages=[
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "The capital of France is"}])  # fmt: skip
+    assert "Paris" in (prefilled.choices[0].message.content or "")
 
 
 @pytest.mark.demo
