@@ -5,7 +5,10 @@ every transport, concurrency, and a client that goes away."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
+import logging
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -348,6 +351,41 @@ def test_client_that_goes_away_cancels_its_generation(tiny: tuple[RunningDaemon,
     while engine.workers["cpu"].depth and time.monotonic() < deadline:
         time.sleep(0.02)
     assert engine.workers["cpu"].depth == 0
+
+
+def test_early_refusals_and_rude_clients_leave_no_error_in_the_log(
+        tiny: tuple[RunningDaemon, DevSetup], caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """A 401, 405 or 413 answered before the body is read, to a client that keeps sending or hangs
+    up, is not the server's error: no ERROR line, no traceback (any client could fill the log)."""
+    running, setup = tiny
+    port, big = running.port("tcp"), b"x" * 200_000
+    key = b"x-api-key: " + setup.api_key.encode() + b"\r\n"
+    cases = [  # the request head, and whether the client closes without a TLS shutdown
+        (b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 200000\r\n\r\n", False),  # 401
+        (b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n" + key + b"content-length: 200000\r\n\r\n", False),  # 413
+        (b"PUT /v1/messages HTTP/1.1\r\nhost: x\r\n" + key + b"content-length: 100000\r\n\r\n", False),  # 405
+        (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 200000\r\n\r\n", True),  # 401
+    ]
+    with caplog.at_level(logging.WARNING):
+        for head, rude in cases:
+            raw = socket.create_connection(("127.0.0.1", port))
+            tls = trust(setup).wrap_socket(raw, server_hostname="localhost")
+            tls.sendall(head + big[:1000])
+            tls.settimeout(5)
+            assert tls.recv(100).startswith(b"HTTP/1.1 4")
+            with contextlib.suppress(OSError):
+                tls.sendall(big[1000:])  # the rest of the body, after the answer
+                if not rude:
+                    tls.unwrap()
+            tls.close()
+        with niquests.Session(disable_http1=True, disable_http2=True) as session:  # the same on HTTP/3
+            r = session.post(f"https://localhost:{running.port('http3')}/v1/messages", data=big, verify=str(
+                setup.ca_cert), headers={"content-type": "application/json"})  # fmt: skip
+            assert r.status_code in (401, 413)
+        time.sleep(1.5)  # closing handshakes time out in the background
+    noise = [f"{r.levelname} {r.name}: {r.getMessage()[:120]}" for r in caplog.records
+             if r.levelno >= logging.ERROR or r.exc_info]  # fmt: skip
+    assert not noise, noise
 
 
 def test_mtls_requires_a_client_certificate_on_tcp_and_quic(tiny_bundle_path: Path, trusted_keys: Path,

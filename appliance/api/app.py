@@ -234,12 +234,12 @@ class ApiApp:
                 # Answered before the body was read: the server will not reuse this HTTP/1 connection,
                 # so tell the client not to either (it would send its next request into a closing socket).
                 headers_out.append((b"connection", b"close"))
-            await _respond(send, err.status, dialect.error_body(err), headers_out)
+            await _respond_quietly(guarded_send, err.status, dialect.error_body(err), headers_out)
         except Exception:
             # Never a traceback to a client: log it for the operator, answer a plain 500.
             log.exception("unhandled error on %s %s", method, path)
             internal = ApiError(500, "internal error: the server logged the details")
-            await _respond(send, 500, dialect.error_body(internal), internal.headers())
+            await _respond_quietly(guarded_send, 500, dialect.error_body(internal), internal.headers())
         finally:
             self.metrics.requests.labels(api, transport, str(status)).inc()
 
@@ -551,6 +551,15 @@ async def _read_body(receive: Receive, headers: list[tuple[bytes, bytes]], limit
         chunks.append(body)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+async def _respond_quietly(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    """An error answer to a client that may already be gone (it was refused before its body was
+    read, and kept sending, or hung up): its leaving is no error of ours."""
+    try:
+        await _respond(send, status, body, headers)
+    except ClientGone as gone:
+        log.debug("client went away before its %d answer was sent: %s", status, gone)
 
 
 async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:

@@ -49,6 +49,29 @@ def bind_unix(path: Path, mode: int, backlog: int = 512) -> socket.socket:
     return sock
 
 
+def quiet_client_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """A client that closes its TLS session rudely (data after close_notify, no shutdown reply)
+    makes the connection's closing raise in Hypercorn's connection callback, which asyncio logs as
+    an ERROR with a traceback. Any client can do that at will, so it is logged at debug; every
+    other unhandled exception still reaches the loop's handler."""
+    previous = loop.get_exception_handler()
+    if getattr(previous, "zerolayer_quiet", False):
+        return
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        exc = context.get("exception")
+        if str(context.get("message", "")).startswith("Unhandled exception in client_connected_cb") and isinstance(
+                exc, OSError):  # ssl.SSLError, TimeoutError, ConnectionError  # fmt: skip
+            log.debug("a client connection ended uncleanly: %r", exc)
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    handler.zerolayer_quiet = True  # type: ignore[attr-defined]
+    loop.set_exception_handler(handler)
+
+
 class _ReloadableTlsConfig(HypercornConfig):
     """Keeps the SSLContext Hypercorn builds once, so a reload can swap the certificate in it:
     SSLContext.load_cert_chain affects new handshakes only."""
@@ -100,6 +123,7 @@ class HypercornListener:
             self.config.ssl_context.load_cert_chain(str(certfile), str(keyfile))
 
     def start(self) -> None:
+        quiet_client_errors(asyncio.get_running_loop())
         self._task = asyncio.create_task(
             serve(self.app, self.config, shutdown_trigger=self._stop.wait, mode="asgi"),  # type: ignore[arg-type]
             name=f"hypercorn-{self.transport}",
