@@ -196,6 +196,8 @@ def test_reload_applies_a_good_change_without_dropping_a_stream_and_rejects_a_ba
 
 
 def test_sigterm_drains_a_stream_refuses_new_connections_and_exits_0(setup: DevSetup, tmp_path: Path) -> None:
+    import niquests
+
     notify = NotifySocket(tmp_path / "notify.sock")
     with daemon_process(setup.root, notify) as proc:
         notify.wait_for("READY=1")
@@ -205,8 +207,14 @@ def test_sigterm_drains_a_stream_refuses_new_connections_and_exits_0(setup: DevS
         proc.send_signal(signal.SIGTERM)
         notify.wait_for("STOPPING=1", 10)
         time.sleep(0.3)
-        with pytest.raises(httpx.TransportError), _unix_client(setup) as c:
+        started = time.monotonic()
+        with pytest.raises(httpx.ConnectError), _unix_client(setup) as c:  # refused, not left waiting
             c.get("/healthz")
+        with pytest.raises(httpx.ConnectError), httpx.Client(verify=str(setup.ca_cert)) as c:
+            c.get(_tcp_url(setup).replace("/v1/messages", "/healthz"))
+        with niquests.Session(disable_http1=True, disable_http2=True) as s, pytest.raises(niquests.RequestException):
+            s.get(_tcp_url(setup).replace("/v1/messages", "/healthz"), verify=str(setup.ca_cert), timeout=5)
+        assert time.monotonic() - started < 1.5
         t.join(60)
         assert proc.wait(30) == 0
     assert out["status"] == 200 and b"message_stop" in out["body"]  # type: ignore[operator]
