@@ -66,6 +66,10 @@ class LimitsSection:
     quic_idle_timeout: float = setting(60.0, 'seconds before an idle QUIC connection is closed')
     quic_max_connections: int = setting(1024, 'QUIC connections at once; more are refused')
     quic_max_streams: int = setting(128, 'concurrent streams per QUIC connection')
+    quic_retry: str = setting("auto", 'validate client addresses with a Retry first: "auto" (once a quarter of the '
+                                      'handshake budget is in use), "always" or "never"')  # fmt: skip
+    quic_max_handshakes: int = setting(64, 'QUIC handshakes in progress at once; more new connections are refused')
+    quic_handshake_timeout: float = setting(10.0, 'seconds a QUIC handshake may take before its state is dropped')
     drain_timeout: float = setting(30.0, 'seconds in-flight requests get to finish on SIGTERM')
 
 
@@ -136,6 +140,8 @@ _RANGES: dict[str, tuple[float, float]] = {
     "limits.quic_idle_timeout": (1, 3600),
     "limits.quic_max_connections": (1, 1_000_000),
     "limits.quic_max_streams": (1, 10_000),
+    "limits.quic_max_handshakes": (1, 1_000_000),
+    "limits.quic_handshake_timeout": (0.5, 600),
     "limits.drain_timeout": (0, 3600),
     "engine.max_tokens_per_shard": (0, 1 << 20),
     "engine.prefix_cache_mb": (0, 1 << 20),
@@ -146,6 +152,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "governor.interval_ms": (10, 60_000),
 }
 _LEVELS = ("debug", "info", "warning", "error")
+RETRY_MODES = ("auto", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -329,6 +336,9 @@ def _validate(config: Config, check_paths: bool) -> list[str]:
             ipaddress.ip_network(cidr, strict=False)
         except ValueError:
             problems.append(f"{_where(config, 'kernel.allowlist')}: {cidr!r} is not an IPv4 or IPv6 prefix")
+    if config.limits.quic_retry not in RETRY_MODES:
+        problems.append(f"{_where(config, 'limits.quic_retry')}: {config.limits.quic_retry!r} is not one of "
+                        f"{', '.join(RETRY_MODES)}")  # fmt: skip
     if config.log.level.lower() not in _LEVELS:
         problems.append(f"{_where(config, 'log.level')}: {config.log.level!r} is not one of {', '.join(_LEVELS)}")
     if check_paths:

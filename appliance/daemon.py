@@ -233,7 +233,8 @@ class Daemon:
             ls.http3 = await serve_http3(
                 app, sock=sockets.quic, certfile=cfg.tls.cert, keyfile=cfg.tls.key,
                 ticket_key_path=cfg.state.dir / "quic-tickets", idle_timeout=cfg.limits.quic_idle_timeout,
-                max_connections=cfg.limits.quic_max_connections,
+                max_connections=cfg.limits.quic_max_connections, retry=cfg.limits.quic_retry,
+                max_handshakes=cfg.limits.quic_max_handshakes, handshake_timeout=cfg.limits.quic_handshake_timeout,
                 max_streams_per_connection=cfg.limits.quic_max_streams, ca_certs=cfg.tls.client_ca,
                 max_body_bytes=cfg.limits.max_body_bytes, on_handshake=self.metrics.count_handshake,
                 gate=userspace,  # drop and count datagrams in userspace, as the tc programs would

@@ -52,6 +52,7 @@ def test_drop_ins_override_in_name_order_and_sources_are_kept(root: Path) -> Non
         ("[listen]\ntcp = 'localhost'\n", "99-x.toml: listen.tcp: 'localhost' is not HOST:PORT"),
         ("[listen]\nunix_mode = '999'\n", "99-x.toml: listen.unix_mode"),
         ("[log]\nlevel = 'loud'\n", "99-x.toml: log.level: 'loud' is not one of"),
+        ("[limits]\nquic_retry = 'sometimes'\n", "99-x.toml: limits.quic_retry: 'sometimes' is not one of auto"),
         ("[firmware]\npath = '/nonexistent/fw'\n", "99-x.toml: firmware.path: /nonexistent/fw does not exist"),
         ("limits = 3\n", "99-x.toml: limits must be a table"),
         ("[limits\n", "99-x.toml: "),

@@ -480,6 +480,55 @@ def test_body_over_the_limit_gets_413_without_the_app(certs: DevCert) -> None:
     run(main())
 
 
+def _spoofed_initial(port: int) -> bytes:
+    """A real client's first datagram (an Initial with a fresh connection ID), never followed up."""
+    from aioquic.quic.connection import QuicConnection
+
+    client = QuicConnection(configuration=QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN))
+    client.connect(("127.0.0.1", port), now=0.0)
+    return client.datagrams_to_send(now=0.0)[0][0]
+
+
+@pytest.mark.parametrize("retry", ["auto", "always"])
+def test_a_handshake_flood_neither_locks_a_real_client_out_nor_leaves_state_behind(certs: DevCert, retry: str) -> None:
+    """10,000 junk datagrams and 2,000 Initials from a client that never answers: with Retry the
+    server keeps no state for them, a real client (which answers the Retry) connects at once, and
+    whatever handshakes were begun are dropped after the handshake timeout."""
+    import random
+
+    app = EchoApp()
+
+    async def main() -> None:
+        server = await start(app, certs, retry=retry, max_handshakes=64, handshake_timeout=1.0)
+        loop = asyncio.get_running_loop()
+        flood, _ = await loop.create_datagram_endpoint(asyncio.DatagramProtocol,
+                                                       remote_addr=("127.0.0.1", server.port))  # fmt: skip
+        try:
+            rng = random.Random(7)
+            for i in range(10_000):
+                flood.sendto(rng.randbytes(rng.randint(1, 1400)))
+                if i % 200 == 0:
+                    await asyncio.sleep(0)  # the server reads between bursts, as it would on a real link
+            initials = [_spoofed_initial(server.port) for _ in range(2_000)]
+            for i, datagram in enumerate(initials):
+                flood.sendto(datagram)
+                if i % 50 == 0:
+                    await asyncio.sleep(0)
+            await asyncio.sleep(0.1)
+            assert server.handshakes <= (0 if retry == "always" else 16)  # the rest got a Retry, no state
+            began = time.monotonic()
+            async with h3_client(server.port, client_config(certs)) as client:
+                assert (await client.request("GET", "/after-the-flood")).status == 200
+            assert time.monotonic() - began < 2.0
+            await until(lambda: server.connections == 0, timeout=5.0)  # begun handshakes dropped at 1 s
+            assert server.handshakes == 0 and not server._routes
+        finally:
+            flood.close()
+            await server.close()
+
+    run(main(), timeout=60)
+
+
 def test_connections_over_the_limit_are_refused(certs: DevCert) -> None:
     app = EchoApp()
 

@@ -30,6 +30,7 @@ import hashlib
 import ipaddress
 import json
 import logging
+import os
 import socket
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -50,10 +51,12 @@ from aioquic.quic.packet import (
     QuicFrameType,
     QuicHeader,
     QuicPacketType,
+    encode_quic_retry,
     encode_quic_version_negotiation,
     pull_quic_header,
 )
 from aioquic.quic.packet_builder import QuicPacketBuilder
+from aioquic.quic.retry import QuicRetryTokenHandler
 from aioquic.tls import AlertDescription, SessionTicket, load_pem_x509_certificates
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
@@ -80,6 +83,16 @@ class _Settings:
     max_streams: int
     max_body_bytes: int
     client_ca: Store | None  # mTLS when set
+    retry: str = "auto"  # address validation: "auto" (under handshake pressure), "always", "never"
+    max_handshakes: int = 64  # handshakes in progress at once
+    handshake_timeout: float = 10.0  # seconds before a handshake's state is dropped
+
+    def must_validate(self, handshakes: int) -> bool:
+        """Whether a new client must first prove its address by returning a Retry token: a flood of
+        spoofed Initials then costs one stateless packet each, and no connection state."""
+        if self.retry == "auto":
+            return handshakes >= max(1, self.max_handshakes // 4)
+        return self.retry == "always"
 
 
 class DatagramGate(Protocol):
@@ -191,11 +204,13 @@ class _Exchange:
 class _Http3Connection(QuicConnectionProtocol):
     """One client connection: QUIC events in, H3 events mapped to exchanges."""
 
-    def __init__(self, server: Http3Server, header: QuicHeader, peer: NetworkAddress) -> None:
+    def __init__(self, server: Http3Server, header: QuicHeader, peer: NetworkAddress,
+                 original_cid: bytes, retry_cid: bytes | None) -> None:  # fmt: skip
         settings = server.settings
         quic = ServerConnection(
             configuration=server.configuration,
-            original_destination_connection_id=header.destination_cid,
+            original_destination_connection_id=original_cid,
+            retry_source_connection_id=retry_cid,  # set when the client came back with our Retry token
             session_ticket_fetcher=server.tickets.pop,
             session_ticket_handler=self._ticket_issued,
             max_streams=settings.max_streams,
@@ -215,6 +230,21 @@ class _Http3Connection(QuicConnectionProtocol):
         self._closing = False
         self._detached = False
         self._flush_due = False
+        self._deadline = asyncio.get_running_loop().call_later(settings.handshake_timeout, self._handshake_expired)
+
+    @property
+    def handshaking(self) -> bool:
+        return not self._handshake_done
+
+    def _handshake_expired(self) -> None:
+        """No handshake within the limit (a spoofed or stalled client): drop its state now rather
+        than at the idle timeout, so half-open connections cannot pile up."""
+        if self._handshake_done or self._closing:
+            return
+        log.debug("QUIC handshake from %s:%d timed out; dropping it", *self.client)
+        self._quic.close(error_code=QuicErrorCode.CONNECTION_REFUSED, reason_phrase="handshake timeout")
+        self.transmit()
+        self.server.forget(self)
 
     def transmit(self) -> None:
         """Send on the next turn of the event loop, once: what is queued in one turn leaves together,
@@ -241,6 +271,7 @@ class _Http3Connection(QuicConnectionProtocol):
             self.cids.discard(event.connection_id)
             self.server.unroute(event.connection_id)
         elif isinstance(event, events.ConnectionTerminated):
+            self._deadline.cancel()
             self._disconnect_all()
             self.server.forget(self)
         if self._h3 is None or self._closing:
@@ -283,6 +314,7 @@ class _Http3Connection(QuicConnectionProtocol):
     # private
 
     def _handshake_completed(self, event: events.HandshakeCompleted) -> None:
+        self._deadline.cancel()
         if self.server.settings.client_ca is not None and not event.session_resumed and not self._verify_client():
             missing = self._server_quic.peer_certificate is None
             alert = AlertDescription.certificate_required if missing else AlertDescription.bad_certificate
@@ -419,6 +451,7 @@ class Http3Server(asyncio.DatagramProtocol):
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._closing: asyncio.Task[None] | None = None
         self._closed = False
+        self._retry = QuicRetryTokenHandler()  # a key per process: tokens live seconds (RFC 9000 8.1.2)
 
     @property
     def port(self) -> int:
@@ -431,6 +464,20 @@ class Http3Server(asyncio.DatagramProtocol):
     @property
     def active_streams(self) -> int:
         return sum(len(conn.exchanges) for conn in self._live)
+
+    @property
+    def handshakes(self) -> int:
+        """Connections whose handshake has not completed yet."""
+        return sum(1 for conn in self._live if conn.handshaking)
+
+    def _retry_packet(self, header: QuicHeader, addr: NetworkAddress) -> bytes:
+        assert header.version is not None
+        retry_cid = os.urandom(self.configuration.connection_id_length)
+        token = self._retry.create_token(address=addr, original_destination_connection_id=header.destination_cid,
+                                         retry_source_connection_id=retry_cid,
+                                         now=asyncio.get_running_loop().time())  # fmt: skip
+        return encode_quic_retry(version=header.version, source_cid=retry_cid, destination_cid=header.source_cid,
+                                 original_destination_cid=header.destination_cid, retry_token=token)  # fmt: skip
 
     async def close(self, drain_timeout: float = 0) -> None:
         """Refuse new connections, give requests in flight up to `drain_timeout` seconds, then send
@@ -508,11 +555,26 @@ class Http3Server(asyncio.DatagramProtocol):
         if conn is None:
             if header.packet_type != QuicPacketType.INITIAL or len(data) < SMALLEST_MAX_DATAGRAM_SIZE:
                 return
+            handshakes = self.handshakes
             if self.draining or len(self._live) >= self.settings.max_connections:
                 # Refuse rather than queue; stateless, so a flood costs no TLS work.
                 self._transport.sendto(_refusal(header), addr)
                 return
-            conn = _Http3Connection(self, header, addr)
+            original_cid, retry_cid = header.destination_cid, None
+            if header.token or self.settings.must_validate(handshakes):
+                if not header.token:
+                    self._transport.sendto(self._retry_packet(header, addr), addr)
+                    return
+                try:
+                    original_cid = self._retry.validate_token(address=addr, destination_cid=header.destination_cid,
+                                                              token=header.token, now=asyncio.get_running_loop().time())
+                except ValueError:
+                    return  # forged, expired or from another address: no state, no answer
+                retry_cid = header.destination_cid
+            if handshakes >= self.settings.max_handshakes:  # even with a proven address: a budget
+                self._transport.sendto(_refusal(header), addr)
+                return
+            conn = _Http3Connection(self, header, addr, original_cid, retry_cid)
             if gate is not None:
                 conn.count_datagram = gate.udp_flow(conn.client, conn.local)
             conn.connection_made(self._transport if conn.count_datagram is None else
@@ -562,6 +624,9 @@ async def serve_http3(
     ticket_key_path: Path | None,
     idle_timeout: float = 60.0,
     max_connections: int = 1024,
+    retry: str = "auto",
+    max_handshakes: int = 64,
+    handshake_timeout: float = 10.0,
     max_streams_per_connection: int = 128,
     max_data: int = 16 << 20,
     max_stream_data: int = 1 << 20,
@@ -580,6 +645,7 @@ async def serve_http3(
     `ticket_key_path` is the session ticket store file (None: tickets live in memory only).
     `ca_certs` turns on mTLS: a client must present a certificate this CA bundle verifies."""
     for name, value in [("idle_timeout", idle_timeout), ("max_connections", max_connections),
+                        ("max_handshakes", max_handshakes), ("handshake_timeout", handshake_timeout),
                         ("max_streams_per_connection", max_streams_per_connection), ("max_data", max_data),
                         ("max_stream_data", max_stream_data), ("max_body_bytes", max_body_bytes)]:  # fmt: skip
         if value <= 0:
@@ -594,7 +660,10 @@ async def serve_http3(
         client_ca = Store(load_pem_x509_certificates(pem))
         fingerprint += "/" + hashlib.sha256(pem).hexdigest()
     quic_private.check()  # mTLS and the stream limit depend on it: say so now, not per connection
-    settings = _Settings(max_connections, max_streams_per_connection, max_body_bytes, client_ca)
+    if retry not in ("auto", "always", "never"):
+        raise ValueError(f"serve_http3: retry must be auto, always or never, got {retry!r}")
+    settings = _Settings(max_connections, max_streams_per_connection, max_body_bytes, client_ca, retry,
+                         max_handshakes, handshake_timeout)  # fmt: skip
     tickets = TicketStore(ticket_key_path, fingerprint)
     if sock is None:
         sock = bind_udp(host, port)
