@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from battery import CASES
 from clients import serve
 from netns import NetPair, net_pair
 
@@ -59,9 +60,10 @@ def demo(demo_bundle_path: Path, trusted_keys: Path, tmp_path_factory: pytest.Te
 @pytest.fixture(scope="module")
 def tiny(tiny_bundle_path: Path, trusted_keys: Path, tmp_path_factory: pytest.TempPathFactory
          ) -> Iterator[tuple[RunningDaemon, DevSetup]]:  # fmt: skip
-    """A daemon serving the tiny firmware (a 64 KiB body limit), for one test module."""
+    """A daemon serving the tiny firmware (a 64 KiB body limit, 1 s for a QUIC handshake), for one
+    test module."""
     running, setup = serve(tmp_path_factory.mktemp("tiny"), tiny_bundle_path, trusted_keys,
-                           extra="[limits]\nmax_body_bytes = 65536\n")  # fmt: skip
+                           extra="[limits]\nmax_body_bytes = 65536\nquic_handshake_timeout = 1.0\n")  # fmt: skip
     yield running, setup
     running.stop()
 
@@ -88,3 +90,13 @@ def pins() -> Iterator[None]:
     shutil.rmtree(PIN_ROOT, ignore_errors=True)
     yield
     shutil.rmtree(PIN_ROOT, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The bad-input battery's summary: cases tried per group (a failure fails its test)."""
+    if CASES:
+        terminalreporter.write_sep("-", "bad-input battery")
+        for group, count in sorted(CASES.items()):
+            terminalreporter.write_line(f"{group}: {count} cases")
+        failed = len(terminalreporter.stats.get("failed", []))
+        terminalreporter.write_line(f"{sum(CASES.values())} cases in {len(CASES)} groups; failed tests: {failed}")

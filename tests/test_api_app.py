@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from battery import call_app
 
 import firmware
 from appliance.api import ApiApp, ApiSettings, KeyStore
@@ -23,30 +24,8 @@ async def _call(app: ApiApp, method: str, path: str, body: Any = None, transport
                 headers: list[tuple[bytes, bytes]] | None = None, connected_for: float = 3600.0,
                 on_send: Callable[[int], Awaitable[None]] | None = None,
                 ) -> tuple[int, dict[bytes, bytes], bytes]:  # fmt: skip
-    """One request straight into the app; the client disconnects after `connected_for` seconds, and
-    `on_send(n)` runs as the app sends its n-th message (to slow the client down, or fail the send)."""
     data = b"" if body is None else json.dumps(body).encode()
-    sent: list[dict[str, Any]] = []
-    delivered = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": data, "more_body": False}
-        await asyncio.sleep(connected_for)
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-        if on_send is not None:
-            await on_send(len(sent))
-
-    scope = {"type": "http", "method": method, "path": path, "headers": headers or [],
-             "extensions": {"zerolayer": {"transport": transport}}}  # fmt: skip
-    await app(scope, receive, send)
-    start = sent[0] if sent else {"status": 0, "headers": []}
-    return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+    return await call_app(app, method, path, data, headers, transport, connected_for, on_send)
 
 
 @pytest.fixture()

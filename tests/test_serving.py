@@ -208,6 +208,7 @@ BAD: list[tuple[str, str, str, Any, int]] = [
     ("o-empty-messages", "POST", CHAT, _with(GOOD_O, messages=[]), 400),
     ("o-only-system", "POST", CHAT, _with(GOOD_O, messages=[{"role": "system", "content": "x"}]), 400),
     ("o-bad-role", "POST", CHAT, _with(GOOD_O, messages=[{"role": "wizard", "content": "x"}]), 400),
+    ("o-role-a-list", "POST", CHAT, _with(GOOD_O, messages=[{"role": ["user"], "content": "x"}]), 400),
     ("o-tool-no-call-id", "POST", CHAT, _with(GOOD_O, messages=[{"role": "tool", "content": "x"}]), 400),
     ("o-image-part", "POST", CHAT, _with(GOOD_O, messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]), 400),

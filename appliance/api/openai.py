@@ -67,7 +67,7 @@ def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
         if not isinstance(m, dict):
             raise ApiError(400, f"{where}: must be an object", param="messages")
         role = m.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise ApiError(400, f"{where}.role: must be one of {', '.join(_ROLES)}", param="messages")
         if role != "tool" and results:
             out.append(Message("user", format_results(results)))

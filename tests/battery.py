@@ -1,0 +1,116 @@
+"""The bad-input battery's shared parts: request bodies bent out of shape, and the count of cases
+tried per group (printed at the end of the run by conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import random
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+CASES: Counter[str] = Counter()  # group -> cases tried; any failure fails its test
+
+MODEL = "tiny-llama"
+VALID: dict[str, dict[str, Any]] = {
+    "/v1/messages": {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/messages/count_tokens": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/chat/completions": {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/completions": {"model": MODEL, "max_tokens": 4, "prompt": "Once"},
+}
+# Field names a hostile or careless client might send, known and unknown to each API.
+KEYS = ["model", "messages", "max_tokens", "system", "stream", "temperature", "top_p", "top_k", "stop",
+        "stop_sequences", "tools", "tool_choice", "response_format", "output_config", "metadata", "seed", "n",
+        "logprobs", "top_logprobs", "prompt", "echo", "role", "content", "type", "text", "name", "input_schema",
+        "parameters", "function", "tool_calls", "tool_call_id", "tool_use_id", "input", "schema", "json_schema",
+        "frequency_penalty", "repetition_penalty", "min_p", "user", "thread", "suffix", "\u0000", "a\ud800b", ""]
+
+
+def junk(rng: random.Random, depth: int = 0) -> Any:
+    """A JSON value of any shape, leaning to the edges: huge and negative numbers, empty and odd
+    strings (lone surrogates, NUL, RTL marks), deep or wide containers."""
+    kind = rng.randrange(11 if depth < 4 else 7)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.choice([True, False])
+    if kind == 2:
+        return rng.choice([0, -1, 1, 2**31, -(2**63), 10**30, 4, 65536])
+    if kind == 3:
+        return rng.choice([0.0, -0.5, 1e308, 1e-308, 2.5, -1e9])
+    if kind == 4:
+        return rng.choice(["", "hi", "a\ud800b", "\u0000", "\u202e", "x" * 5000, "user", "assistant", "auto",
+                           "function", "json_schema", "tool_use", "text", MODEL])  # fmt: skip
+    if kind == 5:
+        return rng.choice(KEYS)
+    if kind == 6:
+        return [] if rng.random() < 0.5 else {}
+    if kind in (7, 8):
+        return [junk(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {rng.choice(KEYS): junk(rng, depth + 1) for _ in range(rng.randrange(4))}
+
+
+def bend(rng: random.Random, path: str) -> dict[str, Any]:
+    """A valid body for `path` with one to three of its parts replaced, added or removed: near
+    enough to valid to reach the deep checks."""
+    body = copy.deepcopy(VALID[path])
+    for _ in range(rng.randrange(1, 4)):
+        target: Any = body
+        if "messages" in body and isinstance(body["messages"], list) and body["messages"] and rng.random() < 0.4:
+            target = body["messages"][0] if isinstance(body["messages"][0], dict) else body
+        op = rng.randrange(3)
+        if op == 0 and target:
+            key = rng.choice(sorted(target, key=str))
+            target[key] = junk(rng)
+        elif op == 1:
+            target[rng.choice(KEYS)] = junk(rng)
+        elif target:
+            del target[rng.choice(sorted(target, key=str))]
+    return body
+
+
+def encode(body: Any) -> bytes:
+    return json.dumps(body).encode("utf-8", "surrogatepass")
+
+
+def check_error(path: str, status: int, body: bytes) -> None:
+    """What every answer to a bad request must be: a 4xx in the dialect's own JSON error shape."""
+    assert 400 <= status < 500, (status, body[:300])
+    doc = json.loads(body)
+    if path.startswith("/v1/messages"):
+        assert doc["type"] == "error" and doc["error"]["type"] and isinstance(doc["error"]["message"], str), doc
+    else:
+        assert set(doc["error"]) == {"message", "type", "param", "code"}, doc
+    assert "Traceback" not in body.decode()
+
+
+async def call_app(app: Any, method: str, path: str, data: bytes = b"",
+                   headers: list[tuple[bytes, bytes]] | None = None, transport: str = "unix",
+                   connected_for: float = 3600.0, on_send: Callable[[int], Awaitable[None]] | None = None,
+                   ) -> tuple[int, dict[bytes, bytes], bytes]:  # fmt: skip
+    """One request straight into the ASGI app, its body as raw bytes. The client disconnects after
+    `connected_for` seconds, and `on_send(n)` runs as the app sends its n-th message (to slow the
+    client down, or fail the send)."""
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": data, "more_body": False}
+        await asyncio.sleep(connected_for)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if on_send is not None:
+            await on_send(len(sent))
+
+    scope = {"type": "http", "method": method, "path": path, "http_version": "1.1", "headers": headers or [],
+             "extensions": {"zerolayer": {"transport": transport}}}  # fmt: skip
+    await app(scope, receive, send)
+    start = sent[0] if sent else {"status": 0, "headers": []}
+    return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
