@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -34,3 +36,81 @@ def test_the_architecture_map_names_every_module() -> None:
             if rel not in named and not any(n.endswith("/") and rel.startswith(n) for n in named):
                 missing.append(rel)
     assert not missing, f"README Architecture map lacks: {', '.join(missing)}"
+
+
+# --- every example in the README, run as written against a daemon like `make run`'s ------------
+
+README = REPO / "README.md"
+EXPECT = "# -> "  # an example's comment that says what it prints: it must appear in the output
+DEMO_PORT = 8443  # what the examples dial; the test daemon's port is put in its place
+# Shell examples run here are the ones that talk to the daemon (the make, firmware and image
+# commands are the suite itself, tests/test_firmware.py and tests/test_image*.py).
+CALLS_DAEMON = ("curl ", "zerolayer debug", "zerolayer status")
+
+
+def _examples() -> list[tuple[str, str]]:
+    blocks = re.findall(r"```(python|sh)\n(.*?)```", README.read_text(), re.S)
+    return [(lang, code) for lang, code in blocks if lang == "python" or any(c in code for c in CALLS_DAEMON)]
+
+
+def _expected(code: str) -> list[str]:
+    return [line.split(EXPECT, 1)[1].rstrip() for line in code.splitlines() if EXPECT in line]
+
+
+def _free_port() -> int:
+    """A port free on both TCP and UDP: the daemon serves HTTPS and HTTP/3 on one port, as on 8443."""
+    import socket
+
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+            tcp.bind(("127.0.0.1", 0))
+            port = int(tcp.getsockname()[1])
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                try:
+                    udp.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+        return port
+
+
+@pytest.mark.demo
+def test_every_readme_example_runs_as_written_and_prints_what_it_says(
+        demo_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:  # fmt: skip
+    import contextlib
+    import io
+    import os
+    import subprocess
+    import sys
+
+    from appliance.devsetup import RunningDaemon, write_dev_config
+
+    port = _free_port()
+    setup = write_dev_config(tmp_path / "appliance", demo_bundle_path, trusted_keys, tcp=f"127.0.0.1:{port}",
+                             quic=f"127.0.0.1:{port}")  # fmt: skip
+    running = RunningDaemon(setup.root).start()
+    env = {**os.environ, "KEY": setup.api_key, "CA": str(setup.ca_cert), "SOCK": str(setup.unix_socket),
+           "ZEROLAYER_CONFIG": str(setup.root), "ZEROLAYER_SOCKET": str(setup.unix_socket),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # what `make run` says to export
+    names: dict[str, object] = {"KEY": setup.api_key, "CA": str(setup.ca_cert), "SOCK": str(setup.unix_socket)}
+    examples = _examples()
+    try:
+        for lang, code in examples:
+            code = code.replace(f"localhost:{DEMO_PORT}", f"localhost:{port}")
+            if lang == "python":  # one namespace, in README order: later examples use earlier clients
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):
+                    exec(compile(code, "README.md example", "exec"), names)
+                printed = out.getvalue()
+            else:
+                done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], env=env, capture_output=True,
+                                      text=True, timeout=120, check=False)  # fmt: skip
+                assert done.returncode == 0, (code, done.stdout[-2000:], done.stderr[-2000:])
+                printed = done.stdout
+                assert "Traceback" not in done.stderr, done.stderr
+            for expected in _expected(code):
+                assert expected in printed, (expected, printed[-2000:])
+            if lang == "sh" or "print(" in code:
+                assert printed.strip(), code  # an example that shows something shows it
+    finally:
+        running.stop()
+    assert sum(lang == "python" for lang, _ in examples) >= 7 and len(examples) >= 9  # none lost to a typo
