@@ -13,10 +13,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from firmware.errors import BundleError
 from firmware.manifest import (
@@ -39,18 +41,69 @@ def _stderr_progress(message: str) -> None:
 
 
 class _Step:
-    """Numbered, timed steps so a long build shows where it is."""
+    """Numbered, timed steps so a long build shows where it is. On a terminal the running step's
+    line also shows a spinner and the seconds so far (a step such as the model export says
+    nothing for a minute); elsewhere (a log, CI) plain lines only. summary() ends the run with
+    the total and each step's time."""
 
-    def __init__(self, total: int, progress: Progress) -> None:
+    SPINNER = "|/-\\"
+
+    def __init__(self, total: int, progress: Progress, terminal: TextIO | None = None) -> None:
         self.total, self.n, self.progress = total, 0, progress
+        self.began = time.monotonic()
+        self.times: list[tuple[str, float]] = []
+        self._what = ""
+        if terminal is None and progress is _stderr_progress and sys.stderr.isatty():
+            terminal = sys.stderr
+        self._terminal = terminal
+        self._ticker: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def __call__(self, what: str) -> float:
         self.n += 1
+        self._what = what
+        started = time.monotonic()
         self.progress(f"[{self.n}/{self.total}] {what}")
-        return time.monotonic()
+        if self._terminal is not None:
+            self._stop.clear()
+            self._ticker = threading.Thread(target=self._tick, args=(started,), daemon=True)
+            self._ticker.start()
+        return started
+
+    def _tick(self, started: float) -> None:
+        assert self._terminal is not None
+        spins = 0
+        while not self._stop.wait(0.25):
+            spins += 1
+            bar = self.SPINNER[spins % len(self.SPINNER)]
+            self._terminal.write(f"\r      {bar} {time.monotonic() - started:5.0f} s")
+            self._terminal.flush()
 
     def done(self, started: float) -> None:
-        self.progress(f"      done in {time.monotonic() - started:.1f} s")
+        seconds = time.monotonic() - started
+        if self._ticker is not None:
+            self._stop.set()
+            self._ticker.join()
+            self._ticker = None
+            assert self._terminal is not None
+            self._terminal.write("\r\033[K")  # the spinner's line gives way to the result
+        self.times.append((self._what.split(" ")[0], seconds))
+        self.progress(f"      done in {seconds:.1f} s")
+
+    def summary(self, what: str, files: list[Path]) -> str:
+        """`what`: its files' total size, the time taken, and each step's share."""
+        size = sum(f.stat().st_size for f in files if f.is_file())
+        steps = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.times)
+        return (f"{what}: {len(files)} files, {_human(size)}, in {time.monotonic() - self.began:.1f} s "
+                f"({steps})")  # fmt: skip
+
+
+def _human(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024  # type: ignore[assignment]
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -212,6 +265,7 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
             t = step(f"signing with {key}")
             sign(out_dir, key)
             step.done(t)
+    progress(step.summary(f"bundle {name} {options.version}", sorted(out_dir.iterdir())))
     return manifest
 
 

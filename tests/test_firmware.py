@@ -164,8 +164,32 @@ def test_cli_build_from_hugging_face_folder_signs_a_loadable_bundle(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "[1/4] exporting to ONNX" in result.stderr  # the progress display
+    assert "\r" not in result.stderr  # not a terminal: plain lines, no spinner
+    summary = result.stderr.strip().splitlines()[-1]  # sizes and times at the end
+    assert summary.startswith("zerolayer: bundle tiny-hf 1.0.0: 8 files, ") and "iB, in " in summary
+    assert "(exporting " in summary and "signing " in summary
     bundle = firmware.load(out, trusted_keys)
     assert bundle.layer.split_algorithm == "fixed" and bundle.layer.max_tokens_per_shard == 256
+
+
+def test_on_a_terminal_the_running_step_shows_a_spinner_and_its_seconds() -> None:
+    import io
+    import time
+
+    from firmware.build import _Step
+
+    lines: list[str] = []
+    terminal = io.StringIO()
+    step = _Step(2, lines.append, terminal=terminal)
+    t = step("exporting to ONNX")
+    time.sleep(0.6)
+    step.done(t)
+    step.done(step("packing"))
+    assert "\r      / " in terminal.getvalue() and " s" in terminal.getvalue()  # the live line
+    assert terminal.getvalue().endswith("\r\033[K")  # cleared before the step's result line
+    assert lines[0] == "[1/2] exporting to ONNX" and lines[1].startswith("      done in 0.6")
+    assert step.summary("bundle x", []).startswith("bundle x: 0 files, 0 B, in ")
+    assert "(exporting 0.6 s, packing 0.0 s)" in step.summary("bundle x", [])
 
 
 def test_build_rejects_bad_options_before_work(tiny_hf_path: Path, tmp_path: Path) -> None:

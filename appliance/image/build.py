@@ -136,6 +136,7 @@ def _build(arch: str, firmware: Path, out: Path, trusted_keys: Path, mirror: str
     sums = out / "SHA256SUMS"
     sums.write_text("".join(f"{sha256_file(p)}  {p.name}\n" for p in (tar, ext4, img, manifest)))
     step.done(t)
+    progress(step.summary(f"image {stem}", [tar, ext4, img, manifest, sums]))
     return Image(out, root, tar, ext4, img, manifest, sums, not made)
 
 
