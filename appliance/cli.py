@@ -237,8 +237,13 @@ def _load_config(path: Path | None):  # type: ignore[no-untyped-def]
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from appliance.daemon import serve
+    from appliance.engine.errors import ProviderError
 
-    return serve(args.config)
+    try:
+        return serve(args.config)
+    except ProviderError as exc:  # a GPU session that is not what was asked for: refuse to serve on it
+        print(f"zerolayer: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -357,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     except DaemonUnreachable as exc:
         print(f"zerolayer: {exc}", file=sys.stderr)
         return 1
+
     except KeyboardInterrupt:
         return 130
 

@@ -80,6 +80,8 @@ class EngineSection:
     kv_cache_mb: int = setting(0, "KV cache of the running requests per device, in MiB; admission counts prompt + "
                                   "max_tokens against it; 0: every slot at the model's full context")  # fmt: skip
     threads: int = setting(0, 'ONNX Runtime intra-op threads; 0: one per CPU')
+    tensorrt: bool = setting(False, 'run GPU sessions through TensorRT (libnvinfer must be installed); CUDA alone '
+                                    'otherwise')  # fmt: skip
 
 
 @dataclass(frozen=True)

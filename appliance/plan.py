@@ -62,6 +62,7 @@ def engine_config(config: Config, bundle: firmware.Bundle) -> EngineConfig:
         kv_cache_bytes=config.engine.kv_cache_mb << 20,
         max_queued=config.limits.max_queued,
         intra_op_threads=config.engine.threads,
+        tensorrt=config.engine.tensorrt,
     )
 
 

@@ -45,6 +45,7 @@ class EngineConfig:
     kv_cache_bytes: int = 0  # KV budget per device; 0: room for every slot at the model's full context
     max_queued: int = 64
     intra_op_threads: int = 0  # 0: one per CPU
+    tensorrt: bool = False  # GPU sessions through TensorRT (asked for, and loadable, or the daemon refuses)
 
 
 class Stream:
@@ -343,7 +344,8 @@ class Engine:
         self.on_fallback = on_fallback
         for device in devices:
             session = ModelSession(bundle, device, intra_op_threads=self.config.intra_op_threads,
-                                   cuda_options=cuda_options if device.startswith("cuda") else None)  # fmt: skip
+                                   cuda_options=cuda_options if device.startswith("cuda") else None,
+                                   tensorrt=self.config.tensorrt)  # fmt: skip
             self.workers[device] = DeviceWorker(
                 session, self.config.max_active_per_device, self.kv_tokens(session), self.config.max_queued,
                 self.shard_policy.max_tokens_per_shard, recover=self._recover,

@@ -23,3 +23,7 @@ class EngineBusy(EngineError):
 
 class EngineStopped(EngineError):
     """The engine is stopping (or stopped) and takes no more work."""
+
+
+class ProviderError(EngineError):
+    """A device's session did not get the execution provider, or the options, it was built with."""

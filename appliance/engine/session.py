@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from appliance.engine.providers import providers_for, usable_cuda_devices, verify
 from firmware import Bundle
 
 log = logging.getLogger(__name__)
@@ -30,23 +31,8 @@ _ORT_TO_NUMPY = {
 
 
 def available_devices() -> list[str]:
-    """'cpu' always; 'cuda:0' when this onnxruntime build has the CUDA provider."""
-    providers = ort.get_available_providers()
-    return ["cpu", *(["cuda:0"] if "CUDAExecutionProvider" in providers else [])]
-
-
-def _providers(device: str, cuda_options: dict[str, str] | None) -> list[str | tuple[str, dict[str, str]]]:
-    if device == "cpu" or device.startswith("cpu:"):  # "cpu:N": another CPU session (tests, spare)
-        return ["CPUExecutionProvider"]
-    if device.startswith("cuda"):
-        index = device.partition(":")[2] or "0"
-        opts = {"device_id": index, **(cuda_options or {})}
-        providers: list[str | tuple[str, dict[str, str]]] = [("CUDAExecutionProvider", opts), "CPUExecutionProvider"]
-        if "TensorrtExecutionProvider" in ort.get_available_providers():
-            # TensorRT where present; nodes it cannot take fall back to CUDA, then the CPU.
-            providers.insert(0, ("TensorrtExecutionProvider", {"device_id": index, "trt_engine_cache_enable": "True"}))
-        return providers
-    raise ValueError(f"unknown device {device!r}: use 'cpu' or 'cuda:N'")
+    """'cpu' always; 'cuda:0' when a CUDA session can really be made here."""
+    return ["cpu", *usable_cuda_devices()]
 
 
 def last_position_logits_model(onnx_path: Path) -> bytes | None:
@@ -180,6 +166,7 @@ class ModelSession:
         intra_op_threads: int = 0,
         last_position_logits: bool = True,
         cuda_options: dict[str, str] | None = None,
+        tensorrt: bool = False,
     ) -> None:
         self.bundle = bundle
         self.device = device
@@ -201,7 +188,9 @@ class ModelSession:
                     "session.model_external_initializers_file_folder_path", str(bundle.root)
                 )
                 model, self.last_position_logits = edited, True
-        self.session = ort.InferenceSession(model, opts, providers=_providers(device, cuda_options))
+        providers = providers_for(device, cuda_options, tensorrt)
+        self.session = ort.InferenceSession(model, opts, providers=providers)
+        verify(self.session, device, providers)  # ORT drops a provider it cannot load, and its options
         inputs = {i.name: i for i in self.session.get_inputs()}
         past0 = inputs[self.facts.past_key_name % 0]
         if past0.type not in _ORT_TO_NUMPY or past0.type == "tensor(bfloat16)":
