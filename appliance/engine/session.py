@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from appliance.engine.kv_copy import CudaCopy, read_row, write_row
 from appliance.engine.providers import providers_for, usable_cuda_devices, verify
 from firmware import Bundle
 
@@ -98,6 +99,7 @@ class KVSlots:
                             for _ in range(f.num_layers)]  # fmt: skip
             self.pointers = [(k.data_ptr(), v.data_ptr()) for k, v in self._values]
         self.bindings: dict[tuple[int, int], ort.IOBinding] = {}  # (first row, rows) -> KV bound once
+        self._cuda: CudaCopy | None = None  # partial copies to and from device rows, made on first use
 
     def _mapped(self) -> np.ndarray:
         size = max(1, self.rows * self.row_bytes)
@@ -121,27 +123,33 @@ class KVSlots:
             for mapping in self._maps:
                 mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
 
-    def arrays(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies (device) or the arrays themselves (CPU) of one layer's buffers."""
+    def read(self, layer: int, row: int, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """A row's first `tokens` positions of one layer, [kv_heads, tokens, head_size]: views on the
+        CPU; on a GPU, host copies of just those positions."""
         if self.host is not None:
-            return self.host[layer]
-        k, v = self._values[layer]
-        return k.numpy(), v.numpy()
+            hk, hv = self.host[layer]
+            return hk[row, :, :tokens], hv[row, :, :tokens]
+        k, v = self.pointers[layer]
+        dtype = np.dtype(self.dtype)
+        return (read_row(k, self.shape, dtype, row, tokens, self._copy()),
+                read_row(v, self.shape, dtype, row, tokens, self._copy()))  # fmt: skip
 
     def write(self, layer: int, row: int, keys: np.ndarray, values: np.ndarray) -> None:
-        """Put [kv_heads, tokens, head_size] arrays at the start of a row."""
+        """Put [kv_heads, tokens, head_size] arrays at the start of a row (only those positions)."""
         tokens = keys.shape[1]
         if self.host is not None:
             hk, hv = self.host[layer]
             hk[row, :, :tokens] = keys
             hv[row, :, :tokens] = values
             return
-        k, v = self._values[layer]  # no partial copy to a device buffer from Python: round-trip it
-        hk, hv = k.numpy(), v.numpy()
-        hk[row, :, :tokens] = keys
-        hv[row, :, :tokens] = values
-        k.update_inplace(hk)
-        v.update_inplace(hv)
+        k, v = self.pointers[layer]
+        write_row(k, self.shape, row, keys.astype(self.dtype, copy=False), self._copy())
+        write_row(v, self.shape, row, values.astype(self.dtype, copy=False), self._copy())
+
+    def _copy(self) -> CudaCopy:
+        if self._cuda is None:
+            self._cuda = CudaCopy()
+        return self._cuda
 
 
 @dataclass
@@ -270,11 +278,7 @@ class ModelSession:
 
     def export_prefix(self, cache: KVCache, tokens: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """KV of the first `tokens` positions, as host arrays [kv_heads, tokens, head_size] (views on CPU)."""
-        out = []
-        for layer in range(self.facts.num_layers):
-            k, v = cache.slots.arrays(layer)
-            out.append((k[cache.row, :, :tokens], v[cache.row, :, :tokens]))
-        return out
+        return [cache.slots.read(layer, cache.row, tokens) for layer in range(self.facts.num_layers)]
 
     def import_prefix(self, cache: KVCache, kv: list[tuple[np.ndarray, np.ndarray]], tokens: int) -> None:
         for layer, (k, v) in enumerate(kv):
