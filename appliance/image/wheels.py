@@ -27,12 +27,20 @@ MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
 FROM_DEBIAN = {"systemd-python"}
 
 
+# The image's ONNX Runtime: the CPU build (the extra that pulls it; see pyproject.toml).
+RUNTIME_EXTRA = "cpu"
+
+
 def runtime_requirements() -> list[str]:
-    """Zerolayer's own dependencies, without extras (no torch, transformers, test tools)."""
+    """Zerolayer's own dependencies and its ONNX Runtime, without the other extras (no torch,
+    transformers, test tools)."""
     found = []
     for req in importlib.metadata.requires("zerolayer") or []:
-        if "extra ==" in req:
-            continue
+        requirement, _, marker = req.partition(";")
+        if "extra ==" in marker:
+            if marker.strip() != f'extra == "{RUNTIME_EXTRA}"':
+                continue
+            req = requirement.strip()
         name = re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0]
         if _norm(name) not in FROM_DEBIAN:
             found.append(req)
@@ -40,8 +48,9 @@ def runtime_requirements() -> list[str]:
 
 
 def to_install() -> list[str]:
-    """What `pip install` in the root asks for: zerolayer (its dependencies come with it)."""
-    return ["zerolayer"]
+    """What `pip install` in the root asks for: zerolayer with its ONNX Runtime (its dependencies
+    come with it)."""
+    return [f"zerolayer[{RUNTIME_EXTRA}]"]
 
 
 def pins() -> list[str]:
