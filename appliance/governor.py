@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +43,32 @@ class NoGpuProbe:
         return []
 
 
+def cuda_to_nvml(visible: str | None, uuids: list[str]) -> list[int]:
+    """NVML's index for each CUDA ordinal. NVML numbers GPUs in PCI bus order and ignores
+    CUDA_VISIBLE_DEVICES; CUDA numbers the visible ones, in PCI bus order once CUDA_DEVICE_ORDER is
+    PCI_BUS_ID (the daemon sets it before CUDA starts; CUDA's own default puts the fastest first).
+    `uuids`: NVML's GPU UUIDs by index. An entry that names no GPU ends the list, as it ends CUDA's."""
+    if visible is None:
+        return list(range(len(uuids)))
+    out: list[int] = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.isdigit():
+            index = int(entry)
+            if index >= len(uuids):
+                break
+        else:  # a UUID, or a unique prefix of one ("GPU-5b3e"); MIG instances are not mapped
+            found = [i for i, uuid in enumerate(uuids) if entry and uuid.startswith(entry)]
+            if len(found) != 1:
+                break
+            index = found[0]
+        if index in out:
+            break
+        out.append(index)
+    return out
+
+
 class NvmlProbe:
-    """Used/total per GPU through nvidia-ml-py."""
+    """Used/total per GPU through nvidia-ml-py, named by the CUDA ordinal the engine uses."""
 
     kind = "nvml"
 
@@ -52,13 +77,15 @@ class NvmlProbe:
 
         pynvml.nvmlInit()  # raises NVMLError_LibraryNotFound where there is no driver
         self._nvml = pynvml
-        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        uuids = [str(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
+        self._handles = [handles[i] for i in cuda_to_nvml(os.environ.get("CUDA_VISIBLE_DEVICES"), uuids)]
 
     def read(self) -> list[MemoryReading]:
         out = []
-        for i, h in enumerate(self._handles):
+        for ordinal, h in enumerate(self._handles):
             info = self._nvml.nvmlDeviceGetMemoryInfo(h)
-            out.append(MemoryReading(f"cuda:{i}", int(info.used), int(info.total)))
+            out.append(MemoryReading(f"cuda:{ordinal}", int(info.used), int(info.total)))
         return out
 
 
@@ -215,8 +242,18 @@ def cuda_memory_limit(total_bytes: int, threshold: float) -> int:
     return int(total_bytes * threshold)
 
 
+# How running out of device memory reads at ONNX Runtime's run boundary: its arena, the CUDA
+# runtime (error 2 is cudaErrorMemoryAllocation), cuBLAS and cuDNN workspaces, and the host side.
+_ALLOCATION_FAILURES = (
+    "failed to allocate memory", "out of memory", "bfcarena", "cudaerrormemoryallocation",
+    "cuda failure 2:", "cublas_status_alloc_failed", "cudnn_status_alloc_failed", "std::bad_alloc",
+    "available memory of", "memory allocation failed",
+)  # fmt: skip
+
+
 def is_allocation_failure(exc: BaseException) -> bool:
     """ONNX Runtime's out-of-memory, as it surfaces at the run boundary."""
+    if isinstance(exc, MemoryError):
+        return True
     text = str(exc).lower()
-    signs = ("failed to allocate memory", "out of memory", "bfcarena", "cudaerrormemoryallocation")
-    return any(s in text for s in signs)
+    return any(sign in text for sign in _ALLOCATION_FAILURES)

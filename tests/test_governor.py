@@ -243,3 +243,34 @@ def test_debug_and_status_against_a_running_daemon(tiny_bundle_path: Path, trust
             assert expected in status.stdout, status.stdout
     finally:
         running.stop()
+
+
+def test_cuda_ordinals_map_to_nvml_indexes_through_cuda_visible_devices() -> None:
+    from appliance.governor import cuda_to_nvml
+
+    uuids = ["GPU-aaaa-1111", "GPU-bbbb-2222", "GPU-cccc-3333"]
+    assert cuda_to_nvml(None, uuids) == [0, 1, 2]
+    assert cuda_to_nvml("2,0", uuids) == [2, 0]  # cuda:0 is NVML's GPU 2
+    assert cuda_to_nvml("GPU-bbbb", uuids) == [1]  # a unique UUID prefix
+    assert cuda_to_nvml("1,7,0", uuids) == [1]  # CUDA stops at the first entry that names no GPU
+    assert cuda_to_nvml("GPU-", uuids) == [] and cuda_to_nvml("", uuids) == []  # ambiguous, empty
+    assert cuda_to_nvml("0,0", uuids) == [0]  # a repeat ends the list too
+
+
+def test_every_form_of_device_out_of_memory_is_recognised() -> None:
+    from appliance.governor import is_allocation_failure
+
+    recorded = [  # as ONNX Runtime has raised them at the run boundary
+        "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while running MatMul node. "
+        "Name:'/model/layers.0/attn/MatMul' Status Message: /onnxruntime_src/onnxruntime/core/framework/bfc_arena.cc:"
+        "376 void* onnxruntime::BFCArena::AllocateRawInternal(size_t, bool, onnxruntime::Stream*, bool, "
+        "onnxruntime::WaitNotificationFn) Failed to allocate memory for requested buffer of size 1073741824",
+        "CUDA failure 2: out of memory ; GPU=0 ; hostname=box ; file=cuda_allocator.cc ; line=47",
+        "CUBLAS failure 3: CUBLAS_STATUS_ALLOC_FAILED ; GPU=0",
+        "CUDNN failure 2: CUDNN_STATUS_ALLOC_FAILED ; GPU=0",
+        "std::bad_alloc",
+        "Available memory of 0 is smaller than requested bytes of 4194304",
+    ]  # fmt: skip
+    assert all(is_allocation_failure(RuntimeError(m)) for m in recorded)
+    assert is_allocation_failure(MemoryError())
+    assert not is_allocation_failure(RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : wrong shape"))

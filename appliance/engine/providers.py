@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes.util
 import logging
+import os
 from typing import Any
 
 import onnxruntime as ort
@@ -78,6 +79,10 @@ def usable_cuda_devices() -> list[str]:
     nvidia-* wheels install, where this ONNX Runtime can (onnxruntime.preload_dlls)."""
     if CUDA not in ort.get_available_providers():
         return []
+    # CUDA's ordinals in PCI bus order, as NVML numbers GPUs: the governor reads the GPU it places on.
+    order = os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    if order != "PCI_BUS_ID":
+        log.warning("CUDA_DEVICE_ORDER=%s: GPU memory readings may name another GPU than cuda:N", order)
     preload = getattr(ort, "preload_dlls", None)
     if preload is not None:
         try:
