@@ -245,6 +245,7 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
             gguf_to_hf(source, hf_dir)
             step.done(t)
         if kind in ("gguf", "hf"):
+            refuse_unsupported_attention(hf_dir)
             t = step(f"exporting to ONNX ({options.precision}, {options.target}) with the model builder")
             genai_dir = work / "onnx"
             run_model_builder(hf_dir, genai_dir, options.precision, options.target, work / "cache")
@@ -267,6 +268,23 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
             step.done(t)
     progress(step.summary(f"bundle {name} {options.version}", sorted(out_dir.iterdir())))
     return manifest
+
+
+def refuse_unsupported_attention(hf_dir: Path) -> None:
+    """Sliding-window attention narrower than the context: the engine attends to every position, so
+    answers past the window would differ from the model's (measured: logits off by 1.8 at 57 tokens
+    with a window of 16). Refuse it before the export rather than ship a bundle that is wrong."""
+    config_file = hf_dir / "config.json"
+    if not config_file.is_file():
+        return
+    config = json.loads(config_file.read_text())
+    config = config.get("text_config", config)  # multimodal configs nest the language model's
+    window = config.get("sliding_window")
+    context = config.get("max_position_embeddings")
+    if isinstance(window, int) and isinstance(context, int) and window < context:
+        raise BundleError(f"{hf_dir.name}: sliding-window attention (a window of {window} positions in a context of "
+                          f"{context}) is not supported by the engine yet; its answers past {window} positions would "
+                          "differ from the model's")  # fmt: skip
 
 
 def check_loads(bundle_dir: Path) -> None:
