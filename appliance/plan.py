@@ -86,10 +86,17 @@ def make_plan(config: Config, bundle: firmware.Bundle, host: HostFacts) -> Plan:
         problems += exc.problems
     if problems or engine is None or governor is None:
         raise ConfigError(problems)
-    devices = tuple(sorted(host.devices, key=lambda d: d == "cpu"))  # GPU first when there is one
-    gpu = next((d for d in devices if d != "cpu"), None)
     notes = []
-    if gpu is None:
+    devices = tuple(sorted(host.devices, key=lambda d: d == "cpu"))  # GPU first when there is one
+    target = bundle.manifest.source.get("target", "cpu")
+    if target != "cuda" and any(d != "cpu" for d in devices):
+        # A CPU graph on a GPU runs attention on the CPU provider (CUDA's GroupQueryAttention takes
+        # fp16/bf16 only) with the KV cache copied across every step: slower than the CPU alone.
+        notes.append(f"the firmware was built for target {target}, not cuda: serving on the CPU; build it with "
+                     f"--target cuda to use {', '.join(d for d in devices if d != 'cpu')}")  # fmt: skip
+        devices = ("cpu",)
+    gpu = next((d for d in devices if d != "cpu"), None)
+    if gpu is None and not notes:
         notes.append("no GPU execution provider in this onnxruntime build: serving on the CPU only")
         if host.gpu_memory is not None:
             notes.append(f"{host.probe} reports GPU memory but this onnxruntime has no GPU provider: CPU only")

@@ -3,6 +3,7 @@ constant's rule in one place."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,23 @@ def test_defaults_take_the_baked_values(bundle: firmware.Bundle, tmp_path: Path)
     assert plan.notes and "CPU only" in plan.notes[0]
 
 
+def _cuda_target(bundle: firmware.Bundle) -> firmware.Bundle:
+    """The same bundle as if it had been built with --target cuda."""
+    manifest = dataclasses.replace(bundle.manifest, source={**bundle.manifest.source, "target": "cuda"})
+    return dataclasses.replace(bundle, manifest=manifest)
+
+
+def test_a_cpu_graph_is_not_run_on_a_gpu(bundle: firmware.Bundle, tmp_path: Path) -> None:
+    assert bundle.manifest.source["target"] == "cpu"
+    plan = make_plan(_config(tmp_path), bundle, HostFacts(("cpu", "cuda:0"), "nvml", gpu_memory=80 << 30))
+    assert plan.devices == ("cpu",) and plan.gpu_device is None and plan.cuda_options is None
+    assert plan.notes == ("the firmware was built for target cpu, not cuda: serving on the CPU; build it with "
+                          "--target cuda to use cuda:0",)  # fmt: skip
+
+
 def test_a_gpu_host_runs_the_gpu_first_with_its_arena_capped_at_the_threshold(bundle: firmware.Bundle,
                                                                                 tmp_path: Path) -> None:  # fmt: skip
+    bundle = _cuda_target(bundle)
     plan = make_plan(_config(tmp_path, "[governor]\nthreshold = 0.5\n"), bundle,
                      HostFacts(("cpu", "cuda:0"), "nvml", gpu_memory=80 << 30))  # fmt: skip
     assert plan.devices == ("cuda:0", "cpu") and plan.gpu_device == "cuda:0" and plan.cpu_device == "cpu"
@@ -57,6 +73,7 @@ def test_a_gpu_host_runs_the_gpu_first_with_its_arena_capped_at_the_threshold(bu
 
 
 def test_jetson_sheds_instead_of_moving_work_to_the_cpu(bundle: firmware.Bundle, tmp_path: Path) -> None:
+    bundle = _cuda_target(bundle)
     plan = make_plan(_config(tmp_path), bundle, HostFacts(("cpu", "cuda:0"), "jetson", gpu_memory=8 << 30))
     assert plan.governor.policy == "shed"
     cpu = make_plan(_config(tmp_path, '[governor]\npolicy = "cpu"\n'), bundle,
