@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--mirror", help="Debian mirror URL (default: the one this machine's apt sources name)")
     i.set_defaults(func=cmd_image_build)
 
+    p = sub.add_parser("install", help="lay out and start the appliance on this Debian/Ubuntu host (as root; "
+                       "scripts/install.sh makes the virtualenv and runs this)")  # fmt: skip
+    p.add_argument("--firmware", type=Path, required=True, help="the signed bundle to serve")
+    p.add_argument("--trusted-keys", type=Path, required=True, help="directory of *.pub keys the box trusts")
+    p.add_argument("--no-start", action="store_true", help="enable the units, start nothing")
+    p.set_defaults(func=cmd_install)
+
     p = sub.add_parser("run-demo", help="build the demo firmware once, then serve it on localhost")
     p.add_argument("--port", type=int, default=8443)
     p.set_defaults(func=cmd_run_demo)
@@ -281,6 +288,24 @@ def cmd_dev_cert(args: argparse.Namespace) -> int:
 
     cert = make_dev_cert(args.out, args.host or DEV_HOSTS)
     print(f"CA (give it to clients): {cert.ca_cert}\nserver certificate: {cert.cert}\nserver key: {cert.key}")
+    return 0
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    import os
+
+    from appliance.install import install_host
+
+    if os.geteuid() != 0:
+        print("zerolayer: install needs root (users, units, /etc/zerolayer): run it with sudo", file=sys.stderr)
+        return 77  # EX_NOPERM
+    try:
+        key = install_host(args.firmware, args.trusted_keys, start=not args.no_start)
+    except (RuntimeError, FileNotFoundError, LookupError) as exc:
+        print(f"zerolayer: install failed: {exc}", file=sys.stderr)
+        return 1
+    if key is not None:
+        print(f"API key (shown once; `zerolayer keys add NAME` makes more): {key}")
     return 0
 
 

@@ -38,3 +38,21 @@ def anthropic_client(running: RunningDaemon, setup: DevSetup, unix: bool = False
 def openai_client(running: RunningDaemon, setup: DevSetup, unix: bool = False) -> openai.OpenAI:
     client, origin, key = _http(running, setup, unix)
     return openai.OpenAI(base_url=f"{origin}/v1", api_key=key, http_client=client, max_retries=0)
+
+
+# A client inside the box: the image's own Python, over the daemon's Unix socket.
+BOX_CLIENT = r"""
+import http.client, json, socket, sys
+class Unix(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect("/run/zerolayer/api.sock")
+conn = Unix("localhost", timeout=60)
+try:
+    conn.request(sys.argv[1], sys.argv[2], body=sys.argv[3] if len(sys.argv) > 3 else None,
+                 headers={"content-type": "application/json", "anthropic-version": "2023-06-01"})
+except BrokenPipeError:  # a 413 is answered from the headers, and the socket closed mid-body;
+    pass                 # on a Unix socket the answer stays readable
+reply = conn.getresponse()
+print(json.dumps({"status": reply.status, "body": reply.read().decode()}))
+"""

@@ -68,6 +68,19 @@ def tiny(tiny_bundle_path: Path, trusted_keys: Path, tmp_path_factory: pytest.Te
     running.stop()
 
 
+@pytest.fixture(scope="module")
+def work(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A folder under /var/tmp for a module that builds a Debian root (gigabytes, device nodes):
+    removed at the end rather than kept as pytest keeps its temporary folders."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix=f"zerolayer-{request.module.__name__}-", dir="/var/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture()
 def tiny_copy(tiny_bundle_path: Path, tmp_path: Path) -> Path:
     """A private copy of the tiny bundle to tamper with."""

@@ -14,12 +14,12 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from clients import BOX_CLIENT
 
 from appliance.image.boot import Container, booted
 from appliance.image.build import Image, build_image
@@ -27,22 +27,6 @@ from firmware.devkit import resigned_copy
 from firmware.paths import cache_dir
 
 SERVICE = "zerolayer.service"
-# A client inside the box: the image's own Python, over the daemon's Unix socket.
-CLIENT = r"""
-import http.client, json, socket, sys
-class Unix(http.client.HTTPConnection):
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.connect("/run/zerolayer/api.sock")
-conn = Unix("localhost", timeout=60)
-try:
-    conn.request(sys.argv[1], sys.argv[2], body=sys.argv[3] if len(sys.argv) > 3 else None,
-                 headers={"content-type": "application/json", "anthropic-version": "2023-06-01"})
-except BrokenPipeError:  # a 413 is answered from the headers, and the socket closed mid-body;
-    pass                 # on a Unix socket the answer stays readable
-reply = conn.getresponse()
-print(json.dumps({"status": reply.status, "body": reply.read().decode()}))
-"""
 MESSAGE = {"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -52,16 +36,6 @@ def test_image_tools_are_installed() -> None:
                if shutil.which(t) is None]  # fmt: skip
     assert not missing, f"missing {missing}: make setup-test"
     assert os.geteuid() == 0, "the image build needs root (debootstrap, file owners, nspawn)"
-
-
-@pytest.fixture(scope="module")
-def work() -> Iterator[Path]:
-    """About 2.5 GB: removed at the end rather than kept as pytest keeps its temporary folders."""
-    path = Path(tempfile.mkdtemp(prefix="zerolayer-image-test-", dir="/var/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +98,7 @@ def _wait_active(box: Container, timeout: float, since_restarts: int | None = No
 
 
 def _call(box: Container, method: str, path: str, body: object = None) -> tuple[int, str]:
-    argv = ["/opt/zerolayer/bin/python", "-c", CLIENT, method, path]
+    argv = ["/opt/zerolayer/bin/python", "-c", BOX_CLIENT, method, path]
     if body is not None:
         argv.append(json.dumps(body))
     reply = json.loads(box.run(argv, timeout=120).stdout)

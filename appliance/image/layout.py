@@ -16,9 +16,12 @@ from firmware.bundle import verify
 from firmware.install import install
 from firmware.signing import load_trusted_keys
 
-REPO = Path(__file__).resolve().parents[2]
+# The source checkout the units and image files come from: this package's own, or the one
+# scripts/install.sh runs from (an installed wheel holds neither).
+REPO = Path(os.environ.get("ZEROLAYER_SOURCE") or Path(__file__).resolve().parents[2])
 SYSTEMD_SRC = REPO / "systemd"
 IMAGE_FILES = REPO / "image" / "files"  # copied into the root as they are
+TLS_INIT = IMAGE_FILES / "usr/lib/systemd/system/zerolayer-tls-init.service"  # a certificate on first start
 UNITS = ("zerolayer.service", "zerolayer-quic.socket", "zerolayer-tcp.socket", "zerolayer-unix.socket")
 # Enabled from the preset file in image/files (what the first boot's preset-all applies too).
 ENABLED = (*UNITS, "zerolayer-tls-init.service")
@@ -43,12 +46,16 @@ def check_sources() -> None:
                                 "checkout of Zerolayer (make image, or `zerolayer image build` in one)")
 
 
-def populate(root: Path, firmware: Path, trusted_keys: Path) -> Installed:
-    """Put everything but the virtualenv into root (the venv needs the root's own Python)."""
+def install_appliance(root: Path, firmware: Path, trusted_keys: Path) -> Installed:
+    """What the daemon needs on any Debian root, an image's or a running host's: the units (with
+    the first-start certificate), the user, /etc/zerolayer (its config kept if there is one), the
+    API-key file, the trusted keys, the firmware and the `zerolayer` command on PATH."""
     check_sources()
-    manifest, signer = verify(firmware, trusted_keys)  # a bundle the box would refuse fails the build
+    manifest, signer = verify(firmware, trusted_keys)  # a bundle the box would refuse fails here
     install_units(root)
-    shutil.copytree(IMAGE_FILES, root, dirs_exist_ok=True, symlinks=True)
+    tls_init = root / "usr/lib/systemd/system" / TLS_INIT.name
+    shutil.copy(TLS_INIT, tls_init)
+    tls_init.chmod(0o644)
     _run("systemd-sysusers", f"--root={root}", root / "usr/lib/sysusers.d/zerolayer.conf")
     gid = group_id(root, "zerolayer")
     etc = root / "etc/zerolayer"
@@ -57,7 +64,8 @@ def populate(root: Path, firmware: Path, trusted_keys: Path) -> Installed:
         d.mkdir(parents=True, exist_ok=True)
         os.chown(d, 0, gid)
         d.chmod(0o750)
-    (etc / "zerolayer.toml").write_text(default_config_text())
+    if not (etc / "zerolayer.toml").exists():
+        (etc / "zerolayer.toml").write_text(default_config_text())
     # `zerolayer keys add` appends to this file and keeps its mode, so the daemon can read keys added later.
     keys = etc / "api-keys"
     keys.touch()
@@ -66,20 +74,28 @@ def populate(root: Path, firmware: Path, trusted_keys: Path) -> Installed:
     for pub in sorted(Path(trusted_keys).glob("*.pub")):
         shutil.copy(pub, etc / "trusted-keys" / pub.name)
         (etc / "trusted-keys" / pub.name).chmod(0o644)
-    switched = install(firmware, trusted_keys, lambda: "image build: no daemon to restart", root / STORE)
-    enable(root)
-    empty_machine_id(root)
+    switched = install(firmware, trusted_keys, lambda: "install: the daemon is (re)started after", root / STORE)
     local_bin = root / "usr/local/bin"
     local_bin.mkdir(parents=True, exist_ok=True)
     (local_bin / "zerolayer").unlink(missing_ok=True)
     (local_bin / "zerolayer").symlink_to(f"{VENV}/bin/zerolayer")
+    return Installed(switched.current, manifest.name, manifest.version, signer,
+                     tuple(sorted(load_trusted_keys(trusted_keys))))  # fmt: skip
+
+
+def populate(root: Path, firmware: Path, trusted_keys: Path) -> Installed:
+    """An image's root: the appliance, and what makes a root a box of its own (DHCP on every
+    interface, the presets applied, an empty machine-id, its hostname, no resolver)."""
+    shutil.copytree(IMAGE_FILES, root, dirs_exist_ok=True, symlinks=True)
+    installed = install_appliance(root, firmware, trusted_keys)
+    enable(root)
+    empty_machine_id(root)
     (root / "etc/hostname").write_text("zerolayer\n")
     # debootstrap copied the build machine's resolver here; the box resolves no names of its own.
     resolv = root / "etc/resolv.conf"
     resolv.unlink(missing_ok=True)
     resolv.write_text("# Zerolayer looks up no names. DHCP (systemd-networkd) does not write this file.\n")
-    return Installed(switched.current, manifest.name, manifest.version, signer,
-                     tuple(sorted(load_trusted_keys(trusted_keys))))  # fmt: skip
+    return installed
 
 
 def install_units(root: Path) -> None:

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Install Zerolayer on this Debian 12 (or Ubuntu 22.04+) host, as root:
+#   scripts/install.sh --firmware BUNDLE --trusted-keys DIR [--wheelhouse DIR] [--no-start]
+# The virtualenv /opt/zerolayer (from this checkout, or offline from a wheelhouse such as the image
+# build's), then `zerolayer install` for the rest: user, units, /etc/zerolayer, firmware, a first
+# API key (printed once), and the service started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PREFIX=/opt/zerolayer
+wheelhouse=""
+args=()
+while (($#)); do
+    case "$1" in
+        --wheelhouse) wheelhouse="$2"; shift 2 ;;
+        *) args+=("$1"); shift ;;
+    esac
+done
+[[ $EUID -eq 0 ]] || { echo "install: run it as root (sudo $0 ...)" >&2; exit 77; }
+# The daemon's system packages: Python with venv, its systemd bindings, and libbpf.
+missing=()
+for pkg in python3 python3-venv python3-systemd libbpf1; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    echo "install: apt packages: ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+[[ -x "$PREFIX/bin/python" ]] || python3 -m venv --system-site-packages "$PREFIX"  # systemd-python from Debian
+if [[ -n "$wheelhouse" ]]; then
+    "$PREFIX/bin/pip" install -q --no-index --disable-pip-version-check --find-links "$wheelhouse" "zerolayer[cpu]"
+else
+    "$PREFIX/bin/pip" install -q --disable-pip-version-check ".[cpu]"
+fi
+ZEROLAYER_SOURCE="$PWD" exec "$PREFIX/bin/zerolayer" install "${args[@]}"  # the units come from here

@@ -1,0 +1,55 @@
+"""`scripts/install.sh` on a plain Debian 12 root (the image build's cached debootstrap base, with
+nothing of ours in it): it makes the virtualenv offline from a wheelhouse and runs `zerolayer
+install`; booted with systemd as PID 1, the service then comes up on its own through READY=1,
+answers over its Unix socket, and `systemd-analyze verify` has nothing to say about its units."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from clients import BOX_CLIENT
+
+from appliance.image import rootfs, sources, wheels
+from appliance.image.boot import booted
+from appliance.image.layout import REPO
+from firmware.paths import cache_dir
+
+
+def test_install_script_brings_a_plain_debian_root_to_a_ready_service(work: Path, tiny_bundle_path: Path,
+                                                                       trusted_keys: Path) -> None:  # fmt: skip
+    found = sources.read_sources()
+    mirror = sources.debian_mirror(found, rootfs.SUITE)
+    try:
+        security: str | None = sources.debian_mirror(found, f"{rootfs.SUITE}-security")
+    except LookupError:
+        security = None
+    base, _ = rootfs.base_root("amd64", mirror, security, cache_dir())
+    root = work / "root"
+    rootfs.copy_root(base, root)
+    assert not (root / "opt/zerolayer").exists() and not (root / "etc/zerolayer").exists()  # a plain host
+    house = work / "wheelhouse"
+    wheels.build_wheelhouse(house, "amd64", cache_dir() / "image" / "pip")
+    out = rootfs.run_in(root, ["bash", "/src/scripts/install.sh", "--wheelhouse", "/mnt/wheelhouse",
+                               "--firmware", "/mnt/firmware", "--trusted-keys", "/mnt/keys"],
+                        binds=[(REPO, "/src"), (house, "/mnt/wheelhouse"), (tiny_bundle_path, "/mnt/firmware"),
+                               (trusted_keys, "/mnt/keys")])  # fmt: skip
+    assert "installed firmware tiny-llama" in out and "API key (shown once" in out, out
+    with booted(root, "zerolayer-install", work / "console.log") as box:
+        deadline = time.monotonic() + 90
+        state = ""
+        while time.monotonic() < deadline:
+            state = box.systemctl("show", "-p", "ActiveState", "--value", "zerolayer.service").strip()
+            if state == "active":
+                break
+            time.sleep(0.2)
+        journal = box.run(["journalctl", "-b", "-u", "zerolayer.service", "--no-pager", "-n", "30"],
+                          check=False).stdout  # fmt: skip
+        assert state == "active", journal
+        ask = ["/opt/zerolayer/bin/python", "-c", BOX_CLIENT, "GET", "/readyz"]
+        reply = json.loads(box.run(ask, timeout=60).stdout)
+        assert reply["status"] == 200, reply
+        verify = box.run(["systemd-analyze", "verify", "zerolayer.service", "zerolayer-tls-init.service"],
+                         check=False)  # fmt: skip
+        assert verify.returncode == 0 and not (verify.stdout + verify.stderr).strip(), verify.stdout + verify.stderr
