@@ -114,3 +114,26 @@ def test_every_readme_example_runs_as_written_and_prints_what_it_says(
     finally:
         running.stop()
     assert sum(lang == "python" for lang, _ in examples) >= 7 and len(examples) >= 9  # none lost to a typo
+
+
+@pytest.mark.demo
+def test_the_firmware_example_builds_signs_and_verifies_a_bundle(tmp_path: Path) -> None:
+    """The README's firmware commands, as written, in an empty folder where `model.gguf` is the
+    demo's GGUF file (what a user would have downloaded)."""
+    import os
+    import subprocess
+    import sys
+
+    from firmware.demo import demo_gguf
+
+    (block,) = [code for lang, code in re.findall(r"```(sh)\n(.*?)```", README.read_text(), re.S)
+                if "zerolayer firmware keygen" in code]  # fmt: skip
+    (tmp_path / "model.gguf").symlink_to(demo_gguf())
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    assert "Traceback" not in done.stderr
+    assert "OK: model 1.0.0, 6 files, signed by key" in done.stdout, done.stdout  # the bundle verifies
+    assert "(verified against the trusted keys)" in done.stdout  # and inspect agrees
+    assert (tmp_path / "keys" / "signing.key").stat().st_mode & 0o777 == 0o600
