@@ -4,7 +4,6 @@ OpenAI dialect's."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 from appliance.api.dialect import Call
 from appliance.api.errors import ApiError
 from appliance.api.fields import get_bool, get_int, reject_unknown
-from appliance.api.openai import OpenAIDialect, common_fields, error_body, finish_reason, usage
+from appliance.api.openai import OpenAIDialect, StreamEncoder, common_fields, finish_reason, usage
 from appliance.api.tools import Answer, CallOut
 from appliance.engine import Finished, GenerationRequest
 from appliance.engine.request import MAX_TOP_LOGPROBS, TokenLogprob
@@ -76,27 +75,26 @@ def response(completion_id: str, model: str, call: Call, answer: Answer, done: F
                          "finish_reason": finish_reason(done)}], "usage": usage(done)}  # fmt: skip
 
 
-class CompletionStream:
-    """Engine events -> `text_completion` chunks, then `[DONE]`."""
+class CompletionStream(StreamEncoder):
+    """Engine events -> `text_completion` chunks; the usage chunk, `[DONE]`, the comments and the
+    errors are Chat Completions'."""
+
+    OBJECT = "text_completion"
 
     def __init__(self, completion_id: str, model: str, call: Call) -> None:
-        self.id, self.model, self.call = completion_id, model, call
-        self.created = int(time.time())
+        super().__init__(completion_id, model, call.include_usage)
+        self.echo = call.echo
         self.offset = len(call.echo)  # where the next token starts in the whole text
 
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        doc = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-               "choices": choices, **extra}  # fmt: skip
-        return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n".encode()
-
-    def _text(self, text: str, logprobs: dict[str, Any] | None = None, finish: str | None = None) -> bytes:
-        return self._chunk([{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}])
+    def _choice(self, text: str, logprobs: dict[str, Any] | None = None, finish: str | None = None
+                ) -> dict[str, Any]:  # fmt: skip
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
     def start(self) -> bytes:
-        return self._text(self.call.echo) if self.call.echo else b""
+        return self._chunk([self._choice(self.echo)]) if self.echo else b""
 
     def delta(self, text: str) -> bytes:
-        return self._text(text)
+        return self._chunk([self._choice(text)])
 
     def call_start(self, call: CallOut) -> bytes:
         return b""  # a plain completion has no tools
@@ -105,22 +103,12 @@ class CompletionStream:
         return b""
 
     def logprob(self, token: TokenLogprob) -> bytes:
-        out = self._text("", legacy_logprobs([token], self.offset))
+        out = self._chunk([self._choice("", legacy_logprobs([token], self.offset))])
         self.offset += len(token.token)
         return out
 
-    def debug(self, lines: list[str]) -> bytes:
-        """The decision trace as an SSE comment: clients that do not ask for it skip it."""
-        return b"".join(f": zerolayer-debug {line}\n".encode() for line in lines) + b"\n"
-
-    def finish(self, done: Finished) -> bytes:
-        out = self._text("", finish=finish_reason(done))
-        if self.call.include_usage:
-            out += self._chunk([], usage=usage(done))
-        return out + b"data: [DONE]\n\n"
-
-    def error(self, err: ApiError) -> bytes:
-        return b"data: " + error_body(err) + b"\n\n"
+    def _last(self, done: Finished) -> dict[str, Any]:
+        return self._choice("", finish=finish_reason(done))
 
 
 class CompletionsDialect(OpenAIDialect):

@@ -8,7 +8,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.api import dialect
 from appliance.api.dialect import Call, ModelInfo
 from appliance.api.errors import ApiError
 from appliance.api.fields import get_bool, get_int, get_number, get_str, reject_unknown, text_content
@@ -292,13 +291,17 @@ def usage(done: Finished) -> dict[str, int]:
 
 
 class StreamEncoder:
+    """Engine events -> Chat Completions chunks, then `[DONE]` (Completions' chunks subclass it)."""
+
+    OBJECT = "chat.completion.chunk"
+
     def __init__(self, completion_id: str, model: str, include_usage: bool) -> None:
         self.id, self.model, self.include_usage = completion_id, model, include_usage
         self.created = int(time.time())
         self.calls = 0
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        doc = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+        doc = {"id": self.id, "object": self.OBJECT, "created": self.created, "model": self.model,
                "choices": choices, **extra}  # fmt: skip
         return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n".encode()
 
@@ -325,8 +328,12 @@ class StreamEncoder:
         """The decision trace as an SSE comment: clients that do not ask for it skip it."""
         return b"".join(f": zerolayer-debug {line}\n".encode() for line in lines) + b"\n"
 
+    def _last(self, done: Finished) -> dict[str, Any]:
+        """The choice that carries the finish reason."""
+        return {"index": 0, "delta": {}, "finish_reason": finish_reason(done)}
+
     def finish(self, done: Finished) -> bytes:
-        out = self._chunk([{"index": 0, "delta": {}, "finish_reason": finish_reason(done)}])
+        out = self._chunk([self._last(done)])
         if self.include_usage:
             out += self._chunk([], usage=usage(done))
         return out + b"data: [DONE]\n\n"
@@ -356,7 +363,7 @@ class OpenAIDialect:
     def new_call(self, name: str) -> CallOut:
         return CallOut(new_call_id("call_"), name)
 
-    def stream(self, model: str, input_tokens: int, call: Call) -> dialect.StreamEncoder:
+    def stream(self, model: str, input_tokens: int, call: Call) -> StreamEncoder:
         return StreamEncoder(new_completion_id(), model, call.include_usage)
 
     def error_body(self, err: ApiError) -> bytes:
