@@ -11,7 +11,7 @@ from typing import Any
 
 from appliance.api.errors import ApiError
 from appliance.engine.request import TokenLogprob
-from appliance.engine.tools import MAX_PARALLEL_CALLS, Tool
+from appliance.engine.tools import Tool
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")  # what both APIs accept as a tool name
@@ -103,6 +103,3 @@ def arguments_text(value: Any, where: str, param: str) -> str:
         raise ApiError(400, f"{where}: must be an object", param=param)
     return json.dumps(value, ensure_ascii=False)
 
-
-__all__ = ["MAX_PARALLEL_CALLS", "Answer", "CallOut", "arguments_text", "check_tools", "make_tool", "new_call_id",
-           "schema_object", "tool_items"]  # fmt: skip

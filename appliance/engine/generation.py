@@ -59,7 +59,6 @@ class Generation:
         self.tokenizer = tokenizer
         self.decoder = StreamDecoder(tokenizer)
         self.stops = StopMatcher(request.stop_sequences)
-        self._logprob: TokenLogprob | None = None  # the last chosen token's, when the request asks
         self.cache: KVCache | None = None
         self.generated: list[int] = []
         self.next_token: int | None = None
@@ -131,7 +130,7 @@ class Generation:
             return []
         self.trace.prefill_ms = (time.perf_counter() - self._prefill_started) * 1000
         events: list[Event] = [Prefilled(self.trace)]
-        events.extend(self._accept(self._choose(logits)))
+        events.extend(self._step(logits))
         return events
 
     @property
@@ -145,22 +144,18 @@ class Generation:
         assert self.cache is not None
         self.cache.length += 1
         self.trace.record_token(step_ms)
-        return self._accept(self._choose(logits))
+        return self._step(logits)
 
     def _choose(self, logits: np.ndarray) -> int:
         """The next token: penalties, then the grammar's mask, then the sampler."""
         req = self.request
-        raw = logits
         if req.frequency_penalty or req.presence_penalty or req.repetition_penalty != 1.0:
             logits = penalize(logits, self.generated, self.prompt.ids, req.frequency_penalty, req.presence_penalty,
                               req.repetition_penalty)  # fmt: skip
         if self.constraint is None:
-            token = self.sampler(logits)
-        else:
-            token = self.sampler(self.constraint.apply(logits))
-            self.constraint.accept(token)
-        if req.logprobs is not None:
-            self._logprob = self._logprob_of(raw, token, req.logprobs)
+            return self.sampler(logits)
+        token = self.sampler(self.constraint.apply(logits))
+        self.constraint.accept(token)
         return token
 
     def _logprob_of(self, logits: np.ndarray, token: int, top: int) -> TokenLogprob:
@@ -174,13 +169,14 @@ class Generation:
         return TokenLogprob(piece([token]), float(x[token] - logz),
                             tuple((piece([int(i)]), float(x[i] - logz)) for i in best))  # fmt: skip
 
-    def _accept(self, token: int) -> list[Event]:
+    def _step(self, logits: np.ndarray) -> list[Event]:
+        """Choose the next token from these logits and take it: its log probability (when asked
+        for), then the text or call it makes, or the end."""
+        token = self._choose(logits)
         if token in self.eos:
             return self._finish("end_turn", None, self.decoder.flush())
-        events: list[Event] = []
-        if self._logprob is not None:
-            events.append(self._logprob)
-            self._logprob = None
+        top = self.request.logprobs
+        events: list[Event] = [] if top is None else [self._logprob_of(logits, token, top)]
         return events + self._advance(token)
 
     def _advance(self, token: int) -> list[Event]:
