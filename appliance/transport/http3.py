@@ -232,10 +232,6 @@ class _Http3Connection(QuicConnectionProtocol):
         self._flush_due = False
         self._deadline = asyncio.get_running_loop().call_later(settings.handshake_timeout, self._handshake_expired)
 
-    @property
-    def handshaking(self) -> bool:
-        return not self._handshake_done
-
     def _handshake_expired(self) -> None:
         """No handshake within the limit (a spoofed or stalled client): drop its state now rather
         than at the idle timeout, so half-open connections cannot pile up."""
@@ -322,7 +318,7 @@ class _Http3Connection(QuicConnectionProtocol):
             self._quic.close(error_code=QuicErrorCode.CRYPTO_ERROR + alert, reason_phrase="client certificate refused")
             return
         self._handshake_done = True
-        self.server.handshake_completed(event.session_resumed, event.early_data_accepted)
+        self.server.handshake_completed(self, event.session_resumed, event.early_data_accepted)
         for ex in list(self.exchanges.values()):
             self._act(ex, ex.machine.handshake_completed())
 
@@ -447,6 +443,7 @@ class Http3Server(asyncio.DatagramProtocol):
         self._transport: asyncio.DatagramTransport | None = None
         self._routes: dict[bytes, _Http3Connection] = {}
         self._live: set[_Http3Connection] = set()
+        self._handshaking: set[_Http3Connection] = set()  # live ones whose handshake has not completed
         self._tasks: set[asyncio.Task[None]] = set()
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._closing: asyncio.Task[None] | None = None
@@ -467,8 +464,9 @@ class Http3Server(asyncio.DatagramProtocol):
 
     @property
     def handshakes(self) -> int:
-        """Connections whose handshake has not completed yet."""
-        return sum(1 for conn in self._live if conn.handshaking)
+        """Connections whose handshake has not completed yet (asked for every new Initial, so kept,
+        not counted: a flood must not cost a pass over every connection per datagram)."""
+        return len(self._handshaking)
 
     def _retry_packet(self, header: QuicHeader, addr: NetworkAddress) -> bytes:
         assert header.version is not None
@@ -496,6 +494,7 @@ class Http3Server(asyncio.DatagramProtocol):
         for conn in list(self._live):
             conn.shutdown()
         self._live.clear()
+        self._handshaking.clear()
         self._routes.clear()
         for task in self._tasks:
             task.cancel()
@@ -580,6 +579,7 @@ class Http3Server(asyncio.DatagramProtocol):
             conn.connection_made(self._transport if conn.count_datagram is None else
                                  _CountedTransport(self._transport, conn.count_datagram))  # fmt: skip
             self._live.add(conn)
+            self._handshaking.add(conn)
             for cid in conn.cids:
                 self._routes[cid] = conn
         if conn.count_datagram is not None:
@@ -596,6 +596,7 @@ class Http3Server(asyncio.DatagramProtocol):
 
     def forget(self, conn: _Http3Connection) -> None:
         self._live.discard(conn)
+        self._handshaking.discard(conn)
         for cid in conn.cids:
             if self._routes.get(cid) is conn:
                 del self._routes[cid]
@@ -606,7 +607,8 @@ class Http3Server(asyncio.DatagramProtocol):
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def handshake_completed(self, resumed: bool, early_data: bool) -> None:
+    def handshake_completed(self, conn: _Http3Connection, resumed: bool, early_data: bool) -> None:
+        self._handshaking.discard(conn)
         if self._on_handshake is not None:
             try:
                 self._on_handshake(resumed, early_data)
