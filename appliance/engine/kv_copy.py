@@ -72,7 +72,10 @@ class CudaCopy:
     NAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
 
     def __init__(self) -> None:
-        self.runtime = self._runtime()
+        self.memcpy2d = self._runtime().cudaMemcpy2D
+        self.memcpy2d.restype = ctypes.c_int
+        self.memcpy2d.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                                  ctypes.c_size_t, ctypes.c_int]  # fmt: skip
 
     @classmethod
     def _runtime(cls) -> ctypes.CDLL:
@@ -85,10 +88,6 @@ class CudaCopy:
         raise RuntimeError(f"the CUDA runtime library is not loadable: {'; '.join(errors)}")
 
     def __call__(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int) -> None:
-        fn = self.runtime.cudaMemcpy2D
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
-                       ctypes.c_size_t, ctypes.c_int]  # fmt: skip
-        status = fn(dst, dpitch, src, spitch, width, height, CUDA_MEMCPY_DEFAULT)
+        status = self.memcpy2d(dst, dpitch, src, spitch, width, height, CUDA_MEMCPY_DEFAULT)
         if status != 0:
             raise RuntimeError(f"cudaMemcpy2D failed with CUDA error {status}")
