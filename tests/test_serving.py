@@ -16,6 +16,7 @@ from typing import Any
 import httpx2 as httpx  # the official clients' own HTTP library (httpx's successor)
 import niquests
 import pytest
+from battery import check_error
 from clients import MODEL, anthropic_client, openai_client, trust
 
 from appliance.devsetup import DevSetup, RunningDaemon, write_dev_config
@@ -250,16 +251,6 @@ NO_AUTH = [("a-no-key", MSG, {}, 401), ("a-bad-key", MSG, {"x-api-key": "zl-wron
            ("o-bad-bearer", CHAT, {"authorization": "Bearer nope"}, 401)]  # fmt: skip
 
 
-def _check_error(status: int, body: bytes, path: str, expected: int) -> None:
-    assert status == expected, body[:300]
-    doc = json.loads(body)
-    if path.startswith("/v1/messages"):
-        assert doc["type"] == "error" and isinstance(doc["error"]["message"], str) and doc["error"]["type"]
-    else:  # each dialect's own shape, whichever layer answered
-        assert set(doc["error"]) == {"message", "type", "param", "code"} and "type" not in doc
-    assert "Traceback" not in body.decode()
-
-
 def _encode(body: Any) -> bytes | None:
     return body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
 
@@ -300,14 +291,14 @@ def test_malformed_requests_get_dialect_errors_on_every_transport(tiny: tuple[Ru
     for case_id, method, path, body, expected in BAD:
         status, data = send(method, path, body, auth)
         try:
-            _check_error(status, data, path, expected)
+            check_error(path, status, data, expected)
         except AssertionError as exc:
             raise AssertionError(f"{transport} {case_id}: {exc}") from None
     if transport != "unix":  # the Unix socket is authorised by its file permissions
         for case_id, path, headers, expected in NO_AUTH:
             status, data = send("POST", path, GOOD_A if path == MSG else GOOD_O, headers)
             assert status == expected, case_id
-            _check_error(status, data, path, expected)
+            check_error(path, status, data, expected)
     status, data = send("POST", MSG, GOOD_A, auth)  # and it serves on
     assert status == 200 and json.loads(data)["type"] == "message"
 
