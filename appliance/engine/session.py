@@ -98,7 +98,7 @@ class KVSlots:
                              alloc(self.shape, self.dtype, self.device, self.device_id))
                             for _ in range(f.num_layers)]  # fmt: skip
             self.pointers = [(k.data_ptr(), v.data_ptr()) for k, v in self._values]
-        self.bindings: dict[tuple[int, int], ort.IOBinding] = {}  # (first row, rows) -> KV bound once
+        self.bindings: dict[tuple[int, int], _Bound] = {}  # (first row, rows) -> KV bound once
         self._cuda: CudaCopy | None = None  # partial copies to and from device rows, made on first use
 
     def _mapped(self) -> np.ndarray:
@@ -153,6 +153,15 @@ class KVSlots:
 
 
 @dataclass
+class _Bound:
+    """An IOBinding with a row range's KV bound, and the host buffer its one-position logits go to
+    (a run then allocates nothing for its output and the caller reads it without a copy)."""
+
+    binding: ort.IOBinding
+    logits: np.ndarray  # [rows, 1, vocab]
+
+
+@dataclass
 class KVCache:
     """One request's row of a KVSlots and how many positions of it are filled."""
 
@@ -204,6 +213,8 @@ class ModelSession:
         if past0.type not in _ORT_TO_NUMPY or past0.type == "tensor(bfloat16)":
             raise ValueError(f"{bundle.onnx_path.name}: KV type {past0.type} is not supported")
         self.kv_dtype = _ORT_TO_NUMPY[past0.type]
+        logits_type = next(o.type for o in self.session.get_outputs() if o.name == "logits")
+        self.logits_dtype = np.float16 if logits_type == "tensor(float16)" else np.float32
         f = self.facts
         self.kv_bytes_per_token = 2 * f.num_layers * f.num_kv_heads * f.head_size * np.dtype(self.kv_dtype).itemsize
         self._names = [
@@ -233,14 +244,14 @@ class ModelSession:
         mask = self._ones[:, :total]
         logits = self._run(cache.slots, cache.row, 1, ids.reshape(1, n), mask)
         cache.length = total
-        return np.asarray(logits[0, -1], dtype=np.float32)
+        return np.array(logits[0, -1], dtype=np.float32)  # a copy: the buffer is the next run's
 
     def decode(self, slots: KVSlots, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """One token for each of rows 0..len(tokens)-1 in one run, row i after lengths[i] cached
         positions (its new key lands at position lengths[i]); returns float32 logits [rows, vocab].
         The caller advances the lengths of the rows it decodes; rows it only pads along (a slot
         still prefilling, a free one) get a write at their next position, which their own next
-        run overwrites."""
+        run overwrites. The logits are a view, valid until the next decode of the same rows."""
         rows = int(tokens.shape[0])
         width = int(lengths.max()) + 1
         if width > slots.capacity:
@@ -257,24 +268,36 @@ class ModelSession:
         return self._run(cache.slots, 0, 1, ids.reshape(1, -1), np.ones((1, ids.shape[0]), dtype=np.int64))[0]
 
     def _run(self, slots: KVSlots, first: int, rows: int, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """One run over rows first..first+rows-1 of the slots; the KV is bound once per row range."""
-        binding = slots.bindings.get((first, rows))
-        if binding is None:
-            binding = slots.bindings[(first, rows)] = self.session.io_binding()
-            binding.bind_output("logits", "cpu")  # first, so it is get_outputs()[0]
-            shape = [rows, *slots.shape[1:]]
-            offset = first * slots.row_bytes
-            for (pk, pv, ok, ov), (k, v) in zip(self._names, slots.pointers, strict=True):
-                for name, ptr in ((pk, k), (pv, v)):
-                    binding.bind_input(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
-                for name, ptr in ((ok, k), (ov, v)):
-                    binding.bind_output(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
-        binding.bind_cpu_input("input_ids", ids)
-        binding.bind_cpu_input("attention_mask", mask)
-        # Unallocated again: the last run's logits have this run's shape only on the last-position graph.
-        binding.bind_output("logits", "cpu")
+        """One run over rows first..first+rows-1 of the slots; the KV is bound once per row range.
+        Where each row gets one position's logits, they land in that range's own buffer: valid
+        until the next run over the same rows."""
+        bound = slots.bindings.get((first, rows))
+        if bound is None:
+            bound = slots.bindings[(first, rows)] = self._bind(slots, first, rows)
+        binding = bound.binding
+        ids, mask = np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(mask, dtype=np.int64)
+        binding.bind_input("input_ids", "cpu", 0, np.int64, list(ids.shape), ids.ctypes.data)
+        binding.bind_input("attention_mask", "cpu", 0, np.int64, list(mask.shape), mask.ctypes.data)
+        if self.last_position_logits or ids.shape[1] == 1:
+            logits = bound.logits
+            binding.bind_output("logits", "cpu", 0, self.logits_dtype, list(logits.shape), logits.ctypes.data)
+            self.session.run_with_iobinding(binding)
+            return logits
+        binding.bind_output("logits", "cpu")  # every position's logits: ORT allocates them
         self.session.run_with_iobinding(binding)
         return binding.get_outputs()[0].numpy()
+
+    def _bind(self, slots: KVSlots, first: int, rows: int) -> _Bound:
+        binding = self.session.io_binding()
+        binding.bind_output("logits", "cpu")  # first, so it is get_outputs()[0] when ORT allocates it
+        shape = [rows, *slots.shape[1:]]
+        offset = first * slots.row_bytes
+        for (pk, pv, ok, ov), (k, v) in zip(self._names, slots.pointers, strict=True):
+            for name, ptr in ((pk, k), (pv, v)):
+                binding.bind_input(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
+            for name, ptr in ((ok, k), (ov, v)):
+                binding.bind_output(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
+        return _Bound(binding, np.empty((rows, 1, self.facts.vocab_size), dtype=self.logits_dtype))
 
     def export_prefix(self, cache: KVCache, tokens: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """KV of the first `tokens` positions, as host arrays [kv_heads, tokens, head_size] (views on CPU)."""
