@@ -102,6 +102,8 @@ class KernelSection:
                                              "ports; empty: allow all")  # fmt: skip
     xdp: str = setting("off", "also enforce the allowlist in XDP: off, generic or native")
     flow_idle_seconds: float = setting(600.0, "a flow's digests are forgotten after this long idle")
+    pin_dir: str = setting("", "where the eBPF maps are pinned, a directory on bpffs; empty: /run/zerolayer/bpf "
+                               "where the systemd unit binds /sys/fs/bpf/zerolayer, else that directory itself")
 
 
 @dataclass(frozen=True)

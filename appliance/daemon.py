@@ -26,7 +26,7 @@ from appliance.config import Config, ConfigError, load_config, parse_address
 from appliance.engine import Engine, available_devices
 from appliance.flows import LayerDigests
 from appliance.governor import Governor, MemoryProbe, detect_probe
-from appliance.kernel import KernelLayer, UserspaceFlows, open_kernel_layer
+from appliance.kernel import KernelLayer, UserspaceFlows, open_kernel_layer, pin_dir
 from appliance.plan import HostFacts, api_settings, governor_config, make_plan
 from appliance.systemd import ActivatedSockets, Notifier, configure_logging, listen_fds, run_watchdog, watchdog_interval
 from appliance.transport.http3 import Http3Server, bind_udp, serve_http3
@@ -148,6 +148,7 @@ class Daemon:
         kernel = await asyncio.to_thread(
             open_kernel_layer, cfg.kernel.mode, ports=sockets.ports(), allowlist=cfg.kernel.allowlist,  # type: ignore[arg-type]
             interfaces=cfg.kernel.interfaces, bound_addresses=sockets.addresses(), xdp=cfg.kernel.xdp,  # type: ignore[arg-type]
+            pin_root=pin_dir(cfg.kernel.pin_dir, os.environ.get("RUNTIME_DIRECTORY")),
         )  # fmt: skip
         if isinstance(kernel, UserspaceFlows) and cfg.kernel.mode != "off":
             self.notifier.status("kernel layer refused: flows and allowlist in userspace (see the log)")

@@ -16,9 +16,12 @@ while (($#)); do
     esac
 done
 [[ $EUID -eq 0 ]] || { echo "install: run it as root (sudo $0 ...)" >&2; exit 77; }
-# The daemon's system packages: Python with venv, its systemd bindings, and libbpf.
+# The daemon's system packages: Python with venv, its systemd bindings, and libbpf; from a
+# checkout (no wheelhouse) also what compiles the kernel layer's BPF object.
+packages=(python3 python3-venv python3-systemd libbpf1)
+[[ -n "$wheelhouse" ]] || packages+=(clang libbpf-dev gcc make)
 missing=()
-for pkg in python3 python3-venv python3-systemd libbpf1; do
+for pkg in "${packages[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
@@ -29,6 +32,7 @@ fi
 if [[ -n "$wheelhouse" ]]; then
     "$PREFIX/bin/pip" install -q --no-index --disable-pip-version-check --find-links "$wheelhouse" "zerolayer[cpu]"
 else
+    make -s -C bpf BUILD="$PWD/appliance/kernel"  # packaged with the rest (pyproject's package-data)
     "$PREFIX/bin/pip" install -q --disable-pip-version-check ".[cpu]"
 fi
 ZEROLAYER_SOURCE="$PWD" exec "$PREFIX/bin/zerolayer" install "${args[@]}"  # the units come from here

@@ -78,7 +78,8 @@ def test_config_check_prints_sources_or_exits_78(root: Path) -> None:
                for line in ok.stdout.splitlines())  # fmt: skip
     merged = "\n".join(line.split("#", 1)[0].rstrip() for line in ok.stdout.splitlines())
     assert tomllib.loads(merged)["kernel"] == {  # TOML a user can paste back, tuples as arrays
-        "mode": "auto", "interfaces": ["auto"], "allowlist": [], "xdp": "off", "flow_idle_seconds": 600.0}
+        "mode": "auto", "interfaces": ["auto"], "allowlist": [], "xdp": "off", "flow_idle_seconds": 600.0,
+        "pin_dir": ""}
     (root / "conf.d" / "50-bad.toml").write_text("[engine]\nthreds = 2\n")
     bad = check()
     assert bad.returncode == EX_CONFIG

@@ -32,9 +32,11 @@ from appliance.kernel import (
     UserspaceFlows,
     build_object,
     open_kernel_layer,
+    pin_dir,
     resolve_interfaces,
 )
 from appliance.kernel.libbpf import BpfError
+from appliance.kernel.loader import PIN_ROOT, on_bpffs
 from appliance.kernel.maps import BPF_NOEXIST
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,6 +194,34 @@ def test_pinned_maps_survive_a_second_load(bpf_object: Path, pin_root: Path) -> 
         rec = second.lookup_flow(FlowKey.make("udp", ("10.1.2.3", 40000), ("10.1.2.1", PORT)))
         assert rec is not None and rec.digests == (b"d" * 32,)
         assert [k.value for k in second.ports_map.iter_keys()] == [PORT]
+
+
+def test_maps_pin_through_the_bind_the_unit_makes_of_the_daemons_bpffs_directory(
+        bpf_object: Path, pin_root: Path, tmp_path: Path) -> None:  # fmt: skip
+    """zerolayer.service binds /sys/fs/bpf/zerolayer at /run/zerolayer/bpf; the daemon finds it
+    there from $RUNTIME_DIRECTORY, pins through it, and the pins are the bpffs directory's."""
+    pin_root.mkdir(mode=0o700)
+    runtime = tmp_path / "run"
+    bound = runtime / "bpf"
+    bound.mkdir(parents=True)
+    assert pin_dir("", str(runtime)) == PIN_ROOT  # not bound yet: a tmp directory is no bpffs
+    subprocess.run(["mount", "--bind", str(pin_root), str(bound)], check=True)
+    try:
+        assert on_bpffs(bound) and not on_bpffs(runtime)
+        assert pin_dir("", str(runtime)) == bound
+        assert pin_dir("/elsewhere/pins", str(runtime)) == Path("/elsewhere/pins")  # the config wins
+        with KernelLayer(bpf_object, bound) as layer:
+            layer.set_ports([PORT])
+        assert sorted(p.name for p in pin_root.iterdir()) == ["allow", "allow_config", "flows", "ports", "verdicts"]
+    finally:
+        subprocess.run(["umount", str(bound)], check=True)
+    assert pin_dir("", None) == PIN_ROOT
+
+
+def test_a_pin_directory_off_bpffs_is_refused_with_the_reason(bpf_object: Path, tmp_path: Path) -> None:
+    with pytest.raises(KernelLayerError, match="is not on bpffs"):
+        KernelLayer(bpf_object, tmp_path / "pins")
+    assert not (tmp_path / "pins").exists()
 
 
 # --- real packets --------------------------------------------------------------------------------

@@ -202,8 +202,9 @@ def test_tmpfiles_creates_the_directories(tmp_path: Path) -> None:
         "etc/zerolayer/tls": (0o750, 0, gid),
         "var/lib/zerolayer": (0o750, uid, gid),
         "run/zerolayer": (0o750, uid, gid),
-        "sys/fs/bpf": (0o711, 0, 0),
+        "sys/fs/bpf": (0o700, 0, 0),  # left as systemd mounts it
         "sys/fs/bpf/zerolayer": (0o700, uid, gid),
+        "run/zerolayer/bpf": (0o700, uid, gid),
     }
     for path, (mode, owner, group) in expected.items():
         st = (tmp_path / path).stat()

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from appliance.image.layout import REPO
+from appliance.kernel.loader import build_object
 
 # Debian bookworm's Python and glibc (2.36): wheels for this or older are what its root can run.
 PYTHON_VERSION = "3.11"
@@ -73,6 +74,7 @@ def build_wheelhouse(out: Path, arch: str, pip_cache: Path) -> list[Path]:
             shutil.copy(REPO / name, src / name)
         for pkg in ("appliance", "firmware"):
             shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        build_object(src / "appliance" / "kernel")  # the kernel layer's BPF object rides in the wheel
         _pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", out, src, cache=pip_cache)
         constraints = Path(tmp) / "constraints.txt"
         constraints.write_text("\n".join(pins()) + "\n")

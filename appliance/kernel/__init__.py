@@ -11,6 +11,7 @@ from appliance.kernel.loader import (
     build_object,
     ensure_bpffs,
     open_kernel_layer,
+    pin_dir,
     resolve_interfaces,
 )
 from appliance.kernel.maps import FLOW_DIGESTS, FlowKey, FlowValue, LpmKey
@@ -29,5 +30,6 @@ __all__ = [
     "build_object",
     "ensure_bpffs",
     "open_kernel_layer",
+    "pin_dir",
     "resolve_interfaces",
 ]

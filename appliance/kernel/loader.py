@@ -1,4 +1,4 @@
-"""The kernel layer: loads bpf/zerolayer.bpf.o with its maps pinned under /sys/fs/bpf/zerolayer,
+"""The kernel layer: loads bpf/zerolayer.bpf.o with its maps pinned in a directory on bpffs,
 fills the service ports and the client allowlist, attaches the tc programs (and XDP where asked)
 with pyroute2, and detaches exactly what it attached.
 
@@ -37,7 +37,10 @@ log = logging.getLogger("appliance.kernel")
 BPFFS = Path("/sys/fs/bpf")
 PIN_ROOT = BPFFS / "zerolayer"
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
-OBJECT_PATH = BPF_DIR / "build" / "zerolayer.bpf.o"
+# An installed wheel carries the object beside this module (the wheel build compiles it); a
+# checkout uses what `make -C bpf` built.
+PACKAGED_OBJECT = Path(__file__).resolve().parent / "zerolayer.bpf.o"
+OBJECT_PATH = PACKAGED_OBJECT if PACKAGED_OBJECT.exists() else BPF_DIR / "build" / "zerolayer.bpf.o"
 TC_INGRESS, TC_EGRESS = "ffff:fff2", "ffff:fff3"
 FILTER_NAME = "zerolayer"
 XDP_FLAGS_UPDATE_IF_NOEXIST, XDP_FLAGS_SKB_MODE, XDP_FLAGS_DRV_MODE = 1, 2, 4
@@ -117,6 +120,31 @@ def is_bpffs_mounted(path: Path = BPFFS) -> bool:
         return any(len(p) > 2 and p[1] == str(path) and p[2] == "bpf" for p in (line.split() for line in f))
 
 
+BPF_FS_MAGIC = 0xCAFE4A11
+
+
+def on_bpffs(path: Path) -> bool:
+    """Whether `path` exists on a bpffs (its root, a directory in it, or a bind mount of one)."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs; f_type is its first field, a long
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.statfs(str(path).encode(), buf) != 0:
+        return False
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF == BPF_FS_MAGIC
+
+
+def pin_dir(configured: str, runtime_directory: str | None) -> Path:
+    """Where the maps are pinned: the configured directory; else the one the systemd unit binds
+    into its runtime directory ($RUNTIME_DIRECTORY/bpf, so that the daemon never needs to reach
+    through the root-only /sys/fs/bpf), when that is on bpffs; else /sys/fs/bpf/zerolayer."""
+    if configured:
+        return Path(configured)
+    if runtime_directory:
+        bound = Path(runtime_directory.split(":")[0]) / "bpf"
+        if on_bpffs(bound):
+            return bound
+    return PIN_ROOT
+
+
 def ensure_bpffs(path: Path = BPFFS) -> None:
     """Mounts bpffs at `path` when nothing is mounted there."""
     if is_bpffs_mounted(path):
@@ -178,7 +206,10 @@ class KernelLayer:
         self.object_path, self.pin_root, self.netns = object_path, pin_root, netns
         self._attached = _Attachments()
         self._lock = threading.Lock()
-        ensure_bpffs(pin_root.parent)
+        if not on_bpffs(pin_root) and not on_bpffs(pin_root.parent):
+            if pin_root.parent != BPFFS:
+                raise KernelLayerError(f"pinning under {pin_root}", f"{pin_root.parent} is not on bpffs")
+            ensure_bpffs(BPFFS)
         created = not pin_root.exists()
         try:
             pin_root.mkdir(mode=0o700, exist_ok=True)
