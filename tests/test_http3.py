@@ -5,23 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import json
 import socket
 import stat
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import niquests
 import pytest
 from aioquic.asyncio.client import connect
-from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.h3.connection import H3_ALPN, ErrorCode, H3Connection
-from aioquic.h3.events import DataReceived, H3Event, HeadersReceived
+from aioquic.h3.connection import H3_ALPN, ErrorCode
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamReset
 from aioquic.quic.packet import QuicErrorCode
 from aioquic.tls import AlertDescription, CipherSuite, SessionTicket
 from asgi_echo import EchoApp
@@ -32,6 +27,7 @@ from appliance.tls import ClientCert, DevCert, make_client_cert, make_dev_cert
 from appliance.transport import quic_private
 from appliance.transport.http3 import Http3Server, serve_http3
 from appliance.transport.tickets import TicketStore
+from bench.protocol.h3 import Exchange, H3Client
 
 
 def run(work: Coroutine[Any, Any, Any], timeout: float = 20.0) -> Any:
@@ -48,72 +44,6 @@ async def start(app: EchoApp, certs: DevCert, host: str = "127.0.0.1", **kwargs:
     kwargs.setdefault("ticket_key_path", None)
     kwargs.setdefault("on_handshake", lambda resumed, early: app.log.append(("handshake", resumed, early)))
     return await serve_http3(app, host=host, port=0, certfile=certs.cert, keyfile=certs.key, **kwargs)
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[bytes, bytes]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-class H3Client(QuicConnectionProtocol):
-    """A minimal HTTP/3 client on aioquic's protocol, like its examples/http3_client.py."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.h3 = H3Connection(self._quic)
-        self._pending: dict[int, tuple[list[H3Event], asyncio.Future[Reply]]] = {}
-
-    def quic_event_received(self, event: QuicEvent) -> None:
-        for ev in self.h3.handle_event(event):
-            if isinstance(ev, HeadersReceived | DataReceived) and ev.stream_id in self._pending:
-                parts, done = self._pending[ev.stream_id]
-                parts.append(ev)
-                if ev.stream_ended and not done.done():
-                    done.set_result(_reply(parts))
-        if isinstance(event, StreamReset) and event.stream_id in self._pending:
-            _fail(self._pending[event.stream_id][1], ConnectionResetError(f"stream reset {event.error_code}"))
-        if isinstance(event, ConnectionTerminated):
-            for _, done in self._pending.values():
-                _fail(done, ConnectionError(event.reason_phrase))
-
-    def start(self, method: str, path: str, body: bytes = b"", headers: list[tuple[bytes, bytes]] | None = None) -> int:
-        stream_id = self._quic.get_next_available_stream_id()
-        fields = [(b":method", method.encode()), (b":scheme", b"https"), (b":authority", b"localhost"),
-                  (b":path", path.encode()), *(headers or [])]  # fmt: skip
-        self.h3.send_headers(stream_id, fields, end_stream=not body)
-        if body:
-            self.h3.send_data(stream_id, body, end_stream=True)
-        self._pending[stream_id] = ([], asyncio.get_running_loop().create_future())
-        self.transmit()
-        return stream_id
-
-    async def reply(self, stream_id: int) -> Reply:
-        return await self._pending[stream_id][1]
-
-    async def request(self, method: str, path: str, body: bytes = b"",
-                      headers: list[tuple[bytes, bytes]] | None = None) -> Reply:  # fmt: skip
-        return await self.reply(self.start(method, path, body, headers))
-
-    def close_reason(self) -> tuple[int, str]:
-        event = self._quic._close_event
-        assert event is not None
-        return event.error_code, event.reason_phrase
-
-
-def _reply(parts: list[H3Event]) -> Reply:
-    headers = dict(next(p.headers for p in parts if isinstance(p, HeadersReceived)))
-    body = b"".join(p.data for p in parts if isinstance(p, DataReceived))
-    return Reply(int(headers[b":status"]), headers, body)
-
-
-def _fail(done: asyncio.Future[Reply], exc: Exception) -> None:
-    if not done.done():
-        done.set_exception(exc)
 
 
 def client_config(
@@ -354,7 +284,7 @@ def test_32_concurrent_streams_on_one_connection(certs: DevCert) -> None:
 def test_32_connections(certs: DevCert) -> None:
     app = EchoApp()
 
-    async def one(port: int, i: int, all_connected: asyncio.Event, connected: list[int]) -> Reply:
+    async def one(port: int, i: int, all_connected: asyncio.Event, connected: list[int]) -> Exchange:
         async with h3_client(port, client_config(certs)) as client:
             connected.append(i)
             if len(connected) == 32:
@@ -558,14 +488,12 @@ def test_client_reset_delivers_http_disconnect(certs: DevCert) -> None:
         server = await start(app, certs)
         try:
             async with h3_client(server.port, client_config(certs)) as client:
-                stream_id = client.start("GET", "/wait")
+                waiting = client.start("GET", "/wait")
                 await until(lambda: ("request", "GET", "/wait", False) in app.log)
-                client._quic.stop_stream(stream_id, ErrorCode.H3_REQUEST_CANCELLED)
-                client._quic.reset_stream(stream_id, ErrorCode.H3_REQUEST_CANCELLED)
-                client.transmit()
+                client.cancel(waiting, ErrorCode.H3_REQUEST_CANCELLED)
                 await asyncio.wait_for(app.disconnected.wait(), 1.0)
                 with pytest.raises(ConnectionResetError, match=str(int(ErrorCode.H3_REQUEST_CANCELLED))):
-                    await client.reply(stream_id)  # the server abandoned its side too
+                    await client.reply(waiting)  # the server abandoned its side too
                 await until(lambda: server.active_streams == 0)
         finally:
             await server.close()

@@ -1,5 +1,7 @@
 """A small HTTP/3 client on aioquic's sans-IO connection, for the handshake kinds niquests hides:
 cold (full handshake), resumed with a session ticket, 0-RTT (requests in early data) and warm.
+The benchmark times requests with it; the HTTP/3 tests drive the server with it (through
+aioquic's `connect`, which it also fits).
 
 Close does not wait out QUIC's closing period: CONNECTION_CLOSE is sent and the socket dropped, as
 a client that is done would, so a cold request's cost is its handshake and exchange, not a timer.
@@ -13,9 +15,12 @@ showed as a sizeable part of a cold request's client CPU.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, H3Connection
@@ -26,28 +31,35 @@ from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted, QuicEv
 from aioquic.tls import Group, SessionTicket
 
 FIRST_TOKEN = b"content_block_delta"  # the first SSE event that carries generated text
+StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], None]  # what aioquic's connect() passes
 
 
 @dataclass
 class Exchange:
     """One request's timings (perf_counter seconds) and answer."""
 
+    stream_id: int
     started: float
+    finished: asyncio.Future[None]
     sent_wall: float = 0.0  # time.time() when the request was handed to QUIC (for the captures)
     status: int = 0
+    headers: dict[bytes, bytes] = field(default_factory=dict)
     first_token: float = 0.0
     done: float = 0.0
     body: bytearray = field(default_factory=bytearray)
-    finished: asyncio.Future[None] | None = None
+
+    def json(self) -> Any:
+        return json.loads(self.body)
 
 
 class H3Client(QuicConnectionProtocol):
-    def __init__(self, quic: QuicConnection) -> None:
-        super().__init__(quic)
+    def __init__(self, quic: QuicConnection, stream_handler: StreamHandler | None = None) -> None:
+        super().__init__(quic, stream_handler)
         self.h3 = H3Connection(quic)
         self.exchanges: dict[int, Exchange] = {}
         self.tickets: list[SessionTicket] = []
         self.handshake: HandshakeCompleted | None = None
+        self.terminated: ConnectionTerminated | None = None
         self._flush_due = False
 
     def transmit(self) -> None:
@@ -68,7 +80,8 @@ class H3Client(QuicConnectionProtocol):
             if ex is None:
                 continue
             if isinstance(ev, HeadersReceived):
-                ex.status = int(dict(ev.headers).get(b":status", b"0"))
+                ex.headers = dict(ev.headers)
+                ex.status = int(ex.headers.get(b":status", b"0"))
             elif isinstance(ev, DataReceived):
                 if not ex.first_token and FIRST_TOKEN in ev.data:
                     ex.first_token = time.perf_counter()
@@ -78,11 +91,11 @@ class H3Client(QuicConnectionProtocol):
         if isinstance(event, StreamReset) and (ex := self.exchanges.get(event.stream_id)) is not None:
             self._finish(ex, ConnectionResetError(f"stream reset {event.error_code}"))
         if isinstance(event, ConnectionTerminated):
+            self.terminated = event
             for ex in self.exchanges.values():
                 self._finish(ex, ConnectionError(f"connection closed: {event.reason_phrase}"))
 
     def _finish(self, ex: Exchange, error: Exception | None) -> None:
-        assert ex.finished is not None
         if ex.finished.done():
             return
         ex.done = time.perf_counter()
@@ -91,21 +104,41 @@ class H3Client(QuicConnectionProtocol):
         else:
             ex.finished.set_exception(error)
 
-    def start(self, method: str, authority: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
-              started: float) -> Exchange:  # fmt: skip
-        """Queue a request and send what QUIC allows now (in early data on a 0-RTT connection)."""
+    def start(self, method: str, path: str, body: bytes = b"", headers: Sequence[tuple[bytes, bytes]] = (), *,
+              authority: str = "localhost", started: float | None = None) -> Exchange:  # fmt: skip
+        """Queue a request and send what QUIC allows now (in early data on a 0-RTT connection).
+        No content-length unless `headers` carry one."""
         stream_id = self._quic.get_next_available_stream_id()
         fields = [(b":method", method.encode()), (b":scheme", b"https"), (b":authority", authority.encode()),
                   (b":path", path.encode()), *headers]  # fmt: skip
-        if body:
-            fields.append((b"content-length", str(len(body)).encode()))
-        ex = Exchange(started, sent_wall=time.time(), finished=asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        ex = Exchange(stream_id, time.perf_counter() if started is None else started, loop.create_future(), time.time())
         self.exchanges[stream_id] = ex
         self.h3.send_headers(stream_id, fields, end_stream=not body)
         if body:
             self.h3.send_data(stream_id, body, end_stream=True)
         self.transmit()
         return ex
+
+    async def reply(self, ex: Exchange) -> Exchange:
+        """The exchange once its answer has ended (raises if its stream or connection failed)."""
+        await ex.finished
+        return ex
+
+    async def request(self, method: str, path: str, body: bytes = b"",
+                      headers: Sequence[tuple[bytes, bytes]] = ()) -> Exchange:  # fmt: skip
+        return await self.reply(self.start(method, path, body, headers))
+
+    def cancel(self, ex: Exchange, error_code: int) -> None:
+        """Abandon a request as a client that gives up does: STOP_SENDING and RESET_STREAM."""
+        self._quic.stop_stream(ex.stream_id, error_code)
+        self._quic.reset_stream(ex.stream_id, error_code)
+        self.transmit()
+
+    def close_reason(self) -> tuple[int, str]:
+        """The error code and reason of the CONNECTION_CLOSE that ended the connection."""
+        assert self.terminated is not None, "the connection has not ended"
+        return self.terminated.error_code, self.terminated.reason_phrase
 
     def close_now(self) -> None:
         """CONNECTION_CLOSE, then drop the socket without waiting out the closing period."""

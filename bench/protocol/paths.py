@@ -182,9 +182,10 @@ class Http3Path:
             conn.close_now()
 
     async def _post(self, conn: H3Client, max_tokens: int, started: float) -> Sample:
-        ex = conn.start("POST", self.authority, "/v1/messages", self.headers, body(self.target, max_tokens), started)
-        assert ex.finished is not None
-        await ex.finished
+        payload = body(self.target, max_tokens)
+        ex = await conn.reply(conn.start("POST", "/v1/messages", payload,
+                                         [*self.headers, (b"content-length", str(len(payload)).encode())],
+                                         authority=self.authority, started=started))  # fmt: skip
         if ex.status != 200 or not ex.first_token:
             raise RuntimeError(f"HTTP/3 POST answered {ex.status}: {bytes(ex.body[:200])!r}")
         return Sample(ex.first_token - started, ex.done - started, ex.sent_wall)
@@ -199,18 +200,17 @@ class Http3Path:
         try:
             get = None
             if early:
-                get = conn.start("GET", self.authority, "/v1/models", self.headers[:1], b"", started)
+                get = conn.start("GET", "/v1/models", b"", self.headers[:1], authority=self.authority, started=started)
             if self.kind == "0rtt-get":
-                assert get is not None and get.finished is not None
-                await get.finished
+                assert get is not None
+                await conn.reply(get)
                 if get.status != 200:
                     raise RuntimeError(f"HTTP/3 GET answered {get.status}")
                 sample = Sample(get.done - started, get.done - started, get.sent_wall)
             else:
                 sample = await self._post(conn, max_tokens, started)
             if get is not None and self.kind == "0rtt":
-                assert get.finished is not None
-                await get.finished
+                await conn.reply(get)
                 sample.extra = get.done - started
             if self.kind != "cold":
                 hs = conn.handshake
