@@ -1,26 +1,19 @@
 """A complete development appliance in one folder: config, dev TLS certificate, an API key.
 
-`make run` serves the demo firmware with it, and the tests start daemons with it; nothing here
-is used on a real appliance, where /etc/zerolayer is written by the image build and the operator.
+`make run` serves the demo firmware with it, and the tests and benchmarks start daemons with it;
+nothing here is used on a real appliance, where /etc/zerolayer is written by the image build and
+the operator.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from appliance.api.auth import add_key
-from appliance.config import load_config
-from appliance.daemon import Daemon
-from appliance.systemd import Notifier
 from appliance.tls import DEV_HOSTS, make_dev_cert
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -74,55 +67,3 @@ dir = "{root / 'state'}"
 mode = "{kernel}"
 {extra}""")
     return DevSetup(root, plain.read_text().strip(), tls_dir / "ca.crt", sock)
-
-
-class RunningDaemon:
-    """A real daemon on real sockets, on its own event loop in a thread, so that synchronous
-    official clients can call it from the test."""
-
-    def __init__(self, config_root: Path, notifier: Notifier | None = None) -> None:
-        self.daemon = Daemon(load_config(config_root), notifier=notifier, config_root=config_root)
-        self.loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self.daemon.start())
-        except BaseException as exc:  # surfaced in start()
-            self._error = exc
-            self._started.set()
-            return
-        self._started.set()
-        self.loop.run_forever()
-
-    def start(self) -> RunningDaemon:
-        self._thread.start()
-        self._started.wait(300)
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.daemon.stop(drain_timeout=1), self.loop).result(60)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(30)
-
-    def call(self, fn: Callable[[], T]) -> T:
-        """Run fn on the daemon's loop (as its signal handlers do) and return its result."""
-
-        async def run() -> T:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(60)
-
-    def port(self, name: str) -> int:
-        ls = self.daemon.listeners
-        if name == "http3":
-            assert ls.http3 is not None
-            return ls.http3.port
-        listener = ls.tcp if name == "tcp" else None
-        assert listener is not None
-        return int(listener.sock.getsockname()[1])

@@ -8,8 +8,9 @@ from pathlib import Path
 import anthropic
 import httpx2 as httpx  # the official clients' own HTTP library (httpx's successor)
 import openai
+from daemon_thread import RunningDaemon
 
-from appliance.devsetup import DevSetup, RunningDaemon, write_dev_config
+from appliance.devsetup import DevSetup, write_dev_config
 
 MODEL = "smollm2-135m-instruct"
 

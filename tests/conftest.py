@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from battery import CASES
 from clients import serve
+from daemon_thread import RunningDaemon
 from netns import NetPair, net_pair
 
-from appliance.devsetup import DevSetup, RunningDaemon
+from appliance.devsetup import DevSetup
 from appliance.kernel.loader import PIN_ROOT
 from firmware.devkit import dev_trusted_keys, ensure_dev_key
 

@@ -23,12 +23,13 @@ import niquests
 import pytest
 from battery import CASES, VALID, bend, call_app, check_error, encode
 from clients import trust
+from daemon_thread import RunningDaemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import firmware
 from appliance.api import ApiApp, ApiSettings, KeyStore
-from appliance.devsetup import DevSetup, RunningDaemon
+from appliance.devsetup import DevSetup
 from appliance.engine import Engine, EngineConfig
 
 # --- bodies, in process ---------------------------------------------------------------------

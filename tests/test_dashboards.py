@@ -9,9 +9,10 @@ from pathlib import Path
 
 import httpx2 as httpx
 import yaml
+from daemon_thread import RunningDaemon
 from prometheus_client.parser import text_string_to_metric_families
 
-from appliance.devsetup import DevSetup, RunningDaemon
+from appliance.devsetup import DevSetup
 
 DASHBOARDS = Path(__file__).resolve().parent.parent / "dashboards"
 _SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_info", "_created")

@@ -206,8 +206,10 @@ def test_debug_and_status_against_a_running_daemon(tiny_bundle_path: Path, trust
     import subprocess
     import sys
 
+    from daemon_thread import RunningDaemon
+
     from appliance.api.auth import add_key
-    from appliance.devsetup import RunningDaemon, write_dev_config
+    from appliance.devsetup import write_dev_config
 
     setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys)
     plain_key = add_key(setup.root / "api-keys", "plain")

@@ -16,9 +16,10 @@ import httpx2 as httpx
 import niquests
 import pytest
 from daemon_process import UNPRIVILEGED, NotifySocket, daemon_process
+from daemon_thread import RunningDaemon
 
 from appliance.config import load_config
-from appliance.devsetup import DevSetup, RunningDaemon, write_dev_config
+from appliance.devsetup import DevSetup, write_dev_config
 from appliance.kernel import FlowKey, KernelLayer
 from appliance.kernel.loader import PIN_ROOT
 

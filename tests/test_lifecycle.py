@@ -16,8 +16,9 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 from daemon_process import NotifySocket, daemon_process
+from daemon_thread import RunningDaemon
 
-from appliance.devsetup import DevSetup, RunningDaemon, write_dev_config
+from appliance.devsetup import DevSetup, write_dev_config
 
 REQ = {"model": "tiny-llama", "max_tokens": 6, "messages": [{"role": "user", "content": "hi"}]}
 LONG = {"model": "tiny-llama", "max_tokens": 400, "stream": True,

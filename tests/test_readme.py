@@ -82,7 +82,9 @@ def test_every_readme_example_runs_as_written_and_prints_what_it_says(
     import subprocess
     import sys
 
-    from appliance.devsetup import RunningDaemon, write_dev_config
+    from daemon_thread import RunningDaemon
+
+    from appliance.devsetup import write_dev_config
 
     port = _free_port()
     setup = write_dev_config(tmp_path / "appliance", demo_bundle_path, trusted_keys, tcp=f"127.0.0.1:{port}",

@@ -18,8 +18,9 @@ import niquests
 import pytest
 from battery import check_error
 from clients import MODEL, anthropic_client, openai_client, trust
+from daemon_thread import RunningDaemon
 
-from appliance.devsetup import DevSetup, RunningDaemon, write_dev_config
+from appliance.devsetup import DevSetup, write_dev_config
 
 QUESTION = "What is the capital of France?"
 

@@ -15,6 +15,7 @@ import jsonschema
 import numpy as np
 import pytest
 from clients import MODEL, anthropic_client, openai_client
+from daemon_thread import RunningDaemon
 from tool_cases import CASES, TOOLS
 
 import firmware
@@ -23,7 +24,7 @@ from appliance.api.dialect import Call
 from appliance.api.errors import ApiError
 from appliance.api.openai import OPENAI
 from appliance.api.tools import Answer, CallOut
-from appliance.devsetup import DevSetup, RunningDaemon
+from appliance.devsetup import DevSetup
 from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, TextDelta, Trace
 from appliance.engine.constraint import GrammarCompiler
 from appliance.engine.sampling import Sampler, penalize
