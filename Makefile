@@ -15,7 +15,7 @@ setup-test:
 	@$(MAKE) -s -C bpf
 
 demo-firmware: setup
-	$(PY) -m firmware.demo
+	$(PY) -m firmware.toolchain.demo
 
 run: setup
 	$(PY) -m appliance.cli run-demo
@@ -45,7 +45,7 @@ bench-kernel: setup
 # into build/image/ARCH unless OUT says otherwise. Needs root.
 ARCH ?= amd64
 image: setup-test demo-firmware
-	$(PY) -m appliance.cli image build --arch $(ARCH) --firmware "$$($(PY) -m firmware.demo)" \
+	$(PY) -m appliance.cli image build --arch $(ARCH) --firmware "$$($(PY) -m firmware.toolchain.demo)" \
 		--out $(or $(OUT),build/image/$(ARCH))
 
 # The whole image test: the amd64 build and boot (also part of make test) and the arm64 root under qemu-user.

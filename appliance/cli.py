@@ -189,11 +189,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _resolve_firmware(firmware: Path | None, trusted: Path | None) -> tuple[Path, Path]:
     if firmware is None:
-        from firmware.demo import demo_bundle
+        from firmware.toolchain.demo import demo_bundle
 
         firmware = demo_bundle()
     if trusted is None:
-        from firmware.devkit import dev_trusted_keys
+        from firmware.toolchain.devkit import dev_trusted_keys
 
         trusted = dev_trusted_keys()
     return firmware, trusted
@@ -311,11 +311,11 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 def cmd_image_build(args: argparse.Namespace) -> int:
     from appliance.image.build import build_image
-    from firmware.paths import cache_dir
+    from firmware.toolchain.paths import cache_dir
 
     trusted = args.trusted_keys
     if trusted is None:
-        from firmware.devkit import dev_trusted_keys
+        from firmware.toolchain.devkit import dev_trusted_keys
 
         trusted = dev_trusted_keys()
         print(f"zerolayer: the image trusts this machine's development key ({trusted}); "
@@ -336,7 +336,7 @@ def cmd_run_demo(args: argparse.Namespace) -> int:
     from appliance.config import load_config
     from appliance.daemon import Daemon
     from appliance.devsetup import write_dev_config
-    from firmware.paths import cache_dir
+    from firmware.toolchain.paths import cache_dir
 
     path, trusted = _resolve_firmware(None, None)
     print(f"== demo firmware: {path}")

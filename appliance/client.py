@@ -24,7 +24,7 @@ def find_socket(explicit: str | None) -> str:
         return from_env
     if os.path.exists(DEFAULT_SOCKET):
         return DEFAULT_SOCKET
-    from firmware.paths import cache_dir
+    from firmware.toolchain.paths import cache_dir
 
     dev = cache_dir() / "demo-appliance" / "api.sock"
     return str(dev) if dev.exists() else DEFAULT_SOCKET

@@ -22,8 +22,8 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/nv
 say "building the demo firmware for CUDA (fp16) from the carried GGUF"
 python3 - <<'PY'
 from pathlib import Path
-from firmware.build import BuildOptions, build
-from firmware.devkit import ensure_bundle
+from firmware.toolchain.build import BuildOptions, build
+from firmware.toolchain.devkit import ensure_bundle
 gguf = next(Path(".device").glob("*.gguf"))
 print(ensure_bundle("smollm2-cuda", lambda out: build(gguf, out, BuildOptions(precision="fp16", target="cuda",
                                                                            name="smollm2-cuda"))))
@@ -34,8 +34,8 @@ timeout 300 python3 - <<'PY' | tee "$OUT/device_check.txt"
 import asyncio, time
 import numpy as np, onnxruntime as ort
 import firmware
-from firmware.devkit import dev_trusted_keys
-from firmware.paths import cache_dir
+from firmware.toolchain.devkit import dev_trusted_keys
+from firmware.toolchain.paths import cache_dir
 from appliance.engine import Engine, EngineConfig, GenerationRequest, Message, TextDelta
 from appliance.governor import Governor, GovernorConfig, NvmlProbe, cuda_memory_limit
 

@@ -15,7 +15,7 @@ for pkg in onnxruntime-gpu cryptography cffi pycparser; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         "${platforms[@]}" -d "$out/whl" "$pkg"
 done
-cp "$(.venv/bin/python -c 'from firmware.demo import demo_gguf; print(demo_gguf())')" "$out/"
+cp "$(.venv/bin/python -c 'from firmware.toolchain.demo import demo_gguf; print(demo_gguf())')" "$out/"
 # Split everything over 60 MiB; device_check.sh joins the parts (the machine stays warm between calls).
 find "$out" -type f -size +60M ! -name '*.part-*' | while read -r f; do
     split -b 60M -d "$f" "$f.part-" && rm "$f"

@@ -58,8 +58,8 @@ from bench.streams import (
     zerolayer_daemon,
 )
 from firmware import Bundle, load
-from firmware.demo import demo_bundle
-from firmware.devkit import dev_trusted_keys
+from firmware.toolchain.demo import demo_bundle
+from firmware.toolchain.devkit import dev_trusted_keys
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine.md"
 CONSTRAINED_RESULTS = RESULTS.with_name("constrained.md")

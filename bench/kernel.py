@@ -36,8 +36,8 @@ from pathlib import Path
 from appliance.devsetup import write_dev_config
 from appliance.kernel import KernelLayer
 from appliance.kernel.loader import PIN_ROOT
-from firmware.devkit import dev_trusted_keys
-from firmware.tiny import tiny_bundle
+from firmware.toolchain.devkit import dev_trusted_keys
+from firmware.toolchain.tiny import tiny_bundle
 
 # The test harness's in-process daemon: this benchmark flips the live daemon's tc programs.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

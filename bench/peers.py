@@ -34,7 +34,7 @@ from pathlib import Path
 
 from bench.host import load_average, machine
 from bench.streams import Endpoint, LoadResult, one_request, run_load, serving, zerolayer_daemon
-from firmware.demo import demo_gguf
+from firmware.toolchain.demo import demo_gguf
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "peers.md"

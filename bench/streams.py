@@ -161,8 +161,8 @@ def zerolayer_daemon(work: Path, slots: int, threads: int) -> Iterator[Endpoint]
     """Our daemon serving the demo firmware on a Unix socket only (no prefix cache: every prefill
     runs), as its own process, as a client would find it."""
     from appliance.devsetup import write_dev_config
-    from firmware.demo import DEMO_NAME, demo_bundle
-    from firmware.devkit import dev_trusted_keys
+    from firmware.toolchain.demo import DEMO_NAME, demo_bundle
+    from firmware.toolchain.devkit import dev_trusted_keys
 
     extra = (f"[limits]\nmax_active_per_device = {slots}\nmax_queued = 512\n\n"
              f"[engine]\nthreads = {threads}\nprefix_cache_mb = 0\n\n[log]\nlevel = \"warning\"\n")  # fmt: skip

@@ -7,12 +7,12 @@ import json
 import sys
 from pathlib import Path
 
-from firmware.build import PRECISIONS, TARGETS, BuildOptions, build, sign
 from firmware.bundle import verify
 from firmware.errors import BundleError
 from firmware.install import DEFAULT_STORE, InstallError, Switched, install, no_restart, restart_daemon, rollback
 from firmware.manifest import MANIFEST_NAME, SIGNATURE_NAME, SPLIT_ALGORITHMS, LayerConstants, parse_manifest
 from firmware.signing import generate_keypair
+from firmware.toolchain.build import PRECISIONS, TARGETS, BuildOptions, build, sign
 
 DEFAULT_TRUSTED_KEYS = Path("/etc/zerolayer/trusted-keys")
 

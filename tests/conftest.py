@@ -15,7 +15,7 @@ from netns import NetPair, net_pair
 
 from appliance.devsetup import DevSetup
 from appliance.kernel.loader import PIN_ROOT
-from firmware.devkit import dev_trusted_keys, ensure_dev_key
+from firmware.toolchain.devkit import dev_trusted_keys, ensure_dev_key
 
 
 @pytest.fixture(scope="session")
@@ -30,21 +30,21 @@ def dev_key() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_bundle_path() -> Path:
-    from firmware.tiny import tiny_bundle
+    from firmware.toolchain.tiny import tiny_bundle
 
     return tiny_bundle()
 
 
 @pytest.fixture(scope="session")
 def tiny_hf_path() -> Path:
-    from firmware.tiny import tiny_hf_dir
+    from firmware.toolchain.tiny import tiny_hf_dir
 
     return tiny_hf_dir()
 
 
 @pytest.fixture(scope="session")
 def demo_bundle_path() -> Path:
-    from firmware.demo import demo_bundle
+    from firmware.toolchain.demo import demo_bundle
 
     return demo_bundle()
 

@@ -16,7 +16,7 @@ import firmware
 from appliance.engine import Engine, EngineConfig, GenerationRequest, Message, ModelSession, TextDelta
 from appliance.engine.chat import ChatTemplate
 from appliance.engine.tokenizer import TextTokenizer
-from firmware.tiny import ARCHITECTURES, tiny_bundle, tiny_hf_dir
+from firmware.toolchain.tiny import ARCHITECTURES, tiny_bundle, tiny_hf_dir
 
 OTHERS = sorted(set(ARCHITECTURES) - {"llama"})  # the Llama fixture has its own module
 CONVERSATION = (
@@ -100,8 +100,8 @@ def test_a_model_with_sliding_window_attention_is_refused_before_export(tmp_path
     differently past its window, so the build refuses it by name instead of shipping it."""
     import json
 
-    from firmware.build import BuildOptions, build
     from firmware.errors import BundleError
+    from firmware.toolchain.build import BuildOptions, build
 
     hf = tmp_path / "hf"
     hf.mkdir()

@@ -13,9 +13,9 @@ import pytest
 
 import firmware
 from firmware import BundleError, LayerConstants
-from firmware.build import BuildOptions, build, sign
 from firmware.manifest import parse_manifest
 from firmware.signing import generate_keypair
+from firmware.toolchain.build import BuildOptions, build, sign
 
 
 def _zerolayer(*args: str) -> subprocess.CompletedProcess[str]:
@@ -176,7 +176,7 @@ def test_on_a_terminal_the_running_step_shows_a_spinner_and_its_seconds() -> Non
     import io
     import time
 
-    from firmware.build import _Step
+    from firmware.toolchain.build import _Step
 
     lines: list[str] = []
     terminal = io.StringIO()

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from firmware import BundleError
-from firmware.build import sign
-from firmware.devkit import resigned_copy
 from firmware.install import CURRENT, PREVIOUS, InstallError, install, read_link, restart_daemon, rollback
+from firmware.toolchain.build import sign
+from firmware.toolchain.devkit import resigned_copy
 
 
 class Restarts:

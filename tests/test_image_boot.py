@@ -23,8 +23,8 @@ from clients import BOX_CLIENT
 
 from appliance.image.boot import Container, booted
 from appliance.image.build import Image, build_image
-from firmware.devkit import resigned_copy
-from firmware.paths import cache_dir
+from firmware.toolchain.devkit import resigned_copy
+from firmware.toolchain.paths import cache_dir
 
 SERVICE = "zerolayer.service"
 MESSAGE = {"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}

@@ -17,7 +17,7 @@ from clients import BOX_CLIENT
 from appliance.image import rootfs, sources, wheels
 from appliance.image.boot import booted
 from appliance.image.layout import REPO
-from firmware.paths import cache_dir
+from firmware.toolchain.paths import cache_dir
 
 
 def test_install_script_brings_a_plain_debian_root_to_a_ready_service(work: Path, tiny_bundle_path: Path,

@@ -126,7 +126,7 @@ def test_the_firmware_example_builds_signs_and_verifies_a_bundle(tmp_path: Path)
     import subprocess
     import sys
 
-    from firmware.demo import demo_gguf
+    from firmware.toolchain.demo import demo_gguf
 
     (block,) = [code for lang, code in re.findall(r"```(sh)\n(.*?)```", README.read_text(), re.S)
                 if "zerolayer firmware keygen" in code]  # fmt: skip

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from appliance import __version__
 from appliance.image import disk, layout, rootfs, sources, wheels
-from firmware.build import Progress, _stderr_progress, _Step
 from firmware.manifest import sha256_file
+from firmware.toolchain.build import Progress, _stderr_progress, _Step
 
 ARCHES = ("amd64", "arm64")
 STEPS = 10

@@ -342,14 +342,14 @@ def main() -> int:
     args = parser.parse_args()
     plan = SMOKE if args.smoke else FULL
     out: Path | None = args.out or (None if args.smoke else RESULTS)
-    from firmware.devkit import dev_trusted_keys
+    from firmware.toolchain.devkit import dev_trusted_keys
 
     if args.firmware == "demo":
-        from firmware.demo import demo_bundle
+        from firmware.toolchain.demo import demo_bundle
 
         bundle = demo_bundle()
     else:
-        from firmware.tiny import tiny_bundle
+        from firmware.toolchain.tiny import tiny_bundle
 
         bundle = tiny_bundle()
     trusted = dev_trusted_keys()

@@ -78,7 +78,7 @@ class Factory:
         if self._engine is None:
             from appliance.engine import Engine, EngineConfig
             from firmware import load
-            from firmware.devkit import dev_trusted_keys
+            from firmware.toolchain.devkit import dev_trusted_keys
 
             self._engine = Engine(load(FsPath(self.target.bundle), dev_trusted_keys()), EngineConfig())
             self._engine.warm()

@@ -100,8 +100,8 @@ def main() -> int:
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not os.path.exists(spy):
         raise SystemExit("needs py-spy: pip install py-spy")
-    from firmware.devkit import dev_trusted_keys
-    from firmware.tiny import tiny_bundle
+    from firmware.toolchain.devkit import dev_trusted_keys
+    from firmware.toolchain.tiny import tiny_bundle
 
     work = Path(tempfile.mkdtemp(prefix="zl-profile-"))
     stack = start_stack(work / "stack", tiny_bundle(), dev_trusted_keys())

@@ -6,9 +6,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from firmware.build import BuildOptions, build
-from firmware.devkit import ensure_bundle
 from firmware.errors import BundleError
+from firmware.toolchain.build import BuildOptions, build
+from firmware.toolchain.devkit import ensure_bundle
 
 DEMO_NAME = "smollm2-135m-instruct"
 

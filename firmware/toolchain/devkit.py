@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from firmware.build import Progress, _stderr_progress, sign
 from firmware.manifest import MANIFEST_NAME
-from firmware.paths import cache_dir
 from firmware.signing import generate_keypair
+from firmware.toolchain.build import Progress, _stderr_progress, sign
+from firmware.toolchain.paths import cache_dir
 
 DEV_KEY_NAME = "zerolayer-dev"
 

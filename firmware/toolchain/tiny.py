@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from firmware.build import BuildOptions, build
-from firmware.devkit import ensure_bundle
 from firmware.manifest import LayerConstants
+from firmware.toolchain.build import BuildOptions, build
+from firmware.toolchain.devkit import ensure_bundle
 
 TINY_NAME = "tiny-llama"
 # Architecture -> (transformers config class, model class, what differs from the Llama shape).
@@ -72,7 +72,7 @@ def tiny_hf_dir(arch: str = "llama") -> Path:
     """The Hugging Face folder of the fixture (the reference for correctness tests)."""
     import shutil
 
-    from firmware.paths import cache_dir
+    from firmware.toolchain.paths import cache_dir
 
     d = cache_dir() / ("tiny-hf" if arch == "llama" else f"tiny-hf-{arch}")
     if not (d / "model.safetensors").is_file():

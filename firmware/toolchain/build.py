@@ -164,14 +164,14 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
 
 def run_model_builder(hf_dir: Path, out_dir: Path, precision: str, target: str, cache_dir: Path) -> None:
     cmd = [
-        sys.executable, "-m", "firmware.builder_shim",
+        sys.executable, "-m", "firmware.toolchain.builder_shim",
         "-i", str(hf_dir), "-o", str(out_dir), "-p", precision, "-e", target, "-c", str(cache_dir),
     ]  # fmt: skip
     if precision in ("int8", "int4"):
         # Asymmetric (zero-point) weight quantization: on SmolLM2-135M the builder's symmetric
         # default flips greedy answers ("Paris" becomes French nonsense); asymmetric keeps them.
         cmd += ["--extra_options", "is_symmetric=false"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                        os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if result.returncode != 0:
