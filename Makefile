@@ -1,7 +1,7 @@
 # The two commands: `make run` (the main job) and `make test` (everything CI checks).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PACKAGES := appliance firmware
+PACKAGES := appliance firmware image
 
 .PHONY: setup setup-test run test lint bench-engine bench-peers bench-kernel bench-protocol demo-firmware image image-test
 

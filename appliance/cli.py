@@ -310,8 +310,15 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
-    from appliance.image.build import build_image
+    # The image builder is a build host's tool: it lives in the checkout (image/), not the package.
+    checkout = Path(__file__).resolve().parents[1]
+    if not (checkout / "image" / "build.py").is_file():
+        print("zerolayer: image build runs from a Zerolayer checkout (make image); this install has no image/",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    sys.path.insert(0, str(checkout))
     from firmware.toolchain.paths import cache_dir
+    from image.build import build_image
 
     trusted = args.trusted_keys
     if trusted is None:

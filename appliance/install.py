@@ -7,8 +7,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from appliance import layout
 from appliance.api.auth import add_key
-from appliance.image import layout
 
 START = ("zerolayer-tls-init.service", *layout.UNITS)
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from appliance import layout
 from appliance.config import Config, load_config
-from appliance.image import disk, layout, sources, wheels
 from firmware import load
 from firmware.install import CURRENT, read_link
+from image import disk, sources, wheels
 
 
 @pytest.fixture(scope="module")

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from clients import BOX_CLIENT
 
-from appliance.image.boot import Container, booted
-from appliance.image.build import Image, build_image
 from firmware.toolchain.devkit import resigned_copy
 from firmware.toolchain.paths import cache_dir
+from image.boot import Container, booted
+from image.build import Image, build_image
 
 SERVICE = "zerolayer.service"
 MESSAGE = {"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
@@ -186,7 +186,7 @@ def test_firmware_install_tamper_and_rollback_on_the_box(box: Container, tiny_bu
 @pytest.mark.arm64_image  # about 16 minutes fresh under qemu-user: make image-test, not make test
 def test_arm64_root_builds_and_runs_zerolayer_under_qemu(work: Path, tiny_bundle_path: Path,
                                                          trusted_keys: Path) -> None:  # fmt: skip
-    from appliance.image.rootfs import run_in
+    from image.rootfs import run_in
 
     started = time.monotonic()
     built = build_image("arm64", tiny_bundle_path, work / "arm64", trusted_keys, cache=cache_dir(),

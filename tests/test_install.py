@@ -14,10 +14,10 @@ from pathlib import Path
 
 from clients import BOX_CLIENT
 
-from appliance.image import rootfs, sources, wheels
-from appliance.image.boot import booted
-from appliance.image.layout import REPO
+from appliance.layout import REPO
 from firmware.toolchain.paths import cache_dir
+from image import rootfs, sources, wheels
+from image.boot import booted
 
 
 def test_install_script_brings_a_plain_debian_root_to_a_ready_service(work: Path, tiny_bundle_path: Path,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.image.layout import group_id
+from appliance.layout import group_id
 
 SYSTEMD_DIR = Path(__file__).resolve().parent.parent / "systemd"
 SERVICE = "zerolayer.service"

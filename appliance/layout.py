@@ -18,7 +18,7 @@ from firmware.signing import load_trusted_keys
 
 # The source checkout the units and image files come from: this package's own, or the one
 # scripts/install.sh runs from (an installed wheel holds neither).
-REPO = Path(os.environ.get("ZEROLAYER_SOURCE") or Path(__file__).resolve().parents[2])
+REPO = Path(os.environ.get("ZEROLAYER_SOURCE") or Path(__file__).resolve().parents[1])
 SYSTEMD_SRC = REPO / "systemd"
 IMAGE_FILES = REPO / "image" / "files"  # copied into the root as they are
 TLS_INIT = IMAGE_FILES / "usr/lib/systemd/system/zerolayer-tls-init.service"  # a certificate on first start

@@ -13,10 +13,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance import __version__
-from appliance.image import disk, layout, rootfs, sources, wheels
+from appliance import __version__, layout
 from firmware.manifest import sha256_file
 from firmware.toolchain.build import Progress, _stderr_progress, _Step
+from image import disk, rootfs, sources, wheels
 
 ARCHES = ("amd64", "arm64")
 STEPS = 10

@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from appliance.image.layout import REPO
 from appliance.kernel.loader import build_object
+from appliance.layout import REPO
 
 # Debian bookworm's Python and glibc (2.36): wheels for this or older are what its root can run.
 PYTHON_VERSION = "3.11"
