@@ -50,4 +50,4 @@ image: setup-test demo-firmware
 
 # The whole image test: the amd64 build and boot (also part of make test) and the arm64 root under qemu-user.
 image-test: setup-test
-	$(VENV)/bin/pytest -q -m '' tests/test_image.py tests/test_image_boot.py
+	$(VENV)/bin/pytest -q -m '' tests/image/test_image.py tests/image/test_image_boot.py

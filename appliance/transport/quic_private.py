@@ -1,6 +1,6 @@
 """Where aioquic offers no public way, and only here: the server connection's stream limit, asking
 a client for its certificate (mTLS), and reading the certificate it sent. Each reaches into
-aioquic's private state; `check()` says at start-up, and tests/test_http3.py in the suite, if an
+aioquic's private state; `check()` says at start-up, and tests/transport/test_http3.py in the suite, if an
 aioquic upgrade moved any of it, instead of mTLS or the stream limit failing quietly."""
 
 from __future__ import annotations

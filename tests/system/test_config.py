@@ -105,6 +105,6 @@ def test_config_cannot_raise_the_baked_shard_size(tiny_bundle_path: Path, truste
 
 
 def test_readme_reference_is_the_schema() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert reference_table() in readme, "README config table drifted: paste `python -c 'from appliance.config " \
         "import reference_table; print(reference_table())'`"

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from appliance.devsetup import DevSetup
 
-DASHBOARDS = Path(__file__).resolve().parent.parent / "dashboards"
+DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
 _SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_info", "_created")
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NETWORK = ["h3-warm", "tcp-reuse", "layered-reuse", "h3-0rtt", "h3-resumed", "h3-cold", "tcp-new", "layered-new"]
 
 

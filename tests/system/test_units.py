@@ -17,7 +17,7 @@ import pytest
 
 from appliance.layout import group_id
 
-SYSTEMD_DIR = Path(__file__).resolve().parent.parent / "systemd"
+SYSTEMD_DIR = Path(__file__).resolve().parents[2] / "systemd"
 SERVICE = "zerolayer.service"
 SOCKETS = ("zerolayer-quic.socket", "zerolayer-tcp.socket", "zerolayer-unix.socket")
 UNITS = (SERVICE, *SOCKETS)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _named_in_map() -> set[str]:
@@ -44,7 +44,7 @@ README = REPO / "README.md"
 EXPECT = "# -> "  # an example's comment that says what it prints: it must appear in the output
 DEMO_PORT = 8443  # what the examples dial; the test daemon's port is put in its place
 # Shell examples run here are the ones that talk to the daemon (the make, firmware and image
-# commands are the suite itself, tests/test_firmware.py and tests/test_image*.py).
+# commands are the suite itself, tests/firmware/test_firmware.py and tests/image/test_image*.py).
 CALLS_DAEMON = ("curl ", "zerolayer debug", "zerolayer status")
 
 

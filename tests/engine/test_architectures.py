@@ -1,5 +1,5 @@
 """Every architecture the firmware build supports, checked as the Llama fixture is
-(tests/test_engine.py): a tiny random-weight model made locally from a transformers config, built
+(tests/engine/test_engine.py): a tiny random-weight model made locally from a transformers config, built
 to fp32 firmware; our prefill logits against transformers within 1e-4, greedy tokens identical for
 32 steps, sharded prefill and a prefix reused from the pool identical to one pass."""
 

@@ -39,7 +39,7 @@ from appliance.kernel.libbpf import BpfError
 from appliance.kernel.loader import PIN_ROOT, on_bpffs
 from appliance.kernel.maps import BPF_NOEXIST
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PORT = 4433
 ETH, IPV4, IPV6, UDP = 14, 20, 40, 8
 

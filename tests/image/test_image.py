@@ -1,7 +1,7 @@
 """The image's parts that need no Debian root: what Zerolayer puts into a root (the units enabled,
 the user, /etc/zerolayer, the firmware, an empty machine-id), the mirror read from apt's sources,
 the wheelhouse's requirements, and the ext4-in-GPT layout. The full build and boot is
-tests/test_image_boot.py."""
+tests/image/test_image_boot.py."""
 
 from __future__ import annotations
 
