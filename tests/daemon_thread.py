@@ -5,6 +5,7 @@ too: it flips the live daemon's tc programs between rounds)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,11 @@ class RunningDaemon:
     """The daemon of a config root, started in a thread; stop() drains and ends it."""
 
     def __init__(self, config_root: Path, notifier: Notifier | None = None) -> None:
+        # The daemon sets up the process's logging as a daemon process would (root level and
+        # handler); put it back on stop, or every later test runs with its INFO logging: aioquic's
+        # per-packet records then slow the HTTP/3 tests enough to change what they see.
+        root = logging.getLogger()
+        self._logging = (root.level, list(root.handlers))
         self.daemon = Daemon(load_config(config_root), notifier=notifier, config_root=config_root)
         self.loop = asyncio.new_event_loop()
         self._started = threading.Event()
@@ -49,6 +55,13 @@ class RunningDaemon:
         asyncio.run_coroutine_threadsafe(self.daemon.stop(drain_timeout=1), self.loop).result(60)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(30)
+        root = logging.getLogger()
+        level, handlers = self._logging
+        root.setLevel(level)
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run fn on the daemon's loop (as its signal handlers do) and return its result."""

@@ -459,6 +459,12 @@ class Http3Server(asyncio.DatagramProtocol):
         return len(self._live)
 
     @property
+    def routed_ids(self) -> int:
+        """Connection IDs that route datagrams to a connection (each connection has one or more;
+        none may outlive its connection)."""
+        return len(self._routes)
+
+    @property
     def active_streams(self) -> int:
         return sum(len(conn.exchanges) for conn in self._live)
 

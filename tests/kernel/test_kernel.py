@@ -426,24 +426,39 @@ def test_open_kernel_layer_required_attaches(bpf_object: Path, pin_root: Path, n
 # --- fallback ------------------------------------------------------------------------------------
 
 
-def test_userspace_flows_same_layout_and_lru_bound() -> None:
+CLIENT_1 = FlowKey.make("udp", ("10.0.0.1", 5000), ("10.0.0.254", PORT))
+
+
+def test_userspace_flows_forget_the_least_recently_seen_beyond_the_bound() -> None:
     flows = UserspaceFlows(max_flows=3)
-    flows.set_allowlist(["10.0.0.0/8", "2001:db8::/32"])
     for i in range(4):
         flows.record_packet("udp", (f"10.0.0.{i}", 5000), ("10.0.0.254", PORT), 100, now_ns=i)
     flows.record_packet("udp", ("10.0.0.1", 5000), ("10.0.0.254", PORT), 50, now_ns=9)  # touch: most recent
     flows.record_packet("udp", ("10.0.0.9", 5000), ("10.0.0.254", PORT), 10, now_ns=10)
     assert len(flows) == 3
     assert {r.client[0] for r in flows.flows()} == {"10.0.0.1", "10.0.0.3", "10.0.0.9"}
-    raw_key, raw_value = next(iter(flows._flows.items()))
-    assert isinstance(raw_value, FlowValue) and len(raw_key) == ctypes.sizeof(FlowKey)
-    assert FlowKey.from_buffer_copy(raw_key).family == 2
-    rec = flows.lookup_flow(FlowKey.make("udp", ("10.0.0.1", 5000), ("10.0.0.254", PORT)))
+
+
+def test_userspace_flows_count_packets_and_bytes_as_the_kernel_does() -> None:
+    flows = UserspaceFlows()
+    flows.record_packet("udp", ("10.0.0.1", 5000), ("10.0.0.254", PORT), 100, now_ns=1)
+    flows.record_packet("udp", ("10.0.0.1", 5000), ("10.0.0.254", PORT), 50, now_ns=9)
+    rec = flows.lookup_flow(CLIENT_1)
     assert rec is not None and (rec.packets, rec.bytes, rec.last_ns) == (2, 150, 9)
-    flows.write_digests(FlowKey.make("udp", ("10.0.0.1", 5000), ("10.0.0.254", PORT)),
-                        [bytes([i]) * 32 for i in range(12)])
-    rec = flows.lookup_flow(FlowKey.make("udp", ("10.0.0.1", 5000), ("10.0.0.254", PORT)))
-    assert rec is not None and rec.digests == tuple(bytes([i]) * 32 for i in range(2, 12)) and rec.packets == 2
+    assert rec.proto == "udp" and rec.client == ("10.0.0.1", 5000)
+
+
+def test_userspace_flows_keep_a_flows_last_ten_digests() -> None:
+    flows = UserspaceFlows()
+    flows.record_packet("udp", ("10.0.0.1", 5000), ("10.0.0.254", PORT), 100, now_ns=1)
+    flows.write_digests(CLIENT_1, [bytes([i]) * 32 for i in range(12)])
+    rec = flows.lookup_flow(CLIENT_1)
+    assert rec is not None and rec.digests == tuple(bytes([i]) * 32 for i in range(2, 12)) and rec.packets == 1
+
+
+def test_userspace_allowlist_matches_v4_v6_and_mapped_clients_and_counts_drops() -> None:
+    flows = UserspaceFlows()
+    flows.set_allowlist(["10.0.0.0/8", "2001:db8::/32"])
     assert flows.allowed("10.1.2.3") and flows.allowed("::ffff:10.1.2.3") and not flows.allowed("192.0.2.1")
     assert flows.allowed("2001:db8::5") and flows.verdict_counts()["tc_drop"] == 1
     flows.set_allowlist([])

@@ -20,7 +20,7 @@ from daemon_thread import RunningDaemon
 
 from appliance.config import load_config
 from appliance.devsetup import DevSetup, write_dev_config
-from appliance.kernel import FlowKey, KernelLayer
+from appliance.kernel import FlowKey, FlowRecord, KernelLayer
 from appliance.kernel.loader import PIN_ROOT
 
 LONG = "Explain the for statement, the while statement and the else clauses of both loops. " * 3
@@ -55,30 +55,46 @@ def _metric(text: str, name: str) -> float:
     return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
-def test_flows_allowlist_reload_restart_and_detach(pins: None, tiny_bundle_path: Path, trusted_keys: Path,
-                                                    tmp_path: Path) -> None:  # fmt: skip
+def _our_flow(kernel: KernelLayer, quic_port: int) -> FlowRecord:
+    """The QUIC flow to the daemon, once the daemon has written its digests (just after the
+    response goes out)."""
+    deadline = time.monotonic() + 5
+    while True:
+        ours = [f for f in kernel.flows() if f.proto == "udp" and f.server[1] == quic_port]
+        if (ours and any(any(d) for d in ours[0].digests)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(ours) == 1
+    return ours[0]
+
+
+def test_the_kernel_counts_a_clients_flow_and_the_daemon_writes_its_digests_beside(
+        pins: None, tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:  # fmt: skip
     setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys, kernel="required")
     running = RunningDaemon(setup.root).start()
     try:
         kernel = running.daemon.kernel
-        assert isinstance(kernel, KernelLayer)
-        assert "zerolayer" in _filters()
+        assert isinstance(kernel, KernelLayer) and "zerolayer" in _filters()
         assert _ask(running, setup) == 200
-        quic_port = running.port("http3")
-        deadline = time.monotonic() + 5  # the digests are written just after the response goes out
-        while True:
-            ours = [f for f in kernel.flows() if f.proto == "udp" and f.server[1] == quic_port]
-            if (ours and any(any(d) for d in ours[0].digests)) or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        assert len(ours) == 1 and ours[0].packets >= 4 and ours[0].bytes > 1200  # handshake + request
-        assert any(any(d) for d in ours[0].digests)  # the daemon wrote the prompt's digests beside the counters
+        flow = _our_flow(kernel, running.port("http3"))
+        assert flow.packets >= 4 and flow.bytes > 1200  # handshake + request
+        assert any(any(d) for d in flow.digests)
         text = _metrics(setup)
         assert _metric(text, "zerolayer_flows") >= 1 and _metric(text, "zerolayer_flow_packets_total") >= 4
-        dropped_before = _metric(text, "zerolayer_allowlist_dropped_total")
-        # An allowlist that leaves loopback out, applied by reload: the next client gets no answer.
+    finally:
+        running.stop()
+    assert "zerolayer" not in _filters()  # stop detached exactly what it attached
+
+
+def test_a_reloaded_allowlist_drops_clients_it_leaves_out_in_the_kernel(
+        pins: None, tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:  # fmt: skip
+    setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys, kernel="required")
+    running = RunningDaemon(setup.root).start()
+    try:
+        assert _ask(running, setup) == 200
+        dropped_before = _metric(_metrics(setup), "zerolayer_allowlist_dropped_total")
         config = setup.root / "zerolayer.toml"
-        config.write_text(config.read_text() + 'allowlist = ["10.0.0.0/8"]\n')
+        config.write_text(config.read_text() + 'allowlist = ["10.0.0.0/8"]\n')  # loopback left out
         assert running.call(running.daemon.reload)
         with pytest.raises(niquests.exceptions.RequestException):
             _ask(running, setup, timeout=3)
@@ -86,10 +102,21 @@ def test_flows_allowlist_reload_restart_and_detach(pins: None, tiny_bundle_path:
         config.write_text(config.read_text().replace('allowlist = ["10.0.0.0/8"]\n', 'allowlist = ["127.0.0.0/8"]\n'))
         assert running.call(running.daemon.reload)
         assert _ask(running, setup) == 200
-        flow = ours[0]
     finally:
         running.stop()
-    assert "zerolayer" not in _filters()  # stop detached exactly what it attached
+
+
+def test_flow_state_and_digests_survive_a_restart_in_the_pinned_maps(
+        pins: None, tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:  # fmt: skip
+    setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys, kernel="required")
+    running = RunningDaemon(setup.root).start()
+    try:
+        kernel = running.daemon.kernel
+        assert isinstance(kernel, KernelLayer)
+        assert _ask(running, setup) == 200
+        flow = _our_flow(kernel, running.port("http3"))
+    finally:
+        running.stop()
     restarted = RunningDaemon(setup.root).start()
     try:
         kernel = restarted.daemon.kernel

@@ -298,7 +298,11 @@ def test_32_connections(certs: DevCert) -> None:
         try:
             tasks = [asyncio.create_task(one(server.port, i, everyone, connected)) for i in range(32)]
             await everyone.wait()
-            assert server.connections == 32
+            # Under load, 32 simultaneous handshakes push the server into Retry ("auto"), and a
+            # client's first Initial sent again around it can open a second handshake state the
+            # client never uses (two states per client port were seen, 35 for 32 clients, gone
+            # within 0.3 s). What must hold: exactly the 32 the clients hold remain.
+            await until(lambda: server.connections == 32, timeout=5.0)
             replies = await asyncio.gather(*tasks)
         finally:
             await server.close()
@@ -451,7 +455,7 @@ def test_a_handshake_flood_neither_locks_a_real_client_out_nor_leaves_state_behi
                 assert (await client.request("GET", "/after-the-flood")).status == 200
             assert time.monotonic() - began < 2.0
             await until(lambda: server.connections == 0, timeout=5.0)  # begun handshakes dropped at 1 s
-            assert server.handshakes == 0 and not server._routes
+            assert server.handshakes == 0 and server.routed_ids == 0
         finally:
             flood.close()
             await server.close()
