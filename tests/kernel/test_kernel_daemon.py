@@ -4,12 +4,14 @@ entries survive a restart, and stop leaves no filter of ours behind."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import socket
 import ssl
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2 as httpx
@@ -68,63 +70,57 @@ def _our_flow(kernel: KernelLayer, quic_port: int) -> FlowRecord:
     return ours[0]
 
 
-def test_the_kernel_counts_a_clients_flow_and_the_daemon_writes_its_digests_beside(
-        pins: None, tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:  # fmt: skip
-    setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys, kernel="required")
+@pytest.fixture
+def required(pins: None, tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> DevSetup:
+    """A development appliance whose daemon must load the kernel layer."""
+    return write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys, kernel="required")
+
+
+@contextlib.contextmanager
+def serving_with_kernel(setup: DevSetup) -> Iterator[tuple[RunningDaemon, KernelLayer]]:
     running = RunningDaemon(setup.root).start()
     try:
         kernel = running.daemon.kernel
-        assert isinstance(kernel, KernelLayer) and "zerolayer" in _filters()
-        assert _ask(running, setup) == 200
+        assert isinstance(kernel, KernelLayer)
+        yield running, kernel
+    finally:
+        running.stop()
+
+
+def test_the_kernel_counts_a_clients_flow_and_the_daemon_writes_its_digests_beside(required: DevSetup) -> None:
+    with serving_with_kernel(required) as (running, kernel):
+        assert "zerolayer" in _filters()
+        assert _ask(running, required) == 200
         flow = _our_flow(kernel, running.port("http3"))
         assert flow.packets >= 4 and flow.bytes > 1200  # handshake + request
         assert any(any(d) for d in flow.digests)
-        text = _metrics(setup)
+        text = _metrics(required)
         assert _metric(text, "zerolayer_flows") >= 1 and _metric(text, "zerolayer_flow_packets_total") >= 4
-    finally:
-        running.stop()
     assert "zerolayer" not in _filters()  # stop detached exactly what it attached
 
 
-def test_a_reloaded_allowlist_drops_clients_it_leaves_out_in_the_kernel(
-        pins: None, tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:  # fmt: skip
-    setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys, kernel="required")
-    running = RunningDaemon(setup.root).start()
-    try:
-        assert _ask(running, setup) == 200
-        dropped_before = _metric(_metrics(setup), "zerolayer_allowlist_dropped_total")
-        config = setup.root / "zerolayer.toml"
+def test_a_reloaded_allowlist_drops_clients_it_leaves_out_in_the_kernel(required: DevSetup) -> None:
+    with serving_with_kernel(required) as (running, _):
+        assert _ask(running, required) == 200
+        dropped_before = _metric(_metrics(required), "zerolayer_allowlist_dropped_total")
+        config = required.root / "zerolayer.toml"
         config.write_text(config.read_text() + 'allowlist = ["10.0.0.0/8"]\n')  # loopback left out
         assert running.call(running.daemon.reload)
         with pytest.raises(niquests.exceptions.RequestException):
-            _ask(running, setup, timeout=3)
-        assert _metric(_metrics(setup), "zerolayer_allowlist_dropped_total") > dropped_before
+            _ask(running, required, timeout=3)
+        assert _metric(_metrics(required), "zerolayer_allowlist_dropped_total") > dropped_before
         config.write_text(config.read_text().replace('allowlist = ["10.0.0.0/8"]\n', 'allowlist = ["127.0.0.0/8"]\n'))
         assert running.call(running.daemon.reload)
-        assert _ask(running, setup) == 200
-    finally:
-        running.stop()
+        assert _ask(running, required) == 200
 
 
-def test_flow_state_and_digests_survive_a_restart_in_the_pinned_maps(
-        pins: None, tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:  # fmt: skip
-    setup = write_dev_config(tmp_path / "etc", tiny_bundle_path, trusted_keys, kernel="required")
-    running = RunningDaemon(setup.root).start()
-    try:
-        kernel = running.daemon.kernel
-        assert isinstance(kernel, KernelLayer)
-        assert _ask(running, setup) == 200
+def test_flow_state_and_digests_survive_a_restart_in_the_pinned_maps(required: DevSetup) -> None:
+    with serving_with_kernel(required) as (running, kernel):
+        assert _ask(running, required) == 200
         flow = _our_flow(kernel, running.port("http3"))
-    finally:
-        running.stop()
-    restarted = RunningDaemon(setup.root).start()
-    try:
-        kernel = restarted.daemon.kernel
-        assert isinstance(kernel, KernelLayer)
+    with serving_with_kernel(required) as (_, kernel):
         again = kernel.lookup_flow(FlowKey.make("udp", flow.client, flow.server))
         assert again is not None and again.packets >= flow.packets and again.digests == flow.digests
-    finally:
-        restarted.stop()
     assert "zerolayer" not in _filters()
 
 
