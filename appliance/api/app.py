@@ -324,7 +324,10 @@ class ApiApp:
     async def _submit(self, dialect: Dialect, request: GenerationRequest) -> Stream:
         try:
             # Rendering and tokenizing a long conversation is CPU work: never on the event loop.
-            prompt = await asyncio.to_thread(self.engine.prepare, request)
+            if request.prepares_quickly():
+                prompt = self.engine.prepare(request)
+            else:
+                prompt = await asyncio.to_thread(self.engine.prepare, request)
         except InvalidRequest as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
         device = self.governor.place() if self.governor else self.engine.default_device

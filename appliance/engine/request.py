@@ -46,6 +46,15 @@ class GenerationRequest:
     prior_digests: tuple[bytes, ...] = ()
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
+    def prepares_quickly(self, limit_chars: int = 2048) -> bool:
+        """Whether rendering and tokenizing it is too little work to send to a thread: a short
+        prompt and no grammar to compile (a thread hop costs a small request a turn of the event
+        loop, and on HTTP/3 a datagram of its own for the ACK)."""
+        if self.output.constrained or len(self.messages) > 4:  # a render per message boundary
+            return False
+        text = (self.raw_prompt or "") + (self.system or "")
+        return len(text) + sum(len(m.content) for m in self.messages) <= limit_chars
+
     def validate(self) -> None:
         """Check what needs no tokenizer; raise InvalidRequest naming the parameter."""
         if self.raw_prompt is not None:

@@ -144,3 +144,16 @@ def test_prefix_cache_replaces_an_entry_it_extends() -> None:
     assert len(pool) == 1
     hit = pool.lookup(block_digests(ids, 8), 5)
     assert hit is not None and hit.tokens == 40
+
+
+def test_only_a_short_plain_request_is_prepared_on_the_event_loop() -> None:
+    from appliance.engine.request import GenerationRequest, Message
+    from appliance.engine.tools import OutputRules
+
+    short = GenerationRequest((Message("user", "What is the capital of France?"),))
+    assert short.prepares_quickly()
+    assert not GenerationRequest((Message("user", "x" * 3000),)).prepares_quickly()
+    assert not GenerationRequest(tuple(Message("user", "hi") for _ in range(5))).prepares_quickly()
+    schema = OutputRules(json_schema={"type": "object"})
+    assert not GenerationRequest((Message("user", "hi"),), output=schema).prepares_quickly()  # a grammar to compile
+    assert not GenerationRequest((), raw_prompt="y" * 4000).prepares_quickly()
