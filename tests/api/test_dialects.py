@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from answers import finished, sse_events
 
 from appliance.api.anthropic import ANTHROPIC
 from appliance.api.app import dialect_of
@@ -12,17 +13,9 @@ from appliance.api.dialect import Call, ModelInfo
 from appliance.api.errors import ApiError
 from appliance.api.openai import OPENAI
 from appliance.api.tools import Answer
-from appliance.engine import Finished, GenerationRequest, Message, Trace
+from appliance.engine import GenerationRequest, Message
 
 PLAIN_CALL = Call(GenerationRequest((Message("user", "hi"),)), stream=False)
-
-
-def _done(reason: str = "end_turn") -> Finished:
-    return Finished(reason, None, 12, 3, Trace(request_id="r1"))
-
-
-def _events(sse: bytes) -> list[dict[str, object]]:
-    return [json.loads(line[5:]) for line in sse.decode().splitlines() if line.startswith("data: {")]
 
 
 def test_requests_are_routed_to_their_dialect_by_path_then_by_header() -> None:
@@ -60,10 +53,10 @@ def test_errors_in_each_dialects_shape_and_a_full_queue_in_its_status() -> None:
 
 
 def test_whole_answers_carry_text_stop_reason_and_usage() -> None:
-    a = ANTHROPIC.response("m", PLAIN_CALL, Answer("Paris."), _done("max_tokens"))
+    a = ANTHROPIC.response("m", PLAIN_CALL, Answer("Paris."), finished("max_tokens"))
     assert a["content"] == [{"type": "text", "text": "Paris."}] and a["stop_reason"] == "max_tokens"
     assert a["usage"] == {"input_tokens": 12, "output_tokens": 3}
-    o = OPENAI.response("m", PLAIN_CALL, Answer("Paris."), _done("max_tokens"))
+    o = OPENAI.response("m", PLAIN_CALL, Answer("Paris."), finished("max_tokens"))
     assert o["choices"][0]["message"]["content"] == "Paris." and o["choices"][0]["finish_reason"] == "length"
     assert o["usage"]["total_tokens"] == 15
 
@@ -72,7 +65,7 @@ def test_anthropic_stream_is_the_messages_event_sequence() -> None:
     call = ANTHROPIC.parse({"model": "m", "max_tokens": 5, "stream": True,
                             "messages": [{"role": "user", "content": "hi"}]}, "m")  # fmt: skip
     enc = ANTHROPIC.stream("m", 12, call)
-    events = _events(enc.start() + enc.delta("Par") + enc.delta("is") + enc.finish(_done()))
+    events = sse_events(enc.start() + enc.delta("Par") + enc.delta("is") + enc.finish(finished()))
     assert [e["type"] for e in events] == ["message_start", "ping", "content_block_start", "content_block_delta",
                                            "content_block_delta", "content_block_stop", "message_delta",
                                            "message_stop"]  # fmt: skip
@@ -83,13 +76,13 @@ def test_openai_stream_ends_with_usage_when_asked_and_done() -> None:
     call = OPENAI.parse({"model": "m", "stream": True, "stream_options": {"include_usage": True},
                          "messages": [{"role": "user", "content": "hi"}]}, "m")  # fmt: skip
     enc = OPENAI.stream("m", 12, call)
-    raw = enc.start() + enc.delta("Paris") + enc.finish(_done())
-    events = _events(raw)
+    raw = enc.start() + enc.delta("Paris") + enc.finish(finished())
+    events = sse_events(raw)
     assert events[1]["choices"][0]["delta"] == {"content": "Paris"}  # type: ignore[index]
     assert events[2]["choices"][0]["finish_reason"] == "stop"  # type: ignore[index]
     assert events[3]["usage"] == {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
     assert raw.endswith(b"data: [DONE]\n\n")
-    assert _events(enc.error(ApiError(500, "failed")))[0]["error"]["type"] == "server_error"  # type: ignore[index]
+    assert sse_events(enc.error(ApiError(500, "failed")))[0]["error"]["type"] == "server_error"  # type: ignore[index]
 
 
 def test_model_lists_in_each_shape() -> None:

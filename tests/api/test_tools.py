@@ -14,6 +14,7 @@ import anthropic
 import jsonschema
 import numpy as np
 import pytest
+from answers import finished, sse_events
 from clients import MODEL, anthropic_client, openai_client
 from daemon_thread import RunningDaemon
 from tool_cases import CASES, TOOLS
@@ -25,7 +26,7 @@ from appliance.api.errors import ApiError
 from appliance.api.openai import OPENAI
 from appliance.api.tools import Answer, CallOut
 from appliance.devsetup import DevSetup
-from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, TextDelta, Trace
+from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, TextDelta
 from appliance.engine.constraint import GrammarCompiler
 from appliance.engine.sampling import Sampler, penalize
 from appliance.engine.tools import (
@@ -178,25 +179,17 @@ def test_openai_tool_turns_reach_the_model_in_its_tool_format() -> None:
 PLAIN_CALL = Call(GenerationRequest((Message("user", "hi"),)), stream=False)
 
 
-def _done(reason: str) -> Finished:
-    return Finished(reason, None, 12, 30, Trace(request_id="r"))
-
-
 def test_answers_with_calls_in_each_dialects_shape() -> None:
     whole = CallOut("toolu_1", "get_weather", '{"city": "Paris"}')
     cut = CallOut("toolu_2", "get_weather", '{"city": "Ro')
-    a = ANTHROPIC.response("m", PLAIN_CALL, Answer("", [whole, cut]), _done("tool_use"))
+    a = ANTHROPIC.response("m", PLAIN_CALL, Answer("", [whole, cut]), finished("tool_use"))
     assert a["content"] == [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]
     assert a["stop_reason"] == "tool_use"
-    o = OPENAI.response("m", PLAIN_CALL, Answer("", [whole]), _done("tool_use"))
+    o = OPENAI.response("m", PLAIN_CALL, Answer("", [whole]), finished("tool_use"))
     choice = o["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     assert choice["message"]["tool_calls"] == [{"id": "toolu_1", "type": "function", "function": {
         "name": "get_weather", "arguments": '{"city": "Paris"}'}}]  # fmt: skip
-
-
-def _events(sse: bytes) -> list[dict[str, Any]]:
-    return [json.loads(line[5:]) for line in sse.decode().splitlines() if line.startswith("data: {")]
 
 
 def test_streams_open_a_block_per_call() -> None:
@@ -205,8 +198,8 @@ def test_streams_open_a_block_per_call() -> None:
     enc = ANTHROPIC.stream("m", 12, call)
     c = CallOut("toolu_1", "f")
     raw = enc.start() + enc.delta("Hm.") + enc.call_start(c) + enc.call_arguments(c, '{"a"') + enc.call_arguments(
-        c, ": 1}") + enc.finish(_done("tool_use"))
-    events = _events(raw)
+        c, ": 1}") + enc.finish(finished("tool_use"))
+    events = sse_events(raw)
     assert [(e["type"], e.get("index")) for e in events] == [
         ("message_start", None), ("ping", None), ("content_block_start", 0), ("content_block_delta", 0),
         ("content_block_stop", 0), ("content_block_start", 1), ("content_block_delta", 1),
@@ -215,7 +208,8 @@ def test_streams_open_a_block_per_call() -> None:
     assert events[6]["delta"] == {"type": "input_json_delta", "partial_json": '{"a"'}
     ocall = OPENAI.parse({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}, "m")
     oenc = OPENAI.stream("m", 12, ocall)
-    chunks = _events(oenc.start() + oenc.call_start(c) + oenc.call_arguments(c, "{}") + oenc.finish(_done("tool_use")))
+    body = oenc.start() + oenc.call_start(c) + oenc.call_arguments(c, "{}") + oenc.finish(finished("tool_use"))
+    chunks = sse_events(body)
     assert chunks[1]["choices"][0]["delta"]["tool_calls"] == [
         {"index": 0, "id": "toolu_1", "type": "function", "function": {"name": "f", "arguments": ""}}]
     assert chunks[2]["choices"][0]["delta"]["tool_calls"] == [{"index": 0, "function": {"arguments": "{}"}}]
@@ -532,9 +526,9 @@ def test_plain_completions_parse_echo_and_answer_in_the_legacy_shape() -> None:
         COMPLETIONS.parse({"model": "m", "prompt": "Once", "echo": True, "logprobs": 1}, "m")
     lp = [TokenLogprob(" upon", -0.5, ((" upon", -0.5), (" more", -1.5))), TokenLogprob(" a", -0.1)]
     plain = COMPLETIONS.parse({"model": "m", "prompt": "Once", "logprobs": 2}, "m")
-    doc = COMPLETIONS.response("m", plain, Answer(" upon a", [], lp), _done("max_tokens"))
+    doc = COMPLETIONS.response("m", plain, Answer(" upon a", [], lp), finished("max_tokens"))
     choice = doc["choices"][0]
     assert doc["object"] == "text_completion" and choice["text"] == " upon a" and choice["finish_reason"] == "length"
     assert choice["logprobs"] == {"tokens": [" upon", " a"], "token_logprobs": [-0.5, -0.1],
                                   "top_logprobs": [{" upon": -0.5, " more": -1.5}, {}], "text_offset": [0, 5]}
-    assert COMPLETIONS.response("m", call, Answer(" upon"), _done("end_turn"))["choices"][0]["text"] == "Once upon"
+    assert COMPLETIONS.response("m", call, Answer(" upon"), finished("end_turn"))["choices"][0]["text"] == "Once upon"
