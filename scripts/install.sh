@@ -20,14 +20,8 @@ done
 # checkout (no wheelhouse) also what compiles the kernel layer's BPF object.
 packages=(python3 python3-venv python3-systemd libbpf1)
 [[ -n "$wheelhouse" ]] || packages+=(clang libbpf-dev gcc make)
-missing=()
-for pkg in "${packages[@]}"; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-    echo "install: apt packages: ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+source scripts/apt.sh
+apt_ensure install "${packages[@]}"
 [[ -x "$PREFIX/bin/python" ]] || python3 -m venv --system-site-packages "$PREFIX"  # systemd-python from Debian
 if [[ -n "$wheelhouse" ]]; then
     "$PREFIX/bin/pip" install -q --no-index --disable-pip-version-check --find-links "$wheelhouse" "zerolayer[cpu]"

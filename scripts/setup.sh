@@ -15,19 +15,13 @@ if [[ "${1:-}" == "test" ]]; then
                    nginx-light redis-server tcpdump tshark)
 fi
 
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-    echo "setup: installing apt packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    # Servers the tests start themselves (nginx, redis) must not be started by their packages.
-    policy=/usr/sbin/policy-rc.d
-    [[ -e "$policy" ]] || { printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod 755 "$policy"; trap 'rm -f "$policy"' EXIT; }
-    apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+# Servers the tests start themselves (nginx, redis) must not be started by their packages.
+no_service_starts() {
+    local policy=/usr/sbin/policy-rc.d
+    [[ -e "$policy" ]] || { printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod 755 "$policy"; trap 'rm -f /usr/sbin/policy-rc.d' EXIT; }
+}
+source scripts/apt.sh
+APT_BEFORE_INSTALL=no_service_starts apt_ensure setup "${APT_PACKAGES[@]}"
 
 stamp="$VENV/.zerolayer-installed"
 if [[ -f "$stamp" && "$stamp" -nt pyproject.toml && "$stamp" -nt scripts/setup.sh ]]; then
