@@ -394,7 +394,6 @@ def main(argv: list[str] | None = None) -> int:
     except DaemonUnreachable as exc:
         print(f"zerolayer: {exc}", file=sys.stderr)
         return 1
-
     except KeyboardInterrupt:
         return 130
 
