@@ -90,7 +90,10 @@ class PrefixCache:
             if known is not None and known[1] == len(digests):
                 self._entries.move_to_end(known[0])
                 return True
-        kv = [(np.ascontiguousarray(k[:, :t]), np.ascontiguousarray(v[:, :t])) for k, v in kv]
+        # Always a copy: the arrays are views on a slot's KV row, which the next request overwrites.
+        # (np.ascontiguousarray returned the view itself for a model with one KV head, [1, t, head]
+        # being "contiguous" whatever its stride: the pool then served another request's keys.)
+        kv = [(np.array(k[:, :t], order="C"), np.array(v[:, :t], order="C")) for k, v in kv]
         nbytes = sum(k.nbytes + v.nbytes for k, v in kv)
         if nbytes > self.max_bytes:
             return False

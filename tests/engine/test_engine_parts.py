@@ -157,3 +157,16 @@ def test_only_a_short_plain_request_is_prepared_on_the_event_loop() -> None:
     schema = OutputRules(json_schema={"type": "object"})
     assert not GenerationRequest((Message("user", "hi"),), output=schema).prepares_quickly()  # a grammar to compile
     assert not GenerationRequest((), raw_prompt="y" * 4000).prepares_quickly()
+
+
+def test_prefix_cache_keeps_a_copy_even_of_a_single_kv_head_row() -> None:
+    """A model with one KV head (Phi-3 tiny, Gemma 3 270M): a row's view [1, t, head] counts as
+    contiguous whatever its stride, so a pool that stored "contiguous" arrays as they came kept a
+    view on the slot, and served the next request's keys as the cached prefix."""
+    row = np.ones((1, 64, 4), dtype=np.float32)  # one layer's key (and value) row of one slot
+    pool = PrefixCache(max_bytes=1 << 20, block_tokens=8)
+    digests = block_digests(list(range(16)), 8)
+    assert pool.store(digests, [(row[:, :16], row[:, :16])])
+    row[:] = 7.0  # the slot's next request writes its own keys
+    hit = pool.lookup(digests, 2)
+    assert hit is not None and float(hit.kv[0][0].max()) == 1.0
