@@ -167,10 +167,16 @@ def run_model_builder(hf_dir: Path, out_dir: Path, precision: str, target: str, 
         sys.executable, "-m", "firmware.toolchain.builder_shim",
         "-i", str(hf_dir), "-o", str(out_dir), "-p", precision, "-e", target, "-c", str(cache_dir),
     ]  # fmt: skip
+    # The engine binds one KV buffer of the whole capacity per layer (appliance/engine/session.py),
+    # so sliding-window layers keep full-length caches too; the attention operator masks what
+    # lies outside the window (local_window_size). The builder's default, window-sized caches for
+    # those layers, would need buffers of another shape that the operator evicts from itself.
+    extra = ["windowed_kv_cache=false"]
     if precision in ("int8", "int4"):
         # Asymmetric (zero-point) weight quantization: on SmolLM2-135M the builder's symmetric
         # default flips greedy answers ("Paris" becomes French nonsense); asymmetric keeps them.
-        cmd += ["--extra_options", "is_symmetric=false"]
+        extra.append("is_symmetric=false")
+    cmd += ["--extra_options", *extra]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                        os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -251,6 +257,7 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
             run_model_builder(hf_dir, genai_dir, options.precision, options.target, work / "cache")
             step.done(t)
         else:
+            refuse_unsupported_attention(source)
             genai_dir = source
             progress(f"{source}: already an ONNX Runtime GenAI folder; --precision/--target are taken from it")
         t = step(f"packing bundle {name} {options.version} into {out_dir}")
@@ -270,21 +277,42 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
     return manifest
 
 
-def refuse_unsupported_attention(hf_dir: Path) -> None:
-    """Sliding-window attention narrower than the context: the engine attends to every position, so
-    answers past the window would differ from the model's (measured: logits off by 1.8 at 57 tokens
-    with a window of 16). Refuse it before the export rather than ship a bundle that is wrong."""
-    config_file = hf_dir / "config.json"
+# Attention layer kinds whose export the engine runs as transformers does (checked past the window:
+# tests/engine/test_architectures.py). Others (chunked, linear, convolution) are not checked.
+ATTENTION_KINDS = ("full_attention", "sliding_attention")
+
+
+def refuse_unsupported_attention(model_dir: Path) -> None:
+    """Refuse, before the export or the pack, attention the engine would run differently from the
+    model. Sliding-window and interleaved local/global attention are supported: the builder is
+    told which layers slide (builder_shim.sliding_window_layers) and keeps full-length caches for
+    them (windowed_kv_cache=false), and the attention operator masks what lies outside the window.
+    Still refused:
+
+    - layers of another kind than full or sliding attention (`layer_types`): not checked;
+    - an ONNX Runtime GenAI folder built with window-sized caches for its sliding layers
+      (genai_config's decoder.sliding_window): the engine binds one buffer of the whole capacity
+      per layer, so those layers would read and write the wrong positions. Rebuild it from the
+      Hugging Face folder or the GGUF file.
+    """
+    genai_file = model_dir / "genai_config.json"
+    if genai_file.is_file():
+        decoder = json.loads(genai_file.read_text()).get("model", {}).get("decoder", {})
+        window = decoder.get("sliding_window")
+        if window:
+            raise BundleError(f"{model_dir.name}: its sliding-window layers {window.get('layers')} keep window-sized "
+                              f"caches ({window.get('window_size')} positions); the engine needs full-length caches: "
+                              "build it from the Hugging Face folder or GGUF file instead")  # fmt: skip
+        return
+    config_file = model_dir / "config.json"
     if not config_file.is_file():
         return
     config = json.loads(config_file.read_text())
     config = config.get("text_config", config)  # multimodal configs nest the language model's
-    window = config.get("sliding_window")
-    context = config.get("max_position_embeddings")
-    if isinstance(window, int) and isinstance(context, int) and window < context:
-        raise BundleError(f"{hf_dir.name}: sliding-window attention (a window of {window} positions in a context of "
-                          f"{context}) is not supported by the engine yet; its answers past {window} positions would "
-                          "differ from the model's")  # fmt: skip
+    kinds = sorted(set(config.get("layer_types") or ()) - set(ATTENTION_KINDS))
+    if kinds:
+        raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
+                          f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip
 
 
 def check_loads(bundle_dir: Path) -> None:

@@ -1,9 +1,35 @@
-"""Runs onnxruntime-genai's model builder with one compatibility fix.
+"""Runs onnxruntime-genai's model builder with the fixes transformers 5 made necessary.
 
-transformers 5 keeps RoPE settings only in `config.rope_parameters`; the builder reads
-`config.rope_theta` and, finding none, silently uses 10000. For SmolLM2 (theta 100000) that gives
-a model that loads and answers nonsense. The property below answers `rope_theta` from
-`rope_parameters` when the config has no value of its own.
+onnxruntime-genai 0.18's builder reads transformers 4's config fields; transformers 5 moved or
+reshaped several of them. Each fix below is named, says what breaks without it, and has a test
+that fails without it (tests/engine/test_architectures.py builds every architecture through here;
+tests/firmware/test_builder_shim.py checks each fix on a config).
+
+- `rope_theta`: transformers 5 keeps RoPE settings only in `config.rope_parameters`; the builder
+  reads `config.rope_theta` and, finding none, silently uses 10000. For SmolLM2 (theta 100000)
+  that gives a model that loads and answers nonsense. A property answers `rope_theta` from
+  `rope_parameters` when the config has no value of its own.
+
+The others are fix-ups of the config object the builder loads (`_fix_config`); the builder loads
+the PyTorch weights with a config of their own, which stays as transformers made it:
+
+- `phi3_default_rope`: a Phi-3 config whose `max_position_embeddings` differs from
+  `original_max_position_embeddings` sends the builder to its LongRoPE class, which then fails
+  with KeyError 'multi_cache' unless the RoPE type is "longrope". transformers ignores
+  `original_max_position_embeddings` for any other RoPE type, so it is set equal to the context
+  (the plain Phi-3 class, which is what transformers computes).
+- `gemma3_rope_per_layer_type`: transformers 5 stores Gemma 3's RoPE as one entry per layer type
+  (`{"full_attention": {...}, "sliding_attention": {...}}`); the builder expects one flat entry
+  (KeyError 'rope_type') and the local layers' base in `rope_local_base_freq` (transformers 4's
+  name). The global entry becomes the flat one and the sliding entry's theta the local base.
+- `sliding_window_layers`: the builder applies `sliding_window` only to layers that
+  `config.layer_types` marks "sliding_attention", and gives a config without `layer_types`
+  (Mistral's) full attention everywhere: a Mistral with a window of 16 was off by 1.8 in the
+  logits at 57 tokens. Every layer is marked sliding, as transformers runs it.
+
+The builder is also asked (build.py) for `windowed_kv_cache=false`: the engine binds one buffer of
+the whole capacity per layer, so local layers keep full-length caches and the attention operator
+masks positions outside the window (`local_window_size`).
 """
 
 from __future__ import annotations
@@ -27,7 +53,78 @@ def _set(self: Any, value: Any) -> None:
     self.__dict__["rope_theta"] = value
 
 
-if __name__ == "__main__":
+def phi3_default_rope(config: Any) -> None:
+    if config.model_type != "phi3":
+        return
+    params = getattr(config, "rope_parameters", None) or {}
+    original = getattr(config, "original_max_position_embeddings", None)
+    if params.get("rope_type", "default") != "longrope" and original != config.max_position_embeddings:
+        config.original_max_position_embeddings = config.max_position_embeddings
+
+
+def gemma3_rope_per_layer_type(config: Any) -> None:
+    params = getattr(config, "rope_parameters", None)
+    if not isinstance(params, dict) or "full_attention" not in params or "rope_type" in params:
+        return
+    full: dict[str, Any] = params["full_attention"]
+    local: dict[str, Any] = params.get("sliding_attention") or full
+    config.rope_parameters = dict(full)
+    config.rope_theta = full["rope_theta"]
+    if getattr(config, "rope_local_base_freq", None) is None:
+        config.rope_local_base_freq = local["rope_theta"]
+
+
+def sliding_window_layers(config: Any) -> None:
+    window = getattr(config, "sliding_window", None)
+    if isinstance(window, int) and window > 0 and getattr(config, "layer_types", None) is None:
+        config.layer_types = ["sliding_attention"] * config.num_hidden_layers
+
+
+FIXES = (phi3_default_rope, gemma3_rope_per_layer_type, sliding_window_layers)
+
+
+def _fix_config(config: Any) -> Any:
+    text = getattr(config, "text_config", None)
+    for c in (config, text) if text is not None else (config,):
+        for fix in FIXES:
+            fix(c)
+    return config
+
+
+def install() -> None:
+    """Put the fixes in place (before the builder module runs and imports what it uses)."""
+    import importlib
+    import sys
+
     if "rope_theta" not in vars(PretrainedConfig):
         PretrainedConfig.rope_theta = property(_get, _set)  # type: ignore[attr-defined]
+
+    # The builder's own modules first: importing them puts a new `transformers` module object in
+    # sys.modules (transformers 5's lazy loading), and the builder imports AutoConfig from that one.
+    importlib.import_module("onnxruntime_genai.models")  # puts the builder's folder on sys.path
+    importlib.import_module("builders")
+
+    transformers = sys.modules["transformers"]
+    base = transformers.AutoConfig
+    if getattr(base, "_zerolayer_fixed", False):
+        return
+
+    class _BuilderAutoConfig(base):  # type: ignore[misc,valid-type]
+        """What `from transformers import AutoConfig` gives the builder: its configs fixed up.
+        (transformers' own loaders import AutoConfig from its module, so they get the original.)"""
+
+        _zerolayer_fixed = True
+
+        @classmethod
+        def from_pretrained(cls, *args: Any, **kwargs: Any) -> Any:
+            loaded = base.from_pretrained(*args, **kwargs)
+            if isinstance(loaded, tuple):  # return_unused_kwargs=True
+                return (_fix_config(loaded[0]), *loaded[1:])
+            return _fix_config(loaded)
+
+    setattr(transformers, "AutoConfig", _BuilderAutoConfig)  # noqa: B010  (mypy: not a declared name)
+
+
+if __name__ == "__main__":
+    install()
     runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__", alter_sys=True)

@@ -5,6 +5,8 @@ architectures the firmware build supports (ARCHITECTURES), each checked against 
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from firmware.manifest import LayerConstants
@@ -13,21 +15,110 @@ from firmware.toolchain.devkit import ensure_bundle
 
 TINY_NAME = "tiny-llama"
 # Architecture -> (transformers config class, model class, what differs from the Llama shape).
-# Qwen3 adds per-head query/key norms. Phi-3 and Gemma 3 are not here: onnxruntime-genai 0.18's
-# builder fails on their transformers 5 configs (KeyError 'multi_cache', KeyError 'rope_type').
+# Qwen3 adds per-head query/key norms; Phi-3 here rotates half of each head (partial rotary, as
+# Phi-4-mini does with three quarters);
+# Mistral slides a window of 16 positions over every layer; Gemma 3 interleaves a sliding layer
+# (window 16, its own RoPE base) with a global one, and adds Gemma's norms and scaled embeddings.
+# The windows are far narrower than the test conversation, so every check runs past them.
 ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
-    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 16}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
-}
-# ChatML, as SmolLM2 uses: rendered by Jinja exactly as Hugging Face renders it.
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {
+        # Heads of 32 so the rotated half (16) fills the operator's cos/sin cache rows of 8.
+        "num_attention_heads": 2, "num_key_value_heads": 1,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    }),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+        "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+    }),
+}  # fmt: skip
+
+# ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# Mistral's instruct style: no system role; a system prompt is folded into the first user turn.
+MISTRAL_CHAT_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
+    "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}"
+    "{{- bos_token }}"
+    "{%- for message in loop_messages %}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}"
+    "{%- if message['role'] == 'user' %}"
+    "{%- if loop.first and system_message is defined %}"
+    "{{- '[INST] ' + system_message + '\n\n' + message['content'] + '[/INST]' }}"
+    "{%- else %}{{- '[INST] ' + message['content'] + '[/INST]' }}{%- endif %}"
+    "{%- else %}{{- ' ' + message['content'] + eos_token }}{%- endif %}"
+    "{%- endfor %}"
+)
+# Phi-3.5-mini-instruct's template, as published.
+PHI3_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
+    "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
+    "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+# Gemma 3's template (text parts): no system role, so the system prompt opens the first user turn;
+# the assistant is "model".
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {{- message['content'] | trim }}\n"
+    "    {{ '<end_of_turn>\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\n'}}\n"
+    "{%- endif -%}\n"
+)
+
+
+@dataclass(frozen=True)
+class ChatStyle:
+    template: str
+    specials: tuple[str, ...]  # the first is the unknown and padding token
+    bos: str
+    eos: str  # the end of an assistant turn: generation stops on it
+
+
+CHATML = ChatStyle(TINY_CHAT_TEMPLATE, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_start|>", "<|im_end|>")
+# Each family's template, with its special tokens, where it is not ChatML.
+CHAT_STYLES: dict[str, ChatStyle] = {
+    "mistral": ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]"), "<s>", "</s>"),
+    "phi3": ChatStyle(PHI3_CHAT_TEMPLATE, ("<unk>", "<s>", "<|endoftext|>", "<|system|>", "<|user|>",
+                                           "<|assistant|>", "<|end|>"), "<s>", "<|end|>"),
+    "gemma3": ChatStyle(GEMMA3_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
+                        "<bos>", "<end_of_turn>"),
+}  # fmt: skip
+
+
+def chat_style(arch: str) -> ChatStyle:
+    return CHAT_STYLES.get(arch, CHATML)
 
 
 def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
@@ -39,33 +130,43 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
     from transformers import PreTrainedTokenizerFast
 
     config_class, model_class, extra = ARCHITECTURES[arch]
+    style = chat_style(arch)
 
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=512, special_tokens=list(style.specials), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(sorted(pydoc_data.topics.topics.values()), trainer)
+    unk = style.specials[0]
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
-        unk_token="<|endoftext|>", pad_token="<|endoftext|>",
+        tokenizer_object=tok, bos_token=style.bos, eos_token=style.eos, unk_token=unk, pad_token=unk,
     )  # fmt: skip
-    fast.chat_template = TINY_CHAT_TEMPLATE
+    fast.chat_template = style.template
     fast.save_pretrained(out_dir)
     torch.manual_seed(seed)
-    config = getattr(transformers, config_class)(
+    shape: dict[str, object] = dict(
         vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-        bos_token_id=tok.token_to_id("<|im_start|>"), eos_token_id=tok.token_to_id("<|im_end|>"),
-        pad_token_id=tok.token_to_id("<|endoftext|>"), tie_word_embeddings=False, **extra,
+        bos_token_id=tok.token_to_id(style.bos), eos_token_id=tok.token_to_id(style.eos),
+        pad_token_id=tok.token_to_id(unk), tie_word_embeddings=False,
     )  # fmt: skip
+    config = getattr(transformers, config_class)(**{**shape, **extra})
     model = getattr(transformers, model_class)(config)
     # Random init leaves tiny logits; scale the head so greedy decoding is not a sea of near-ties.
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
     model.save_pretrained(out_dir)
+
+
+def _fingerprint(arch: str) -> str:
+    """What the tiny model of `arch` is made from: a cached one made from something else is stale.
+    (The Llama fixture keeps its plain names: it has not changed since they were chosen.)"""
+    if arch == "llama":
+        return ""
+    spec = repr((ARCHITECTURES[arch], chat_style(arch)))
+    return "-" + hashlib.sha256(spec.encode()).hexdigest()[:8]
 
 
 def tiny_hf_dir(arch: str = "llama") -> Path:
@@ -74,7 +175,7 @@ def tiny_hf_dir(arch: str = "llama") -> Path:
 
     from firmware.toolchain.paths import cache_dir
 
-    d = cache_dir() / ("tiny-hf" if arch == "llama" else f"tiny-hf-{arch}")
+    d = cache_dir() / ("tiny-hf" if arch == "llama" else f"tiny-hf-{arch}{_fingerprint(arch)}")
     if not (d / "model.safetensors").is_file():
         tmp = d.with_name(f".{d.name}-tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -92,4 +193,4 @@ def tiny_bundle(arch: str = "llama") -> Path:
             layer=LayerConstants(max_tokens_per_shard=64),
         ))  # fmt: skip
 
-    return ensure_bundle(name, make)
+    return ensure_bundle(name + _fingerprint(arch), make)

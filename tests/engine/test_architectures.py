@@ -1,13 +1,19 @@
 """Every architecture the firmware build supports, checked as the Llama fixture is
 (tests/engine/test_engine.py): a tiny random-weight model made locally from a transformers config, built
 to fp32 firmware; our prefill logits against transformers within 1e-4, greedy tokens identical for
-32 steps, sharded prefill and a prefix reused from the pool identical to one pass."""
+32 steps, sharded prefill and a prefix reused from the pool identical to one pass, and rows of
+different lengths decoded together identical to each alone. Mistral's sliding window and Gemma
+3's sliding layers are 16 positions wide and the conversation is several times longer, so every
+check runs past the window; Qwen3 has per-head norms and Phi-3 partial rotary. Each family's chat
+template renders the same token ids as transformers' apply_chat_template."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +30,7 @@ CONVERSATION = (
     Message("assistant", "The for statement iterates over the items of any sequence, in order."),
     Message("user", "And what does break do inside a while loop with an else clause?"),
 )
+SHORT = (Message("user", "What does the with statement do?"),)
 
 
 @pytest.fixture(scope="module", params=OTHERS)
@@ -37,9 +44,9 @@ def arch(request: pytest.FixtureRequest, trusted_keys: Path) -> Iterator[tuple[s
     yield name, bundle, hf
 
 
-def _ids(bundle: firmware.Bundle) -> list[int]:
+def _ids(bundle: firmware.Bundle, messages: tuple[Message, ...] = CONVERSATION) -> list[int]:
     tok = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
-    return ChatTemplate(bundle.chat_template, tok).prompt(CONVERSATION).ids
+    return ChatTemplate(bundle.chat_template, tok).prompt(messages).ids
 
 
 def _hf_logits(model: object, ids: list[int]) -> np.ndarray:
@@ -47,6 +54,31 @@ def _hf_logits(model: object, ids: list[int]) -> np.ndarray:
 
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].numpy()  # type: ignore[operator,no-any-return]
+
+
+def _window(name: str) -> int | None:
+    config = json.loads((tiny_hf_dir(name) / "config.json").read_text())
+    return config.get("sliding_window")  # type: ignore[no-any-return]
+
+
+def test_the_windowed_architectures_are_checked_past_their_window() -> None:
+    assert _window("mistral") == _window("gemma3") == 16
+    gemma = json.loads((tiny_hf_dir("gemma3") / "config.json").read_text())
+    assert set(gemma["layer_types"]) == {"sliding_attention", "full_attention"}  # interleaved
+    assert len(_ids_for("mistral")) > 4 * 16 and len(_ids_for("gemma3")) > 4 * 16
+
+
+def _ids_for(name: str) -> list[int]:
+    return _folder_template(name).prompt(CONVERSATION).ids
+
+
+def _folder_template(name: str) -> ChatTemplate:
+    """The chat template and tokenizer of the tiny model's Hugging Face folder, as the build packs them."""
+    from firmware.toolchain.build import read_chat_template
+
+    folder = tiny_hf_dir(name)
+    tok = TextTokenizer(folder / "tokenizer.json", folder / "tokenizer_config.json")
+    return ChatTemplate(read_chat_template(folder), tok)
 
 
 def test_prefill_logits_and_32_greedy_steps_match_transformers(arch: tuple[str, firmware.Bundle, object]) -> None:
@@ -71,7 +103,7 @@ def test_sharded_and_prefix_reused_generation_equal_one_pass(arch: tuple[str, fi
     session = ModelSession(bundle)
     one = session.forward(session.new_cache(len(ids)), ids)
     cache = session.new_cache(len(ids))
-    for start in range(0, len(ids), 7):  # shards of 7
+    for start in range(0, len(ids), 7):  # shards of 7: several cross the window's edge
         logits = session.forward(cache, ids[start : start + 7])
     assert np.abs(logits - one).max() <= 1e-4, name
 
@@ -95,17 +127,78 @@ def test_sharded_and_prefix_reused_generation_equal_one_pass(arch: tuple[str, fi
     assert reused > 0 and first == again == expected, name
 
 
-def test_a_model_with_sliding_window_attention_is_refused_before_export(tmp_path: Path) -> None:
-    """The engine attends to every position; a model whose attention slides would answer
-    differently past its window, so the build refuses it by name instead of shipping it."""
-    import json
+def test_rows_of_different_lengths_decode_together_as_each_alone(arch: tuple[str, firmware.Bundle, object]) -> None:
+    """One decode run over two rows, one far past the window and one inside it: each row's mask
+    gives the operator its own length, and so its own window."""
+    name, bundle, _ = arch
+    prompts = [np.array(_ids(bundle, m), dtype=np.int64) for m in (CONVERSATION, SHORT)]
+    session = ModelSession(bundle)
+    alone = []
+    for ids in prompts:
+        cache = session.new_cache(len(ids) + 12)
+        logits, tokens = session.forward(cache, ids), []
+        for _ in range(12):
+            tokens.append(int(logits.argmax()))
+            logits = session.forward(cache, np.array(tokens[-1:], dtype=np.int64))
+        alone.append(tokens)
+    slots = session.new_slots(2, max(len(p) for p in prompts) + 12)
+    lengths = np.array([len(p) for p in prompts], dtype=np.int64)
+    last = np.array([int(session.forward(slots.row(i), p).argmax()) for i, p in enumerate(prompts)], dtype=np.int64)
+    together: list[list[int]] = [[], []]
+    for _ in range(12):
+        for i in range(2):
+            together[i].append(int(last[i]))
+        logits = session.decode(slots, last, lengths)
+        lengths += 1
+        last = logits.argmax(axis=1).astype(np.int64)
+    assert together == alone, name
 
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("system", [None, "You answer in one short sentence."])
+def test_chat_template_renders_the_token_ids_transformers_renders(name: str, system: str | None) -> None:
+    """The family's template (a system prompt folded into the first user turn where the family
+    has no system role: Mistral, Gemma) through our Jinja environment and tokenizer, against
+    transformers' apply_chat_template on the Hugging Face folder."""
+    from transformers import AutoTokenizer
+
+    prompt = _folder_template(name).prompt(CONVERSATION, system=system)
+    docs = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": m.role, "content": m.content} for m in CONVERSATION
+    ]
+    assert prompt.ids == hf_chat_ids(AutoTokenizer.from_pretrained(tiny_hf_dir(name)), docs)
+    if system and name in ("mistral", "gemma3"):  # no system role: folded into the first user turn
+        assert "system" not in prompt.text and system in prompt.text
+
+
+def hf_chat_ids(tokenizer: Any, docs: list[dict[str, str]]) -> list[int]:
+    out = tokenizer.apply_chat_template(docs, tokenize=True, add_generation_prompt=True)
+    if not isinstance(out, list):  # transformers 5 returns the encoding
+        out = out["input_ids"]
+    return [int(i) for i in out]
+
+
+def test_a_genai_folder_with_window_sized_caches_is_refused(tmp_path: Path) -> None:
+    """The engine binds caches of the whole capacity; a folder exported with the builder's
+    window-sized caches for its sliding layers would read and write the wrong positions."""
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import BuildOptions, build
+
+    src = tmp_path / "genai"
+    src.mkdir()
+    (src / "genai_config.json").write_text(json.dumps({"model": {"decoder": {
+        "sliding_window": {"window_size": 16, "layers": [0, 2]}}}}))  # fmt: skip
+    with pytest.raises(BundleError, match=r"sliding-window layers \[0, 2\] keep window-sized caches"):
+        build(src, tmp_path / "out", BuildOptions(precision="fp32"))
+
+
+def test_a_model_with_layers_of_another_kind_is_refused_before_export(tmp_path: Path) -> None:
     from firmware.errors import BundleError
     from firmware.toolchain.build import BuildOptions, build
 
     hf = tmp_path / "hf"
     hf.mkdir()
-    (hf / "config.json").write_text(json.dumps({"model_type": "mistral", "sliding_window": 16,
-                                                "max_position_embeddings": 2048}))  # fmt: skip
-    with pytest.raises(BundleError, match=r"sliding-window attention \(a window of 16 positions"):
+    (hf / "config.json").write_text(json.dumps({"model_type": "llama4_text", "sliding_window": 16,
+                                                "layer_types": ["chunked_attention", "full_attention"]}))  # fmt: skip
+    with pytest.raises(BundleError, match="layers of kind chunked_attention are not supported"):
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))

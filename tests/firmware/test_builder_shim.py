@@ -1,0 +1,69 @@
+"""The model builder's fixes for transformers 5 (firmware/toolchain/builder_shim.py), each on the
+config transformers makes. Without them the builds in tests/engine/test_architectures.py fail
+(Phi-3: KeyError 'multi_cache'; Gemma 3: KeyError 'rope_type') or export a model that is wrong
+past its window (Mistral: every layer given full attention)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import transformers
+
+from firmware.toolchain import builder_shim
+from firmware.toolchain.tiny import tiny_hf_dir
+
+SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+             pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+
+
+def test_phi3_with_its_default_rope_is_exported_as_plain_phi3() -> None:
+    config = transformers.Phi3Config(**SHAPE)  # original_max_position_embeddings defaults to 4096
+    assert config.original_max_position_embeddings != config.max_position_embeddings
+    builder_shim.phi3_default_rope(config)
+    assert config.original_max_position_embeddings == config.max_position_embeddings == 2048
+
+
+def test_phi3_longrope_is_left_to_the_builder() -> None:
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+            "original_max_position_embeddings": 1024}  # fmt: skip
+    config = transformers.Phi3Config(**SHAPE, rope_parameters=rope)
+    before = config.original_max_position_embeddings
+    builder_shim.phi3_default_rope(config)
+    assert config.original_max_position_embeddings == before
+
+
+def test_gemma3_rope_per_layer_type_becomes_the_flat_entry_and_the_local_base() -> None:
+    config = transformers.Gemma3TextConfig(**SHAPE)
+    assert "rope_type" not in config.rope_parameters  # {"full_attention": ..., "sliding_attention": ...}
+    builder_shim.gemma3_rope_per_layer_type(config)
+    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 1000000.0}
+    assert config.rope_theta == 1000000.0 and config.rope_local_base_freq == 10000.0
+
+
+def test_a_sliding_window_without_layer_types_slides_on_every_layer() -> None:
+    mistral = transformers.MistralConfig(**SHAPE, sliding_window=16)
+    builder_shim.sliding_window_layers(mistral)
+    assert mistral.layer_types == ["sliding_attention", "sliding_attention"]
+    plain = transformers.MistralConfig(**SHAPE, sliding_window=None)
+    builder_shim.sliding_window_layers(plain)
+    assert getattr(plain, "layer_types", None) is None
+    gemma = transformers.Gemma3TextConfig(**SHAPE, layer_types=["sliding_attention", "full_attention"])
+    builder_shim.sliding_window_layers(gemma)
+    assert gemma.layer_types == ["sliding_attention", "full_attention"]  # its own pattern kept
+
+
+def test_the_builder_module_loads_its_configs_through_the_fixes() -> None:
+    """Importing the builder's modules replaces sys.modules['transformers'] (transformers 5's lazy
+    loading); a patch of the module object seen before that is not what the builder imports."""
+    folder = tiny_hf_dir("gemma3")
+    code = (
+        "from firmware.toolchain import builder_shim; builder_shim.install()\n"
+        "import builder\n"
+        f"c = builder.AutoConfig.from_pretrained({str(folder)!r})\n"
+        "print(c.rope_parameters['rope_type'], c.rope_local_base_freq)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["default", "10000.0"]
