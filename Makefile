@@ -17,8 +17,9 @@ setup-test:
 demo-firmware: setup
 	$(PY) -m firmware.toolchain.demo
 
+# MODEL=smollm2 (default), gemma3, or all (every demo model side by side, routed by "model").
 run: setup
-	$(PY) -m appliance.cli run-demo
+	$(PY) -m appliance.cli run-demo $(if $(MODEL),--model $(MODEL))
 
 lint: setup-test
 	$(VENV)/bin/ruff check $(PACKAGES) tests bench

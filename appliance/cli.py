@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from appliance import __version__
@@ -105,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run-demo", help="build the demo firmware once, then serve it on localhost")
     p.add_argument("--port", type=int, default=8443)
+    p.add_argument("--model", choices=[*DEMO_MODELS, "all"], default="smollm2",
+                   help="which demo model to serve (each built once and cached); all: every one, side by side")
     p.set_defaults(func=cmd_run_demo)
     return parser
 
@@ -339,21 +342,47 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _smollm2() -> Path:
+    from firmware.toolchain.demo import demo_bundle
+
+    return demo_bundle()
+
+
+def _gemma3() -> Path:
+    from firmware.toolchain.gemma import gemma_bundle
+
+    return gemma_bundle()
+
+
+# The demo models `run-demo --model` (and `make run MODEL=`) serves: name -> their cached bundle.
+DEMO_MODELS: dict[str, Callable[[], Path]] = {"smollm2": _smollm2, "gemma3": _gemma3}
+
+
 def cmd_run_demo(args: argparse.Namespace) -> int:
     from appliance.config import load_config
     from appliance.daemon import Daemon
     from appliance.devsetup import write_dev_config
+    from firmware import load
+    from firmware.toolchain.devkit import dev_trusted_keys
     from firmware.toolchain.paths import cache_dir
 
-    path, trusted = _resolve_firmware(None, None)
-    print(f"== demo firmware: {path}")
-    firmware_cli.cmd_inspect(argparse.Namespace(bundle=path, trusted_keys=trusted, json=False))
-    dev = write_dev_config(cache_dir() / "demo-appliance", path, trusted,
-                           tcp=f"127.0.0.1:{args.port}", quic=f"127.0.0.1:{args.port}", kernel="auto")  # fmt: skip
+    trusted = dev_trusted_keys()
+    names = list(DEMO_MODELS) if args.model == "all" else [args.model]
+    paths = {}
+    for name in names:
+        paths[name] = DEMO_MODELS[name]()
+        print(f"== demo firmware ({name}): {paths[name]}")
+        firmware_cli.cmd_inspect(argparse.Namespace(bundle=paths[name], trusted_keys=trusted, json=False))
+    served = {load(path, trusted).name: path for path in paths.values()}  # each under its manifest's name
+    first, *others = served
+    dev = write_dev_config(cache_dir() / "demo-appliance", served[first], trusted, tcp=f"127.0.0.1:{args.port}",
+                           quic=f"127.0.0.1:{args.port}", kernel="auto",
+                           bundles={name: served[name] for name in others})  # fmt: skip
     config = load_config(dev.root)
     print(DEMO_USAGE.format(port=args.port, key=dev.api_key, ca=dev.ca_cert, sock=dev.unix_socket,
-                            model=config.firmware.path.name, root=dev.root,
-                            bin=Path(sys.executable).parent), flush=True)  # fmt: skip
+                            model=first, root=dev.root, bin=Path(sys.executable).parent), flush=True)  # fmt: skip
+    if others:
+        print(f"== also serving: {', '.join(others)} (ask for it by name in \"model\")", flush=True)
     logging.getLogger().setLevel(logging.INFO)
     daemon = Daemon(config, status=lambda line: print(f"zerolayer: {line}", flush=True), config_root=dev.root)
     return asyncio.run(daemon.run())

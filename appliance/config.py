@@ -8,6 +8,7 @@ import difflib
 import ipaddress
 import json
 import os
+import re
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,9 +32,19 @@ class ConfigError(Exception):
         self.problems = problems
 
 
+class BundleTable(tuple[tuple[str, Path], ...]):
+    """A TOML table of model name -> bundle path ([firmware.bundles]), kept as sorted pairs so the
+    config stays frozen and comparable."""
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
 @dataclass(frozen=True)
 class FirmwareSection:
-    path: Path = setting(Path("/usr/lib/zerolayer/firmware/current"), 'the bundle to load')
+    path: Path | None = setting(Path("/usr/lib/zerolayer/firmware/current"),
+                                'the bundle to load, served under its manifest name; `""`: only `firmware.bundles`')
+    bundles: BundleTable = setting(BundleTable(), 'more bundles served beside it: a table `[firmware.bundles]` of '
+                                                  'model name = bundle path; drop-ins add, `name = ""` removes')
     trusted_keys: Path = setting(Path("/etc/zerolayer/trusted-keys"), 'directory of trusted `*.pub` signing keys')
 
 
@@ -190,6 +201,8 @@ def toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
+    if isinstance(value, BundleTable):
+        return "{" + ", ".join(f"{json.dumps(k)} = {json.dumps(str(v))}" for k, v in value) + "}"
     if isinstance(value, list | tuple):
         return json.dumps([str(v) for v in value])
     return json.dumps(str(value))
@@ -199,7 +212,9 @@ def reference_table() -> str:
     """The README's config reference, made from the schema so the two cannot drift."""
     rows = ["| key | default | meaning |", "| --- | --- | --- |"]
     for s in walk(Config()):
-        if isinstance(s.value, tuple):
+        if isinstance(s.value, BundleTable):
+            shown = toml_value(s.value)
+        elif isinstance(s.value, tuple):
             shown = json.dumps(list(s.value))
         else:
             shown = "none" if s.value is None else str(s.value).lower() if isinstance(s.value, bool) else str(s.value)
@@ -243,6 +258,18 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
         if not isinstance(value, str):
             raise ValueError(f"{where}: expected a string, got {value!r}")
         return value
+    if kind is BundleTable:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected a table of model name = bundle path, got {value!r}")
+        pairs = []
+        for name, path in value.items():
+            if not MODEL_NAME.fullmatch(name):
+                raise ValueError(f"{where}: {name!r} is not a model name (letters, digits, '.', '_', ':', '-')")
+            if not isinstance(path, str):
+                raise ValueError(f"{where}.{name}: expected a path string, got {path!r}")
+            if path:  # "" removes a bundle an earlier file named
+                pairs.append((name, Path(path)))
+        return BundleTable(sorted(pairs))
     if "tuple" in text:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"{where}: expected a list of strings, got {value!r}")
@@ -286,7 +313,10 @@ def load_config(root: Path | None = None, check_paths: bool = True) -> Config:
                 if key not in known:
                     problems.append(f"{path}: unknown key {section}.{key}{_closest(key, known)}")
                     continue
-                merged.setdefault(section, {})[key] = value
+                table = merged.setdefault(section, {})
+                if isinstance(value, dict) and isinstance(table.get(key), dict):
+                    value = {**table[key], **value}  # drop-ins add to a table, name by name
+                table[key] = value
                 sources[f"{section}.{key}"] = str(path)
     built: dict[str, Any] = {}
     for section in sections:
@@ -308,7 +338,8 @@ def load_config(root: Path | None = None, check_paths: bool = True) -> Config:
 
 
 def _where(config: Config, key: str) -> str:
-    return f"{config.sources.get(key, 'default')}: {key}"
+    section_key = ".".join(key.split(".")[:2])  # firmware.bundles.NAME comes from firmware.bundles' file
+    return f"{config.sources.get(section_key, 'default')}: {key}"
 
 
 def _validate(config: Config, check_paths: bool) -> list[str]:
@@ -345,8 +376,14 @@ def _validate(config: Config, check_paths: bool) -> list[str]:
                         f"{', '.join(RETRY_MODES)}")  # fmt: skip
     if config.log.level.lower() not in _LEVELS:
         problems.append(f"{_where(config, 'log.level')}: {config.log.level!r} is not one of {', '.join(_LEVELS)}")
+    if config.firmware.path is None and not config.firmware.bundles:
+        problems.append(f"{_where(config, 'firmware.path')}: no firmware to serve: set firmware.path or "
+                        "[firmware.bundles]")
     if check_paths:
-        needed = [("firmware.path", config.firmware.path), ("firmware.trusted_keys", config.firmware.trusted_keys)]
+        needed = [("firmware.trusted_keys", config.firmware.trusted_keys)]
+        if config.firmware.path is not None:
+            needed.append(("firmware.path", config.firmware.path))
+        needed += [(f"firmware.bundles.{name}", path) for name, path in config.firmware.bundles]
         if config.listen.quic or config.listen.tcp:
             needed += [("tls.cert", config.tls.cert), ("tls.key", config.tls.key)]
         if config.tls.client_ca is not None:

@@ -16,7 +16,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,9 +25,10 @@ from appliance.api import ApiApp, KeyStore, Metrics
 from appliance.config import Config, ConfigError, load_config, parse_address
 from appliance.engine import Engine, available_devices
 from appliance.flows import LayerDigests
-from appliance.governor import Governor, MemoryProbe, detect_probe
+from appliance.governor import Governor, MemoryProbe, available_host_memory, detect_probe
 from appliance.kernel import KernelLayer, UserspaceFlows, open_kernel_layer, pin_dir
-from appliance.plan import HostFacts, api_settings, governor_config, make_plan
+from appliance.plan import HostFacts, Plan, api_settings, governor_config, memory_need, plan_models
+from appliance.served import Served, ServedModels
 from appliance.systemd import ActivatedSockets, Notifier, configure_logging, listen_fds, run_watchdog, watchdog_interval
 from appliance.transport.http3 import Http3Server, bind_udp, serve_http3
 from appliance.transport.tcp import HypercornListener, bind_tcp, bind_unix
@@ -41,6 +42,41 @@ class Listeners:
     tcp: HypercornListener | None = None
     unix: HypercornListener | None = None
     addresses: dict[str, str] = field(default_factory=dict)
+
+
+# Where each served bundle comes from: a table name, or None for `firmware.path` (served under its
+# manifest's name, known once it is verified).
+Sources = dict[str | None, Path]
+
+
+def bundle_sources(config: Config) -> Sources:
+    sources: Sources = dict(config.firmware.bundles)
+    if config.firmware.path is not None:
+        sources[None] = config.firmware.path
+    return sources
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A verified bundle and where the config named it."""
+
+    key: str | None
+    source: Path
+    bundle: firmware.Bundle
+
+
+def load_bundles(sources: Sources, trusted_keys: Path, taken: Collection[str] = ()) -> dict[str, Loaded]:
+    """Verify each bundle, by model name. Raises on the first that fails, or when two would be
+    served under one name (`taken`: names other models keep)."""
+    loaded: dict[str, Loaded] = {}
+    for key, path in sorted(sources.items(), key=lambda item: item[0] is not None):  # firmware.path first
+        bundle = firmware.load(path, trusted_keys)
+        name = key if key is not None else bundle.name
+        if name in loaded or name in taken:
+            raise ConfigError([f"firmware.bundles.{name}: the model name {name!r} is also firmware.path's "
+                               "bundle's manifest name; name it differently"])  # fmt: skip
+        loaded[name] = Loaded(key, path, bundle)
+    return loaded
 
 
 @dataclass
@@ -71,7 +107,9 @@ class Daemon:
         self._echo = status
         self.metrics = Metrics()
         self.probe = probe  # None: detected at start (tests pass one whose readings they control)
-        self.engine: Engine | None = None
+        self.models = ServedModels()
+        self.host: HostFacts | None = None
+        self.reloading: asyncio.Task[None] | None = None  # a reload's model changes, while they load
         self.app: ApiApp | None = None
         self.listeners = Listeners()
         self.activated = ActivatedSockets({})
@@ -87,34 +125,45 @@ class Daemon:
         else:
             log.info("%s", line)
 
+    @property
+    def engine(self) -> Engine | None:
+        """The first model's engine (firmware.path's bundle, when it is set)."""
+        return self.models.first().engine if len(self.models) else None
+
+    def host_facts(self, probe: MemoryProbe) -> HostFacts:
+        readings = probe.read()
+        return HostFacts(tuple(available_devices()), probe.kind, readings[0].total if readings else None,
+                         available_host_memory())  # fmt: skip
+
     async def start(self) -> None:
         cfg = self.config
-        self.status(f"verifying firmware {cfg.firmware.path}")
+        sources = bundle_sources(cfg)
+        self.status(f"verifying firmware {', '.join(str(p) for p in sources.values())}")
         self.notifier.extend_timeout(120)  # hashing a large bundle can outlast TimeoutStartSec's default
-        bundle = await asyncio.to_thread(firmware.load, cfg.firmware.path, cfg.firmware.trusted_keys)
-        self.status(f"verified firmware {bundle.name} {bundle.version} (signed by key {bundle.signer_key_id})")
+        loaded = await asyncio.to_thread(load_bundles, sources, cfg.firmware.trusted_keys)
+        for name, one in loaded.items():
+            bundle = one.bundle
+            self.status(f"verified firmware {bundle.name} {bundle.version} (signed by key {bundle.signer_key_id})"
+                        + (f" as model {name}" if name != bundle.name else ""))  # fmt: skip
         probe = self.probe if self.probe is not None else await asyncio.to_thread(detect_probe)
         self.probe = probe
-        readings = probe.read()
-        host = HostFacts(tuple(available_devices()), probe.kind, readings[0].total if readings else None)
-        plan = make_plan(cfg, bundle, host)
-        for note in plan.notes:
-            log.warning("%s", note)
+        host = self.host = self.host_facts(probe)
+        plans, governor_cfg = plan_models(cfg, {name: one.bundle for name, one in loaded.items()}, host)
+        for name, plan in plans.items():
+            for note in plan.notes:
+                log.warning("%s: %s", name, note)
+        gpu = next((p.gpu_device for p in plans.values() if p.gpu_device is not None), None)
         governor = self.governor = Governor(
-            probe, plan.governor, gpu_device=plan.gpu_device, cpu_device=plan.cpu_device,
+            probe, governor_cfg, gpu_device=gpu, cpu_device="cpu",
             on_reading=lambda r: self.metrics.memory_ratio.labels(r.device).set(r.ratio),
             on_fallback=lambda: self.metrics.fallback.labels("vram_threshold").inc(),
         )  # fmt: skip
-        self.status(f"warming engine on {', '.join(plan.devices)}")
+        devices = sorted({d for plan in plans.values() for d in plan.devices})
+        self.status(f"warming engine on {', '.join(devices)}" + (f" for {len(plans)} models" if len(plans) > 1 else ""))
         self.notifier.extend_timeout(300)
-        engine = await asyncio.to_thread(
-            Engine, bundle, plan.engine, plan.devices, plan.cuda_options,
-            lambda reason: self.metrics.fallback.labels(reason).inc(), governor.admits,
-        )  # fmt: skip
-        self.engine = engine
-        self.metrics.add_engine(engine.snapshot, engine.prefix_stats)
-        self.metrics.set_firmware(bundle.name, bundle.version, bundle.signer_key_id)
-        await asyncio.to_thread(engine.warm)
+        for model in await asyncio.to_thread(self._build_engines, loaded, plans):
+            self._serve_model(model)
+        self.metrics.add_engines(lambda: {s.name: s.engine for s in self.models})
         settings = api_settings(cfg, KeyStore.load(cfg.auth.keys_file))
         if cfg.auth.required and not settings.keys.keys:
             log.warning("auth is required but %s holds no keys: network clients will get 401", cfg.auth.keys_file)
@@ -122,14 +171,14 @@ class Daemon:
         kernel = self.kernel = await self._open_kernel_layer(sockets)
         userspace = kernel if isinstance(kernel, UserspaceFlows) else None
         self.app = ApiApp(
-            engine, settings, self.metrics, governor=governor, status=self.status_info,
+            self.models, settings, self.metrics, governor=governor, status=self.status_info,
             flows=LayerDigests(kernel, cfg.kernel.flow_idle_seconds),
             # Where the kernel cannot enforce the allowlist, TCP checks it before parsing anything.
             allowed=userspace.allowed if userspace is not None else None,
         )  # fmt: skip
         await self._serve(self.app, sockets, userspace)
         self.app.set_ready(True)
-        log.info("serving %s %s: %s", bundle.name, bundle.version,
+        log.info("serving %s: %s", ", ".join(self._model_lines()),
                  ", ".join(f"{k} {v}" for k, v in self.listeners.addresses.items()))  # fmt: skip
         self.notifier.ready(self.serving_line())
         if self._echo is not None:
@@ -139,6 +188,40 @@ class Daemon:
             self._tasks.append(asyncio.create_task(run_watchdog(self.notifier, interval, self.healthy)))
         self._tasks.append(asyncio.create_task(self._report_status()))
         self._tasks.append(asyncio.create_task(governor.run()))
+
+    def _build_engines(self, loaded: dict[str, Loaded], plans: dict[str, Plan]) -> list[Served]:
+        """An engine per bundle, each warmed; all or none (what was built is closed if one fails)."""
+        assert self.governor is not None
+        built: list[Served] = []
+        try:
+            for name, one in loaded.items():
+                plan = plans[name]
+                engine = Engine(one.bundle, plan.engine, plan.devices, plan.cuda_options, self._count_fallback,
+                                self.governor.admits)  # fmt: skip
+                built.append(Served(name, engine, one.source, one.key))
+                engine.warm()
+        except BaseException:
+            for model in built:
+                model.engine.close()
+            raise
+        return built
+
+    def _count_fallback(self, reason: str) -> None:
+        self.metrics.fallback.labels(reason).inc()
+
+    def _serve_model(self, served: Served) -> Served | None:
+        """Route requests for its name to it; returns the model it replaced, if any."""
+        bundle = served.engine.bundle
+        self.metrics.set_firmware(served.name, bundle.name, bundle.version, bundle.signer_key_id)
+        return self.models.put(served)
+
+    def _model_lines(self) -> list[str]:
+        lines = []
+        for one in self.models:
+            bundle = one.engine.bundle
+            alias = f" as {one.name}" if one.name != bundle.name else ""
+            lines.append(f"{bundle.name} {bundle.version}{alias}")
+        return lines
 
     async def _open_kernel_layer(self, sockets: Sockets) -> KernelLayer | UserspaceFlows:
         """The eBPF flow table and allowlist on the serving interfaces, or their userspace stand-in."""
@@ -170,23 +253,30 @@ class Daemon:
         return f"userspace (no eBPF): {self._kernel_metrics()}"
 
     def serving_line(self) -> str:
-        assert self.engine is not None
         listeners = ", ".join(self.listeners.addresses)
         memory = ""
         if self.governor is not None and self.governor.latest is not None:
             memory = f", gpu {self.governor.latest.ratio:.0%} memory"
-        return (f"serving {self.engine.bundle.name}: {self.metrics.streams} streams, {self.engine.queued} queued"
-                f"{memory}, on {listeners}")  # fmt: skip
+        return (f"serving {', '.join(self.models.names())}: {self.metrics.streams} streams, {self.models.queued} "
+                f"queued{memory}, on {listeners}")  # fmt: skip
+
+    @staticmethod
+    def _firmware_info(served: Served) -> dict[str, object]:
+        bundle = served.engine.bundle
+        return {"model": served.name, "name": bundle.name, "version": bundle.version, "signer": bundle.signer_key_id,
+                "path": str(bundle.root), "configured": str(served.source),
+                "constants": dataclasses.asdict(bundle.layer), "devices": served.engine.snapshot()}  # fmt: skip
 
     def status_info(self) -> dict[str, object]:
-        """What `zerolayer status` prints: each part's own report."""
+        """What `zerolayer status` prints: each part's own report (`firmware` and `devices`: the
+        first model's, as before several were served; `models`: every one)."""
         assert self.engine is not None and self.governor is not None
-        bundle = self.engine.bundle
         readings = self.probe.read() if self.probe is not None else []
+        first = self._firmware_info(self.models.first())
         return {
-            "firmware": {"name": bundle.name, "version": bundle.version, "signer": bundle.signer_key_id,
-                         "path": str(bundle.root), "constants": dataclasses.asdict(bundle.layer)},
-            "devices": self.engine.snapshot(),
+            "firmware": {k: v for k, v in first.items() if k not in ("devices", "model", "configured")},
+            "models": [self._firmware_info(one) for one in self.models],
+            "devices": first["devices"],
             "memory": [{"device": r.device, "used": r.used, "total": r.total, "ratio": round(r.ratio, 4)}
                        for r in readings],
             "placement": self.governor.snapshot(),
@@ -202,9 +292,9 @@ class Daemon:
 
     def healthy(self, now: float | None = None) -> bool:
         """Every engine worker thread alive and, if busy, progressing within the stall limit."""
-        if self.engine is None:
+        if not len(self.models):
             return False
-        return self.engine.healthy(self.stall_limit, time.monotonic() if now is None else now)
+        return self.models.healthy(self.stall_limit, time.monotonic() if now is None else now)
 
     @property
     def stall_limit(self) -> float:
@@ -258,22 +348,26 @@ class Daemon:
         await asyncio.sleep(0)  # let Hypercorn start accepting on the sockets we bound
 
     def reload(self) -> bool:
-        """SIGHUP: re-read the config and apply what can change live; a bad config changes nothing."""
+        """SIGHUP: re-read the config and apply what can change live; a bad config changes nothing.
+        Bundles added, removed or pointing elsewhere load in the background (`self.reloading`):
+        the other models' streams go on meanwhile, and READY=1 follows once they are served."""
         self.notifier.reloading()
-        engine, governor, probe = self.engine, self.governor, self.probe
+        governor, probe = self.governor, self.probe
         try:
             new = load_config(self.config_root)
             keys = KeyStore.load(new.auth.keys_file)
-            gov_cfg = governor_config(new, engine.bundle, probe.kind) if engine and probe else None
+            bundles = [s.engine.bundle for s in self.models]
+            gov_cfg = governor_config(new, bundles, probe.kind) if bundles and probe else None
         except (ConfigError, ValueError, OSError) as exc:
             problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
             for line in problems:
                 log.error("reload rejected, the running config stays: %s", line)
             self.notifier.ready(self.serving_line())
             return False
-        if engine is not None and governor is not None and gov_cfg is not None:
+        if governor is not None and gov_cfg is not None:
             governor.reconfigure(gov_cfg)
-            engine.set_max_queued(new.limits.max_queued)
+        for one in self.models:
+            one.engine.set_max_queued(new.limits.max_queued)
         if self.app is not None:
             self.app.reconfigure(api_settings(new, keys))
         try:
@@ -288,8 +382,73 @@ class Daemon:
         logging.getLogger().setLevel(new.log.level.upper())
         self.config = new
         log.info("reloaded config: %d API keys, log level %s", len(keys.keys), new.log.level)
-        self.notifier.ready(self.serving_line())
+        if self.reloading is not None and not self.reloading.done():
+            log.warning("reload: the previous reload's firmware is still loading; its result stands, then this "
+                        "one's changes load")  # fmt: skip
+        self.reloading = asyncio.get_running_loop().create_task(self._reload_models(new, self.reloading))
         return True
+
+    def _changed_sources(self, config: Config) -> tuple[Sources, list[Served]]:
+        """Bundles to load (new, or whose path now resolves elsewhere) and models to retire."""
+        wanted = bundle_sources(config)
+        keyed = {s.key: s for s in self.models}
+        load = {key: path for key, path in wanted.items()
+                if key not in keyed or path.resolve() != keyed[key].loaded.resolve()}  # fmt: skip
+        retire = [s for key, s in keyed.items() if key not in wanted]
+        return load, retire
+
+    async def _reload_models(self, config: Config, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        try:
+            await self._apply_models(config)
+        except Exception:
+            log.exception("reload: firmware changes failed; the models served stay as they were")
+        self.notifier.ready(self.serving_line())
+
+    async def _apply_models(self, config: Config) -> None:
+        load, retire = self._changed_sources(config)
+        drain = config.limits.drain_timeout
+        for served in retire:
+            self.models.remove(served.name)
+            self.metrics.drop_firmware(served.name)
+            log.info("reload: model %s is no longer configured: it takes no new requests and closes once its %d "
+                     "running requests end", served.name, served.engine.in_flight)  # fmt: skip
+            self.models.retire(served, drain)
+        if not load:
+            return
+        reloaded = {s.name for s in self.models if s.key in load}
+        kept = [s for s in self.models if s.name not in reloaded]
+        try:
+            loaded = await asyncio.to_thread(load_bundles, load, config.firmware.trusted_keys,
+                                             {s.name for s in kept})  # fmt: skip
+            assert self.probe is not None
+            host = self.host_facts(self.probe)
+            # The kept engines already hold their host memory (MemAvailable excludes it), but the GPU's
+            # budget is a fixed share of the card: count what they may hold there.
+            gpu_held = sum(memory_need(s.engine.bundle, s.engine.config, d).on(d)
+                           for s in kept for d in s.engine.devices if d != "cpu")  # fmt: skip
+            plans, _ = plan_models(config, {name: one.bundle for name, one in loaded.items()}, host, gpu_held)
+            built = await asyncio.to_thread(self._build_engines, loaded, plans)
+        except (ConfigError, firmware.BundleError, OSError, ValueError) as exc:
+            problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
+            for line in problems:
+                log.error("reload: firmware not loaded, the models served stay as they were: %s", line)
+            return
+        for name in reloaded - set(loaded):  # firmware.path's bundle now has another manifest name
+            gone = self.models.remove(name)
+            if gone is not None:
+                self.metrics.drop_firmware(name)
+                self.models.retire(gone, drain)
+        for model in built:
+            old = self._serve_model(model)
+            bundle = model.engine.bundle
+            log.info("reload: serving model %s from %s %s%s", model.name, bundle.name, bundle.version,
+                     f" (replacing {old.engine.bundle.version}, which drains)" if old is not None else "")  # fmt: skip
+            if old is not None:
+                self.models.retire(old, drain)
+        if self.governor is not None:
+            self.governor.reconfigure(governor_config(config, [s.engine.bundle for s in self.models], host.probe))
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop accepting, let in-flight streams finish (up to the drain timeout), close QUIC
@@ -308,8 +467,11 @@ class Daemon:
         await asyncio.gather(*closers, return_exceptions=True)
         if self.kernel is not None:
             await asyncio.to_thread(self.kernel.close)  # detach what we attached; the pins stay
-        if self.engine is not None:
-            await asyncio.to_thread(self.engine.close)
+        if self.reloading is not None:
+            self.reloading.cancel()
+        await asyncio.to_thread(self.models.close)
+        with contextlib.suppress(TimeoutError):  # models a reload retired: their streams ended with the listeners
+            await asyncio.wait_for(self.models.wait_retired(), timeout=5)
 
     def _exit_now(self) -> None:
         """A second stop signal: exit at once, without draining, but leave no program attached to an

@@ -8,7 +8,7 @@ the operator.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +24,13 @@ class DevSetup:
     unix_socket: Path
 
 
-def write_dev_config(root: Path, firmware_path: Path, trusted_keys: Path, *, tcp: str = "127.0.0.1:0",
+def write_dev_config(root: Path, firmware_path: Path | None, trusted_keys: Path, *, tcp: str = "127.0.0.1:0",
                      quic: str = "127.0.0.1:0", extra: str = "", kernel: str = "off",
-                     cert_hosts: Sequence[str] = DEV_HOSTS) -> DevSetup:  # fmt: skip
+                     cert_hosts: Sequence[str] = DEV_HOSTS, bundles: Mapping[str, Path] | None = None,
+                     ) -> DevSetup:  # fmt: skip
     """Write (or reuse) a config root; the API key is kept beside it (0600) so it can be shown again.
-    The certificate, made on first use, names `cert_hosts` (the addresses clients will dial)."""
+    The certificate, made on first use, names `cert_hosts` (the addresses clients will dial).
+    `bundles`: more models served beside firmware_path's ([firmware.bundles])."""
     root.mkdir(parents=True, exist_ok=True)
     tls_dir = root / "tls"
     if not (tls_dir / "server.crt").is_file():
@@ -42,12 +44,14 @@ def write_dev_config(root: Path, firmware_path: Path, trusted_keys: Path, *, tcp
         with os.fdopen(fd, "w") as f:
             f.write(key + "\n")
     sock = root / "api.sock"
+    table = "".join(f'"{name}" = "{path}"\n' for name, path in (bundles or {}).items())
     (root / "zerolayer.toml").write_text(f"""\
 # Development appliance (written by appliance.devsetup); a real one lives in /etc/zerolayer.
 [firmware]
-path = "{firmware_path}"
+path = "{firmware_path or ''}"
 trusted_keys = "{trusted_keys}"
-
+{"[firmware.bundles]" if table else ""}
+{table}
 [listen]
 quic = "{quic}"
 tcp = "{tcp}"

@@ -237,6 +237,17 @@ class Governor:
                 f"threshold {self.config.threshold:.0%}, {'over' if self.state.over else 'under'}")  # fmt: skip
 
 
+def available_host_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """Bytes the kernel could give a new allocation without swapping (MemAvailable), or None."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def cuda_memory_limit(total_bytes: int, threshold: float) -> int:
     """The CUDA arena's cap: the GPU session may not grow past the fallback threshold."""
     return int(total_bytes * threshold)

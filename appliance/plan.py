@@ -4,12 +4,15 @@ each with its error, and a bad combination is refused before anything is built."
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import firmware
 from appliance.api import ApiSettings, KeyStore
 from appliance.config import Config, ConfigError
 from appliance.engine import EngineConfig
+from appliance.engine.engine import kv_positions
 from appliance.governor import GovernorConfig, cuda_memory_limit
 
 
@@ -20,6 +23,7 @@ class HostFacts:
     devices: tuple[str, ...]  # what this onnxruntime can run on: "cpu", and "cuda:0" with the CUDA provider
     probe: str  # the memory probe: "nvml", "jetson" or "none"
     gpu_memory: int | None = None  # bytes of the first GPU the probe reads (None: no reading)
+    host_memory: int | None = None  # bytes the kernel says are available now (MemAvailable; None: unknown)
 
 
 @dataclass(frozen=True)
@@ -33,9 +37,11 @@ class Plan:
     notes: tuple[str, ...]  # what the operator should be told once at start
 
 
-def governor_config(config: Config, bundle: firmware.Bundle, probe: str) -> GovernorConfig:
-    """The governor's settings; config may lower the firmware's fallback threshold, never raise it."""
-    baked = bundle.layer.fallback_cpu_threshold
+def governor_config(config: Config, bundle: firmware.Bundle | list[firmware.Bundle], probe: str) -> GovernorConfig:
+    """The governor's settings; config may lower the firmware's fallback threshold, never raise it.
+    Serving several bundles, the lowest baked threshold is the one every bundle can live with."""
+    bundles = bundle if isinstance(bundle, list) else [bundle]
+    baked = min(b.layer.fallback_cpu_threshold for b in bundles)
     threshold = config.governor.threshold or baked
     if threshold > baked:
         where = config.sources.get("governor.threshold", "default")
@@ -106,3 +112,88 @@ def make_plan(config: Config, bundle: firmware.Bundle, host: HostFacts) -> Plan:
                         "arena_extend_strategy": "kSameAsRequested"}  # fmt: skip
     return Plan(engine, devices, cuda_options, governor, gpu, "cpu" if "cpu" in devices else devices[-1],
                 tuple(notes))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """The most memory one bundle's engine can hold on each kind of device, in bytes: its files
+    (weights) on every device it runs on, its KV budget per device, and the prefix pool (host memory)."""
+
+    weights: int
+    kv: int
+    prefix: int
+
+    def on(self, device: str) -> int:
+        return self.weights + self.kv + (self.prefix if device == "cpu" else 0)
+
+
+def memory_need(bundle: firmware.Bundle, engine: EngineConfig, device: str = "cpu") -> MemoryNeed:
+    f = bundle.model
+    # CUDA graphs keep their KV in fp16; the CPU graphs (int8 and fp32) in fp32.
+    itemsize = 2 if device != "cpu" or bundle.manifest.source.get("precision") in ("fp16", "bf16") else 4
+    per_position = 2 * f.num_layers * f.num_kv_heads * f.head_size * itemsize
+    kv = kv_positions(engine, f.context_length, per_position) * per_position
+    weights = sum(entry.size for entry in bundle.manifest.files.values())
+    return MemoryNeed(weights, kv, engine.prefix_cache_bytes)
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):,.0f} MiB"
+
+
+def check_fit(plans: Mapping[str, Plan], bundles: Mapping[str, firmware.Bundle], host: HostFacts,
+              gpu_threshold: float, gpu_held: int = 0) -> None:
+    """Refuse, naming each bundle and what it needs, a set of bundles whose engines could together
+    outgrow a device's memory: the host's available memory, or the GPU's up to the governor's
+    threshold. `gpu_held`: bytes of GPU memory that engines kept across a reload hold (the host's
+    available memory excludes what they hold already)."""
+    budgets: dict[str, int] = {}
+    if host.host_memory is not None:
+        budgets["cpu"] = host.host_memory
+    if host.gpu_memory is not None:
+        budgets["gpu"] = int(host.gpu_memory * gpu_threshold) - gpu_held
+    where = {"cpu": "available host memory", "gpu": "GPU memory under the governor's threshold"}
+    problems = []
+    used = dict.fromkeys(budgets, 0)
+    for name, plan in plans.items():
+        for device in plan.devices:
+            kind = "cpu" if device == "cpu" else "gpu"
+            if kind not in budgets:
+                continue
+            need = memory_need(bundles[name], plan.engine, device)
+            used[kind] += need.on(device)
+            if used[kind] > budgets[kind]:
+                parts = f"weights {_mib(need.weights)}, KV {_mib(need.kv)}"
+                if device == "cpu":
+                    parts += f", prefix pool {_mib(need.prefix)}"
+                problems.append(f"firmware {name!r} does not fit on {device}: it needs {_mib(need.on(device))} "
+                                f"({parts}), {_mib(used[kind])} with the bundles before it, of {_mib(budgets[kind])} "
+                                f"{where[kind]}; lower engine.kv_cache_mb or limits.max_active_per_device, or serve "
+                                "fewer bundles")  # fmt: skip
+    if problems:
+        raise ConfigError(problems)
+
+
+def plan_models(config: Config, bundles: Mapping[str, firmware.Bundle], host: HostFacts,
+                gpu_held: int = 0) -> tuple[dict[str, Plan], GovernorConfig]:
+    """A plan per served bundle and the one governor over them, every problem at once; refused
+    whole when they would not fit together (nothing is then built)."""
+    plans: dict[str, Plan] = {}
+    problems: list[str] = []
+    for name, bundle in bundles.items():
+        try:
+            plans[name] = make_plan(config, bundle, host)
+        except ConfigError as exc:
+            problems += [f"firmware {name!r}: {p}" for p in exc.problems]
+    if problems:
+        raise ConfigError(problems)
+    gpu_bundles = [name for name, plan in plans.items() if plan.gpu_device is not None]
+    if len(gpu_bundles) > 1:  # each GPU session's arena gets its share of the cap, not the whole of it
+        for name in gpu_bundles:
+            options = plans[name].cuda_options
+            if options is not None and "gpu_mem_limit" in options:
+                share = {**options, "gpu_mem_limit": str(int(options["gpu_mem_limit"]) // len(gpu_bundles))}
+                plans[name] = dataclasses.replace(plans[name], cuda_options=share)
+    governor = governor_config(config, list(bundles.values()), host.probe)
+    check_fit(plans, bundles, host, governor.threshold, gpu_held)
+    return plans, governor

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from appliance.api.dialect import Call, ModelInfo
-from appliance.api.errors import ApiError
+from appliance.api.errors import ApiError, not_served
 from appliance.api.fields import block_text, get_bool, get_int, get_number, get_str, reject_unknown, text_content
 from appliance.api.tools import (
     Answer,
@@ -156,15 +157,17 @@ def _system(doc: dict[str, Any]) -> str | None:
     return None if system is None else text_content(system, "system")
 
 
-def check_model(doc: dict[str, Any], served: str) -> None:
+def check_model(doc: dict[str, Any], served: Sequence[str]) -> str:
     model = get_str(doc, "model", required=True)
-    if model != served:
-        raise ApiError(404, f"model: {model!r} is not served here; this appliance serves {served!r}", param="model")
+    assert model is not None
+    if model not in served:
+        raise ApiError(404, f"model: {not_served(model, served)}", param="model")
+    return model
 
 
-def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationRequest, bool]:
+def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, GenerationRequest, bool]:
     reject_unknown(doc, _KNOWN, _UNSUPPORTED)
-    check_model(doc, served_model)
+    model = check_model(doc, served)
     if doc.get("thread") not in (None, False):  # the SDK's tool runner sends thread: false
         raise ApiError(400, f"thread: server-side threads ({doc['thread']!r}) are not supported by this server; "
                        "the SDK's tool_runner runs without one given thread=False", param="thread")
@@ -187,13 +190,13 @@ def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationReq
         stop_sequences=tuple(stops),
         output=_tools(doc),
     )
-    return request, get_bool(doc, "stream")
+    return model, request, get_bool(doc, "stream")
 
 
-def parse_count_tokens(doc: dict[str, Any], served_model: str) -> GenerationRequest:
+def parse_count_tokens(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, GenerationRequest]:
     reject_unknown(doc, _COUNT_KNOWN, _UNSUPPORTED)
-    check_model(doc, served_model)
-    return GenerationRequest(messages=_messages(doc), system=_system(doc), max_tokens=1, output=_tools(doc))
+    model = check_model(doc, served)
+    return model, GenerationRequest(messages=_messages(doc), system=_system(doc), max_tokens=1, output=_tools(doc))
 
 
 def new_message_id() -> str:
@@ -298,9 +301,9 @@ class AnthropicDialect:
     name = "anthropic"
     busy_status = 529
 
-    def parse(self, doc: dict[str, Any], served_model: str) -> Call:
-        request, stream = parse_request(doc, served_model)
-        return Call(request, stream)
+    def parse(self, doc: dict[str, Any], served: Sequence[str]) -> Call:
+        model, request, stream = parse_request(doc, served)
+        return Call(request, stream, model)
 
     def response(self, model: str, call: Call, answer: Answer, done: Finished) -> dict[str, Any]:
         return response(new_message_id(), model, answer, done)
@@ -314,8 +317,9 @@ class AnthropicDialect:
     def error_body(self, err: ApiError) -> bytes:
         return error_body(err)
 
-    def models(self, model: ModelInfo) -> dict[str, Any]:
-        return {"data": [self.model(model)], "has_more": False, "first_id": model.name, "last_id": model.name}
+    def models(self, models: list[ModelInfo]) -> dict[str, Any]:
+        first, last = (models[0].name, models[-1].name) if models else (None, None)
+        return {"data": [self.model(m) for m in models], "has_more": False, "first_id": first, "last_id": last}
 
     def model(self, model: ModelInfo) -> dict[str, Any]:
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(model.created))

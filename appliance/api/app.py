@@ -17,7 +17,7 @@ from appliance.api.anthropic import ANTHROPIC
 from appliance.api.auth import ApiKey, KeyStore, presented_key
 from appliance.api.completions import COMPLETIONS
 from appliance.api.dialect import Call, Dialect, ModelInfo, StreamEncoder
-from appliance.api.errors import ApiError
+from appliance.api.errors import ApiError, not_served
 from appliance.api.fields import parse_json_object
 from appliance.api.metrics import Metrics
 from appliance.api.openai import OPENAI
@@ -87,6 +87,22 @@ class GenerationService(Protocol):
 
     def count_tokens(self, request: GenerationRequest) -> int: ...
 
+    @property
+    def devices(self) -> tuple[str, ...]: ...
+
+    def alive(self) -> bool: ...
+
+    @property
+    def queued(self) -> int: ...
+
+
+class ModelRoster(Protocol):
+    """The models served, by the name clients ask for (appliance/served.py)."""
+
+    def names(self) -> list[str]: ...
+
+    def engine(self, name: str) -> GenerationService | None: ...
+
     def alive(self) -> bool: ...
 
     @property
@@ -153,13 +169,13 @@ class Exchange:
 
 
 class ApiApp:
-    def __init__(self, engine: GenerationService, settings: ApiSettings, metrics: Metrics | None = None,
+    def __init__(self, models: ModelRoster, settings: ApiSettings, metrics: Metrics | None = None,
                  governor: Governor | None = None, status: Callable[[], dict[str, Any]] | None = None,
                  flows: DigestTable | None = None, allowed: Callable[[str], bool] | None = None) -> None:  # fmt: skip
         """`status` answers /status; `allowed` is the source allowlist where the kernel cannot enforce
         it: checked on TCP before anything is parsed (HTTP/3 datagrams from outside it are dropped
         unread by the QUIC server itself)."""
-        self.engine = engine
+        self.models = models
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.governor = governor
@@ -249,13 +265,13 @@ class ApiApp:
         return await _json(ex.send, 200, {"status": "alive"})
 
     async def _readyz(self, ex: Exchange) -> int:
-        ok = self.ready and self.engine.alive()
+        ok = self.ready and self.models.alive()
         return await _json(ex.send, 200 if ok else 503, {"status": "ready" if ok else "not ready"})
 
     async def _metrics(self, ex: Exchange) -> int:
         if self.settings.metrics_require_auth:
             self._authorize(ex)
-        self.metrics.queue_depth.set(self.engine.queued)
+        self.metrics.queue_depth.set(self.models.queued)
         await _respond(ex.send, 200, self.metrics.render(), [(b"content-type", b"text/plain; version=0.0.4")])
         return 200
 
@@ -290,25 +306,37 @@ class ApiApp:
                            retry_after=1)  # fmt: skip
         return key
 
+    def _info(self, name: str) -> ModelInfo | None:
+        engine = self.models.engine(name)
+        return ModelInfo(name, engine.model_version, self.created) if engine is not None else None
+
     async def _models(self, ex: Exchange) -> int:
         self._admit(ex)
-        model = ModelInfo(self.engine.model_name, self.engine.model_version, self.created)
-        return await _json(ex.send, 200, ex.dialect.models(model))
+        infos = [info for info in map(self._info, self.models.names()) if info is not None]
+        return await _json(ex.send, 200, ex.dialect.models(infos))
 
     async def _model(self, ex: Exchange) -> int:
         self._admit(ex)
         name = ex.path[len(MODEL_PATH) :]
-        if name != self.engine.model_name:
-            raise ApiError(404, f"model {name!r} is not served here; this appliance serves {self.engine.model_name!r}")
-        model = ModelInfo(self.engine.model_name, self.engine.model_version, self.created)
-        return await _json(ex.send, 200, ex.dialect.model(model))
+        info = self._info(name)
+        if info is None:
+            raise ApiError(404, not_served(name, self.models.names()))
+        return await _json(ex.send, 200, ex.dialect.model(info))
+
+    def _engine(self, name: str) -> GenerationService:
+        """The engine of a model the dialect's parse found served (gone since only if a reload retired it)."""
+        engine = self.models.engine(name)
+        if engine is None:
+            raise ApiError(404, not_served(name, self.models.names()), param="model")
+        return engine
 
     async def _count_tokens(self, ex: Exchange) -> int:
         self._admit(ex)
         doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
-        request = anthropic.parse_count_tokens(doc, self.engine.model_name)
+        model, request = anthropic.parse_count_tokens(doc, self.models.names())
+        engine = self._engine(model)
         try:
-            count = await asyncio.to_thread(self.engine.count_tokens, request)  # templating and tokenizing
+            count = await asyncio.to_thread(engine.count_tokens, request)  # templating and tokenizing
         except InvalidRequest as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
         return await _json(ex.send, 200, {"input_tokens": count})
@@ -317,22 +345,25 @@ class ApiApp:
         key = self._admit(ex)
         debug = self._may_debug(ex, key) and any(k == DEBUG_HEADER and v.strip() == b"1" for k, v in ex.headers)
         doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
-        call = ex.dialect.parse(doc, self.engine.model_name)
+        call = ex.dialect.parse(doc, self.models.names())
         flow = flow_of(ex.scope, ex.transport) if self.flows is not None else None
         return await self._run(ex, call, debug, flow)
 
-    async def _submit(self, dialect: Dialect, request: GenerationRequest) -> Stream:
+    async def _submit(self, dialect: Dialect, model: str, request: GenerationRequest) -> Stream:
+        engine = self._engine(model)
         try:
             # Rendering and tokenizing a long conversation is CPU work: never on the event loop.
             if request.prepares_quickly():
-                prompt = self.engine.prepare(request)
+                prompt = engine.prepare(request)
             else:
-                prompt = await asyncio.to_thread(self.engine.prepare, request)
+                prompt = await asyncio.to_thread(engine.prepare, request)
         except InvalidRequest as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
-        device = self.governor.place() if self.governor else self.engine.default_device
+        device = self.governor.place() if self.governor else engine.default_device
+        if device not in engine.devices:  # a bundle built for the CPU only, while the governor places on a GPU
+            device = engine.default_device
         try:
-            handle = self.engine.submit(request, device, prompt)
+            handle = engine.submit(request, device, prompt)
         except InvalidRequest as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
         except EngineBusy as exc:
@@ -350,11 +381,11 @@ class ApiApp:
         if flow is not None and self.flows is not None:
             # What this connection sent last: the engine says how much of it the new prompt shares.
             request = dataclasses.replace(request, prior_digests=self.flows.get(flow))
-        handle = await self._submit(ex.dialect, request)
+        handle = await self._submit(ex.dialect, call.model, request)
         if flow is not None:
             handle.trace.notes.insert(0, f"Flow: {flow.proto_name} {flow}")
         self.metrics.stream_opened()
-        model = self.engine.model_name
+        model = call.model
         sink: Sink = (StreamSink(ex.send, ex.dialect.stream(model, handle.input_tokens, call), debug) if call.stream
                       else WholeSink(ex.send, ex.dialect, model, call, debug))  # fmt: skip
         gone = asyncio.Event()  # the client disconnected before its answer was complete

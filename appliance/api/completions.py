@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from appliance.api.dialect import Call
@@ -38,9 +39,9 @@ def _prompt(doc: dict[str, Any]) -> str:
     return prompt
 
 
-def parse_request(doc: dict[str, Any], served_model: str) -> Call:
+def parse_request(doc: dict[str, Any], served: Sequence[str]) -> Call:
     reject_unknown(doc, _KNOWN, _UNSUPPORTED)
-    common = common_fields(doc, served_model)
+    common = common_fields(doc, served)
     if get_int(doc, "best_of", minimum=1) not in (None, 1):
         raise ApiError(400, "best_of: only best_of=1 is supported by this server", param="best_of")
     logprobs = get_int(doc, "logprobs", minimum=0)
@@ -54,7 +55,7 @@ def parse_request(doc: dict[str, Any], served_model: str) -> Call:
     request = GenerationRequest(messages=(), raw_prompt=prompt, logprobs=logprobs,
                                 max_tokens=get_int(doc, "max_tokens", minimum=1) or DEFAULT_MAX_TOKENS,
                                 **common.sampling)  # fmt: skip
-    return Call(request, common.stream, common.include_usage, echo=prompt if echo else "")
+    return Call(request, common.stream, common.model, common.include_usage, echo=prompt if echo else "")
 
 
 def legacy_logprobs(tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:
@@ -114,8 +115,8 @@ class CompletionStream(StreamEncoder):
 class CompletionsDialect(OpenAIDialect):
     """`/v1/completions`: the prompt as it is, the answer as `text`."""
 
-    def parse(self, doc: dict[str, Any], served_model: str) -> Call:
-        return parse_request(doc, served_model)
+    def parse(self, doc: dict[str, Any], served: Sequence[str]) -> Call:
+        return parse_request(doc, served)
 
     def response(self, model: str, call: Call, answer: Answer, done: Finished) -> dict[str, Any]:
         return response("cmpl-" + uuid.uuid4().hex[:24], model, call, answer, done)

@@ -5,6 +5,7 @@ object (appliance/api/anthropic.py, appliance/api/openai.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,6 +21,7 @@ class Call:
 
     request: GenerationRequest
     stream: bool
+    model: str  # the served model the request named
     include_usage: bool = False  # OpenAI's stream_options.include_usage
     echo: str = ""  # text the answer repeats before its own (the Completions API's echo of the prompt)
 
@@ -55,7 +57,9 @@ class Dialect(Protocol):
     name: str  # "anthropic" or "openai": the metrics' api label
     busy_status: int  # what a full queue answers: Anthropic 529 overloaded, OpenAI 429
 
-    def parse(self, doc: dict[str, Any], served_model: str) -> Call: ...
+    def parse(self, doc: dict[str, Any], served: Sequence[str]) -> Call:
+        """The request, refused with 404 (naming the served models) when its model is not one of them."""
+        ...
 
     def response(self, model: str, call: Call, answer: Answer, done: Finished) -> dict[str, Any]: ...
 
@@ -67,7 +71,7 @@ class Dialect(Protocol):
 
     def error_body(self, err: ApiError) -> bytes: ...
 
-    def models(self, model: ModelInfo) -> dict[str, Any]: ...
+    def models(self, models: list[ModelInfo]) -> dict[str, Any]: ...
 
     def model(self, model: ModelInfo) -> dict[str, Any]:
         """One model, as `models.retrieve` reads it."""

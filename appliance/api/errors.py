@@ -3,7 +3,14 @@ own JSON (appliance/api/dialect.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+
+def not_served(model: str, served: Sequence[str]) -> str:
+    """Why a model name gets 404, naming the models the client may ask for instead."""
+    names = ", ".join(f"`{name}`" for name in served) or "none (no firmware is loaded)"
+    return f"The model `{model}` does not exist on this appliance; it serves {names}"
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -30,6 +30,8 @@ class Metrics:
         self.memory_ratio = Gauge("zerolayer_device_memory_used_ratio", "Device memory used / total",
                                   ["device"], registry=r)  # fmt: skip
         self.placed = Counter("zerolayer_requests_placed", "Requests placed per device", ["device"], registry=r)
+        self.firmware = Info("zerolayer_firmware", "The firmware bundle each model is served from", ["model"],
+                             registry=r)  # fmt: skip
         self.streams = 0  # generations in progress (the gauge's value, for status lines)
 
     def stream_opened(self) -> None:
@@ -44,15 +46,16 @@ class Metrics:
         """Values read at scrape time: `flows` a gauge, the others counters (`zerolayer_NAME_total`)."""
         self.registry.register(_ReadAtScrape(read))
 
-    def add_engine(self, devices: Callable[[], dict[str, dict[str, Any]]],
-                   prefix: Callable[[], dict[str, int]]) -> None:  # fmt: skip
-        """Slot and KV occupancy per device and the prefix pool's counters, read at scrape time
-        (the shapes of Engine.snapshot() and Engine.prefix_stats())."""
-        self.registry.register(_EngineCollector(devices, prefix))
+    def add_engines(self, engines: Callable[[], Mapping[str, EngineStats]]) -> None:
+        """Slot and KV occupancy per model and device and each prefix pool's counters, read at
+        scrape time from the engines served then (model name -> engine)."""
+        self.registry.register(_EngineCollector(engines))
 
-    def set_firmware(self, name: str, version: str, signer: str) -> None:
-        Info("zerolayer_firmware", "The firmware bundle being served", registry=self.registry).info(
-            {"name": name, "version": version, "signer": signer})
+    def set_firmware(self, model: str, name: str, version: str, signer: str) -> None:
+        self.firmware.labels(model).info({"name": name, "version": version, "signer": signer})
+
+    def drop_firmware(self, model: str) -> None:
+        self.firmware.remove(model)
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
@@ -61,9 +64,17 @@ class Metrics:
         self.quic_handshakes.labels(str(resumed).lower(), str(early_data).lower()).inc()
 
 
+class EngineStats(Protocol):
+    """What the metrics read of an engine (appliance/engine/engine.py)."""
+
+    def snapshot(self) -> dict[str, dict[str, Any]]: ...
+
+    def prefix_stats(self) -> dict[str, int]: ...
+
+
 class _EngineCollector(Collector):
-    def __init__(self, devices: Callable[[], dict[str, dict[str, Any]]], prefix: Callable[[], dict[str, int]]) -> None:
-        self.devices, self.prefix = devices, prefix
+    def __init__(self, engines: Callable[[], Mapping[str, EngineStats]]) -> None:
+        self.engines = engines
 
     def collect(self) -> Iterator[Metric]:
         per_device = {
@@ -72,21 +83,29 @@ class _EngineCollector(Collector):
             "kv_reserved": ("zerolayer_kv_reserved_positions", "KV positions admitted requests reserve", "kv_reserved"),
             "kv_budget": ("zerolayer_kv_budget_positions", "KV positions a device may reserve", "kv_budget"),
         }  # fmt: skip
-        devices = self.devices()
+        engines = self.engines()
         for name, help_text, key in per_device.values():
-            family = GaugeMetricFamily(name, help_text, labels=["device"])
-            for device, values in devices.items():
-                family.add_metric([device], float(values[key]))
+            family = GaugeMetricFamily(name, help_text, labels=["model", "device"])
+            for model, engine in engines.items():
+                for device, values in engine.snapshot().items():
+                    family.add_metric([model, device], float(values[key]))
             yield family
-        pool = self.prefix()
-        yield CounterMetricFamily("zerolayer_prefix_cache_lookups", "Prefix pool lookups", value=pool["lookups"])
-        yield CounterMetricFamily("zerolayer_prefix_cache_hits", "Lookups that reused a cached prefix",
-                                  value=pool["hits"])  # fmt: skip
-        yield CounterMetricFamily("zerolayer_prefix_cache_misses", "Lookups that found nothing",
-                                  value=pool["lookups"] - pool["hits"])  # fmt: skip
-        yield CounterMetricFamily("zerolayer_prefix_cache_reused_tokens", "Prompt tokens whose prefill was skipped",
-                                  value=pool["reused_tokens"])  # fmt: skip
-        yield GaugeMetricFamily("zerolayer_prefix_cache_bytes", "Bytes the prefix pool holds", value=pool["bytes"])
+        pools = {model: engine.prefix_stats() for model, engine in engines.items()}
+        counters = {
+            "lookups": ("zerolayer_prefix_cache_lookups", "Prefix pool lookups"),
+            "hits": ("zerolayer_prefix_cache_hits", "Lookups that reused a cached prefix"),
+            "misses": ("zerolayer_prefix_cache_misses", "Lookups that found nothing"),
+            "reused_tokens": ("zerolayer_prefix_cache_reused_tokens", "Prompt tokens whose prefill was skipped"),
+        }
+        for key, (name, help_text) in counters.items():
+            counter = CounterMetricFamily(name, help_text, labels=["model"])
+            for model, pool in pools.items():
+                counter.add_metric([model], pool["lookups"] - pool["hits"] if key == "misses" else pool[key])
+            yield counter
+        held = GaugeMetricFamily("zerolayer_prefix_cache_bytes", "Bytes the prefix pool holds", labels=["model"])
+        for model, pool in pools.items():
+            held.add_metric([model], pool["bytes"])
+        yield held
 
 
 class _ReadAtScrape(Collector):

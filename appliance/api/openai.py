@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from appliance.api.dialect import Call, ModelInfo
-from appliance.api.errors import ApiError
+from appliance.api.errors import ApiError, not_served
 from appliance.api.fields import get_bool, get_int, get_number, get_str, reject_unknown, text_content
 from appliance.api.tools import (
     Answer,
@@ -180,13 +181,14 @@ class Common:
     sampling: dict[str, Any]  # GenerationRequest's keyword arguments
     stream: bool
     include_usage: bool
+    model: str
 
 
-def common_fields(doc: dict[str, Any], served_model: str) -> Common:
+def common_fields(doc: dict[str, Any], served: Sequence[str]) -> Common:
     model = get_str(doc, "model", required=True)
-    if model != served_model:
-        raise ApiError(404, f"The model `{model}` does not exist; this appliance serves `{served_model}`",
-                       param="model")  # fmt: skip
+    assert model is not None
+    if model not in served:
+        raise ApiError(404, not_served(model, served), param="model")
     get_str(doc, "user")
     n = get_int(doc, "n", minimum=1)
     if n not in (None, 1):
@@ -224,13 +226,14 @@ def common_fields(doc: dict[str, Any], served_model: str) -> Common:
         stop_sequences=stops,
         seed=get_int(doc, "seed"),
     )
-    return Common(sampling, stream, include_usage)
+    return Common(sampling, stream, include_usage, model)
 
 
-def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationRequest, bool, bool]:
-    """Returns the request, whether to stream, and whether to send a usage chunk."""
+def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[GenerationRequest, Common]:
+    """Returns the request, and what Chat Completions shares with Completions (whether to stream,
+    whether to send a usage chunk, the model)."""
     reject_unknown(doc, _KNOWN, _UNSUPPORTED)
-    common = common_fields(doc, served_model)
+    common = common_fields(doc, served)
     system, messages = _messages(doc)
     top = get_int(doc, "top_logprobs", minimum=0)
     if top is not None and not get_bool(doc, "logprobs"):
@@ -246,7 +249,7 @@ def parse_request(doc: dict[str, Any], served_model: str) -> tuple[GenerationReq
         output=_tools(doc),
         **common.sampling,
     )
-    return request, common.stream, common.include_usage
+    return request, common
 
 
 def finish_reason(done: Finished) -> str:
@@ -344,6 +347,8 @@ class StreamEncoder:
 
 def error_body(err: ApiError) -> bytes:
     kind, code = _ERROR_KINDS.get(err.status, _ERROR_KINDS[500])
+    if err.status == 404 and err.param == "model":
+        code = "model_not_found"  # as OpenAI names an unknown model
     return json.dumps({"error": {"message": err.message, "type": kind, "param": err.param, "code": code}}).encode()
 
 
@@ -353,9 +358,9 @@ class OpenAIDialect:
     name = "openai"
     busy_status = 429
 
-    def parse(self, doc: dict[str, Any], served_model: str) -> Call:
-        request, stream, include_usage = parse_request(doc, served_model)
-        return Call(request, stream, include_usage)
+    def parse(self, doc: dict[str, Any], served: Sequence[str]) -> Call:
+        request, common = parse_request(doc, served)
+        return Call(request, common.stream, common.model, common.include_usage)
 
     def response(self, model: str, call: Call, answer: Answer, done: Finished) -> dict[str, Any]:
         return response(new_completion_id(), model, answer, done)
@@ -369,8 +374,8 @@ class OpenAIDialect:
     def error_body(self, err: ApiError) -> bytes:
         return error_body(err)
 
-    def models(self, model: ModelInfo) -> dict[str, Any]:
-        return {"object": "list", "data": [self.model(model)]}
+    def models(self, models: list[ModelInfo]) -> dict[str, Any]:
+        return {"object": "list", "data": [self.model(m) for m in models]}
 
     def model(self, model: ModelInfo) -> dict[str, Any]:
         return {"id": model.name, "object": "model", "created": model.created, "owned_by": "zerolayer"}

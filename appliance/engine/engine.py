@@ -48,6 +48,15 @@ class EngineConfig:
     tensorrt: bool = False  # GPU sessions through TensorRT (asked for, and loadable, or the daemon refuses)
 
 
+def kv_positions(config: EngineConfig, context_length: int, bytes_per_position: int) -> int:
+    """The KV positions one device may hold for running requests: every slot at the full context,
+    unless `kv_cache_bytes` caps it lower."""
+    full = config.max_active_per_device * context_length
+    if not config.kv_cache_bytes:
+        return full
+    return max(1, min(full, config.kv_cache_bytes // bytes_per_position))
+
+
 class Stream:
     """One request's events, consumed with `async for`. Leaving the loop early cancels it."""
 
@@ -356,10 +365,7 @@ class Engine:
 
     def kv_tokens(self, session: ModelSession) -> int:
         """The KV budget of a device in token positions (what admission counts)."""
-        full = self.config.max_active_per_device * self.context_length
-        if not self.config.kv_cache_bytes:
-            return full
-        return max(1, min(full, self.config.kv_cache_bytes // session.kv_bytes_per_token))
+        return kv_positions(self.config, self.context_length, session.kv_bytes_per_token)
 
     def _recover(self, job: Job, exc: Exception) -> bool:
         """A GPU run that failed to allocate is re-run on the CPU from where it was (runs on the
@@ -380,6 +386,10 @@ class Engine:
         if self.on_fallback is not None:
             self.on_fallback("oom")
         return True
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(self.workers)
 
     @property
     def context_length(self) -> int:
@@ -464,6 +474,11 @@ class Engine:
     @property
     def queued(self) -> int:
         return sum(w.queued for w in self.workers.values())
+
+    @property
+    def in_flight(self) -> int:
+        """Requests running or waiting on any device (a retired engine closes when this reaches 0)."""
+        return sum(w.depth for w in self.workers.values())
 
     def snapshot(self) -> dict[str, dict[str, object]]:
         """Per device: requests in slots, waiting, whether its worker runs, and its KV in positions."""

@@ -18,6 +18,7 @@ import firmware
 from appliance.api import ApiApp, ApiSettings, KeyStore
 from appliance.api.auth import add_key, revoke_key
 from appliance.engine import Engine, EngineConfig
+from appliance.served import ServedModels
 
 
 async def _call(app: ApiApp, method: str, path: str, body: Any = None, transport: str = "unix",
@@ -40,7 +41,7 @@ REQ = {"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "co
 
 
 def test_not_ready_is_503_but_health_answers(engine: Engine) -> None:
-    app = ApiApp(engine, ApiSettings(keys=KeyStore([])))
+    app = ApiApp(ServedModels.of(engine), ApiSettings(keys=KeyStore([])))
 
     async def run() -> None:
         assert (await _call(app, "GET", "/healthz"))[0] == 200
@@ -57,7 +58,7 @@ def test_not_ready_is_503_but_health_answers(engine: Engine) -> None:
 
 
 def test_full_queue_is_529_for_anthropic_and_429_for_openai(engine: Engine) -> None:
-    app = ApiApp(engine, ApiSettings(keys=KeyStore([])))
+    app = ApiApp(ServedModels.of(engine), ApiSettings(keys=KeyStore([])))
     app.set_ready(True)
     session = engine.workers["cpu"].session
     release = threading.Event()
@@ -95,7 +96,7 @@ def test_full_queue_is_529_for_anthropic_and_429_for_openai(engine: Engine) -> N
 
 
 def test_metrics_count_requests_tokens_and_latency(engine: Engine) -> None:
-    app = ApiApp(engine, ApiSettings(keys=KeyStore([])))
+    app = ApiApp(ServedModels.of(engine), ApiSettings(keys=KeyStore([])))
     app.set_ready(True)
 
     async def run() -> str:
@@ -151,9 +152,9 @@ def test_metrics_carry_slots_kv_prefix_cache_and_firmware_and_need_a_key_on_the_
     bundle = firmware.load(tiny_bundle_path, trusted_keys)
     engine = Engine(bundle, EngineConfig(max_active_per_device=3, prefix_cache_bytes=8 << 20, prefix_block_tokens=8))
     metrics = Metrics()
-    metrics.add_engine(engine.snapshot, engine.prefix_stats)
-    metrics.set_firmware(bundle.name, bundle.version, bundle.signer_key_id)
-    app = ApiApp(engine, ApiSettings(keys=KeyStore([])), metrics)
+    metrics.add_engines(lambda: {bundle.name: engine})
+    metrics.set_firmware(bundle.name, bundle.name, bundle.version, bundle.signer_key_id)
+    app = ApiApp(ServedModels.of(engine), ApiSettings(keys=KeyStore([])), metrics)
     app.set_ready(True)
     body = {**REQ, "max_tokens": 2, "messages": [{"role": "user", "content": "Tell me about loops, lists and dicts."}]}
 
@@ -170,21 +171,23 @@ def test_metrics_carry_slots_kv_prefix_cache_and_firmware_and_need_a_key_on_the_
     finally:
         engine.close()
     assert network == 401 and keyed == 401  # no key, a wrong key: the network needs a real one
-    assert 'zerolayer_slots{device="cpu"} 3.0' in text
-    assert 'zerolayer_slots_active{device="cpu"} 0.0' in text
+    model = f'model="{bundle.name}"'
+    assert f'zerolayer_slots{{device="cpu",{model}}} 3.0' in text
+    assert f'zerolayer_slots_active{{device="cpu",{model}}} 0.0' in text
     assert "zerolayer_kv_budget_positions" in text
-    assert "zerolayer_prefix_cache_lookups_total 2.0" in text and "zerolayer_prefix_cache_hits_total 1.0" in text
-    assert "zerolayer_prefix_cache_misses_total 1.0" in text
+    assert f"zerolayer_prefix_cache_lookups_total{{{model}}} 2.0" in text
+    assert f"zerolayer_prefix_cache_hits_total{{{model}}} 1.0" in text
+    assert f"zerolayer_prefix_cache_misses_total{{{model}}} 1.0" in text
     reused = next(line for line in text.splitlines() if line.startswith("zerolayer_prefix_cache_reused_tokens_total"))
     assert float(reused.split()[1]) >= 8
-    labels = f'name="{bundle.name}",signer="{bundle.signer_key_id}",version="{bundle.version}"'
+    labels = f'{model},name="{bundle.name}",signer="{bundle.signer_key_id}",version="{bundle.version}"'
     assert f"zerolayer_firmware_info{{{labels}}} 1.0" in text
 
 
 def test_a_long_conversation_is_prepared_off_the_event_loop_and_an_endless_one_refused(engine: Engine) -> None:
     from appliance.engine.request import MAX_MESSAGES
 
-    app = ApiApp(engine, ApiSettings(keys=KeyStore([])))
+    app = ApiApp(ServedModels.of(engine), ApiSettings(keys=KeyStore([])))
     app.set_ready(True)
     threads: list[str] = []
     real_prepare = engine.prepare
@@ -237,7 +240,8 @@ def test_message_boundaries_cost_a_bounded_number_of_renders(engine: Engine) -> 
 def test_a_client_that_goes_away_is_499_not_500_and_no_error_is_logged(
     engine: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = ApiApp(engine, ApiSettings(keys=KeyStore([]), auth_required=False))  # a lab box: no key on the network
+    # a lab box: no key on the network
+    app = ApiApp(ServedModels.of(engine), ApiSettings(keys=KeyStore([]), auth_required=False))
     app.set_ready(True)
     body = {**REQ, "max_tokens": 200, "stream": True}
 

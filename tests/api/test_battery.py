@@ -31,6 +31,7 @@ import firmware
 from appliance.api import ApiApp, ApiSettings, KeyStore
 from appliance.devsetup import DevSetup
 from appliance.engine import Engine, EngineConfig
+from appliance.served import ServedModels
 
 # --- bodies, in process ---------------------------------------------------------------------
 
@@ -38,7 +39,7 @@ from appliance.engine import Engine, EngineConfig
 @pytest.fixture(scope="module")
 def app(tiny_bundle_path: Path, trusted_keys: Path) -> Iterator[ApiApp]:
     engine = Engine(firmware.load(tiny_bundle_path, trusted_keys), EngineConfig(prefix_cache_bytes=0))
-    api = ApiApp(engine, ApiSettings(keys=KeyStore([])))
+    api = ApiApp(ServedModels.of(engine), ApiSettings(keys=KeyStore([])))
     api.set_ready(True)
     yield api
     engine.close()

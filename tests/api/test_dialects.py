@@ -15,7 +15,7 @@ from appliance.api.openai import OPENAI
 from appliance.api.tools import Answer
 from appliance.engine import GenerationRequest, Message
 
-PLAIN_CALL = Call(GenerationRequest((Message("user", "hi"),)), stream=False)
+PLAIN_CALL = Call(GenerationRequest((Message("user", "hi"),)), stream=False, model="m")
 
 
 def test_requests_are_routed_to_their_dialect_by_path_then_by_header() -> None:
@@ -28,14 +28,14 @@ def test_requests_are_routed_to_their_dialect_by_path_then_by_header() -> None:
 
 def test_each_dialect_parses_its_own_body_into_one_call() -> None:
     a = ANTHROPIC.parse({"model": "m", "max_tokens": 5, "system": "Be brief.", "stream": True,
-                         "messages": [{"role": "user", "content": "hi"}]}, "m")  # fmt: skip
+                         "messages": [{"role": "user", "content": "hi"}]}, ["m"])  # fmt: skip
     assert a.stream and not a.include_usage and a.request.system == "Be brief." and a.request.max_tokens == 5
     o = OPENAI.parse({"model": "m", "stream": True, "stream_options": {"include_usage": True}, "seed": 3,
                       "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]},
-                     "m")  # fmt: skip
+                     ["m"])  # fmt: skip
     assert o.stream and o.include_usage and o.request.system == "Be brief." and o.request.seed == 3
     with pytest.raises(ApiError) as info:
-        OPENAI.parse({"model": "other", "messages": [{"role": "user", "content": "hi"}]}, "m")
+        OPENAI.parse({"model": "other", "messages": [{"role": "user", "content": "hi"}]}, ["m"])
     assert info.value.status == 404 and info.value.param == "model"
 
 
@@ -63,7 +63,7 @@ def test_whole_answers_carry_text_stop_reason_and_usage() -> None:
 
 def test_anthropic_stream_is_the_messages_event_sequence() -> None:
     call = ANTHROPIC.parse({"model": "m", "max_tokens": 5, "stream": True,
-                            "messages": [{"role": "user", "content": "hi"}]}, "m")  # fmt: skip
+                            "messages": [{"role": "user", "content": "hi"}]}, ["m"])  # fmt: skip
     enc = ANTHROPIC.stream("m", 12, call)
     events = sse_events(enc.start() + enc.delta("Par") + enc.delta("is") + enc.finish(finished()))
     assert [e["type"] for e in events] == ["message_start", "ping", "content_block_start", "content_block_delta",
@@ -74,7 +74,7 @@ def test_anthropic_stream_is_the_messages_event_sequence() -> None:
 
 def test_openai_stream_ends_with_usage_when_asked_and_done() -> None:
     call = OPENAI.parse({"model": "m", "stream": True, "stream_options": {"include_usage": True},
-                         "messages": [{"role": "user", "content": "hi"}]}, "m")  # fmt: skip
+                         "messages": [{"role": "user", "content": "hi"}]}, ["m"])  # fmt: skip
     enc = OPENAI.stream("m", 12, call)
     raw = enc.start() + enc.delta("Paris") + enc.finish(finished())
     events = sse_events(raw)
@@ -87,8 +87,8 @@ def test_openai_stream_ends_with_usage_when_asked_and_done() -> None:
 
 def test_model_lists_in_each_shape() -> None:
     info = ModelInfo("smollm2", "1.0.0", 1_700_000_000)
-    a = ANTHROPIC.models(info)
+    a = ANTHROPIC.models([info])
     assert a["data"][0]["id"] == "smollm2" and a["data"][0]["display_name"] == "smollm2 1.0.0"
     assert a["data"][0]["created_at"] == "2023-11-14T22:13:20Z"
-    assert OPENAI.models(info) == {"object": "list", "data": [{"id": "smollm2", "object": "model",
+    assert OPENAI.models([info]) == {"object": "list", "data": [{"id": "smollm2", "object": "model",
                                                                "created": 1_700_000_000, "owned_by": "zerolayer"}]}

@@ -145,7 +145,7 @@ def test_anthropic_tool_turns_reach_the_model_in_its_tool_format() -> None:
             "type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
             {"type": "text", "text": "18 C"}]}, {"type": "tool_result", "tool_use_id": "toolu_2", "content": "down",
-                                                 "is_error": True}]}]}, "m")  # fmt: skip
+                                                 "is_error": True}]}]}, ["m"])  # fmt: skip
     msgs = call.request.messages
     assert msgs[1].content == "Let me look.\n" + format_call("get_weather", {"city": "Paris"})
     assert msgs[2].content == "<tool_response>\n18 C\n</tool_response>\n<tool_response>\nError: down\n</tool_response>"
@@ -153,7 +153,7 @@ def test_anthropic_tool_turns_reach_the_model_in_its_tool_format() -> None:
     with pytest.raises(ApiError, match=r"tool_choice\.name"):
         ANTHROPIC.parse({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
                          "tools": [{"name": "a", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "b"}},
-                        "m")  # fmt: skip
+                        ["m"])  # fmt: skip
 
 
 def test_openai_tool_turns_reach_the_model_in_its_tool_format() -> None:
@@ -164,7 +164,7 @@ def test_openai_tool_turns_reach_the_model_in_its_tool_format() -> None:
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
             {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
-        {"role": "tool", "tool_call_id": "call_2", "content": "25 C"}]}, "m")  # fmt: skip
+        {"role": "tool", "tool_call_id": "call_2", "content": "25 C"}]}, ["m"])  # fmt: skip
     msgs = call.request.messages
     assert [m.role for m in msgs] == ["user", "assistant", "user"]  # the two results are one turn
     assert msgs[1].content == format_call("get_weather", {"city": "Paris"}) + "\n" + format_call(
@@ -172,11 +172,11 @@ def test_openai_tool_turns_reach_the_model_in_its_tool_format() -> None:
     assert msgs[2].content == "<tool_response>\n18 C\n</tool_response>\n<tool_response>\n25 C\n</tool_response>"
     assert call.request.output.choice == ToolChoice("required", None, parallel=False)
     fmt = OPENAI.parse({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                        "response_format": {"type": "json_object"}}, "m")  # fmt: skip
+                        "response_format": {"type": "json_object"}}, ["m"])  # fmt: skip
     assert fmt.request.output.json_schema == {"type": "object"}
 
 
-PLAIN_CALL = Call(GenerationRequest((Message("user", "hi"),)), stream=False)
+PLAIN_CALL = Call(GenerationRequest((Message("user", "hi"),)), stream=False, model="m")
 
 
 def test_answers_with_calls_in_each_dialects_shape() -> None:
@@ -194,7 +194,7 @@ def test_answers_with_calls_in_each_dialects_shape() -> None:
 
 def test_streams_open_a_block_per_call() -> None:
     call = ANTHROPIC.parse({"model": "m", "max_tokens": 5, "stream": True,
-                            "messages": [{"role": "user", "content": "hi"}]}, "m")  # fmt: skip
+                            "messages": [{"role": "user", "content": "hi"}]}, ["m"])  # fmt: skip
     enc = ANTHROPIC.stream("m", 12, call)
     c = CallOut("toolu_1", "f")
     raw = enc.start() + enc.delta("Hm.") + enc.call_start(c) + enc.call_arguments(c, '{"a"') + enc.call_arguments(
@@ -206,7 +206,7 @@ def test_streams_open_a_block_per_call() -> None:
         ("content_block_delta", 1), ("content_block_stop", 1), ("message_delta", None), ("message_stop", None)]
     assert events[5]["content_block"] == {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
     assert events[6]["delta"] == {"type": "input_json_delta", "partial_json": '{"a"'}
-    ocall = OPENAI.parse({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}, "m")
+    ocall = OPENAI.parse({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}, ["m"])
     oenc = OPENAI.stream("m", 12, ocall)
     body = oenc.start() + oenc.call_start(c) + oenc.call_arguments(c, "{}") + oenc.finish(finished("tool_use"))
     chunks = sse_events(body)
@@ -519,13 +519,13 @@ def test_plain_completions_parse_echo_and_answer_in_the_legacy_shape() -> None:
     from appliance.api.completions import COMPLETIONS
     from appliance.engine.request import TokenLogprob
 
-    call = COMPLETIONS.parse({"model": "m", "prompt": ["Once"], "max_tokens": 3, "echo": True, "stop": "\n"}, "m")
+    call = COMPLETIONS.parse({"model": "m", "prompt": ["Once"], "max_tokens": 3, "echo": True, "stop": "\n"}, ["m"])
     assert call.request.raw_prompt == "Once" and call.request.messages == () and call.echo == "Once"
     assert call.request.stop_sequences == ("\n",)
     with pytest.raises(ApiError, match="echo"):
-        COMPLETIONS.parse({"model": "m", "prompt": "Once", "echo": True, "logprobs": 1}, "m")
+        COMPLETIONS.parse({"model": "m", "prompt": "Once", "echo": True, "logprobs": 1}, ["m"])
     lp = [TokenLogprob(" upon", -0.5, ((" upon", -0.5), (" more", -1.5))), TokenLogprob(" a", -0.1)]
-    plain = COMPLETIONS.parse({"model": "m", "prompt": "Once", "logprobs": 2}, "m")
+    plain = COMPLETIONS.parse({"model": "m", "prompt": "Once", "logprobs": 2}, ["m"])
     doc = COMPLETIONS.response("m", plain, Answer(" upon a", [], lp), finished("max_tokens"))
     choice = doc["choices"][0]
     assert doc["object"] == "text_completion" and choice["text"] == " upon a" and choice["finish_reason"] == "length"

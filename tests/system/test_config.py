@@ -41,6 +41,20 @@ def test_drop_ins_override_in_name_order_and_sources_are_kept(root: Path) -> Non
     assert config.limits.max_active_per_device == 8  # a default
 
 
+def test_bundle_tables_add_up_across_drop_ins_and_an_empty_path_removes_one(root: Path) -> None:
+    for name in ("a", "b", "c"):
+        (root / name).mkdir()
+    (root / "conf.d" / "10-a.toml").write_text(f"[firmware.bundles]\na = '{root / 'a'}'\nb = '{root / 'b'}'\n")
+    (root / "conf.d" / "20-c.toml").write_text(f"[firmware.bundles]\nc = '{root / 'c'}'\nb = ''\n")
+    config = load_config(root)
+    assert config.firmware.bundles == (("a", root / "a"), ("c", root / "c"))
+    assert config.firmware.path == root / "fw"  # served first, beside the table's
+    from appliance.config import toml_value
+
+    assert tomllib.loads(f"t = {toml_value(config.firmware.bundles)}")["t"] == {"a": str(root / "a"),
+                                                                               "c": str(root / "c")}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("drop_in", "message"),
     [
@@ -54,6 +68,10 @@ def test_drop_ins_override_in_name_order_and_sources_are_kept(root: Path) -> Non
         ("[log]\nlevel = 'loud'\n", "99-x.toml: log.level: 'loud' is not one of"),
         ("[limits]\nquic_retry = 'sometimes'\n", "99-x.toml: limits.quic_retry: 'sometimes' is not one of auto"),
         ("[firmware]\npath = '/nonexistent/fw'\n", "99-x.toml: firmware.path: /nonexistent/fw does not exist"),
+        ("[firmware.bundles]\nb = '/nonexistent/b'\n", "99-x.toml: firmware.bundles.b: /nonexistent/b does not exist"),
+        ("[firmware]\nbundles = ['a']\n", "99-x.toml: firmware.bundles: expected a table of model name = bundle path"),
+        ("[firmware.bundles]\n'a b' = '/tmp'\n", "99-x.toml: firmware.bundles: 'a b' is not a model name"),
+        ("[firmware]\npath = ''\n", "firmware.path: no firmware to serve: set firmware.path or [firmware.bundles]"),
         ("limits = 3\n", "99-x.toml: limits must be a table"),
         ("[limits\n", "99-x.toml: "),
     ],

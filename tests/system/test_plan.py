@@ -79,3 +79,43 @@ def test_jetson_sheds_instead_of_moving_work_to_the_cpu(bundle: firmware.Bundle,
     cpu = make_plan(_config(tmp_path, '[governor]\npolicy = "cpu"\n'), bundle,
                     HostFacts(("cpu", "cuda:0"), "jetson", gpu_memory=8 << 30))  # fmt: skip
     assert cpu.governor.policy == "cpu"
+
+
+def test_memory_need_counts_weights_the_kv_budget_and_the_prefix_pool(bundle: firmware.Bundle, tmp_path: Path) -> None:
+    from appliance.plan import memory_need
+
+    f = bundle.model
+    per_position = 2 * f.num_layers * f.num_kv_heads * f.head_size * 4  # an fp32 KV cache on the CPU
+    plan = make_plan(_config(tmp_path, "[limits]\nmax_active_per_device = 3\n"), bundle, HostFacts(("cpu",), "none"))
+    need = memory_need(bundle, plan.engine)
+    assert need.kv == 3 * f.context_length * per_position  # every slot at the full context
+    assert need.weights == sum(e.size for e in bundle.manifest.files.values())
+    assert need.on("cpu") == need.weights + need.kv + (256 << 20)  # the default prefix pool is host memory
+    capped = make_plan(_config(tmp_path, "[engine]\nkv_cache_mb = 1\nprefix_cache_mb = 0\n"), bundle,
+                       HostFacts(("cpu",), "none"))  # fmt: skip
+    assert memory_need(bundle, capped.engine).kv == (1 << 20) // per_position * per_position
+    assert memory_need(bundle, capped.engine, "cuda:0").kv == (1 << 20) // (per_position // 2) * (per_position // 2)
+
+
+def test_bundles_that_do_not_fit_together_are_refused_naming_each_and_what_it_needs(bundle: firmware.Bundle,
+                                                                                    tmp_path: Path) -> None:  # fmt: skip
+    from appliance.plan import memory_need, plan_models
+
+    config = _config(tmp_path, "[engine]\nprefix_cache_mb = 0\n")
+    one = memory_need(bundle, make_plan(config, bundle, HostFacts(("cpu",), "none")).engine).on("cpu")
+    roomy = HostFacts(("cpu",), "none", host_memory=2 * one)
+    plans, governor = plan_models(config, {"a": bundle, "b": bundle}, roomy)
+    assert set(plans) == {"a", "b"} and governor.threshold == bundle.layer.fallback_cpu_threshold
+    with pytest.raises(ConfigError) as info:
+        plan_models(config, {"a": bundle, "b": bundle, "c": bundle}, roomy)
+    assert len(info.value.problems) == 1 and info.value.problems[0].startswith("firmware 'c' does not fit on cpu")
+    assert f"of {2 * one / (1 << 20):,.0f} MiB available host memory" in info.value.problems[0]
+    # A GPU's budget is its memory up to the governor's threshold, less what kept engines hold.
+    gpu = HostFacts(("cpu", "cuda:0"), "nvml", gpu_memory=10 << 30, host_memory=1 << 40)
+    cuda = _cuda_target(bundle)
+    need = memory_need(cuda, make_plan(config, cuda, gpu).engine, "cuda:0").on("cuda:0")
+    held = int((10 << 30) * cuda.layer.fallback_cpu_threshold) - need + 1
+    plans, _ = plan_models(config, {"a": cuda}, gpu, gpu_held=held - 1)
+    assert plans["a"].gpu_device == "cuda:0"
+    with pytest.raises(ConfigError, match="'a' does not fit on cuda:0"):
+        plan_models(config, {"a": cuda}, gpu, gpu_held=held)
