@@ -8,12 +8,13 @@ import difflib
 import ipaddress
 import json
 import os
-import re
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
+
+from firmware.install import SLOT_NAME
 
 DEFAULT_ROOT = Path("/etc/zerolayer")
 EX_CONFIG = 78
@@ -36,7 +37,6 @@ class BundleTable(tuple[tuple[str, Path], ...]):
     """A TOML table of model name -> bundle path ([firmware.bundles]), kept as sorted pairs so the
     config stays frozen and comparable."""
 
-MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -263,7 +263,7 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
             raise ValueError(f"{where}: expected a table of model name = bundle path, got {value!r}")
         pairs = []
         for name, path in value.items():
-            if not MODEL_NAME.fullmatch(name):
+            if not SLOT_NAME.fullmatch(name):  # a model's name is also its slot's in the firmware store
                 raise ValueError(f"{where}: {name!r} is not a model name (letters, digits, '.', '_', ':', '-')")
             if not isinstance(path, str):
                 raise ValueError(f"{where}.{name}: expected a path string, got {path!r}")

@@ -5,16 +5,31 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from firmware.bundle import verify
 from firmware.errors import BundleError
-from firmware.install import DEFAULT_STORE, InstallError, Switched, install, no_restart, restart_daemon, rollback
+from firmware.install import (
+    CURRENT,
+    DEFAULT_STORE,
+    InstallError,
+    Switched,
+    install,
+    no_restart,
+    reload_daemon,
+    remove,
+    restart_daemon,
+    rollback,
+    serve_beside,
+    slot_links,
+)
 from firmware.manifest import MANIFEST_NAME, SIGNATURE_NAME, SPLIT_ALGORITHMS, LayerConstants, parse_manifest
 from firmware.signing import generate_keypair
 from firmware.toolchain.build import PRECISIONS, TARGETS, BuildOptions, build, sign
 
 DEFAULT_TRUSTED_KEYS = Path("/etc/zerolayer/trusted-keys")
+DEFAULT_CONFIG = Path("/etc/zerolayer")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -64,41 +79,88 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = fsub.add_parser("rollback", help="make the previous bundle current again and restart the daemon")
     _store_args(p)
     p.set_defaults(func=cmd_rollback)
+    p = fsub.add_parser("remove", help="stop serving a bundle installed --beside NAME (reloads the daemon)")
+    p.add_argument("beside", metavar="NAME")
+    _store_args(p, slot_option=False)
+    p.set_defaults(func=cmd_remove)
 
 
-def _store_args(p: argparse.ArgumentParser) -> None:
+def _store_args(p: argparse.ArgumentParser, slot_option: bool = True) -> None:
     p.add_argument("--trusted-keys", type=Path, default=DEFAULT_TRUSTED_KEYS,
                    help=f"directory of trusted *.pub keys (default {DEFAULT_TRUSTED_KEYS})")  # fmt: skip
     p.add_argument("--store", type=Path, default=DEFAULT_STORE,
                    help=f"where bundles and the current/previous links live (default {DEFAULT_STORE})")  # fmt: skip
     p.add_argument("--no-restart", action="store_true", help="switch only; do not restart zerolayer.service")
+    if slot_option:
+        p.add_argument("--beside", metavar="NAME", default=CURRENT,
+                       help="a slot of its own, served beside the current firmware as model NAME (a config "
+                            "drop-in names it; the daemon reloads, others keep serving), not replacing it")  # fmt: skip
+    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
+                   help=f"config root whose conf.d serves slots beside current (default {DEFAULT_CONFIG})")  # fmt: skip
+
+
+def _apply(args: argparse.Namespace) -> Callable[[], str]:
+    """Current is applied by a restart (a new engine for the one model); a slot beside it by a
+    reload, after the drop-in that serves it is in place."""
+    if args.beside == CURRENT:
+        return no_restart if args.no_restart else restart_daemon
+
+    def reload() -> str:
+        drop_in = serve_beside(args.config, args.beside, args.store)
+        if args.no_restart:
+            return f"{drop_in} serves it as model {args.beside} once the daemon reloads (--no-restart: not now)"
+        return f"{drop_in} serves it as model {args.beside}; {reload_daemon()}"
+
+    return reload
 
 
 def cmd_install(args: argparse.Namespace) -> int:
     try:
-        done = install(args.bundle, args.trusted_keys, no_restart if args.no_restart else restart_daemon, args.store)
+        done = install(args.bundle, args.trusted_keys, _apply(args), args.store, args.beside)
     except InstallError as exc:
         print(f"zerolayer: {exc}", file=sys.stderr)
         return 1
-    _report(done, args.store)
+    _report(done, args.store, args.beside)
     return 0
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     try:
-        done = rollback(args.trusted_keys, no_restart if args.no_restart else restart_daemon, args.store)
+        done = rollback(args.trusted_keys, _apply(args), args.store, args.beside)
     except InstallError as exc:
         print(f"zerolayer: {exc}", file=sys.stderr)
         return 1
-    _report(done, args.store)
+    _report(done, args.store, args.beside)
     return 0
 
 
-def _report(done: Switched, store: Path) -> None:
-    print(f"current:  {store / done.current}")
-    print(f"previous: {store / done.previous if done.previous else '(none)'}")
+def cmd_remove(args: argparse.Namespace) -> int:
+    drop_in = args.config / "conf.d" / f"60-firmware-{args.beside}.toml"
+
+    def apply() -> str:  # the daemon stops serving it first, so the links may go
+        drop_in.unlink(missing_ok=True)
+        return no_restart() if args.no_restart else reload_daemon()
+
+    try:
+        slot_links(args.beside)
+        applied = apply()
+        removed = remove(args.beside, lambda: applied, args.store)
+    except InstallError as exc:
+        print(f"zerolayer: {exc}", file=sys.stderr)
+        return 1
+    print(f"no longer served: {args.beside} (removed {drop_in})")
+    for name in removed:
+        print(f"removed:  {args.store / name}")
+    print(applied)
+    return 0
+
+
+def _report(done: Switched, store: Path, slot: str = CURRENT) -> None:
+    now, before = slot_links(slot)
+    print(f"{now}:  {store / done.current}")
+    print(f"{before}: {store / done.previous if done.previous else '(none)'}")
     for name in done.removed:
-        print(f"removed:  {store / name} (only current and previous are kept)")
+        print(f"removed:  {store / name} (only the bundles some slot's current or previous link names are kept)")
     print(done.applied)
 
 

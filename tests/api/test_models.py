@@ -140,6 +140,11 @@ def _stream(setup: DevSetup, model: str, started: concurrent.futures.Future[None
 
 def _reload(running: RunningDaemon, setup: DevSetup, first: Path, trusted: Path, bundles: dict[str, Path]) -> None:
     write_dev_config(setup.root, first, trusted, bundles=bundles)
+    _settle(running)
+
+
+def _settle(running: RunningDaemon) -> None:
+    """SIGHUP's work, and the firmware changes it loads in the background, done."""
     assert running.call(running.daemon.reload)
     task = running.daemon.reloading
     assert task is not None
@@ -201,3 +206,34 @@ def test_a_table_name_that_repeats_the_first_bundles_name_is_refused_at_start(
 
     with pytest.raises(ConfigError, match=f"the model name {first_model!r} is also firmware.path"):
         _serve(tmp_path, tiny_bundle_path, trusted_keys, {first_model: other_bundle_path})
+
+
+def test_firmware_install_beside_serves_a_second_model_on_reload_and_remove_stops_it(
+        tiny_bundle_path: Path, other_bundle_path: Path, trusted_keys: Path, tmp_path: Path, first_model: str,
+        ) -> None:  # fmt: skip
+    import subprocess
+    import sys
+
+    running, setup = _serve(tmp_path / "etc", tiny_bundle_path, trusted_keys, {})
+    store = tmp_path / "store"
+
+    def firmware_cli(*args: str | Path) -> str:
+        done = subprocess.run([sys.executable, "-m", "appliance.cli", "firmware", *map(str, args),
+                               "--store", str(store), "--config", str(setup.root), "--no-restart"],
+                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    try:
+        said = firmware_cli("install", other_bundle_path, "--beside", OTHER, "--trusted-keys", trusted_keys)
+        assert f"serves it as model {OTHER} once the daemon reloads" in said
+        _settle(running)
+        assert running.daemon.models.names() == [first_model, OTHER]
+        assert running.daemon.models.get(OTHER).source == store / OTHER  # type: ignore[union-attr]
+        assert _unix(setup, "/v1/chat/completions", _chat(OTHER)).json()["model"] == OTHER
+        assert f"no longer served: {OTHER}" in firmware_cli("remove", OTHER)
+        _settle(running)
+        assert running.daemon.models.names() == [first_model]
+        assert not (store / OTHER).exists() and not list(setup.root.glob("conf.d/*.toml"))
+    finally:
+        running.stop()

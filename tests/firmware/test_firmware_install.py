@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from firmware import BundleError
-from firmware.install import CURRENT, PREVIOUS, InstallError, install, read_link, restart_daemon, rollback
+from firmware.install import CURRENT, PREVIOUS, InstallError, install, read_link, remove, restart_daemon, rollback
 from firmware.toolchain.build import sign
 from firmware.toolchain.devkit import resigned_copy
 
@@ -149,3 +149,23 @@ def test_cli_install_and_rollback(bundles: list[Path], trusted_keys: Path, tmp_p
     (bundles[2] / "tokenizer.json").write_text("{}")
     r = cli("install", bundles[2])
     assert r.returncode == 2 and "firmware refused: tokenizer.json" in r.stderr
+
+
+def test_a_bundle_installed_beside_current_has_a_slot_of_its_own(bundles: list[Path], trusted_keys: Path,
+                                                                   tmp_path: Path) -> None:  # fmt: skip
+    store = tmp_path / "store"
+    current = install(bundles[0], trusted_keys, Restarts(), store).current
+    beside = install(bundles[1], trusted_keys, Restarts(), store, slot="qwen")
+    assert read_link(store, CURRENT) == current and read_link(store, "qwen") == beside.current
+    again = install(bundles[2], trusted_keys, Restarts(), store, slot="qwen")
+    # Every bundle a link names is kept: current's, and both of the slot's.
+    assert again.previous == beside.current and not again.removed
+    assert {p.name for p in store.iterdir() if p.is_dir() and not p.is_symlink()} == {current, beside.current, again.current}
+    back = rollback(trusted_keys, Restarts(), store, slot="qwen")
+    assert back.current == beside.current and read_link(store, CURRENT) == current
+    assert set(remove("qwen", Restarts(), store)) == {again.current, beside.current}
+    assert read_link(store, "qwen") is None and read_link(store, CURRENT) == current
+    assert {p.name for p in store.iterdir() if p.is_dir() and not p.is_symlink()} == {current}
+    for bad in ("previous", "x.previous", "../etc", ""):
+        with pytest.raises(InstallError, match="cannot name a slot"):
+            install(bundles[0], trusted_keys, Restarts(), store, slot=bad)
