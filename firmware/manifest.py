@@ -46,6 +46,21 @@ class LayerConstants:
 
 
 @dataclass(frozen=True)
+class Licence:
+    """The terms a model is used under, kept in the signed manifest: their name, where they are
+    published, the notice to pass on, and the bundle's files that hold their text (each also in
+    `files`, so hashed and signed like the model)."""
+
+    name: str
+    url: str
+    notice: str
+    files: tuple[str, ...] = ()
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"name": self.name, "url": self.url, "notice": self.notice, "files": list(self.files)}
+
+
+@dataclass(frozen=True)
 class FileEntry:
     sha256: str
     size: int
@@ -60,6 +75,7 @@ class Manifest:
     files: Mapping[str, FileEntry]
     source: Mapping[str, str] = field(default_factory=dict)
     format: int = FORMAT_VERSION
+    licence: Licence | None = None  # absent from the JSON when None (older manifests' bytes unchanged)
 
     def to_json_bytes(self) -> bytes:
         """The canonical bytes that are signed: sorted keys, fixed separators, trailing newline."""
@@ -76,10 +92,13 @@ class Manifest:
             },
             "files": {p: {"sha256": e.sha256, "size": e.size} for p, e in sorted(self.files.items())},
         }
+        if self.licence is not None:
+            doc["licence"] = self.licence.to_doc()
         return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
-_TOP_FIELDS = {"format", "name", "version", "source", "chat_template", "layer", "files"}
+_TOP_FIELDS = {"format", "name", "version", "source", "chat_template", "layer", "files", "licence"}
+_LICENCE_FIELDS = {"name", "url", "notice", "files"}
 _LAYER_FIELDS = {"max_tokens_per_shard", "fallback_cpu_threshold", "split_algorithm"}
 _FILE_FIELDS = {"sha256", "size"}
 
@@ -132,6 +151,7 @@ def parse_manifest(data: bytes) -> Manifest:
             sha256=_require(entry, "sha256", str, where), size=_require(entry, "size", int, where)
         )
     source = _require(doc, "source", dict, "") if "source" in doc else {}
+    licence = _parse_licence(_require(doc, "licence", dict, ""), files) if "licence" in doc else None
     return Manifest(
         name=_require(doc, "name", str, ""),
         version=_require(doc, "version", str, ""),
@@ -140,6 +160,21 @@ def parse_manifest(data: bytes) -> Manifest:
         files=files,
         source={str(k): str(v) for k, v in source.items()},
         format=fmt,
+        licence=licence,
+    )
+
+
+def _parse_licence(doc: dict[str, Any], files: Mapping[str, FileEntry]) -> Licence:
+    _reject_unknown(doc, _LICENCE_FIELDS, "licence.")
+    texts = _require(doc, "files", list, "licence.")
+    for rel in texts:
+        if not isinstance(rel, str) or rel not in files:
+            raise BundleError(f"{MANIFEST_NAME}: licence file {rel!r} is not one of the bundle's files")
+    return Licence(
+        name=_require(doc, "name", str, "licence."),
+        url=_require(doc, "url", str, "licence."),
+        notice=_require(doc, "notice", str, "licence."),
+        files=tuple(texts),
     )
 
 

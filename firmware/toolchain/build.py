@@ -25,6 +25,7 @@ from firmware.manifest import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
     LayerConstants,
+    Licence,
     Manifest,
     describe_files,
 )
@@ -113,6 +114,14 @@ class BuildOptions:
     layer: LayerConstants = field(default_factory=LayerConstants)
     name: str | None = None
     version: str = "1.0.0"
+    # The chat template to ship instead of the source's own (a base model's GGUF carries none).
+    chat_template: str | None = None
+    # Tokens that also end generation, besides those the export names (a template's end of turn).
+    eos_tokens: tuple[str, ...] = ()
+    # The terms the model is used under (kept in the signed manifest) and files holding their text,
+    # packed under licence/.
+    licence: Licence | None = None
+    licence_files: tuple[Path, ...] = ()
 
     def validate(self) -> None:
         if self.precision not in PRECISIONS:
@@ -202,8 +211,10 @@ def read_chat_template(model_dir: Path) -> str:
 
 
 def pack(model_dir: Path, out_dir: Path, *, name: str, version: str, layer: LayerConstants,
-         source: dict[str, str]) -> Manifest:  # fmt: skip
-    """Copy an ONNX Runtime GenAI folder into out_dir and write its manifest (unsigned)."""
+         source: dict[str, str], chat_template: str | None = None, eos_tokens: tuple[str, ...] = (),
+         licence: Licence | None = None, licence_files: tuple[Path, ...] = ()) -> Manifest:  # fmt: skip
+    """Copy an ONNX Runtime GenAI folder into out_dir and write its manifest (unsigned), with the
+    options' chat template, extra end-of-generation tokens and licence where given."""
     layer.validate(where="layer")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise BundleError(f"{out_dir}: output directory is not empty")
@@ -215,16 +226,44 @@ def pack(model_dir: Path, out_dir: Path, *, name: str, version: str, layer: Laye
             shutil.copytree(f, out_dir / f.name)
         else:
             shutil.copy2(f, out_dir / f.name)
+    if eos_tokens:
+        add_eos_tokens(out_dir, eos_tokens)
+    if licence is not None:
+        (out_dir / "licence").mkdir(exist_ok=True)
+        for f in licence_files:
+            shutil.copy2(f, out_dir / "licence" / f.name)
+        licence = Licence(licence.name, licence.url, licence.notice,
+                          tuple(f"licence/{f.name}" for f in licence_files))  # fmt: skip
     manifest = Manifest(
         name=name,
         version=version,
-        chat_template=read_chat_template(out_dir),
+        chat_template=chat_template or read_chat_template(out_dir),
         layer=layer,
         files=describe_files(out_dir),
         source=source,
+        licence=licence,
     )
     (out_dir / MANIFEST_NAME).write_bytes(manifest.to_json_bytes())
     return manifest
+
+
+def add_eos_tokens(model_dir: Path, tokens: tuple[str, ...]) -> None:
+    """Add these tokens' ids to genai_config.json's eos_token_id (the ids the engine stops on)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    config_file = model_dir / "genai_config.json"
+    doc = json.loads(config_file.read_text())
+    eos = doc["model"]["eos_token_id"]
+    ids = list(eos) if isinstance(eos, list) else [eos]
+    for token in tokens:
+        tid = tok.token_to_id(token)
+        if tid is None:
+            raise BundleError(f"end-of-generation token {token!r} is not in the tokenizer")
+        if tid not in ids:
+            ids.append(tid)
+    doc["model"]["eos_token_id"] = ids
+    config_file.write_text(json.dumps(doc, indent=4) + "\n")
 
 
 def sign(bundle_dir: Path, key_path: Path) -> str:
@@ -264,6 +303,8 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
         manifest = pack(
             genai_dir, out_dir, name=name, version=options.version, layer=options.layer,
             source={"kind": kind, "file": source.name, "precision": options.precision, "target": options.target},
+            chat_template=options.chat_template, eos_tokens=options.eos_tokens,
+            licence=options.licence, licence_files=options.licence_files,
         )  # fmt: skip
         step.done(t)
         t = step("checking the packed model loads in ONNX Runtime")
