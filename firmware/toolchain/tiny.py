@@ -31,7 +31,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
     }),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
-        "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
+        # A width whose square root (Gemma's embedding scale) is not a round number: 8.4853.
+        "hidden_size": 72, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
         "layer_types": ["sliding_attention", "full_attention"],
         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
