@@ -184,7 +184,10 @@ class ModelSession:
         last_position_logits: bool = True,
         cuda_options: dict[str, str] | None = None,
         tensorrt: bool = False,
+        profile_prefix: str | None = None,
     ) -> None:
+        """`profile_prefix`: record ONNX Runtime's per-node profile (which provider ran each node)
+        into a file with that prefix; `self.session.end_profiling()` names it."""
         self.bundle = bundle
         self.device = device
         self.facts = bundle.model
@@ -195,6 +198,9 @@ class ModelSession:
         opts.intra_op_num_threads = intra_op_threads or (os.cpu_count() or 1)
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
+        if profile_prefix is not None:
+            opts.enable_profiling = True
+            opts.profile_file_prefix = profile_prefix
         model: str | bytes = str(bundle.onnx_path)
         self.last_position_logits = False
         if last_position_logits:
