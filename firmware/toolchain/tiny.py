@@ -12,6 +12,7 @@ from pathlib import Path
 from firmware.manifest import LayerConstants
 from firmware.toolchain.build import BuildOptions, build
 from firmware.toolchain.devkit import ensure_bundle
+from firmware.toolchain.templates import GEMMA3_CHAT_TEMPLATE
 
 TINY_NAME = "tiny-llama"
 # Architecture -> (transformers config class, model class, what differs from the Llama shape).
@@ -69,36 +70,6 @@ PHI3_CHAT_TEMPLATE = (
     "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
 )
-# Gemma 3's template (text parts): no system role, so the system prompt opens the first user turn;
-# the assistant is "model".
-GEMMA3_CHAT_TEMPLATE = (
-    "{{ bos_token }}\n"
-    "{%- if messages[0]['role'] == 'system' -%}\n"
-    "    {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
-    "    {%- set loop_messages = messages[1:] -%}\n"
-    "{%- else -%}\n"
-    "    {%- set first_user_prefix = \"\" -%}\n"
-    "    {%- set loop_messages = messages -%}\n"
-    "{%- endif -%}\n"
-    "{%- for message in loop_messages -%}\n"
-    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
-    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
-    "    {%- endif -%}\n"
-    "    {%- if (message['role'] == 'assistant') -%}\n"
-    "        {%- set role = \"model\" -%}\n"
-    "    {%- else -%}\n"
-    "        {%- set role = message['role'] -%}\n"
-    "    {%- endif -%}\n"
-    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
-    "    {{- message['content'] | trim }}\n"
-    "    {{ '<end_of_turn>\n' }}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}\n"
-    "    {{'<start_of_turn>model\n'}}\n"
-    "{%- endif -%}\n"
-)
-
-
 @dataclass(frozen=True)
 class ChatStyle:
     template: str
@@ -108,7 +79,8 @@ class ChatStyle:
 
 
 CHATML = ChatStyle(TINY_CHAT_TEMPLATE, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_start|>", "<|im_end|>")
-# Each family's template, with its special tokens, where it is not ChatML.
+# Each family's template, with its special tokens, where it is not ChatML (Gemma 3's as published,
+# which the Gemma 3 270M firmware ships too).
 CHAT_STYLES: dict[str, ChatStyle] = {
     "mistral": ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]"), "<s>", "</s>"),
     "phi3": ChatStyle(PHI3_CHAT_TEMPLATE, ("<unk>", "<s>", "<|endoftext|>", "<|system|>", "<|user|>",
