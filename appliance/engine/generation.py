@@ -101,10 +101,11 @@ class Generation:
             self.trace.prior_digests_total = len(prior)
             self.trace.prior_digests_found = sum(1 for d in prior if d in chain)
         if self.prefix_cache is not None:
-            # At least one token must run to produce logits, so never reuse the whole prompt.
+            # Tokens must run to produce logits, so never reuse the whole prompt; and two at least,
+            # since a lone token's logits differ from a prompt's (scheduler.MIN_CHUNK_TOKENS).
             block = self.prefix_cache.block_tokens
             digests = block_digests(ids, block) if self.resuming else self.digests
-            hit = self.prefix_cache.lookup(digests, (len(ids) - 1) // block)
+            hit = self.prefix_cache.lookup(digests, max(0, len(ids) - 2) // block)
             if hit is not None:
                 self.session.import_prefix(cache, hit.kv, hit.tokens)
                 reused = hit.tokens

@@ -27,7 +27,10 @@ T = TypeVar("T")
 # unnoticeable to a reader, and a tiny chunk would make the newcomer wait far longer).
 PREFILL_SHARE = 1.0
 MIN_STEP_SECONDS = 0.030
-MIN_CHUNK_TOKENS = 1
+# A lone token runs through other kernels than a prompt's (int8 MatMulNBits takes its M=1 path), so
+# a prompt whose last chunk is one token gets other logits than in one pass (SmolLM2 int8: 1.2 off,
+# a different first token). No chunk is one token unless the whole prompt left is.
+MIN_CHUNK_TOKENS = 2
 
 
 @dataclass(eq=False)
@@ -181,6 +184,8 @@ class Scheduler(Generic[T]):
             start, end = ticket.prefill[0]
             if decode:
                 end = min(end, start + self.budget.tokens)
+                if ticket.prefill[0][1] - end < MIN_CHUNK_TOKENS:  # nor leave a lone token for the next chunk
+                    end = ticket.prefill[0][1]
             if end == ticket.prefill[0][1]:
                 ticket.prefill.popleft()
             else:

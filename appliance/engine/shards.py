@@ -32,6 +32,8 @@ def plan_shards(start: int, total: int, max_shard: int, algorithm: str, boundari
             if i >= 0 and cuts[i] >= pos + max(1, max_shard // 4):
                 end = cuts[i]
                 on_boundary += 1
+        if total - end < 2 and end - 1 > pos:  # a lone last token runs other kernels (scheduler.MIN_CHUNK_TOKENS)
+            end -= 1
         shards.append((pos, end))
         pos = end
     shards.append((pos, total))

@@ -34,6 +34,12 @@ def test_fixed_cuts_at_the_limit() -> None:
     assert plan.reason.startswith("fixed")
 
 
+def test_no_last_shard_is_a_lone_token() -> None:
+    """Its logits would come from other kernels than a prompt's (scheduler.MIN_CHUNK_TOKENS)."""
+    assert plan_shards(0, 257, 128, "fixed", []).shards == ((0, 128), (128, 255), (255, 257))
+    assert plan_shards(0, 3, 1, "fixed", []).shards == ((0, 1), (1, 2), (2, 3))  # a shard of 1 token allows no other
+
+
 def test_semantic_cuts_on_the_last_boundary_inside_each_shard() -> None:
     plan = plan_shards(0, 300, 128, "semantic", [10, 100, 200, 290])
     # 0..128 holds boundaries 10 and 100 -> cut at 100; 100..228 holds 200 -> cut at 200; rest fits.

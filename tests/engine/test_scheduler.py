@@ -187,11 +187,29 @@ def test_chunk_budget_allows_a_whole_short_step_when_decode_steps_are_fast() -> 
     assert abs(decode_s + per_token_s * budget.tokens - 0.040) <= per_token_s * 2  # the step: 40 ms in all
 
 
-def test_chunk_budget_never_exceeds_the_shard_or_drops_below_one() -> None:
+def test_chunk_budget_never_exceeds_the_shard_or_drops_below_two() -> None:
     budget = ChunkBudget(max_tokens=32, share=1.0, min_step=0.0, start=16)
     for _ in range(10):
         budget.observe(1.0, budget.tokens, 1e-6)
     assert budget.tokens == 32
     for _ in range(20):
         budget.observe(1e-6, budget.tokens, 1.0)
-    assert budget.tokens == 1
+    assert budget.tokens == 2  # a lone token's logits differ from a prompt's (scheduler.MIN_CHUNK_TOKENS)
+
+
+@pytest.mark.parametrize("budget", range(2, 12))
+def test_no_chunk_is_a_lone_token_nor_leaves_one(budget: int) -> None:
+    """Chunks of a 37-token prompt beside a decoding stream, whatever the budget: none of one token."""
+    s = _scheduler(chunk=512)
+    s.add("stream", 100, 0.0)
+    _start_all(s)
+    _decode_until_prefilled(s)
+    s.add("newcomer", 100, 1.0)
+    (late,) = s.admit()
+    s.start(late, [(0, 37)])
+    s.budget.tokens = budget
+    chunks = []
+    while late.prefill:
+        _, a, b = s.plan().prefill  # type: ignore[misc]
+        chunks.append(b - a)
+    assert sum(chunks) == 37 and min(chunks) >= 2 and max(chunks) <= budget + 1
