@@ -12,7 +12,7 @@ from pathlib import Path
 from firmware.manifest import LayerConstants
 from firmware.toolchain.build import BuildOptions, build
 from firmware.toolchain.devkit import ensure_bundle
-from firmware.toolchain.templates import GEMMA3_CHAT_TEMPLATE
+from firmware.toolchain.templates import GEMMA3_CHAT_TEMPLATE, QWEN25_CHAT_TEMPLATE
 
 TINY_NAME = "tiny-llama"
 # Architecture -> (transformers config class, model class, what differs from the Llama shape).
@@ -79,9 +79,10 @@ class ChatStyle:
 
 
 CHATML = ChatStyle(TINY_CHAT_TEMPLATE, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_start|>", "<|im_end|>")
-# Each family's template, with its special tokens, where it is not ChatML (Gemma 3's as published,
-# which the Gemma 3 270M firmware ships too).
+# Each family's template, with its special tokens, where it is not plain ChatML (Qwen2.5's and
+# Gemma 3's as published; the Gemma 3 270M firmware ships the latter too).
 CHAT_STYLES: dict[str, ChatStyle] = {
+    "qwen2": ChatStyle(QWEN25_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos),  # takes tools
     "mistral": ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]"), "<s>", "</s>"),
     "phi3": ChatStyle(PHI3_CHAT_TEMPLATE, ("<unk>", "<s>", "<|endoftext|>", "<|system|>", "<|user|>",
                                            "<|assistant|>", "<|end|>"), "<s>", "<|end|>"),

@@ -5,7 +5,8 @@ to fp32 firmware; our prefill logits against transformers within 1e-4, greedy to
 different lengths decoded together identical to each alone. Mistral's sliding window and Gemma
 3's sliding layers are 16 positions wide and the conversation is several times longer, so every
 check runs past the window; Qwen3 has per-head norms and Phi-3 partial rotary. Each family's chat
-template renders the same token ids as transformers' apply_chat_template."""
+template renders the same token ids as transformers' apply_chat_template, system prompt and (for
+Qwen2.5's) tools included."""
 
 from __future__ import annotations
 
@@ -171,8 +172,29 @@ def test_chat_template_renders_the_token_ids_transformers_renders(name: str, sys
         assert "system" not in prompt.text and system in prompt.text
 
 
-def hf_chat_ids(tokenizer: Any, docs: list[dict[str, str]]) -> list[int]:
-    out = tokenizer.apply_chat_template(docs, tokenize=True, add_generation_prompt=True)
+def test_a_template_that_takes_tools_gets_them_as_transformers_passes_them() -> None:
+    """Qwen2.5's template lists the tools in its system turn (after the system prompt, or its
+    default one); ours renders it from the request's tools as apply_chat_template(tools=...) does."""
+    from transformers import AutoTokenizer
+
+    from appliance.engine.tools import OutputRules, Tool
+
+    weather = Tool("get_weather", "The weather in a city now.",
+                   {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})  # fmt: skip
+    template = _folder_template("qwen2")
+    assert template.takes_tools
+    hf = AutoTokenizer.from_pretrained(tiny_hf_dir("qwen2"))
+    for system in (None, "You answer in one short sentence."):
+        prompt = template.prompt(CONVERSATION, system=system, output=OutputRules(tools=(weather,)))
+        docs = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": m.role, "content": m.content} for m in CONVERSATION
+        ]
+        assert prompt.ids == hf_chat_ids(hf, docs, tools=[weather.as_function()])
+        assert '"name": "get_weather"' in prompt.text and "<tools>" in prompt.text
+
+
+def hf_chat_ids(tokenizer: Any, docs: list[dict[str, str]], **kwargs: Any) -> list[int]:
+    out = tokenizer.apply_chat_template(docs, tokenize=True, add_generation_prompt=True, **kwargs)
     if not isinstance(out, list):  # transformers 5 returns the encoding
         out = out["input_ids"]
     return [int(i) for i in out]
