@@ -18,6 +18,9 @@ order alternates (so drifting machine noise hits both) and reports the median of
 6. decode tokens/s of a request held to a JSON schema (llguidance computes a token mask each step,
    while the model runs) against the same prompt unconstrained. Target: >= 0.9x.
 
+7. `--models`: sections 1's prefill and decode rows for every demo model (SmolLM2 and Gemma 3 270M),
+   each against og.Generator on its own bundle folder; writes bench/results/models.md.
+
 Run: `make bench-engine` (`.venv/bin/python -m bench.engine`) (about six minutes on 2 CPUs; writes
 bench/results/engine.md) or `--quick` (one repetition, prints the table, writes nothing unless
 --out is given).
@@ -63,6 +66,7 @@ from firmware.toolchain.devkit import dev_trusted_keys
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine.md"
 CONSTRAINED_RESULTS = RESULTS.with_name("constrained.md")
+MODELS_RESULTS = RESULTS.with_name("models.md")
 SEED = 0
 SENTENCES = (
     "The appliance keeps every decision local, in the process that runs the model.",
@@ -452,6 +456,30 @@ async def fairness(endpoint: Endpoint) -> tuple[float, float, float, int]:
     return statistics.median(before), p99, first - long.sent, long.prompt_tokens
 
 
+# --- 7. every demo model against og.Generator ---------------------------------------------------
+
+
+def models_report(reps: int, threads: int) -> str:
+    """Prefill and decode of each demo model, ours against og.Generator on the same folder."""
+    from appliance.cli import DEMO_MODELS
+
+    sizes = Sizes(prefill=(512,), decode_steps=64)
+    lines = ["| model | bundle | comparison (A / B) | A | B | A / B |", "| --- | --- | --- | --- | --- | --- |"]
+    notes = []
+    for name, make in DEMO_MODELS.items():
+        bundle = load(make(), dev_trusted_keys())
+        print(f"{name}: {bundle.name} {bundle.version}", flush=True)
+        report = Report([], [], [])
+        versus_og(bundle, sizes, reps, threads, report)
+        gc.collect()
+        precision = bundle.manifest.source.get("precision", "?")
+        for r in report.rows:
+            lines.append(f"| {name} | {bundle.name} {bundle.version}, {precision} | {r.what} | {r.ours:.1f} {r.unit} "
+                         f"| {r.base:.1f} {r.unit} | {r.ratio:.3f}x |")  # fmt: skip
+        notes += [f"{name}: {n}" for n in report.notes]
+    return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -509,7 +537,23 @@ def main() -> int:
                         "fairness rows (sections 4 and 5); writes no file unless --out")  # fmt: skip
     parser.add_argument("--constrained-only", action="store_true", help="only the constrained-decoding row "
                         f"(section 6); writes {CONSTRAINED_RESULTS.name} unless --quick")  # fmt: skip
+    parser.add_argument("--models", action="store_true", help="prefill and decode of every demo model against "
+                        f"og.Generator (section 7); writes {MODELS_RESULTS.name} unless --quick")  # fmt: skip
     args = parser.parse_args()
+    if args.models:
+        reps = args.reps or (1 if args.quick else 5)
+        load_start = load_average()
+        text = models_report(reps, os.cpu_count() or 1)
+        print(text)
+        if not args.quick:
+            out = args.out or MODELS_RESULTS
+            out.write_text(f"# Every demo model against onnxruntime-genai\n\n`.venv/bin/python -m bench.engine "
+                           f"--models` on {machine()}, {os.cpu_count()} intra-op threads on both sides, median of "
+                           f"{reps} interleaved pairs, load average {load_start} at the start, {load_average()} "
+                           f"at the end (prefill: a 512-token prompt; decode: 64 new tokens after 128, greedy).\n\n"
+                           f"{text}\n")  # fmt: skip
+            print(f"wrote {out}")
+        return 0
     if args.constrained_only:
         report = Report([], [], [])
         reps = args.reps or (1 if args.quick else 5)

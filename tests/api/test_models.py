@@ -237,3 +237,32 @@ def test_firmware_install_beside_serves_a_second_model_on_reload_and_remove_stop
         assert not (store / OTHER).exists() and not list(setup.root.glob("conf.d/*.toml"))
     finally:
         running.stop()
+
+
+@pytest.mark.demo
+@pytest.mark.gemma
+def test_smollm2_and_gemma3_answer_side_by_side_over_http3_and_the_unix_socket(
+        demo_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:  # fmt: skip
+    """The two real models in one daemon, asked at once over both transports (Gemma 3 270M is a
+    base model: the answer's first words are given, as an Anthropic assistant prefill)."""
+    from firmware.toolchain.gemma import GEMMA_NAME, gemma_bundle
+
+    smollm2 = firmware.load(demo_bundle_path, trusted_keys).name
+    running, setup = _serve(tmp_path, demo_bundle_path, trusted_keys, {GEMMA_NAME: gemma_bundle()})
+    question = [{"role": "user", "content": "What is the capital of France?"},
+                {"role": "assistant", "content": "The capital of France is"}]  # fmt: skip
+
+    def ask(model: str, over_h3: bool) -> tuple[str, str]:
+        body = {"model": model, "messages": question, "max_tokens": 8, "temperature": 0}
+        doc = (_h3(running, setup, "/v1/messages", body) if over_h3 else _unix(setup, "/v1/messages", body)).json()
+        return doc["model"], doc["content"][0]["text"]
+
+    try:
+        work = [(m, h3) for m in (smollm2, GEMMA_NAME) for h3 in (True, False)]
+        with concurrent.futures.ThreadPoolExecutor(len(work)) as pool:
+            answers = list(pool.map(lambda args: ask(*args), work))
+        assert [model for model, _ in answers] == [m for m, _ in work]
+        assert all("Paris" in text for _, text in answers), answers
+        assert answers[0][1] == answers[1][1] and answers[2][1] == answers[3][1]  # greedy: same on both transports
+    finally:
+        running.stop()
