@@ -171,12 +171,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     if status != 200:
         print(f"zerolayer: /status answered {status}: {info}", file=sys.stderr)
         return 1
-    fw, place = info["firmware"], info["placement"]
-    print(f"firmware:   {fw['name']} {fw['version']} (signer {fw['signer']}) at {fw['path']}")
-    print("constants:  " + ", ".join(f"{k}={v}" for k, v in fw["constants"].items()))
-    for device, d in info["devices"].items():
-        dead = "" if d["alive"] else ", WORKER DEAD"
-        print(f"device:     {device}: {d['active']} active, {d['queued']} queued{dead}")
+    place = info["placement"]
+    for fw in info.get("models") or [{**info["firmware"], "model": info["firmware"]["name"],
+                                      "devices": info["devices"]}]:  # fmt: skip
+        alias = f" as model {fw['model']}" if fw["model"] != fw["name"] else ""
+        print(f"firmware:   {fw['name']} {fw['version']}{alias} (signer {fw['signer']}) at {fw['path']}")
+        print("constants:  " + ", ".join(f"{k}={v}" for k, v in fw["constants"].items()))
+        for device, d in fw["devices"].items():
+            dead = "" if d["alive"] else ", WORKER DEAD"
+            print(f"device:     {device}: {d['active']} active, {d['queued']} queued{dead}")
     for m in info["memory"] or [{"device": "gpu", "ratio": None}]:
         shown = "no GPU" if m["ratio"] is None else (
             f"{m['used'] / 2**30:.1f}/{m['total'] / 2**30:.1f} GiB ({m['ratio']:.0%})")  # fmt: skip

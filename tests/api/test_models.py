@@ -121,6 +121,13 @@ def test_the_model_list_names_every_model_and_an_unknown_one_is_a_404_naming_the
     assert _unix(setup, "/v1/models/gemma-9000").status_code == 404
     info = running.call(running.daemon.status_info)
     assert [m["model"] for m in info["models"]] == [first_model, OTHER]  # type: ignore[index]
+    import subprocess
+    import sys
+
+    status = subprocess.run([sys.executable, "-m", "appliance.cli", "status", "--socket", str(setup.unix_socket)],
+                            capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
+    firmware_lines = [line for line in status.splitlines() if line.startswith("firmware:")]
+    assert len(firmware_lines) == 2 and f"as model {OTHER} " in firmware_lines[1]
 
 
 def _stream(setup: DevSetup, model: str, started: concurrent.futures.Future[None]) -> tuple[int, str, str]:
