@@ -273,3 +273,19 @@ def test_smollm2_and_gemma3_answer_side_by_side_over_http3_and_the_unix_socket(
         assert answers[0][1] == answers[1][1] and answers[2][1] == answers[3][1]  # greedy: same on both transports
     finally:
         running.stop()
+
+
+def test_bundles_that_do_not_fit_together_are_refused_at_start_before_any_loads(
+        tiny_bundle_path: Path, other_bundle_path: Path, trusted_keys: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import appliance.daemon
+    from appliance.config import ConfigError
+    from appliance.engine import Engine
+
+    built: list[Engine] = []
+    monkeypatch.setattr(appliance.daemon, "Engine", lambda *a, **k: built.append(Engine(*a, **k)) or built[-1])
+    monkeypatch.setattr(appliance.daemon, "available_host_memory", lambda: 1 << 20)
+    with pytest.raises(ConfigError) as refused:
+        _serve(tmp_path, tiny_bundle_path, trusted_keys, {OTHER: other_bundle_path})
+    assert any("does not fit on cpu" in p for p in refused.value.problems)
+    assert not built  # refused whole: no engine was made for either
