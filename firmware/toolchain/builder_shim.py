@@ -18,6 +18,12 @@ the PyTorch weights with a config of their own, which stays as transformers made
   with KeyError 'multi_cache' unless the RoPE type is "longrope". transformers ignores
   `original_max_position_embeddings` for any other RoPE type, so it is set equal to the context
   (the plain Phi-3 class, which is what transformers computes).
+- `longrope_type`: transformers 5 names the RoPE type `rope_type` only; the builder reads the
+  LongRoPE type (Phi-3.5-mini, Phi-3-*-128k) from transformers 4's `type` (KeyError 'type'). It
+  is copied. (LongRoPE switches from the short to the long factors once a run's sequence passes
+  the original context: a prefill split there (shards, a reused prefix) keeps the earlier keys
+  rotated by the short factors, as transformers' cached generation does, where one pass would
+  rotate them all by the long ones.)
 - `gemma3_rope_per_layer_type`: transformers 5 stores Gemma 3's RoPE as one entry per layer type
   (`{"full_attention": {...}, "sliding_attention": {...}}`); the builder expects one flat entry
   (KeyError 'rope_type') and the local layers' base in `rope_local_base_freq` (transformers 4's
@@ -68,6 +74,12 @@ def phi3_default_rope(config: Any) -> None:
         config.original_max_position_embeddings = config.max_position_embeddings
 
 
+def longrope_type(config: Any) -> None:
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and params.get("rope_type") == "longrope" and "type" not in params:
+        params["type"] = "longrope"
+
+
 def gemma3_rope_per_layer_type(config: Any) -> None:
     params = getattr(config, "rope_parameters", None)
     if not isinstance(params, dict) or "full_attention" not in params or "rope_type" in params:
@@ -86,7 +98,7 @@ def sliding_window_layers(config: Any) -> None:
         config.layer_types = ["sliding_attention"] * config.num_hidden_layers
 
 
-FIXES = (phi3_default_rope, gemma3_rope_per_layer_type, sliding_window_layers)
+FIXES = (phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers)
 
 
 def gemma_embedding_scale() -> None:

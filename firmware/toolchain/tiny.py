@@ -31,6 +31,16 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "num_attention_heads": 2, "num_key_value_heads": 1,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
     }),
+    # Phi-3.5-mini's LongRoPE: per-dimension factors and a magnitude scale for a context longer
+    # than the original one (2048 from 1024 here). The conversation stays inside the original
+    # context, where the short factors apply (see builder_shim.longrope_type on crossing it).
+    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM", {
+        "num_attention_heads": 2, "num_key_value_heads": 1, "original_max_position_embeddings": 1024,
+        "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                            "original_max_position_embeddings": 1024,
+                            "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                            "long_factor": [2.0 + 0.5 * i for i in range(8)]},
+    }),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
         # A width whose square root (Gemma's embedding scale) is not a round number: 8.4853.
         "hidden_size": 72, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
@@ -92,7 +102,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
 
 
 def chat_style(arch: str) -> ChatStyle:
-    return CHAT_STYLES.get(arch, CHATML)
+    return CHAT_STYLES.get(arch, CHAT_STYLES.get(arch.partition("_")[0], CHATML))
 
 
 def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:

@@ -1,8 +1,9 @@
 """The model builder's fixes for transformers 5 (firmware/toolchain/builder_shim.py), each on the
 config transformers makes. Without them the builds in tests/engine/test_architectures.py fail
-(Phi-3: KeyError 'multi_cache'; Gemma 3: KeyError 'rope_type') or export a model that is wrong
-past its window (Mistral: every layer given full attention; Gemma: its embedding scale rounded,
-4.3e-4 off in the tiny Gemma 3's logits, 2.4e-3 in Gemma 3 270M's)."""
+(Phi-3: KeyError 'multi_cache'; Phi-3 LongRoPE: KeyError 'type'; Gemma 3: KeyError 'rope_type')
+or export a model that is wrong past its window (Mistral: every layer given full attention) or
+everywhere (Gemma: its embedding scale rounded, 4.3e-4 off in the tiny Gemma 3's logits, 2.4e-3
+in Gemma 3 270M's)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,17 @@ def test_phi3_longrope_is_left_to_the_builder() -> None:
     before = config.original_max_position_embeddings
     builder_shim.phi3_default_rope(config)
     assert config.original_max_position_embeddings == before
+
+
+def test_longrope_gets_the_type_the_builder_reads() -> None:
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+            "original_max_position_embeddings": 1024}  # fmt: skip
+    config = transformers.Phi3Config(**SHAPE, rope_parameters=rope)
+    builder_shim.longrope_type(config)
+    assert config.rope_parameters["type"] == "longrope"
+    plain = transformers.LlamaConfig(**SHAPE)
+    builder_shim.longrope_type(plain)
+    assert "type" not in plain.rope_parameters
 
 
 def test_gemma3_rope_per_layer_type_becomes_the_flat_entry_and_the_local_base() -> None:
