@@ -24,7 +24,7 @@ from firmware.install import (
     serve_beside,
     slot_links,
 )
-from firmware.manifest import MANIFEST_NAME, SIGNATURE_NAME, SPLIT_ALGORITHMS, LayerConstants, parse_manifest
+from firmware.manifest import MANIFEST_NAME, SIGNATURE_NAME, SPLIT_ALGORITHMS, LayerConstants, Licence, parse_manifest
 from firmware.signing import generate_keypair
 from firmware.toolchain.build import PRECISIONS, TARGETS, BuildOptions, build, sign
 
@@ -53,6 +53,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="bundle name (default: the source's name)")
     p.add_argument("--version", default="1.0.0", help="bundle version")
     p.add_argument("--key", type=Path, help="sign with this private key after building")
+    p.add_argument("--chat-template", type=Path, metavar="FILE",
+                   help="a Jinja chat template to ship instead of the source's own (a base model's GGUF has none)")
+    p.add_argument("--eos-token", action="append", default=[], metavar="TOKEN",
+                   help="a token that also ends generation, such as the template's end of turn (repeatable)")
+    p.add_argument("--licence-name", help="the terms the model is used under, kept in the signed manifest")
+    p.add_argument("--licence-url", default="", help="where those terms are published")
+    p.add_argument("--licence-notice", default="", help="the notice to pass on with the model")
+    p.add_argument("--licence-file", action="append", default=[], type=Path, metavar="FILE",
+                   help="a file with the terms' text, packed under licence/ and signed (repeatable)")
     p.set_defaults(func=cmd_build)
 
     p = fsub.add_parser("sign", help="sign a bundle's manifest")
@@ -173,12 +182,25 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    if (args.licence_file or args.licence_url or args.licence_notice) and not args.licence_name:
+        raise BundleError("--licence-url, --licence-notice and --licence-file need --licence-name")
+    licence = (Licence(args.licence_name, args.licence_url, args.licence_notice,
+                       tuple(f"licence/{f.name}" for f in args.licence_file))
+               if args.licence_name else None)  # fmt: skip
+    try:
+        template = args.chat_template.read_text(encoding="utf-8") if args.chat_template else None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BundleError(f"--chat-template {args.chat_template}: {exc}") from None
     options = BuildOptions(
         precision=args.precision,
         target=args.target,
         layer=LayerConstants(args.max_tokens_per_shard, args.fallback_cpu_threshold, args.split_algorithm),
         name=args.name,
         version=args.version,
+        chat_template=template,
+        eos_tokens=tuple(args.eos_token),
+        licence=licence,
+        licence_files=tuple(args.licence_file),
     )
     manifest = build(args.source, args.out, options, key=args.key)
     state = "signed" if args.key else "unsigned: run `zerolayer firmware sign`"
@@ -226,6 +248,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"  fallback_cpu_threshold = {layer.fallback_cpu_threshold}")
     print(f"  split_algorithm        = {layer.split_algorithm}")
     print(f"chat template: {len(manifest.chat_template)} characters")
+    if manifest.licence is not None:
+        terms = manifest.licence
+        print(f"licence:     {terms.name}" + (f" ({terms.url})" if terms.url else ""))
+        if terms.notice:
+            print(f"  notice:    {terms.notice}")
+        for rel in terms.files:
+            print(f"  text:      {rel}")
     print("files:")
     for rel, entry in sorted(manifest.files.items()):
         print(f"  {entry.size:>12}  {entry.sha256[:16]}  {rel}")

@@ -72,3 +72,31 @@ def test_a_signed_but_invalid_licence_is_refused(licensed: Path, trusted_keys: P
     sign(licensed, dev_key)
     with pytest.raises(BundleError, match=message):
         firmware.verify(licensed, trusted_keys)
+
+
+def test_the_build_command_takes_a_template_end_tokens_and_terms(
+        tiny_bundle_path: Path, tmp_path: Path, dev_key: Path, trusted_keys: Path) -> None:  # fmt: skip
+    import subprocess
+    import sys
+
+    (tmp_path / "template.jinja").write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    (tmp_path / "TERMS.txt").write_text("the terms")
+
+    def zerolayer(*args: str | Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "appliance.cli", "firmware", *map(str, args)],
+                              capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+
+    out = tmp_path / "bundle"
+    done = zerolayer("build", "--from", tiny_bundle_path, "--out", out, "--name", "tiny-cli", "--key", dev_key,
+                     "--chat-template", tmp_path / "template.jinja", "--eos-token", "<|im_end|>",
+                     "--licence-name", "Example Terms", "--licence-url", "https://example.org/terms",
+                     "--licence-file", tmp_path / "TERMS.txt")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    bundle = firmware.load(out, trusted_keys)
+    assert bundle.chat_template == (tmp_path / "template.jinja").read_text()
+    assert bundle.manifest.licence == Licence("Example Terms", "https://example.org/terms", "", ("licence/TERMS.txt",))
+    shown = zerolayer("inspect", out, "--trusted-keys", trusted_keys).stdout
+    assert "licence:     Example Terms (https://example.org/terms)" in shown and "licence/TERMS.txt" in shown
+    refused = zerolayer("build", "--from", tiny_bundle_path, "--out", tmp_path / "x", "--licence-file",
+                        tmp_path / "TERMS.txt")  # fmt: skip
+    assert refused.returncode == 2 and "need --licence-name" in refused.stderr

@@ -97,8 +97,8 @@ def test_memory_need_counts_weights_the_kv_budget_and_the_prefix_pool(bundle: fi
     assert memory_need(bundle, capped.engine, "cuda:0").kv == (1 << 20) // (per_position // 2) * (per_position // 2)
 
 
-def test_bundles_that_do_not_fit_together_are_refused_naming_each_and_what_it_needs(bundle: firmware.Bundle,
-                                                                                    tmp_path: Path) -> None:  # fmt: skip
+def test_bundles_that_do_not_fit_together_are_refused_naming_each_and_what_it_needs(
+        bundle: firmware.Bundle, tmp_path: Path) -> None:  # fmt: skip
     from appliance.plan import memory_need, plan_models
 
     config = _config(tmp_path, "[engine]\nprefix_cache_mb = 0\n")
