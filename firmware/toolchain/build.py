@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from firmware.errors import BundleError
 from firmware.manifest import (
@@ -150,18 +150,27 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     """Dequantize a GGUF checkpoint into a plain float32 Hugging Face folder.
 
     transformers loads a GGUF but refuses save_pretrained on it, so the weights are moved into a
-    fresh model built from the same config with the quantization config dropped.
+    fresh model built from the same config with the quantization config dropped. What its loader
+    leaves out of the config, though the file states it, is put back first (_restore_gguf_config),
+    and a byte-level tokenizer is kept byte-level (_keep_byte_level_tokenizer).
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf.parent), gguf.name
+    metadata = _gguf_metadata(gguf)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     tokenizer.save_pretrained(out_dir)
+    _keep_byte_level_tokenizer(out_dir, metadata)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    restored = _restore_gguf_config(config, metadata, gguf)
+    # The weights are read under the file's own model type (a windowed "llama" file becomes a
+    # Mistral only after: transformers maps no GGUF names for Mistral).
+    as_read = restored if restored.model_type == config.model_type else config
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=as_read, dtype=torch.float32)
+    config = restored
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     # A tied lm_head is absent from the state dict by design; anything else missing is a broken source.
@@ -169,6 +178,116 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     if missing or unexpected:
         raise BundleError(f"{gguf}: weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
     plain.save_pretrained(out_dir)
+
+
+def _gguf_metadata(gguf: Path) -> dict[str, Any]:
+    """The file's key-value metadata (the token lists left out) and its small tensors: LongRoPE's
+    factors, which transformers' loader does not map to any weight."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf))
+    meta: dict[str, Any] = {
+        key: field.contents() for key, field in reader.fields.items()
+        if key not in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                       "tokenizer.ggml.scores")
+    }  # fmt: skip
+    for tensor in reader.tensors:
+        if tensor.name.startswith("rope_factors_"):
+            meta[f"tensor.{tensor.name}"] = [float(x) for x in tensor.data.reshape(-1)]
+    return meta
+
+
+def _restore_gguf_config(config: Any, meta: dict[str, Any], gguf: Path) -> Any:
+    """Put back what the GGUF states and transformers' loader (5.x) leaves out of the config, each of
+    which changes the model's output (tests/engine/test_gguf_architectures.py checks each):
+
+    - Qwen3's head width (attention.key_length): left at Qwen3Config's default of 128, so a model
+      whose heads are another width does not load.
+    - Phi-3's rotated width (rope.dimension_count): partial rotary, as Phi-4-mini's, came back full.
+    - Phi-3's LongRoPE (Phi-3.5-mini, Phi-3-128k): the factors (tensors rope_factors_long/short)
+      and the original context (rope.scaling.original_context_length) were dropped, leaving plain RoPE.
+    - Phi-3's sliding window (attention.sliding_window; 0 means none), as Phi-3-mini's 2047.
+    - A sliding window on a "llama" file (attention.sliding_window; llama.cpp writes Mistral as
+      llama and writes no window, so only a file that states one): the model becomes a Mistral.
+    - Gemma 3's layer pattern: attention.sliding_window_pattern where the file has it (one flag
+      per layer, or N: every Nth layer global), else llama.cpp's fixed five sliding to one global.
+    - Gemma 3's query scale: the file has none; llama.cpp scales by 1/sqrt(head width), or
+      1/sqrt(width / heads) for the 62-layer 27B, and so is query_pre_attn_scalar set here
+      (transformers' default of 256 holds only where the head width is 256).
+    - Gemma 3's linear RoPE scaling of the global layers (rope.scaling.type and factor, as
+      Gemma 3 4B, 12B and 27B have): dropped, leaving their positions unscaled.
+    """
+    from transformers import AutoConfig
+
+    arch = str(meta.get("general.architecture", ""))
+
+    def key(name: str) -> Any:
+        return meta.get(f"{arch}.{name}")
+
+    doc = config.to_dict()
+    rope = dict(doc.get("rope_parameters") or {})
+    changed = False
+    if arch == "qwen3" and key("attention.key_length"):
+        doc["head_dim"], changed = int(key("attention.key_length")), True
+    if arch == "phi3":
+        head_dim = doc["hidden_size"] // doc["num_attention_heads"]
+        rope_dims = key("rope.dimension_count")
+        if rope_dims and rope_dims != head_dim:
+            rope["partial_rotary_factor"] = rope_dims / head_dim
+        long, short = meta.get("tensor.rope_factors_long.weight"), meta.get("tensor.rope_factors_short.weight")
+        original = key("rope.scaling.original_context_length")
+        if long and short and original:
+            rope.update(rope_type="longrope", long_factor=long, short_factor=short,
+                        original_max_position_embeddings=int(original))  # fmt: skip
+            doc["original_max_position_embeddings"] = int(original)
+        if key("attention.sliding_window"):
+            doc["sliding_window"] = int(key("attention.sliding_window"))
+        doc["rope_parameters"], changed = rope, True
+    if arch == "llama" and key("attention.sliding_window"):
+        doc["model_type"], doc["sliding_window"], changed = "mistral", int(key("attention.sliding_window")), True
+        doc["architectures"] = ["MistralForCausalLM"]
+    if arch == "gemma3":
+        n, pattern = int(doc["num_hidden_layers"]), key("attention.sliding_window_pattern")
+        if isinstance(pattern, list):
+            sliding = [bool(p) for p in pattern]
+        else:
+            every = int(pattern or 6)
+            sliding = [(i + 1) % every != 0 for i in range(n)]
+        doc["layer_types"] = ["sliding_attention" if s else "full_attention" for s in sliding]
+        head_dim = int(doc.get("head_dim") or doc["hidden_size"] // doc["num_attention_heads"])
+        doc["query_pre_attn_scalar"] = doc["hidden_size"] // doc["num_attention_heads"] if n == 62 else head_dim
+        if key("rope.scaling.type") == "linear" and key("rope.scaling.factor"):
+            full = dict(rope.get("full_attention") or {})
+            full.update(rope_type="linear", factor=float(key("rope.scaling.factor")))
+            rope["full_attention"], doc["rope_parameters"] = full, rope
+        changed = True
+    if not changed:
+        return config
+    model_type = doc.pop("model_type")
+    for k in ("transformers_version", "_name_or_path"):
+        doc.pop(k, None)
+    return AutoConfig.for_model(model_type, **doc)
+
+
+def _keep_byte_level_tokenizer(out_dir: Path, meta: dict[str, Any]) -> None:
+    """transformers builds a byte-level BPE tokenizer (tokenizer.ggml.model "gpt2") from the file's
+    vocabulary, merges and pre-tokenizer (tokenizer.ggml.pre) rightly, but saves it under the class
+    it picks by architecture (GemmaTokenizer, LlamaTokenizer, Qwen2Tokenizer), and reloading the
+    folder through that class (as the model builder does) rebuilds the class's own pipeline over
+    the vocabulary: Gemma's maps every newline to the unknown token, Qwen2's splits text by its
+    own rule whatever the file says. The saved tokenizer.json is the file's tokenizer, so the
+    folder names the generic class that keeps it as it is, and drops special tokens the class
+    invented that are not in the vocabulary (GemmaTokenizer's <mask>)."""
+    if meta.get("tokenizer.ggml.model") != "gpt2":
+        return
+    cfg_file = out_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    vocab = json.loads((out_dir / "tokenizer.json").read_text())
+    known = set(vocab["model"]["vocab"]) | {t["content"] for t in vocab.get("added_tokens", [])}
+    cfg["tokenizer_class"] = "TokenizersBackend"
+    for k in [k for k, v in cfg.items() if k.endswith("_token") and isinstance(v, str) and v not in known]:
+        del cfg[k]
+    cfg_file.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
 
 def run_model_builder(hf_dir: Path, out_dir: Path, precision: str, target: str, cache_dir: Path) -> None:

@@ -1,0 +1,211 @@
+"""The tiny fixtures (tiny.py) written as GGUF files, the way llama.cpp's convert_hf_to_gguf.py
+writes each family, so the `--from X.gguf` build path is checked per architecture without a
+download. Tensors stay F32, so a bundle built from the file can be compared with the one built from
+the Hugging Face folder (tiny.tiny_bundle) to float32 rounding.
+
+What llama.cpp does per family, and so what is done here (transformers' GGUF loader undoes it):
+
+- llama, mistral: written as architecture "llama" (llama.cpp has no Mistral architecture for these),
+  with the query and key rows of each head permuted from the rotate-half order to interleaved
+  pairs; the loader permutes them back. llama.cpp writes no sliding window for the llama
+  architecture; the window is written here under the GGUF key `llama.attention.sliding_window`,
+  which gguf_to_hf reads (see there).
+- qwen2, qwen3: tensors as they are; Qwen3's head width as `attention.key_length`.
+- phi3: the fused qkv_proj and gate_up_proj as attn_qkv and ffn_up; the rotated width as
+  `rope.dimension_count`; LongRoPE's factors as the tensors rope_factors_long/short, with
+  `rope.scaling.attn_factor` and `rope.scaling.original_context_length`.
+- gemma3: every RMSNorm weight stored plus one (Gemma's norm multiplies by 1 + w; llama.cpp's by
+  w); the global layers' RoPE base as `rope.freq_base`. llama.cpp's converter writes no layer
+  pattern (llama.cpp assumes Gemma 3's five sliding layers to one global); the tiny model's own
+  pattern is written under the GGUF key `attention.sliding_window_pattern`, as an array of one flag
+  per layer, which gguf_to_hf reads.
+
+The tokenizer is written as llama.cpp writes a Hugging Face byte-level BPE ("gpt2"): tokens,
+token types (special added tokens as CONTROL), merges, the special ids and the chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from firmware.toolchain.tiny import chat_style
+
+# Fixture architecture -> the GGUF architecture llama.cpp writes it as.
+GGUF_ARCHITECTURES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "phi3": "phi3",
+    "phi3_longrope": "phi3",
+    "gemma3": "gemma3",
+}
+# The names llama.cpp takes from each model card; transformers' loader reads a "llama" file as
+# Mistral only when the name is exactly "mistral", which no real Mistral file's is.
+MODEL_NAMES = {"mistral": "Tiny Mistral Instruct"}
+
+TOKEN_NORMAL, TOKEN_CONTROL = 1, 3  # gguf.TokenType
+
+
+def _rope_parameters(config: dict[str, Any], layer_type: str = "full_attention") -> dict[str, Any]:
+    rope = config.get("rope_parameters") or {}
+    return dict(rope.get(layer_type, rope))
+
+
+def _permute_for_rope(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Rotate-half (Hugging Face) to interleaved pairs (llama.cpp), per head: what the loader undoes."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
+    """Write the tiny Hugging Face folder of fixture `arch` (tiny.tiny_hf_dir) as one F32 GGUF file."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"no GGUF form for fixture {arch!r}: choose one of {', '.join(GGUF_ARCHITECTURES)}")
+    config = json.loads((hf_dir / "config.json").read_text())
+    arch_name = GGUF_ARCHITECTURES[arch]
+    model_arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch_name)
+    n_layers, n_embd = int(config["num_hidden_layers"]), int(config["hidden_size"])
+    n_head, n_head_kv = int(config["num_attention_heads"]), int(config["num_key_value_heads"])
+    head_dim = int(config.get("head_dim") or n_embd // n_head)
+    rope = _rope_parameters(config)
+
+    w = gguf.GGUFWriter(str(out), arch_name)
+    w.add_name(MODEL_NAMES.get(arch, f"tiny {arch}"))
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_context_length(int(config["max_position_embeddings"]))
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layers)
+    w.add_feed_forward_length(int(config["intermediate_size"]))
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
+    w.add_rope_freq_base(float(rope["rope_theta"]))
+    if config.get("head_dim"):
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if arch_name == "llama":
+        w.add_vocab_size(int(config["vocab_size"]))
+        w.add_rope_dimension_count(head_dim)
+        if config.get("sliding_window"):
+            w.add_sliding_window(int(config["sliding_window"]))
+    if arch_name == "phi3":
+        rope_dims = int(rope.get("partial_rotary_factor", 1.0) * n_embd) // n_head
+        w.add_rope_dimension_count(rope_dims)
+        original = int(rope.get("original_max_position_embeddings") or config["original_max_position_embeddings"])
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_sliding_window(int(config.get("sliding_window") or 0))  # 0: none (as for Phi-4)
+    if arch_name == "gemma3":
+        w.add_sliding_window(int(config["sliding_window"]))
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in config["layer_types"]])
+
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    names = gguf.get_tensor_name_map(model_arch, n_layers)
+    for hf_name in sorted(tensors):
+        data = tensors[hf_name].astype(np.float32)
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ValueError(f"{hf_dir}: no GGUF name for tensor {hf_name}")
+        if arch_name == "llama" and hf_name.endswith("q_proj.weight"):
+            data = _permute_for_rope(data, n_head)
+        elif arch_name == "llama" and hf_name.endswith("k_proj.weight"):
+            data = _permute_for_rope(data, n_head_kv)
+        elif arch_name == "gemma3" and hf_name.endswith("norm.weight"):
+            data = data + np.float32(1.0)
+        w.add_tensor(name, data)
+    if arch_name == "phi3" and rope.get("long_factor"):
+        original = int(rope["original_max_position_embeddings"])
+        scale = int(config["max_position_embeddings"]) / original
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        for key in ("long", "short"):
+            w.add_tensor(f"rope_factors_{key}.weight", np.array(rope[f"{key}_factor"], dtype=np.float32))
+
+    _add_tokenizer(w, hf_dir, arch)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _add_tokenizer(w: Any, hf_dir: Path, arch: str) -> None:
+    from firmware.toolchain.build import read_chat_template
+
+    doc = json.loads((hf_dir / "tokenizer.json").read_text())
+    vocab: dict[str, int] = dict(doc["model"]["vocab"])
+    special = {t["content"] for t in doc.get("added_tokens", []) if t.get("special")}
+    for t in doc.get("added_tokens", []):
+        vocab[t["content"]] = int(t["id"])
+    tokens = [""] * len(vocab)
+    for token, index in vocab.items():
+        tokens[index] = token
+    merges = [m if isinstance(m, str) else " ".join(m) for m in doc["model"]["merges"]]
+    style = chat_style(arch)
+
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types([TOKEN_CONTROL if t in special else TOKEN_NORMAL for t in tokens])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(vocab[style.bos])
+    w.add_eos_token_id(vocab[style.eos])
+    w.add_unk_token_id(vocab[style.specials[0]])
+    w.add_pad_token_id(vocab[style.specials[0]])
+    w.add_add_bos_token(False)  # the templates write their own BOS, as the Hugging Face tokenizer does
+    w.add_chat_template(read_chat_template(hf_dir))
+
+
+def _fingerprint(arch: str) -> str:
+    """What the file and its bundle are made from: the tiny folder (its name carries its own
+    fingerprint), this writer, and gguf_to_hf's reading of it."""
+    import hashlib
+    import inspect
+
+    from firmware.toolchain import build as build_module
+    from firmware.toolchain.tiny import tiny_hf_dir
+
+    parts = [tiny_hf_dir(arch).name, Path(__file__).read_text()]
+    parts += [inspect.getsource(getattr(build_module, f)) for f in
+              ("gguf_to_hf", "_gguf_metadata", "_restore_gguf_config", "_keep_byte_level_tokenizer")]  # fmt: skip
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
+
+
+def tiny_gguf(arch: str = "llama") -> Path:
+    """The GGUF file of the tiny fixture `arch`, written once and cached."""
+    import os
+
+    from firmware.toolchain.paths import cache_dir
+    from firmware.toolchain.tiny import tiny_hf_dir
+
+    d = cache_dir() / "tiny-gguf"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"tiny-{arch}-{_fingerprint(arch)}.gguf"
+    if not path.is_file():
+        tmp = d / f".{path.name}.{os.getpid()}.tmp"
+        write_tiny_gguf(tiny_hf_dir(arch), tmp, arch)
+        tmp.rename(path)
+    return path
+
+
+def tiny_gguf_bundle(arch: str = "llama") -> Path:
+    """The tiny fixture `arch` built from its GGUF file, as `zerolayer firmware build --from
+    X.gguf` builds it (fp32, CPU): the counterpart of tiny.tiny_bundle, built from the folder."""
+    from firmware.manifest import LayerConstants
+    from firmware.toolchain.build import BuildOptions, build
+    from firmware.toolchain.devkit import ensure_bundle
+
+    name = f"tiny-gguf-{arch}"
+
+    def make(out: Path) -> None:
+        build(tiny_gguf(arch), out, BuildOptions(
+            precision="fp32", target="cpu", name=name, version="0.1.0",
+            layer=LayerConstants(max_tokens_per_shard=64),
+        ))  # fmt: skip
+
+    return ensure_bundle(f"{name}-{_fingerprint(arch)}", make)
