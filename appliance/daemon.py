@@ -163,6 +163,7 @@ class Daemon:
         self.notifier.extend_timeout(300)
         for model in await asyncio.to_thread(self._build_engines, loaded, plans):
             self._serve_model(model)
+        governor.reserved = self._gpu_held(list(self.models))
         self.metrics.add_engines(lambda: {s.name: s.engine for s in self.models})
         settings = api_settings(cfg, KeyStore.load(cfg.auth.keys_file))
         if cfg.auth.required and not settings.keys.keys:
@@ -205,6 +206,12 @@ class Daemon:
                 model.engine.close()
             raise
         return built
+
+    @staticmethod
+    def _gpu_held(models: list[Served]) -> int:
+        """The most these models' engines may hold on the GPU: their weights and KV pools."""
+        return sum(memory_need(s.engine.bundle, s.engine.config, d).on(d)
+                   for s in models for d in s.engine.devices if d != "cpu")  # fmt: skip
 
     def _count_fallback(self, reason: str) -> None:
         self.metrics.fallback.labels(reason).inc()
@@ -426,9 +433,8 @@ class Daemon:
             host = self.host_facts(self.probe)
             # The kept engines already hold their host memory (MemAvailable excludes it), but the GPU's
             # budget is a fixed share of the card: count what they may hold there.
-            gpu_held = sum(memory_need(s.engine.bundle, s.engine.config, d).on(d)
-                           for s in kept for d in s.engine.devices if d != "cpu")  # fmt: skip
-            plans, _ = plan_models(config, {name: one.bundle for name, one in loaded.items()}, host, gpu_held)
+            plans, _ = plan_models(config, {name: one.bundle for name, one in loaded.items()}, host,
+                                   self._gpu_held(kept))  # fmt: skip
             built = await asyncio.to_thread(self._build_engines, loaded, plans)
         except (ConfigError, firmware.BundleError, OSError, ValueError) as exc:
             problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
@@ -449,6 +455,7 @@ class Daemon:
                 self.models.retire(old, drain)
         if self.governor is not None:
             self.governor.reconfigure(governor_config(config, [s.engine.bundle for s in self.models], host.probe))
+            self.governor.reserved = self._gpu_held(list(self.models))
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop accepting, let in-flight streams finish (up to the drain timeout), close QUIC

@@ -4,6 +4,12 @@ the GPU or the CPU, with hysteresis, so a box that runs short of GPU memory keep
 Probes share one interface (`read() -> list[MemoryReading]`): NVML on discrete GPUs, /proc/meminfo
 on Jetson (its GPU shares system memory), none on CPU-only machines. Placement is a pure state
 machine over the latest reading; nothing on the request path waits for a probe.
+
+What is compared with the threshold is the pressure, not NVML's "used": neither ONNX Runtime's
+arena nor the KV buffers give memory back, so "used" counts our cached-but-free blocks, and once
+over the threshold placement would stay on the CPU until a restart (a latch). Where NVML says what
+this process holds, the pressure is the other processes' use plus what our engines may hold
+(`reserved`: their weights and KV pool, fixed at start), so it moves only with the others.
 """
 
 from __future__ import annotations
@@ -24,10 +30,18 @@ class MemoryReading:
     device: str  # "cuda:0", or "jetson:0" for shared memory
     used: int
     total: int
+    own: int | None = None  # what this process holds there (NVML's process list); None: not known
 
     @property
     def ratio(self) -> float:
         return self.used / self.total if self.total else 0.0
+
+    def pressure(self, reserved: int) -> float:
+        """The share of the device that other processes use plus what ours may hold (`reserved`);
+        NVML's plain ratio where this process's share is not known (Jetson) or nothing is reserved."""
+        if self.own is None or reserved <= 0 or not self.total:
+            return self.ratio
+        return (max(0, self.used - self.own) + reserved) / self.total
 
 
 class MemoryProbe(Protocol):
@@ -85,8 +99,20 @@ class NvmlProbe:
         out = []
         for ordinal, h in enumerate(self._handles):
             info = self._nvml.nvmlDeviceGetMemoryInfo(h)
-            out.append(MemoryReading(f"cuda:{ordinal}", int(info.used), int(info.total)))
+            out.append(MemoryReading(f"cuda:{ordinal}", int(info.used), int(info.total), self._own(h)))
         return out
+
+    def _own(self, handle: object) -> int | None:
+        """What this process holds on the GPU, or None where NVML will not say (no permission,
+        a container's PID namespace hiding us, a MIG instance)."""
+        try:
+            processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception:  # pynvml raises NVMLError_* subclasses
+            return None
+        mine = [p for p in processes if p.pid == os.getpid()]
+        if not mine or any(p.usedGpuMemory is None for p in mine):
+            return None
+        return sum(int(p.usedGpuMemory) for p in mine)
 
 
 class JetsonProbe:
@@ -165,6 +191,7 @@ class Governor:
         self.cpu_device = cpu_device
         self.state = Hysteresis(config.threshold, config.hysteresis)
         self.latest: MemoryReading | None = None
+        self.reserved = 0  # bytes our engines may hold on the GPU: weights and KV pools (set by the daemon)
         self._on_reading = on_reading
         self._on_fallback = on_fallback
 
@@ -175,14 +202,15 @@ class Governor:
         if reading is None:
             return
         was_over = self.state.over
-        over = self.state.update(reading.ratio)
+        pressure = reading.pressure(self.reserved)
+        over = self.state.update(pressure)
         self.latest = reading
         if self._on_reading:
             self._on_reading(reading)
         if over != was_over:
             verb = "above" if over else "back below"
             action = ("new requests go to the CPU" if self.config.policy == "cpu" else "new requests wait")
-            log.warning("%s memory %.0f%% is %s the threshold %.0f%%: %s", reading.device, reading.ratio * 100,
+            log.warning("%s memory pressure %.0f%% is %s the threshold %.0f%%: %s", reading.device, pressure * 100,
                         verb, self.config.threshold * 100, action if over else "new requests use the GPU")  # fmt: skip
 
     async def run(self) -> None:
@@ -233,7 +261,9 @@ class Governor:
         r = self.latest
         if r is None:
             return "no GPU reading"
-        return (f"{r.device} memory {r.used / 2**30:.1f}/{r.total / 2**30:.1f} GiB ({r.ratio:.0%}), "
+        pressure = r.pressure(self.reserved)
+        ours = "" if pressure == r.ratio else f", pressure {pressure:.0%} (others' use + ours reserved)"
+        return (f"{r.device} memory {r.used / 2**30:.1f}/{r.total / 2**30:.1f} GiB ({r.ratio:.0%}){ours}, "
                 f"threshold {self.config.threshold:.0%}, {'over' if self.state.over else 'under'}")  # fmt: skip
 
 
@@ -248,9 +278,11 @@ def available_host_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     return None
 
 
-def cuda_memory_limit(total_bytes: int, threshold: float) -> int:
-    """The CUDA arena's cap: the GPU session may not grow past the fallback threshold."""
-    return int(total_bytes * threshold)
+def cuda_memory_limit(total_bytes: int, threshold: float, kv_bytes: int = 0, share: int = 1) -> int:
+    """A GPU session's arena cap: its share of the memory under the fallback threshold, less the KV
+    pool, which the IO binding allocates outside the arena. Arena and pool together then stay
+    within the budget, so the engine runs out of memory (and continues on the CPU) only past it."""
+    return int(total_bytes * threshold) // max(1, share) - kv_bytes
 
 
 # How running out of device memory reads at ONNX Runtime's run boundary: its arena, the CUDA

@@ -4,7 +4,6 @@ each with its error, and a bad combination is refused before anything is built."
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -78,8 +77,9 @@ def api_settings(config: Config, keys: KeyStore) -> ApiSettings:
                        metrics_require_auth=config.metrics.require_auth)  # fmt: skip
 
 
-def make_plan(config: Config, bundle: firmware.Bundle, host: HostFacts) -> Plan:
-    """Every problem at once, as one ConfigError naming each file:key."""
+def make_plan(config: Config, bundle: firmware.Bundle, host: HostFacts, gpu_share: int = 1) -> Plan:
+    """Every problem at once, as one ConfigError naming each file:key. `gpu_share`: how many
+    bundles' sessions share the GPU's budget (each arena gets that share of it)."""
     problems: list[str] = []
     engine = governor = None
     try:
@@ -107,9 +107,10 @@ def make_plan(config: Config, bundle: firmware.Bundle, host: HostFacts) -> Plan:
         if host.gpu_memory is not None:
             notes.append(f"{host.probe} reports GPU memory but this onnxruntime has no GPU provider: CPU only")
     cuda_options = None
-    if gpu is not None and host.gpu_memory is not None:  # the arena may not grow past the threshold
-        cuda_options = {"gpu_mem_limit": str(cuda_memory_limit(host.gpu_memory, governor.threshold)),
-                        "arena_extend_strategy": "kSameAsRequested"}  # fmt: skip
+    if gpu is not None and host.gpu_memory is not None:  # arena and KV pool within the threshold's budget
+        kv = memory_need(bundle, engine, gpu).kv
+        limit = cuda_memory_limit(host.gpu_memory, governor.threshold, kv, gpu_share)
+        cuda_options = {"gpu_mem_limit": str(limit), "arena_extend_strategy": "kSameAsRequested"}
     return Plan(engine, devices, cuda_options, governor, gpu, "cpu" if "cpu" in devices else devices[-1],
                 tuple(notes))  # fmt: skip
 
@@ -188,12 +189,9 @@ def plan_models(config: Config, bundles: Mapping[str, firmware.Bundle], host: Ho
     if problems:
         raise ConfigError(problems)
     gpu_bundles = [name for name, plan in plans.items() if plan.gpu_device is not None]
-    if len(gpu_bundles) > 1:  # each GPU session's arena gets its share of the cap, not the whole of it
+    if len(gpu_bundles) > 1:  # each GPU session's arena gets its share of the budget, not the whole of it
         for name in gpu_bundles:
-            options = plans[name].cuda_options
-            if options is not None and "gpu_mem_limit" in options:
-                share = {**options, "gpu_mem_limit": str(int(options["gpu_mem_limit"]) // len(gpu_bundles))}
-                plans[name] = dataclasses.replace(plans[name], cuda_options=share)
+            plans[name] = make_plan(config, bundles[name], host, gpu_share=len(gpu_bundles))
     governor = governor_config(config, list(bundles.values()), host.probe)
     check_fit(plans, bundles, host, governor.threshold, gpu_held)
     return plans, governor

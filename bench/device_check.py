@@ -57,18 +57,21 @@ DRY_SIZES = Sizes(decode_steps=64, ttft_prompts=(256, 1024), streams=(1, 4, 16),
 
 
 class SetReadings:
-    """The dry run's memory probe: readings the check sets, in place of NVML's."""
+    """The dry run's memory probe: readings the check sets, in place of NVML's (this process holds
+    `own`; another process's allocation adds to `used` only)."""
 
     kind = "dry-run"
 
-    def __init__(self, total: int) -> None:
-        self.reading = MemoryReading("cpu", 0, total)
-
-    def set_ratio(self, ratio: float) -> None:
-        self.reading = MemoryReading("cpu", int(ratio * self.reading.total), self.reading.total)
+    def __init__(self, total: int, own: int) -> None:
+        self.total, self.own, self.others = total, own, 0
 
     def read(self) -> list[MemoryReading]:
-        return [self.reading]
+        return [MemoryReading("cpu-as-gpu", self.own + self.others, self.total, self.own)]
+
+
+# Another process holding GPU memory until its stdin closes (the device image has PyTorch).
+HOG = ("import sys, torch; x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device='cuda'); "
+       "print('holding', flush=True); sys.stdin.read()")
 
 
 @dataclass
@@ -227,33 +230,51 @@ class DeviceCheck:
 
     def governor(self) -> dict[str, Any]:
         threshold = self.bundle.layer.fallback_cpu_threshold
+        import subprocess
+
+        from appliance.plan import memory_need
+
+        threshold = self.bundle.layer.fallback_cpu_threshold
+        engine = self.engine(prefix_cache_bytes=0)  # ours, holding its weights and KV pool on the GPU
+        reserved = memory_need(self.bundle, engine.config, self.device).on(self.device)
         if self.dry_run:
-            probe: Any = SetReadings(80 << 30)
+            probe: Any = SetReadings(80 << 30, own=reserved)
             gpu = "cpu-as-gpu"
         else:
             from appliance.governor import NvmlProbe
 
             probe, gpu = NvmlProbe(), self.device
         governor = Governor(probe, GovernorConfig(threshold=threshold), gpu_device=gpu, cpu_device="cpu")
-        governor.sample()
-        before = governor.place()
-        hog: list[Any] = []
-        if self.dry_run:
-            probe.set_ratio(threshold + 0.02)
-        else:  # plain allocations on the GPU, as another process's would be
-            while probe.read()[0].ratio < threshold + 0.02:
-                hog.append(ort.OrtValue.ortvalue_from_shape_and_type([1 << 28], np.float32, "cuda", 0))
-        governor.sample()
-        full = governor.place()
-        ratio = governor.latest.ratio if governor.latest else None
-        hog.clear()
-        if self.dry_run:
-            probe.set_ratio(0.1)
-        time.sleep(0.5)
-        governor.sample()
-        after = governor.place()
+        governor.reserved = reserved
+        hog = None
+        try:
+            governor.sample()
+            before, first = governor.place(), probe.read()[0]
+            # What another process must take to put the pressure 2 points over the threshold.
+            target = int((threshold + 0.02) * first.total)
+            need = target - first.used if first.own is None else target - reserved - (first.used - first.own)
+            if self.dry_run:
+                probe.others += need
+            else:
+                hog = subprocess.Popen([sys.executable, "-c", HOG, str(need)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True)  # fmt: skip
+                assert hog.stdout is not None and hog.stdout.readline().strip() == "holding"
+            governor.sample()
+            full, pressure = governor.place(), probe.read()[0].pressure(reserved)
+            if self.dry_run:
+                probe.others = 0
+            elif hog is not None:
+                hog.communicate("", timeout=30)
+            time.sleep(0.5)
+            governor.sample()
+            after = governor.place()
+        finally:
+            if hog is not None and hog.poll() is None:
+                hog.kill()
+            engine.close()
         return {"ok": before == gpu and full == "cpu" and after == gpu, "placement": [before, full, after],
-                "ratio_when_full": ratio, "threshold": threshold}  # fmt: skip
+                "own_known": first.own is not None, "reserved": reserved, "hog_bytes": need,
+                "pressure_when_full": round(pressure, 4), "threshold": threshold}  # fmt: skip
 
     def out_of_memory(self) -> dict[str, Any]:
         if self.dry_run:

@@ -276,3 +276,70 @@ def test_every_form_of_device_out_of_memory_is_recognised() -> None:
     assert all(is_allocation_failure(RuntimeError(m)) for m in recorded)
     assert is_allocation_failure(MemoryError())
     assert not is_allocation_failure(RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : wrong shape"))
+
+
+class RecordedProbe:
+    """NVML readings as recorded on a GPU box, replayed one per sample."""
+
+    kind = "nvml"
+
+    def __init__(self, readings: list[MemoryReading]) -> None:
+        self.readings = list(readings)
+
+    def read(self) -> list[MemoryReading]:
+        return [self.readings.pop(0)]
+
+
+GIB = 1 << 30
+
+
+def test_our_cached_arena_does_not_latch_placement_but_another_process_moves_it_and_back() -> None:
+    """The arena and the KV pool never give memory back, so NVML's used stays high once our
+    engines have been busy: placed by it, requests stayed on the CPU until a restart. Placed by
+    the pressure (others' use plus what ours may hold), they follow the other processes only."""
+    total, reserved = 80 * GIB, 20 * GIB  # weights and KV pool; the arena may cache up to 68 GiB in all
+    recorded = [
+        MemoryReading("cuda:0", 21 * GIB, total, own=21 * GIB),  # just us, warm
+        MemoryReading("cuda:0", 71 * GIB, total, own=21 * GIB),  # another process took 50 GiB
+        MemoryReading("cuda:0", 66 * GIB, total, own=21 * GIB),  # it freed 5: still over, within the margin
+        MemoryReading("cuda:0", 21 * GIB, total, own=21 * GIB),  # it exited
+        MemoryReading("cuda:0", 68 * GIB, total, own=68 * GIB),  # our arena cached a long prefill's blocks
+        MemoryReading("cuda:0", 68 * GIB, total, own=68 * GIB),  # and keeps them: arenas never give back
+    ]
+    governor = Governor(RecordedProbe(recorded), GovernorConfig(threshold=0.85, hysteresis=0.05), gpu_device="cuda:0")
+    governor.reserved = reserved
+    placed = []
+    for _ in recorded:
+        governor.sample()
+        placed.append(governor.place())
+    assert placed == ["cuda:0", "cpu", "cpu", "cuda:0", "cuda:0", "cuda:0"]
+    plain = Hysteresis(0.85, 0.05)  # the old rule, on NVML's ratio: over once our arena is full, for good
+    assert [plain.update(r.ratio) for r in recorded] == [False, True, True, False, True, True]
+    assert "(85%), pressure 25%" in governor.describe()  # NVML's 68/80, and (68 - 68 + 20) / 80
+
+
+def test_where_nvml_does_not_say_what_we_hold_the_plain_ratio_places() -> None:
+    unknown = MemoryReading("cuda:0", 70 * GIB, 80 * GIB)  # a container's PID namespace, or Jetson
+    assert unknown.pressure(20 * GIB) == unknown.ratio == 0.875
+    assert MemoryReading("cuda:0", 70 * GIB, 80 * GIB, own=60 * GIB).pressure(20 * GIB) == 0.375
+    assert MemoryReading("cuda:0", 70 * GIB, 80 * GIB, own=60 * GIB).pressure(0) == 0.875  # nothing reserved
+
+
+def test_the_arena_cap_leaves_the_kv_pool_inside_the_budget_shared_by_bundles(
+        tiny_bundle_path: Path, trusted_keys: Path, tmp_path: Path) -> None:  # fmt: skip
+    import dataclasses as dc
+
+    from appliance.plan import HostFacts, memory_need, plan_models
+
+    bundle = firmware.load(tiny_bundle_path, trusted_keys)
+    cuda = dc.replace(bundle, manifest=dc.replace(bundle.manifest, source={**bundle.manifest.source, "target": "cuda"}))
+    (tmp_path / "zerolayer.toml").write_text("")
+    config = load_config(tmp_path, check_paths=False)
+    host = HostFacts(("cpu", "cuda:0"), "nvml", gpu_memory=80 * GIB, host_memory=1 << 40)
+    threshold = cuda.layer.fallback_cpu_threshold
+    for bundles in ({"a": cuda}, {"a": cuda, "b": cuda}):
+        plans, _ = plan_models(config, bundles, host)
+        for plan in plans.values():
+            kv = memory_need(cuda, plan.engine, "cuda:0").kv
+            arena = int(plan.cuda_options["gpu_mem_limit"])  # type: ignore[index]
+            assert arena + kv == int(80 * GIB * threshold) // len(bundles)  # the two within its share
