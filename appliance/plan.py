@@ -13,6 +13,7 @@ from appliance.config import Config, ConfigError
 from appliance.engine import EngineConfig
 from appliance.engine.engine import kv_positions
 from appliance.governor import GovernorConfig, cuda_memory_limit
+from firmware.bundle import CUDA_GRAPH_DIR
 
 
 @dataclass(frozen=True)
@@ -94,12 +95,12 @@ def make_plan(config: Config, bundle: firmware.Bundle, host: HostFacts, gpu_shar
         raise ConfigError(problems)
     notes = []
     devices = tuple(sorted(host.devices, key=lambda d: d == "cpu"))  # GPU first when there is one
-    target = bundle.manifest.source.get("target", "cpu")
-    if target != "cuda" and any(d != "cpu" for d in devices):
+    target = bundle.root_target
+    if "cuda" not in bundle.targets and any(d != "cpu" for d in devices):
         # A CPU graph on a GPU runs attention on the CPU provider (CUDA's GroupQueryAttention takes
         # fp16/bf16 only) with the KV cache copied across every step: slower than the CPU alone.
-        notes.append(f"the firmware was built for target {target}, not cuda: serving on the CPU; build it with "
-                     f"--target cuda to use {', '.join(d for d in devices if d != 'cpu')}")  # fmt: skip
+        notes.append(f"the firmware has no CUDA graph (built for target {target}): serving on the CPU; build it "
+                     f"with --cuda-graph to use {', '.join(d for d in devices if d != 'cpu')}")  # fmt: skip
         devices = ("cpu",)
     gpu = next((d for d in devices if d != "cpu"), None)
     if gpu is None and not notes:
@@ -134,7 +135,12 @@ def memory_need(bundle: firmware.Bundle, engine: EngineConfig, device: str = "cp
     itemsize = 2 if device != "cpu" or bundle.manifest.source.get("precision") in ("fp16", "bf16") else 4
     per_position = 2 * f.num_layers * f.num_kv_heads * f.head_size * itemsize
     kv = kv_positions(engine, f.context_length, per_position) * per_position
-    weights = sum(entry.size for entry in bundle.manifest.files.values())
+    # The graph a device runs: the CUDA one's files on a GPU where there is one, the others elsewhere.
+    graph_dir, _ = bundle.graph("cuda" if device != "cpu" else "cpu")
+    prefix = "" if graph_dir == bundle.root else f"{graph_dir.name}/"
+    other = f"{CUDA_GRAPH_DIR}/"
+    weights = sum(entry.size for rel, entry in bundle.manifest.files.items()
+                  if (rel.startswith(prefix) if prefix else not rel.startswith(other)))  # fmt: skip
     return MemoryNeed(weights, kv, engine.prefix_cache_bytes)
 
 

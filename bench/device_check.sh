@@ -20,14 +20,14 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD ZEROLAYER_CACHE=/tmp/zl-cache PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/nvidia-smi.txt"
 
-say "building the demo firmware for CUDA (fp16) from the carried GGUF"
+say "building the demo firmware with a CUDA graph (fp16, cuda/) beside its int8 CPU graph, from the carried GGUF"
 bundle=$(python3 - <<'PY' | tail -1
 from pathlib import Path
 from firmware.toolchain.build import BuildOptions, build
 from firmware.toolchain.devkit import ensure_bundle
 gguf = next(Path(".device").glob("*.gguf"))
-print(ensure_bundle("smollm2-cuda", lambda out: build(gguf, out, BuildOptions(precision="fp16", target="cuda",
-                                                                           name="smollm2-cuda"))))
+print(ensure_bundle("smollm2-cuda", lambda out: build(gguf, out, BuildOptions(precision="int8", target="cpu",
+                                                                           name="smollm2-cuda", cuda_graph=True))))
 PY
 )
 

@@ -21,6 +21,9 @@ from firmware.manifest import (
 from firmware.signing import load_trusted_keys, verify_signature
 
 GENAI_CONFIG = "genai_config.json"
+# A bundle built for the CPU may also carry a CUDA graph of the same weights here (its own
+# genai_config.json and model files; the tokenizer is the root's), so each device runs its own.
+CUDA_GRAPH_DIR = "cuda"
 REQUIRED_MODEL_FILES = (GENAI_CONFIG, "tokenizer.json", "tokenizer_config.json")
 
 
@@ -56,7 +59,23 @@ class Bundle:
     root: Path
     manifest: Manifest
     signer_key_id: str
-    model: ModelFacts
+    model: ModelFacts  # the graph at the root (its target is the manifest's source "target")
+    cuda_model: ModelFacts | None = None  # a CUDA graph of the same weights in cuda/, where built
+
+    @property
+    def root_target(self) -> str:
+        return self.manifest.source.get("target", "cpu")
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The devices kinds this bundle has a graph for ("cpu", "cuda")."""
+        return tuple(sorted({self.root_target} | ({"cuda"} if self.cuda_model is not None else set())))
+
+    def graph(self, target: str) -> tuple[Path, ModelFacts]:
+        """The folder and facts of the graph built for `target` (the root graph where none is)."""
+        if target == "cuda" and self.cuda_model is not None and self.root_target != "cuda":
+            return self.root / CUDA_GRAPH_DIR, self.cuda_model
+        return self.root, self.model
 
     @property
     def name(self) -> str:
@@ -169,4 +188,10 @@ def load(path: Path | str, trusted_keys: TrustedKeys) -> Bundle:
     facts = read_model_facts(root)
     if facts.onnx_file not in manifest.files:
         raise BundleError(f"{facts.onnx_file}: named by {GENAI_CONFIG} but not in the bundle")
-    return Bundle(root=root, manifest=manifest, signer_key_id=signer, model=facts)
+    cuda = None
+    if f"{CUDA_GRAPH_DIR}/{GENAI_CONFIG}" in manifest.files:
+        cuda = read_model_facts(root / CUDA_GRAPH_DIR)
+        if f"{CUDA_GRAPH_DIR}/{cuda.onnx_file}" not in manifest.files:
+            raise BundleError(f"{CUDA_GRAPH_DIR}/{cuda.onnx_file}: named by {CUDA_GRAPH_DIR}/{GENAI_CONFIG} but "
+                              "not in the bundle")  # fmt: skip
+    return Bundle(root=root, manifest=manifest, signer_key_id=signer, model=facts, cuda_model=cuda)

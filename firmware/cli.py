@@ -53,6 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="bundle name (default: the source's name)")
     p.add_argument("--version", default="1.0.0", help="bundle version")
     p.add_argument("--key", type=Path, help="sign with this private key after building")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="also export an fp16 CUDA graph of the same weights (into cuda/): a GPU runs it, the CPU "
+                        "the --target cpu graph")  # fmt: skip
     p.add_argument("--chat-template", type=Path, metavar="FILE",
                    help="a Jinja chat template to ship instead of the source's own (a base model's GGUF has none)")
     p.add_argument("--eos-token", action="append", default=[], metavar="TOKEN",
@@ -201,6 +204,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         eos_tokens=tuple(args.eos_token),
         licence=licence,
         licence_files=tuple(args.licence_file),
+        cuda_graph=args.cuda_graph,
     )
     manifest = build(args.source, args.out, options, key=args.key)
     state = "signed" if args.key else "unsigned: run `zerolayer firmware sign`"

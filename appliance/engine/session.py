@@ -185,12 +185,17 @@ class ModelSession:
         cuda_options: dict[str, str] | None = None,
         tensorrt: bool = False,
         profile_prefix: str | None = None,
+        target: str | None = None,
     ) -> None:
         """`profile_prefix`: record ONNX Runtime's per-node profile (which provider ran each node)
-        into a file with that prefix; `self.session.end_profiling()` names it."""
+        into a file with that prefix; `self.session.end_profiling()` names it. `target`: which of
+        the bundle's graphs to run (default: the CUDA graph on a GPU where the bundle has one, else
+        its root graph); the CUDA graph runs on the CPU provider too, for checks without a GPU."""
         self.bundle = bundle
         self.device = device
-        self.facts = bundle.model
+        self.target = target or ("cuda" if device.startswith("cuda") else "cpu")
+        graph_dir, self.facts = bundle.graph(self.target)
+        onnx_path = graph_dir / self.facts.onnx_file
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # Decode is a chain of small kernels: parallelism inside ops, none between them.
@@ -201,14 +206,14 @@ class ModelSession:
         if profile_prefix is not None:
             opts.enable_profiling = True
             opts.profile_file_prefix = profile_prefix
-        model: str | bytes = str(bundle.onnx_path)
+        model: str | bytes = str(onnx_path)
         self.last_position_logits = False
         if last_position_logits:
-            edited = last_position_logits_model(bundle.onnx_path)
+            edited = last_position_logits_model(onnx_path)
             if edited is not None:
-                # External weights are found relative to the bundle, as if the file were loaded.
+                # External weights are found relative to the graph's folder, as if the file were loaded.
                 opts.add_session_config_entry(
-                    "session.model_external_initializers_file_folder_path", str(bundle.root)
+                    "session.model_external_initializers_file_folder_path", str(graph_dir)
                 )
                 model, self.last_position_logits = edited, True
         providers = providers_for(device, cuda_options, tensorrt)
@@ -217,7 +222,7 @@ class ModelSession:
         inputs = {i.name: i for i in self.session.get_inputs()}
         past0 = inputs[self.facts.past_key_name % 0]
         if past0.type not in _ORT_TO_NUMPY or past0.type == "tensor(bfloat16)":
-            raise ValueError(f"{bundle.onnx_path.name}: KV type {past0.type} is not supported")
+            raise ValueError(f"{onnx_path.name}: KV type {past0.type} is not supported")
         self.kv_dtype = _ORT_TO_NUMPY[past0.type]
         logits_type = next(o.type for o in self.session.get_outputs() if o.name == "logits")
         self.logits_dtype = np.float16 if logits_type == "tensor(float16)" else np.float32

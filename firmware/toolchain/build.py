@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from firmware.bundle import CUDA_GRAPH_DIR
 from firmware.errors import BundleError
 from firmware.manifest import (
     MANIFEST_NAME,
@@ -122,6 +123,10 @@ class BuildOptions:
     # packed under licence/.
     licence: Licence | None = None
     licence_files: tuple[Path, ...] = ()
+    # Also export an fp16 CUDA graph of the same weights into cuda/: the GPU runs it, the CPU the
+    # root graph (CUDA's attention takes fp16/bf16 only, so a CPU graph on a GPU would run it on
+    # the CPU provider with the KV cache copied across every step).
+    cuda_graph: bool = False
 
     def validate(self) -> None:
         if self.precision not in PRECISIONS:
@@ -130,6 +135,8 @@ class BuildOptions:
             raise BundleError(f"--target {self.target!r}: choose one of {', '.join(TARGETS)}")
         if self.precision == "fp16" and self.target == "cpu":
             raise BundleError("--precision fp16 needs --target cuda (the model builder has no fp16 CPU export)")
+        if self.cuda_graph and self.target == "cuda":
+            raise BundleError("--cuda-graph adds a CUDA graph beside a --target cpu one; this build is already cuda")
         self.layer.validate(where="--layer")
 
 
@@ -214,6 +221,8 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any], gguf: Path) -> Any:
     - Gemma 3's query scale: the file has none; llama.cpp scales by 1/sqrt(head width), or
       1/sqrt(width / heads) for the 62-layer 27B, and so is query_pre_attn_scalar set here
       (transformers' default of 256 holds only where the head width is 256).
+    - Gemma 3's sliding layers' RoPE base (rope.freq_base_swa): left at the config's default of
+      10000, which Gemma 3's checkpoints use.
     - Gemma 3's linear RoPE scaling of the global layers (rope.scaling.type and factor, as
       Gemma 3 4B, 12B and 27B have): dropped, leaving their positions unscaled.
     """
@@ -256,6 +265,10 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any], gguf: Path) -> Any:
         doc["layer_types"] = ["sliding_attention" if s else "full_attention" for s in sliding]
         head_dim = int(doc.get("head_dim") or doc["hidden_size"] // doc["num_attention_heads"])
         doc["query_pre_attn_scalar"] = doc["hidden_size"] // doc["num_attention_heads"] if n == 62 else head_dim
+        if key("rope.freq_base_swa"):
+            local = dict(rope.get("sliding_attention") or {"rope_type": "default"})
+            local["rope_theta"] = float(key("rope.freq_base_swa"))
+            rope["sliding_attention"], doc["rope_parameters"] = local, rope
         if key("rope.scaling.type") == "linear" and key("rope.scaling.factor"):
             full = dict(rope.get("full_attention") or {})
             full.update(rope_type="linear", factor=float(key("rope.scaling.factor")))
@@ -347,6 +360,8 @@ def pack(model_dir: Path, out_dir: Path, *, name: str, version: str, layer: Laye
             shutil.copy2(f, out_dir / f.name)
     if eos_tokens:
         add_eos_tokens(out_dir, eos_tokens)
+        if (out_dir / CUDA_GRAPH_DIR).is_dir():
+            add_eos_tokens(out_dir, eos_tokens, out_dir / CUDA_GRAPH_DIR)
     if licence is not None:
         (out_dir / "licence").mkdir(exist_ok=True)
         for f in licence_files:
@@ -366,12 +381,22 @@ def pack(model_dir: Path, out_dir: Path, *, name: str, version: str, layer: Laye
     return manifest
 
 
-def add_eos_tokens(model_dir: Path, tokens: tuple[str, ...]) -> None:
-    """Add these tokens' ids to genai_config.json's eos_token_id (the ids the engine stops on)."""
+def add_graph(export_dir: Path, graph_dir: Path) -> None:
+    """A second export's graph (its genai_config.json and model files) into a folder of the bundle;
+    the tokenizer and template stay the root's, shared by every graph."""
+    graph_dir.mkdir(parents=True)
+    for f in sorted(export_dir.iterdir()):
+        if f.name == "genai_config.json" or ".onnx" in f.name:
+            shutil.copy2(f, graph_dir / f.name)
+
+
+def add_eos_tokens(model_dir: Path, tokens: tuple[str, ...], graph_dir: Path | None = None) -> None:
+    """Add these tokens' ids to genai_config.json's eos_token_id (the ids the engine stops on), in
+    `graph_dir` (default: the root graph's)."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    config_file = model_dir / "genai_config.json"
+    config_file = (graph_dir or model_dir) / "genai_config.json"
     doc = json.loads(config_file.read_text())
     eos = doc["model"]["eos_token_id"]
     ids = list(eos) if isinstance(eos, list) else [eos]
@@ -398,7 +423,7 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
     options.validate()
     kind = source_kind(source)
     name = options.name or source.stem.lower()
-    steps = {"gguf": 4, "hf": 3, "genai": 2}[kind] + (1 if key else 0)
+    steps = {"gguf": 4, "hf": 3, "genai": 2}[kind] + (1 if key else 0) + (1 if options.cuda_graph else 0)
     step = _Step(steps, progress)
     with tempfile.TemporaryDirectory(prefix="zerolayer-build-") as tmp:
         work = Path(tmp)
@@ -414,14 +439,23 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
             genai_dir = work / "onnx"
             run_model_builder(hf_dir, genai_dir, options.precision, options.target, work / "cache")
             step.done(t)
+            if options.cuda_graph:
+                t = step("exporting the CUDA graph (fp16, cuda) of the same weights")
+                run_model_builder(hf_dir, work / "onnx-cuda", "fp16", "cuda", work / "cache")
+                add_graph(work / "onnx-cuda", genai_dir / CUDA_GRAPH_DIR)
+                step.done(t)
         else:
+            if options.cuda_graph:
+                raise BundleError("--cuda-graph needs a model to export (a GGUF file or a Hugging Face folder), "
+                                  "not an ONNX Runtime GenAI folder")  # fmt: skip
             refuse_unsupported_attention(source)
             genai_dir = source
             progress(f"{source}: already an ONNX Runtime GenAI folder; --precision/--target are taken from it")
         t = step(f"packing bundle {name} {options.version} into {out_dir}")
         manifest = pack(
             genai_dir, out_dir, name=name, version=options.version, layer=options.layer,
-            source={"kind": kind, "file": source.name, "precision": options.precision, "target": options.target},
+            source={"kind": kind, "file": source.name, "precision": options.precision, "target": options.target,
+                    **({"cuda_graph": f"{CUDA_GRAPH_DIR}/ (fp16)"} if options.cuda_graph else {})},
             chat_template=options.chat_template, eos_tokens=options.eos_tokens,
             licence=options.licence, licence_files=options.licence_files,
         )  # fmt: skip
@@ -481,12 +515,15 @@ def check_loads(bundle_dir: Path) -> None:
 
     from firmware.bundle import read_model_facts
 
-    facts = read_model_facts(bundle_dir)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        ort.InferenceSession(str(bundle_dir / facts.onnx_file), opts, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # ORT raises several unrelated types for a bad model
-        if "cuda" in str(exc).lower() or "CUDA" in str(facts):
-            return  # a CUDA-only graph cannot be opened on a CPU builder; the daemon checks it on the box
-        raise BundleError(f"{facts.onnx_file}: ONNX Runtime cannot load it: {exc}") from None
+    for graph_dir in (bundle_dir, bundle_dir / CUDA_GRAPH_DIR):
+        if not (graph_dir / "genai_config.json").is_file():
+            continue
+        facts = read_model_facts(graph_dir)
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            ort.InferenceSession(str(graph_dir / facts.onnx_file), opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # ORT raises several unrelated types for a bad model
+            if "cuda" in str(exc).lower() or "CUDA" in str(facts):
+                continue  # a CUDA-only graph cannot be opened on a CPU builder; the daemon checks it on the box
+            raise BundleError(f"{facts.onnx_file}: ONNX Runtime cannot load it: {exc}") from None

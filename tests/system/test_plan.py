@@ -58,8 +58,8 @@ def test_a_cpu_graph_is_not_run_on_a_gpu(bundle: firmware.Bundle, tmp_path: Path
     assert bundle.manifest.source["target"] == "cpu"
     plan = make_plan(_config(tmp_path), bundle, HostFacts(("cpu", "cuda:0"), "nvml", gpu_memory=80 << 30))
     assert plan.devices == ("cpu",) and plan.gpu_device is None and plan.cuda_options is None
-    assert plan.notes == ("the firmware was built for target cpu, not cuda: serving on the CPU; build it with "
-                          "--target cuda to use cuda:0",)  # fmt: skip
+    assert plan.notes == ("the firmware has no CUDA graph (built for target cpu): serving on the CPU; build it "
+                          "with --cuda-graph to use cuda:0",)  # fmt: skip
 
 
 def test_a_gpu_host_runs_the_gpu_first_with_its_arena_and_kv_pool_within_the_threshold(
