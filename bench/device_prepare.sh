@@ -21,4 +21,25 @@ find "$out" -type f -size +60M ! -name '*.part-*' | while read -r f; do
     split -b 60M -d "$f" "$f.part-" && rm "$f"
 done
 du -ah "$out" | sort -h | tail -20
-echo "carry one group of files of at most 64 MiB per call (e.g. one .part- each), then run bench/device_check.sh"
+# The plan of calls: files grouped into carries of at most 60 MiB and 8 paths (the device keeps
+# what earlier calls carried while it stays warm); the last call also runs the check.
+plan="$out/plan.md"
+{
+    echo "# Device calls (bench/device_prepare.sh, $(date -u +%F))"
+    echo
+    echo "Run them back to back (the machine stays warm about 30 s between calls); each carries its files."
+    n=0 size=0 group=()
+    flush() {
+        [[ ${#group[@]} -gt 0 ]] || return 0
+        n=$((n + 1))
+        printf '\n%d. carry: %s\n   command: `%s`\n' "$n" "${group[*]}" "$1"
+        group=() size=0
+    }
+    while read -r f; do
+        s=$(stat -c %s "$f")
+        if (( size + s > 60 * 1024 * 1024 || ${#group[@]} >= 8 )); then flush "ls -la .device"; fi  # 8 paths a call
+        group+=("$f") size=$((size + s))
+    done < <(find "$out" -type f ! -name plan.md | sort)
+    flush "bash bench/device_check.sh  # timeout_s 480; then give_back"
+} > "$plan"
+cat "$plan"
