@@ -15,13 +15,17 @@ What llama.cpp does per family, and so what is done here (transformers' GGUF loa
   `rope.dimension_count`; LongRoPE's factors as the tensors rope_factors_long/short, with
   `rope.scaling.attn_factor` and `rope.scaling.original_context_length`.
 - gemma3: every RMSNorm weight stored plus one (Gemma's norm multiplies by 1 + w; llama.cpp's by
-  w); the global layers' RoPE base as `rope.freq_base`. llama.cpp's converter writes no layer
-  pattern (llama.cpp assumes Gemma 3's five sliding layers to one global); the tiny model's own
-  pattern is written under the GGUF key `attention.sliding_window_pattern`, as an array of one flag
-  per layer, which gguf_to_hf reads.
+  w); the global layers' RoPE base as `rope.freq_base`, the sliding layers' as
+  `rope.freq_base_swa`. llama.cpp's converter writes no layer pattern (llama.cpp assumes Gemma 3's
+  five sliding layers to one global); the tiny model's own pattern is written under the GGUF key
+  `attention.sliding_window_pattern`, as an array of one flag per layer, which gguf_to_hf reads.
 
 The tokenizer is written as llama.cpp writes a Hugging Face byte-level BPE ("gpt2"): tokens,
 token types (special added tokens as CONTROL), merges, the special ids and the chat template.
+
+Checked against llama.cpp's own converter where its source is cached (bench/llama_server.sh puts it
+there): the same tensors bit for bit and the same metadata but for general.* and the two keys named
+above (tests/engine/test_gguf_architectures.py).
 """
 
 from __future__ import annotations
@@ -104,6 +108,7 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
         w.add_sliding_window(int(config.get("sliding_window") or 0))  # 0: none (as for Phi-4)
     if arch_name == "gemma3":
         w.add_sliding_window(int(config["sliding_window"]))
+        w.add_rope_freq_base_swa(float(_rope_parameters(config, "sliding_attention")["rope_theta"]))
         w.add_sliding_window_pattern([t == "sliding_attention" for t in config["layer_types"]])
 
     tensors = load_file(str(hf_dir / "model.safetensors"))
@@ -157,7 +162,6 @@ def _add_tokenizer(w: Any, hf_dir: Path, arch: str) -> None:
     w.add_eos_token_id(vocab[style.eos])
     w.add_unk_token_id(vocab[style.specials[0]])
     w.add_pad_token_id(vocab[style.specials[0]])
-    w.add_add_bos_token(False)  # the templates write their own BOS, as the Hugging Face tokenizer does
     w.add_chat_template(read_chat_template(hf_dir))
 
 

@@ -129,3 +129,67 @@ def test_the_dequantized_folder_keeps_what_the_gguf_states(name: str, tmp_path: 
     if name == "phi3_longrope":
         for key in ("short_factor", "long_factor"):
             assert np.allclose(ours["rope_parameters"][key], theirs["rope_parameters"][key]), key
+
+
+# llama.cpp's own converter, run on the fixture's folder as a user would, with three stand-ins for
+# what a tiny fixture lacks: its BPE is in no table of known pre-tokenizers (llama.cpp hashes real
+# vocabularies; "gpt-2" is the split it was trained with), it has no SentencePiece model to try
+# first, and a Phi-3 is read as BPE (as llama.cpp does for Phi-4-mini, whose config names
+# GPT2Tokenizer).
+_CONVERT = """
+import sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
+import convert_hf_to_gguf
+import conversion.base as base
+import conversion.phi as phi
+
+def no_sentencepiece(self):
+    raise FileNotFoundError("tokenizer.model")
+
+base.TextModel._create_vocab_sentencepiece = no_sentencepiece
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()
+sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
+convert_hf_to_gguf.main()
+"""
+# Keys ours writes that llama.cpp's converter does not: the two tiny_gguf.py names (a window on a
+# "llama" file, Gemma 3's layer pattern), and general.* (names and labels llama.cpp makes up).
+OUR_KEYS = {"mistral": {"llama.attention.sliding_window"}, "gemma3": {"gemma3.attention.sliding_window_pattern"}}
+
+
+def _llama_cpp_source() -> Path | None:
+    from firmware.toolchain.paths import cache_dir
+
+    found = sorted(cache_dir().glob("llama.cpp/*/src/convert_hf_to_gguf.py"))
+    return found[-1].parent if found else None
+
+
+@pytest.mark.parametrize("name", sorted(GGUF_ARCHITECTURES))
+def test_the_gguf_is_what_llama_cpp_s_converter_writes(name: str, tmp_path: Path) -> None:
+    """Tensors bit for bit (after llama.cpp's permutations and norm shifts) and every metadata key
+    and value, against convert_hf_to_gguf.py from the llama.cpp source bench/llama_server.sh caches."""
+    import subprocess
+    import sys
+
+    from gguf import GGUFReader
+
+    src = _llama_cpp_source()
+    if src is None:
+        pytest.skip("no llama.cpp source cached (make bench-peers fetches it)")
+    out = tmp_path / "llama-cpp.gguf"
+    run = subprocess.run([sys.executable, "-c", _CONVERT, str(src), "--outtype", "f32", "--outfile", str(out),
+                          str(tiny_hf_dir(name))], capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    theirs, ours = GGUFReader(str(out)), GGUFReader(str(tiny_gguf(name)))
+
+    def metadata(reader: GGUFReader) -> dict[str, Any]:
+        return {k: f.contents() for k, f in reader.fields.items() if not k.startswith(("GGUF.", "general."))}
+
+    mine = metadata(ours)
+    assert {k for k in mine if k not in metadata(theirs)} == OUR_KEYS.get(name, set()), name
+    assert {k: v for k, v in mine.items() if k not in OUR_KEYS.get(name, ())} == metadata(theirs), name
+    tensors = {t.name: t for t in theirs.tensors}
+    assert sorted(tensors) == sorted(t.name for t in ours.tensors), name
+    for t in ours.tensors:
+        assert t.tensor_type == tensors[t.name].tensor_type, (name, t.name)
+        assert np.array_equal(np.asarray(t.data), np.asarray(tensors[t.name].data)), (name, t.name)
