@@ -172,7 +172,7 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
-    restored = _restore_gguf_config(config, metadata, gguf)
+    restored = _restore_gguf_config(config, metadata)
     # The weights are read under the file's own model type (a windowed "llama" file becomes a
     # Mistral only after: transformers maps no GGUF names for Mistral).
     as_read = restored if restored.model_type == config.model_type else config
@@ -204,7 +204,7 @@ def _gguf_metadata(gguf: Path) -> dict[str, Any]:
     return meta
 
 
-def _restore_gguf_config(config: Any, meta: dict[str, Any], gguf: Path) -> Any:
+def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
     """Put back what the GGUF states and transformers' loader (5.x) leaves out of the config, each of
     which changes the model's output (tests/engine/test_gguf_architectures.py checks each):
 

@@ -193,3 +193,25 @@ def test_the_gguf_is_what_llama_cpp_s_converter_writes(name: str, tmp_path: Path
     for t in ours.tensors:
         assert t.tensor_type == tensors[t.name].tensor_type, (name, t.name)
         assert np.array_equal(np.asarray(t.data), np.asarray(tensors[t.name].data)), (name, t.name)
+
+
+def test_gemma3_files_of_other_shapes_get_their_layer_pattern_scale_and_rope_scaling() -> None:
+    """What no tiny fixture has: Gemma 3 4B-27B's linear RoPE scaling of the global layers
+    (rope.scaling.type and factor), a pattern given as a period, none given (llama.cpp's five
+    sliding layers to one global), and the 27B's query scale (1/sqrt(width / heads), as llama.cpp)."""
+    from transformers import AutoConfig
+
+    from firmware.toolchain.build import _restore_gguf_config
+
+    config = AutoConfig.from_pretrained(tiny_hf_dir("gemma3"))
+    scaled = _restore_gguf_config(config, {"general.architecture": "gemma3", "gemma3.rope.scaling.type": "linear",
+                                           "gemma3.rope.scaling.factor": 8.0,
+                                           "gemma3.attention.sliding_window_pattern": 2})  # fmt: skip
+    assert scaled.layer_types == ["sliding_attention", "full_attention"]
+    assert scaled.rope_parameters["full_attention"] == {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
+    assert scaled.rope_parameters["sliding_attention"]["rope_type"] == "default"
+    assert scaled.query_pre_attn_scalar == 16  # the head width
+    config.num_hidden_layers = 62
+    big = _restore_gguf_config(config, {"general.architecture": "gemma3"})
+    assert big.layer_types[:6] == ["sliding_attention"] * 5 + ["full_attention"] and len(big.layer_types) == 62
+    assert big.query_pre_attn_scalar == 72 // 4  # width / heads
