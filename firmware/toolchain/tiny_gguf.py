@@ -9,7 +9,8 @@ What llama.cpp does per family, and so what is done here (transformers' GGUF loa
   with the query and key rows of each head permuted from the rotate-half order to interleaved
   pairs; the loader permutes them back. llama.cpp writes no sliding window for the llama
   architecture; the window is written here under the GGUF key `llama.attention.sliding_window`,
-  which gguf_to_hf reads (see there).
+  which gguf_to_hf reads (see there). Llama 3.1's RoPE scaling, where a model has it, as the
+  tensor rope_freqs (each frequency's divisor), llama.cpp's only record of it.
 - qwen2, qwen3: tensors as they are; Qwen3's head width as `attention.key_length`.
 - phi3: the fused qkv_proj and gate_up_proj as attn_qkv and ffn_up; the rotated width as
   `rope.dimension_count`; LongRoPE's factors as the tensors rope_factors_long/short, with
@@ -64,6 +65,19 @@ def _rope_parameters(config: dict[str, Any], layer_type: str = "full_attention")
 def _permute_for_rope(w: np.ndarray, n_head: int) -> np.ndarray:
     """Rotate-half (Hugging Face) to interleaved pairs (llama.cpp), per head: what the loader undoes."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_rope_divisors(rope: dict[str, Any], rotary_dim: int) -> np.ndarray:
+    """Llama 3.1's RoPE scaling as llama.cpp stores it (the tensor rope_freqs): what each rotary
+    frequency is divided by; 1 for short wavelengths, `factor` for long ones, a blend between."""
+    factor, low, high = float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+    original = float(rope["original_max_position_embeddings"])
+    freqs = 1.0 / float(rope["rope_theta"]) ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
+    wavelen = 2 * math.pi / freqs
+    smooth = (original / wavelen - low) / (high - low)
+    blend = 1 / ((1 - smooth) / factor + smooth)
+    out = np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, blend))
+    return out.astype(np.float32)
 
 
 def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
@@ -125,6 +139,8 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
         elif arch_name == "gemma3" and hf_name.endswith("norm.weight"):
             data = data + np.float32(1.0)
         w.add_tensor(name, data)
+    if arch_name == "llama" and rope.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_rope_divisors(rope, head_dim))
     if arch_name == "phi3" and rope.get("long_factor"):
         original = int(rope["original_max_position_embeddings"])
         scale = int(config["max_position_embeddings"]) / original

@@ -215,3 +215,93 @@ def test_gemma3_files_of_other_shapes_get_their_layer_pattern_scale_and_rope_sca
     big = _restore_gguf_config(config, {"general.architecture": "gemma3"})
     assert big.layer_types[:6] == ["sliding_attention"] * 5 + ["full_attention"] and len(big.layer_types) == 62
     assert big.query_pre_attn_scalar == 72 // 4  # width / heads
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+
+
+def _llama3_folder() -> Path:
+    """The Llama fixture with Llama 3.1's RoPE scaling (as Llama 3.1-3.3 have), its original context
+    (64) inside the conversation; made once next to the other tiny artefacts."""
+    import shutil
+
+    import transformers
+
+    from firmware.toolchain.paths import cache_dir
+    from firmware.toolchain.tiny_gguf import _fingerprint
+
+    out = cache_dir() / "tiny-gguf" / f"tiny-hf-llama3rope-{_fingerprint('llama')}"
+    if not (out / "model.safetensors").is_file():
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(tiny_hf_dir("llama"), tmp)
+        config = transformers.AutoConfig.from_pretrained(tmp)
+        config.rope_parameters = dict(LLAMA3_ROPE)
+        transformers.LlamaForCausalLM.from_pretrained(tiny_hf_dir("llama"), config=config).save_pretrained(tmp)
+        tmp.rename(out)
+    return out
+
+
+def test_llama3_rope_scaling_comes_back_from_its_frequency_table(trusted_keys: Path, tmp_path: Path) -> None:
+    """llama.cpp keeps Llama 3.1's RoPE scaling only as each frequency's divisor (rope_freqs),
+    which transformers' loader drops; gguf_to_hf finds the scaling that makes the table, and the
+    GGUF's bundle matches transformers on the folder (1e-4, 16 greedy tokens). A table no such
+    scaling makes is refused."""
+    import torch
+    from gguf import GGUFReader, GGUFWriter
+    from transformers import AutoModelForCausalLM
+
+    from firmware.errors import BundleError
+    from firmware.manifest import LayerConstants
+    from firmware.toolchain.build import BuildOptions, build, gguf_to_hf
+    from firmware.toolchain.devkit import ensure_bundle
+    from firmware.toolchain.tiny_gguf import _fingerprint, write_tiny_gguf
+
+    folder = _llama3_folder()
+    path = folder.with_suffix(".gguf")
+    if not path.is_file():
+        write_tiny_gguf(folder, path.with_suffix(".tmp"), "llama")
+        path.with_suffix(".tmp").rename(path)
+
+    def make(out: Path) -> None:
+        build(path, out, BuildOptions(precision="fp32", target="cpu", name="tiny-gguf-llama3rope", version="0.1.0",
+                                      layer=LayerConstants(max_tokens_per_shard=64)))  # fmt: skip
+
+    bundle = firmware.load(ensure_bundle(f"tiny-gguf-llama3rope-{_fingerprint('llama')}", make), trusted_keys)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = _ids(bundle)
+    session = ModelSession(bundle)
+    cache = session.new_cache(len(ids) + 16)
+    logits = session.forward(cache, np.array(ids, dtype=np.int64))
+    with torch.no_grad():
+        assert np.abs(logits - hf(torch.tensor([ids])).logits[0, -1].numpy()).max() <= 1e-4
+    ours, ref = [], list(ids)
+    for _ in range(16):
+        ours.append(int(logits.argmax()))
+        with torch.no_grad():
+            ref.append(int(hf(torch.tensor([ref])).logits[0, -1].argmax()))
+        logits = session.forward(cache, np.array(ours[-1:], dtype=np.int64))
+    assert ours == ref[len(ids) :]
+
+    # The same file with a table no Llama 3 scaling makes.
+    reader = GGUFReader(str(path))
+    bad = tmp_path / "bad.gguf"
+    writer = GGUFWriter(str(bad), "llama")
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = field.contents()
+        kind = field.types[0]
+        writer.add_key_value(key, value, kind, sub_type=field.types[-1] if len(field.types) > 1 else None)
+    for t in reader.tensors:
+        data = np.array(t.data)
+        if t.name == "rope_freqs.weight":
+            data = data[::-1].copy()
+        writer.add_tensor(t.name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(BundleError, match="not one Llama 3's scaling makes"):
+        gguf_to_hf(bad, tmp_path / "hf")
