@@ -540,35 +540,26 @@ def main() -> int:
     parser.add_argument("--models", action="store_true", help="prefill and decode of every demo model against "
                         f"og.Generator (section 7); writes {MODELS_RESULTS.name} unless --quick")  # fmt: skip
     args = parser.parse_args()
-    if args.models:
+    if args.models or args.constrained_only:
         reps = args.reps or (1 if args.quick else 5)
         load_start = load_average()
-        text = models_report(reps, os.cpu_count() or 1)
+        if args.models:
+            title, flag, out = "Every demo model against onnxruntime-genai", "--models", args.out or MODELS_RESULTS
+            how = (f"{os.cpu_count()} intra-op threads on both sides, median of {reps} interleaved pairs (prefill: a "
+                   "512-token prompt; decode: 64 new tokens after 128, greedy)")  # fmt: skip
+            text = models_report(reps, os.cpu_count() or 1)
+        else:
+            title, flag, out = "Constrained decoding", "--constrained-only", args.out or CONSTRAINED_RESULTS
+            how = (f"median of {reps}; the same prompt and greedy decoding; the JSON schema is an array of "
+                   "{text, priority} objects (bench/engine.py CONSTRAINED_SCHEMA)")  # fmt: skip
+            report = Report([], [], [])
+            asyncio.run(constrained_rows(load(demo_bundle(), dev_trusted_keys()), reps, os.cpu_count() or 1, report))
+            verdicts = [f"{'met' if ok else 'NOT MET'}: {what}" for what, ok in report.targets]
+            text = "\n".join([table(report.rows), "", *verdicts])
         print(text)
         if not args.quick:
-            out = args.out or MODELS_RESULTS
-            out.write_text(f"# Every demo model against onnxruntime-genai\n\n`.venv/bin/python -m bench.engine "
-                           f"--models` on {machine()}, {os.cpu_count()} intra-op threads on both sides, median of "
-                           f"{reps} interleaved pairs, load average {load_start} at the start, {load_average()} "
-                           f"at the end (prefill: a 512-token prompt; decode: 64 new tokens after 128, greedy).\n\n"
-                           f"{text}\n")  # fmt: skip
-            print(f"wrote {out}")
-        return 0
-    if args.constrained_only:
-        report = Report([], [], [])
-        reps = args.reps or (1 if args.quick else 5)
-        load_start = load_average()
-        asyncio.run(constrained_rows(load(demo_bundle(), dev_trusted_keys()), reps, os.cpu_count() or 1, report))
-        print(table(report.rows))
-        for what, ok in report.targets:
-            print(f"{'met' if ok else 'NOT MET'}: {what}")
-        if not args.quick:
-            out = args.out or CONSTRAINED_RESULTS
-            out.write_text(f"# Constrained decoding\n\n`.venv/bin/python -m bench.engine --constrained-only` on "
-                           f"{machine()}, median of {reps}, load average {load_start} at the start, "
-                           f"{load_average()} at the end.\n\n{table(report.rows)}\n\nThe same prompt and "
-                           f"greedy decoding; the JSON schema is an array of {{text, priority}} objects "
-                           f"(bench/engine.py CONSTRAINED_SCHEMA).\n")  # fmt: skip
+            out.write_text(f"# {title}\n\n`.venv/bin/python -m bench.engine {flag}` on {machine()}, {how}; load "
+                           f"average {load_start} at the start, {load_average()} at the end.\n\n{text}\n")  # fmt: skip
             print(f"wrote {out}")
         return 0
     if args.concurrency_only:

@@ -127,18 +127,17 @@ def _apply(args: argparse.Namespace) -> Callable[[], str]:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    try:
-        done = install(args.bundle, args.trusted_keys, _apply(args), args.store, args.beside)
-    except InstallError as exc:
-        print(f"zerolayer: {exc}", file=sys.stderr)
-        return 1
-    _report(done, args.store, args.beside)
-    return 0
+    return _switch(args, lambda: install(args.bundle, args.trusted_keys, _apply(args), args.store, args.beside))
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
+    return _switch(args, lambda: rollback(args.trusted_keys, _apply(args), args.store, args.beside))
+
+
+def _switch(args: argparse.Namespace, switch: Callable[[], Switched]) -> int:
+    """Run an install or a rollback and report the store after it, or the one line that says why not."""
     try:
-        done = rollback(args.trusted_keys, _apply(args), args.store, args.beside)
+        done = switch()
     except InstallError as exc:
         print(f"zerolayer: {exc}", file=sys.stderr)
         return 1
