@@ -157,11 +157,15 @@ convert_hf_to_gguf.main()
 OUR_KEYS = {"mistral": {"llama.attention.sliding_window"}, "gemma3": {"gemma3.attention.sliding_window_pattern"}}
 
 
-def _llama_cpp_source() -> Path | None:
-    from firmware.toolchain.paths import cache_dir
+def _llama_cpp_source() -> Path:
+    """llama.cpp's source, as bench/llama_server.sh fetches it (from the llama-cpp-python sdist on
+    PyPI) and caches it; fetched here the first time."""
+    import subprocess
 
-    found = sorted(cache_dir().glob("llama.cpp/*/src/convert_hf_to_gguf.py"))
-    return found[-1].parent if found else None
+    script = Path(__file__).resolve().parents[2] / "bench" / "llama_server.sh"
+    done = subprocess.run(["bash", str(script), "--source-only"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return Path(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("name", sorted(GGUF_ARCHITECTURES))
@@ -174,8 +178,6 @@ def test_the_gguf_is_what_llama_cpp_s_converter_writes(name: str, tmp_path: Path
     from gguf import GGUFReader
 
     src = _llama_cpp_source()
-    if src is None:
-        pytest.skip("no llama.cpp source cached (make bench-peers fetches it)")
     out = tmp_path / "llama-cpp.gguf"
     run = subprocess.run([sys.executable, "-c", _CONVERT, str(src), "--outtype", "f32", "--outfile", str(out),
                           str(tiny_hf_dir(name))], capture_output=True, text=True)  # fmt: skip
