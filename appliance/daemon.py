@@ -414,32 +414,41 @@ class Daemon:
         self.notifier.ready(self.serving_line())
 
     async def _apply_models(self, config: Config) -> None:
+        """Load what is new first, then retire what is gone: if the new firmware fails and nothing
+        else would be left, the old keeps serving (a box serving nothing is worse than the old model)."""
         load, retire = self._changed_sources(config)
         drain = config.limits.drain_timeout
+        retiring = {s.name for s in retire}
+        reloaded = {s.name for s in self.models if s.key in load}
+        kept = [s for s in self.models if s.name not in reloaded and s.name not in retiring]
+        built: list[Served] = []
+        loaded: dict[str, Loaded] = {}
+        failed = False
+        if load:
+            try:
+                loaded = await asyncio.to_thread(load_bundles, load, config.firmware.trusted_keys,
+                                                 {s.name for s in kept})  # fmt: skip
+                assert self.probe is not None
+                # The kept engines already hold their host memory (MemAvailable excludes it), but the
+                # GPU's budget is a fixed share of the card: count what they may hold there.
+                plans, _ = plan_models(config, {name: one.bundle for name, one in loaded.items()},
+                                       self.host_facts(self.probe), self._gpu_held(kept))  # fmt: skip
+                built = await asyncio.to_thread(self._build_engines, loaded, plans)
+            except (ConfigError, firmware.BundleError, OSError, ValueError) as exc:
+                failed = True
+                for line in exc.problems if isinstance(exc, ConfigError) else [str(exc)]:
+                    log.error("reload: firmware not loaded, the models served stay as they were: %s", line)
+        if failed and not kept and len(retiring) == len(self.models):
+            log.error("reload: keeping %s served: the firmware configured instead did not load",
+                      ", ".join(sorted(retiring)))  # fmt: skip
+            return
         for served in retire:
             self.models.remove(served.name)
             self.metrics.drop_firmware(served.name)
             log.info("reload: model %s is no longer configured: it takes no new requests and closes once its %d "
                      "running requests end", served.name, served.engine.in_flight)  # fmt: skip
             self.models.retire(served, drain)
-        if not load:
-            return
-        reloaded = {s.name for s in self.models if s.key in load}
-        kept = [s for s in self.models if s.name not in reloaded]
-        try:
-            loaded = await asyncio.to_thread(load_bundles, load, config.firmware.trusted_keys,
-                                             {s.name for s in kept})  # fmt: skip
-            assert self.probe is not None
-            host = self.host_facts(self.probe)
-            # The kept engines already hold their host memory (MemAvailable excludes it), but the GPU's
-            # budget is a fixed share of the card: count what they may hold there.
-            plans, _ = plan_models(config, {name: one.bundle for name, one in loaded.items()}, host,
-                                   self._gpu_held(kept))  # fmt: skip
-            built = await asyncio.to_thread(self._build_engines, loaded, plans)
-        except (ConfigError, firmware.BundleError, OSError, ValueError) as exc:
-            problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
-            for line in problems:
-                log.error("reload: firmware not loaded, the models served stay as they were: %s", line)
+        if failed:
             return
         for name in reloaded - set(loaded):  # firmware.path's bundle now has another manifest name
             gone = self.models.remove(name)
@@ -453,8 +462,9 @@ class Daemon:
                      f" (replacing {old.engine.bundle.version}, which drains)" if old is not None else "")  # fmt: skip
             if old is not None:
                 self.models.retire(old, drain)
-        if self.governor is not None:
-            self.governor.reconfigure(governor_config(config, [s.engine.bundle for s in self.models], host.probe))
+        if self.governor is not None and self.probe is not None:
+            bundles = [s.engine.bundle for s in self.models]
+            self.governor.reconfigure(governor_config(config, bundles, self.probe.kind))
             self.governor.reserved = self._gpu_held(list(self.models))
 
     async def stop(self, drain_timeout: float | None = None) -> None:

@@ -289,3 +289,25 @@ def test_bundles_that_do_not_fit_together_are_refused_at_start_before_any_loads(
         _serve(tmp_path, tiny_bundle_path, trusted_keys, {OTHER: other_bundle_path})
     assert any("does not fit on cpu" in p for p in refused.value.problems)
     assert not built  # refused whole: no engine was made for either
+
+
+def test_a_swap_whose_new_firmware_fails_keeps_the_old_model_serving(
+        tiny_bundle_path: Path, other_bundle_path: Path, trusted_keys: Path, tiny_copy: Path, tmp_path: Path,
+        first_model: str, caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """Dropping the only model for one that does not verify would leave the box serving nothing;
+    the old model stays. A swap that loads retires it."""
+    (tiny_copy / "tokenizer.json").write_text("{}")  # no longer what the manifest signed
+    running, setup = _serve(tmp_path / "etc", tiny_bundle_path, trusted_keys, {})
+    try:
+        with caplog.at_level(logging.ERROR, logger="appliance.daemon"):
+            write_dev_config(setup.root, None, trusted_keys, bundles={OTHER: tiny_copy})
+            _settle(running)
+        assert running.daemon.models.names() == [first_model]
+        assert any(f"keeping {first_model} served" in r.getMessage() for r in caplog.records)
+        assert _unix(setup, "/v1/chat/completions", _chat(first_model)).status_code == 200
+        write_dev_config(setup.root, None, trusted_keys, bundles={OTHER: other_bundle_path})
+        _settle(running)
+        assert running.daemon.models.names() == [OTHER]
+        assert _unix(setup, "/v1/chat/completions", _chat(first_model)).status_code == 404
+    finally:
+        running.stop()
