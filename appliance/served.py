@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from appliance.engine import Engine
@@ -19,13 +19,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Served:
-    """One model: the name clients ask for, its engine, where its bundle was configured, and since when."""
+    """One model: the name clients ask for, its engine, and where its bundle was configured."""
 
     name: str
     engine: Engine
     source: Path  # the configured path (a store link such as .../current): what a reload compares
     key: str | None = None  # its [firmware.bundles] name; None: firmware.path's bundle
-    added: int = field(default_factory=lambda: int(time.time()))
 
     @property
     def loaded(self) -> Path:
