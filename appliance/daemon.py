@@ -108,7 +108,6 @@ class Daemon:
         self.metrics = Metrics()
         self.probe = probe  # None: detected at start (tests pass one whose readings they control)
         self.models = ServedModels()
-        self.host: HostFacts | None = None
         self.reloading: asyncio.Task[None] | None = None  # a reload's model changes, while they load
         self.app: ApiApp | None = None
         self.listeners = Listeners()
@@ -147,7 +146,7 @@ class Daemon:
                         + (f" as model {name}" if name != bundle.name else ""))  # fmt: skip
         probe = self.probe if self.probe is not None else await asyncio.to_thread(detect_probe)
         self.probe = probe
-        host = self.host = self.host_facts(probe)
+        host = self.host_facts(probe)
         plans, governor_cfg = plan_models(cfg, {name: one.bundle for name, one in loaded.items()}, host)
         for name, plan in plans.items():
             for note in plan.notes:
@@ -221,6 +220,12 @@ class Daemon:
         bundle = served.engine.bundle
         self.metrics.set_firmware(served.name, bundle.name, bundle.version, bundle.signer_key_id)
         return self.models.put(served)
+
+    def _retire(self, served: Served, drain: float) -> None:
+        """Stop routing to a model and its metrics label; it closes once its streams end."""
+        self.models.remove(served.name)
+        self.metrics.drop_firmware(served.name)
+        self.models.retire(served, drain)
 
     def _model_lines(self) -> list[str]:
         lines = []
@@ -443,24 +448,21 @@ class Daemon:
                       ", ".join(sorted(retiring)))  # fmt: skip
             return
         for served in retire:
-            self.models.remove(served.name)
-            self.metrics.drop_firmware(served.name)
             log.info("reload: model %s is no longer configured: it takes no new requests and closes once its %d "
                      "running requests end", served.name, served.engine.in_flight)  # fmt: skip
-            self.models.retire(served, drain)
+            self._retire(served, drain)
         if failed:
             return
         for name in reloaded - set(loaded):  # firmware.path's bundle now has another manifest name
-            gone = self.models.remove(name)
+            gone = self.models.get(name)
             if gone is not None:
-                self.metrics.drop_firmware(name)
-                self.models.retire(gone, drain)
+                self._retire(gone, drain)
         for model in built:
             old = self._serve_model(model)
             bundle = model.engine.bundle
             log.info("reload: serving model %s from %s %s%s", model.name, bundle.name, bundle.version,
                      f" (replacing {old.engine.bundle.version}, which drains)" if old is not None else "")  # fmt: skip
-            if old is not None:
+            if old is not None:  # already unrouted: the new model took its name, and its firmware label
                 self.models.retire(old, drain)
         if self.governor is not None and self.probe is not None:
             bundles = [s.engine.bundle for s in self.models]

@@ -4,7 +4,7 @@ each with its error, and a bad combination is refused before anything is built."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import firmware
@@ -37,10 +37,9 @@ class Plan:
     notes: tuple[str, ...]  # what the operator should be told once at start
 
 
-def governor_config(config: Config, bundle: firmware.Bundle | list[firmware.Bundle], probe: str) -> GovernorConfig:
+def governor_config(config: Config, bundles: Sequence[firmware.Bundle], probe: str) -> GovernorConfig:
     """The governor's settings; config may lower the firmware's fallback threshold, never raise it.
     Serving several bundles, the lowest baked threshold is the one every bundle can live with."""
-    bundles = bundle if isinstance(bundle, list) else [bundle]
     baked = min(b.layer.fallback_cpu_threshold for b in bundles)
     threshold = config.governor.threshold or baked
     if threshold > baked:
@@ -88,7 +87,7 @@ def make_plan(config: Config, bundle: firmware.Bundle, host: HostFacts, gpu_shar
     except ConfigError as exc:
         problems += exc.problems
     try:
-        governor = governor_config(config, bundle, host.probe)
+        governor = governor_config(config, [bundle], host.probe)
     except ConfigError as exc:
         problems += exc.problems
     if problems or engine is None or governor is None:
@@ -130,17 +129,15 @@ class MemoryNeed:
 
 
 def memory_need(bundle: firmware.Bundle, engine: EngineConfig, device: str = "cpu") -> MemoryNeed:
-    f = bundle.model
+    graph_dir, f = bundle.graph("cuda" if device != "cpu" else "cpu")
     # CUDA graphs keep their KV in fp16; the CPU graphs (int8 and fp32) in fp32.
     itemsize = 2 if device != "cpu" or bundle.manifest.source.get("precision") in ("fp16", "bf16") else 4
     per_position = 2 * f.num_layers * f.num_kv_heads * f.head_size * itemsize
     kv = kv_positions(engine, f.context_length, per_position) * per_position
-    # The graph a device runs: the CUDA one's files on a GPU where there is one, the others elsewhere.
-    graph_dir, _ = bundle.graph("cuda" if device != "cpu" else "cpu")
-    prefix = "" if graph_dir == bundle.root else f"{graph_dir.name}/"
-    other = f"{CUDA_GRAPH_DIR}/"
+    # The files of the graph the device runs: those in cuda/ where it runs that one, the others elsewhere.
+    in_cuda_dir = graph_dir != bundle.root
     weights = sum(entry.size for rel, entry in bundle.manifest.files.items()
-                  if (rel.startswith(prefix) if prefix else not rel.startswith(other)))  # fmt: skip
+                  if rel.startswith(f"{CUDA_GRAPH_DIR}/") == in_cuda_dir)  # fmt: skip
     return MemoryNeed(weights, kv, engine.prefix_cache_bytes)
 
 

@@ -94,10 +94,6 @@ class Bundle:
         return self.manifest.chat_template
 
     @property
-    def onnx_path(self) -> Path:
-        return self.root / self.model.onnx_file
-
-    @property
     def tokenizer_path(self) -> Path:
         return self.root / "tokenizer.json"
 

@@ -172,7 +172,7 @@ def test_jetson_sheds_new_requests_over_the_threshold(bundle: firmware.Bundle, t
     probe = JetsonProbe(tmp_path)
     (tmp_path / "etc").mkdir()
     config = load_config(tmp_path / "etc", check_paths=False)
-    gov_cfg = governor_config(config, bundle, probe.kind)
+    gov_cfg = governor_config(config, [bundle], probe.kind)
     assert gov_cfg.policy == "shed" and gov_cfg.threshold == bundle.layer.fallback_cpu_threshold
     governor = Governor(probe, gov_cfg, gpu_device=GPU)
     engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0, max_queued=2), devices=(GPU, "cpu"),
