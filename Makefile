@@ -46,9 +46,10 @@ bench-kernel: setup
 # into build/image/ARCH unless OUT says otherwise. Needs root.
 ARCH ?= amd64
 image: setup-test demo-firmware
-	$(PY) -m appliance.cli image build --arch $(ARCH) --firmware "$$($(PY) -m firmware.toolchain.demo)" \
+	$(PY) -m appliance.cli image build --dev --arch $(ARCH) --firmware "$$($(PY) -m firmware.toolchain.demo)" \
 		--out $(or $(OUT),build/image/$(ARCH))
 
-# The whole image test: the amd64 build and boot (also part of make test) and the arm64 root under qemu-user.
+# The whole image test: the amd64 build, its boots under nspawn and QEMU (also part of make test),
+# the A/B updates in QEMU and the arm64 root under qemu-user.
 image-test: setup-test
-	$(VENV)/bin/pytest -q -m '' tests/image/test_image.py tests/image/test_image_boot.py
+	$(VENV)/bin/pytest -q -m '' tests/image/test_image.py tests/image/test_image_boot.py tests/image/test_image_ab.py

@@ -92,10 +92,38 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--arch", choices=["amd64", "arm64"], required=True, help="arm64 is for Jetson (L4T)")
     i.add_argument("--firmware", type=Path, required=True, help="the signed bundle the image serves")
     i.add_argument("--out", type=Path, required=True, help="output directory")
-    i.add_argument("--trusted-keys", type=Path,
-                   help="directory of *.pub keys the box trusts (default: this machine's development key)")  # fmt: skip
+    i.add_argument("--trusted-keys", type=Path, help="directory of the *.pub firmware keys the box trusts")
+    i.add_argument("--update-ca", type=Path,
+                   help="amd64: the CA certificate (PEM) whose code-signing leaves may sign system updates")
+    i.add_argument("--dev", action="store_true",
+                   help="trust this machine's development firmware key and update CA instead (said in the "
+                        "image's manifest and in `zerolayer status`)")  # fmt: skip
+    i.add_argument("--version", dest="image_version", default=__version__, help="the image's version")
     i.add_argument("--mirror", help="Debian mirror URL (default: the one this machine's apt sources name)")
     i.set_defaults(func=cmd_image_build)
+    i = isub.add_parser("bundle", help="amd64: a signed RAUC system update of a built image's root")
+    i.add_argument("--image", type=Path, required=True, help="an `image build` output directory (the newer root)")
+    i.add_argument("--out", type=Path, required=True, help="the bundle file to write (NAME.raucb)")
+    i.add_argument("--cert", type=Path, help="the signer: a code-signing certificate of the update CA")
+    i.add_argument("--key", type=Path, help="the signer's private key")
+    i.add_argument("--ca", type=Path, help="the update CA, to check the bundle as the box will")
+    i.add_argument("--dev", action="store_true", help="sign with this machine's development update CA")
+    i.set_defaults(func=cmd_image_bundle)
+
+    p = sub.add_parser("system", help="on an A/B image: the root slots, system updates (RAUC)")
+    ssub = p.add_subparsers(dest="system_cmd", required=True)
+    s = ssub.add_parser("status", help="both root slots: which is booted, good or bad, their versions")
+    s.add_argument("--json", action="store_true", help="rauc's own status, parsed, as JSON")
+    s.set_defaults(func=cmd_system_status)
+    s = ssub.add_parser("update", help="install a system update bundle into the inactive slot (rauc install)")
+    s.add_argument("bundle", type=Path)
+    s.add_argument("--reboot", action="store_true", help="reboot into it once installed")
+    s.set_defaults(func=cmd_system_update)
+    s = ssub.add_parser("mark-boot", help="mark the booted slot good once the daemon serves, else bad and reboot "
+                        "(what zerolayer-slot-health.service runs)")  # fmt: skip
+    s.add_argument("--timeout", type=float, default=600, help="seconds to wait for the daemon to serve")
+    s.add_argument("--socket", default="/run/zerolayer/api.sock")
+    s.set_defaults(func=cmd_system_mark_boot)
 
     p = sub.add_parser("install", help="lay out and start the appliance on this Debian/Ubuntu host (as root; "
                        "scripts/install.sh makes the virtualenv and runs this)")  # fmt: skip
@@ -190,6 +218,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"listener:   {name}: {where}")
     print(f"streams:    {info['active_streams']} active")
     print(f"kernel:     {info['kernel']}")
+    image = info.get("image") or {}
+    if image:
+        trust = ("DEVELOPMENT image: it trusts development firmware and update keys" if image.get("dev")
+                 else "release keys")  # fmt: skip
+        print(f"image:      {image.get('version', '?')} {image.get('arch', '')} ({trust})")
     return 0
 
 
@@ -315,27 +348,41 @@ def cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_image_build(args: argparse.Namespace) -> int:
+def _image_checkout() -> bool:
     # The image builder is a build host's tool: it lives in the checkout (image/), not the package.
     checkout = Path(__file__).resolve().parents[1]
     if not (checkout / "image" / "build.py").is_file():
         print("zerolayer: image build runs from a Zerolayer checkout (make image); this install has no image/",
               file=sys.stderr)  # fmt: skip
-        return 1
+        return False
     sys.path.insert(0, str(checkout))
+    return True
+
+
+def cmd_image_build(args: argparse.Namespace) -> int:
+    if not _image_checkout():
+        return 1
     from firmware.toolchain.paths import cache_dir
     from image.build import build_image
+    from image.update import dev_update_signer
 
-    trusted = args.trusted_keys
-    if trusted is None:
+    trusted, update_ca = args.trusted_keys, args.update_ca
+    if args.dev:
         from firmware.toolchain.devkit import dev_trusted_keys
 
-        trusted = dev_trusted_keys()
-        print(f"zerolayer: the image trusts this machine's development key ({trusted}); "
-              "a production image passes --trusted-keys", file=sys.stderr)  # fmt: skip
+        trusted = trusted or dev_trusted_keys()
+        update_ca = update_ca or (dev_update_signer(cache_dir()).ca if args.arch == "amd64" else None)
+        print(f"zerolayer: a development image: it trusts {trusted}" + (f" and the update CA {update_ca}"
+              if update_ca else ""), file=sys.stderr)  # fmt: skip
+    elif trusted is None or (args.arch == "amd64" and update_ca is None):
+        print("zerolayer: image build needs the keys the box will trust: --trusted-keys DIR" +
+              (" and --update-ca CA.pem" if args.arch == "amd64" else "") +
+              ", or --dev for this machine's development keys", file=sys.stderr)  # fmt: skip
+        return 2
     try:
-        image = build_image(args.arch, args.firmware, args.out, trusted, mirror=args.mirror, cache=cache_dir())
-    except (PermissionError, FileNotFoundError, LookupError, RuntimeError) as exc:
+        image = build_image(args.arch, args.firmware, args.out, trusted, update_ca=update_ca, dev=args.dev,
+                            version=args.image_version, mirror=args.mirror, cache=cache_dir())  # fmt: skip
+    except (PermissionError, FileNotFoundError, LookupError, RuntimeError, ValueError) as exc:
         print(f"zerolayer: image build failed: {exc}", file=sys.stderr)
         return 1
     for path in (image.tar, image.ext4, image.disk, image.manifest, image.sums):
@@ -343,6 +390,75 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     print(f"root tree: {image.root} (to try it: systemd-nspawn -D {image.root} --boot --volatile=overlay "
           "--private-network; see image/README.md)")  # fmt: skip
     return 0
+
+
+def cmd_image_bundle(args: argparse.Namespace) -> int:
+    if not _image_checkout():
+        return 1
+    import json
+
+    from firmware.toolchain.paths import cache_dir
+    from image.update import UpdateSigner, dev_update_signer, make_bundle
+
+    if args.dev:
+        signer = dev_update_signer(cache_dir())
+    elif args.cert and args.key and args.ca:
+        signer = UpdateSigner(args.ca, args.cert, args.key)
+    else:
+        print("zerolayer: image bundle needs --cert, --key and --ca (the update CA), or --dev", file=sys.stderr)
+        return 2
+    try:
+        doc = json.loads((args.image / "manifest.json").read_text())
+        if doc.get("arch") != "amd64" or doc.get("update_ca") is None:
+            raise ValueError(f"{args.image} is not an amd64 A/B image (its manifest names no update CA)")
+        root_fs = args.image / f"zerolayer-{doc['version']}-amd64.ext4"
+        out = make_bundle(root_fs, doc["version"], signer, args.out)
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:
+        print(f"zerolayer: image bundle failed: {exc}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
+def cmd_system_status(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from appliance import system
+
+    try:
+        status = system.read_status()
+    except (OSError, RuntimeError) as exc:
+        print(f"zerolayer: {exc} (is this an A/B image?)", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({**dataclasses.asdict(status), "image": system.image_info()}, indent=2))
+    else:
+        print("\n".join(system.render(status, system.image_info())))
+    return 0
+
+
+def cmd_system_update(args: argparse.Namespace) -> int:
+    from appliance import system
+
+    try:
+        return system.update(args.bundle, args.reboot)
+    except (OSError, RuntimeError) as exc:
+        print(f"zerolayer: {exc}", file=sys.stderr)
+        return 1
+
+
+def cmd_system_mark_boot(args: argparse.Namespace) -> int:
+    from appliance import system
+
+    def log(line: str) -> None:
+        print(f"zerolayer system mark-boot: {line}", flush=True)
+
+    try:
+        return system.mark_boot(args.timeout, args.socket, log)
+    except (OSError, RuntimeError) as exc:
+        log(str(exc))
+        return 1
 
 
 def _smollm2() -> Path:

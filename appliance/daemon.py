@@ -29,6 +29,7 @@ from appliance.governor import Governor, MemoryProbe, available_host_memory, det
 from appliance.kernel import KernelLayer, UserspaceFlows, open_kernel_layer, pin_dir
 from appliance.plan import HostFacts, Plan, api_settings, governor_config, memory_need, plan_models
 from appliance.served import Served, ServedModels
+from appliance.system import image_info
 from appliance.systemd import ActivatedSockets, Notifier, configure_logging, listen_fds, run_watchdog, watchdog_interval
 from appliance.transport.http3 import Http3Server, bind_udp, serve_http3
 from appliance.transport.tcp import HypercornListener, bind_tcp, bind_unix
@@ -295,6 +296,7 @@ class Daemon:
             "listeners": dict(self.listeners.addresses),
             "active_streams": self.metrics.streams,
             "kernel": self._kernel_state(),
+            "image": image_info(),  # the appliance image's version and trust, where this is one
         }
 
     async def _report_status(self) -> None:

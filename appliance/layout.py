@@ -27,6 +27,7 @@ UNITS = ("zerolayer.service", "zerolayer-quic.socket", "zerolayer-tcp.socket", "
 ENABLED = (*UNITS, "zerolayer-tls-init.service")
 VENV = "/opt/zerolayer"
 STORE = "usr/lib/zerolayer/firmware"
+IMAGE_INFO = "usr/lib/zerolayer/image.json"  # an image's version and whether it trusts development keys
 
 
 @dataclass(frozen=True)

@@ -43,20 +43,38 @@ def make_dev_cert(out_dir: Path, hosts: Sequence[str] = DEV_HOSTS) -> DevCert:
     if not hosts:
         raise ValueError("make_dev_cert needs at least one host name or address for the certificate")
     out_dir.mkdir(parents=True, exist_ok=True)
+    paths = DevCert(out_dir / "ca.crt", out_dir / "ca.key", out_dir / "server.crt", out_dir / "server.key")
+    ca, ca_key = make_ca(paths.ca_cert, paths.ca_key, "Zerolayer development CA")
+    _issue(ca, ca_key, hosts[0], _san(hosts), ExtendedKeyUsageOID.SERVER_AUTH, paths.cert, paths.key)
+    return paths
+
+
+def make_ca(cert_path: Path, key_path: Path, common_name: str, validity: datetime.timedelta = _VALIDITY
+            ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:  # fmt: skip
+    """A self-signed CA that signs leaves only (path length 0), written as PEM (the key 0600)."""
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Zerolayer development CA")])
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     ca = (
-        _builder(ca_name, ca_name, ca_key.public_key())
+        _builder(ca_name, ca_name, ca_key.public_key(), validity)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(_key_usage(cert_sign=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    paths = DevCert(out_dir / "ca.crt", out_dir / "ca.key", out_dir / "server.crt", out_dir / "server.key")
-    _write_cert(paths.ca_cert, ca)
-    _write_key(paths.ca_key, ca_key)
-    _issue(ca, ca_key, hosts[0], _san(hosts), ExtendedKeyUsageOID.SERVER_AUTH, paths.cert, paths.key)
-    return paths
+    _write_cert(cert_path, ca)
+    _write_key(key_path, ca_key)
+    return ca, ca_key
+
+
+def make_code_signer(ca_cert: Path, ca_key: Path, common_name: str, cert_path: Path, key_path: Path,
+                     validity: datetime.timedelta = _VALIDITY) -> None:  # fmt: skip
+    """A leaf of the CA at CA_CERT for signing updates (extended key usage codeSigning, which RAUC's
+    check-purpose=codesign asks of the signer)."""
+    ca = x509.load_pem_x509_certificate(ca_cert.read_bytes())
+    key = serialization.load_pem_private_key(ca_key.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{ca_key} is not an EC key; make the CA with make_ca")
+    _issue(ca, key, common_name, None, ExtendedKeyUsageOID.CODE_SIGNING, cert_path, key_path, validity)
 
 
 def make_client_cert(ca: DevCert, out_dir: Path, name: str) -> ClientCert:
@@ -73,24 +91,24 @@ def make_client_cert(ca: DevCert, out_dir: Path, name: str) -> ClientCert:
 
 
 def _issue(ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, common_name: str,
-           san: x509.SubjectAlternativeName, usage: x509.ObjectIdentifier, cert_path: Path,
-           key_path: Path) -> None:  # fmt: skip
+           san: x509.SubjectAlternativeName | None, usage: x509.ObjectIdentifier, cert_path: Path,
+           key_path: Path, validity: datetime.timedelta = _VALIDITY) -> None:  # fmt: skip
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    cert = (
-        _builder(subject, ca.subject, key.public_key())
+    builder = (
+        _builder(subject, ca.subject, key.public_key(), validity)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(cert_sign=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        .add_extension(san, critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
     )
+    cert = (builder.add_extension(san, critical=False) if san is not None else builder).sign(ca_key, hashes.SHA256())
     _write_cert(cert_path, cert)
     _write_key(key_path, key)
 
 
-def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
+def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey,
+             validity: datetime.timedelta = _VALIDITY) -> x509.CertificateBuilder:  # fmt: skip
     now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
@@ -99,7 +117,7 @@ def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurve
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(hours=1))  # tolerate a little clock skew
-        .not_valid_after(now + _VALIDITY)
+        .not_valid_after(now + validity)
     )
 
 

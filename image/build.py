@@ -16,10 +16,10 @@ from pathlib import Path
 from appliance import __version__, layout
 from firmware.manifest import sha256_file
 from firmware.toolchain.build import Progress, _stderr_progress, _Step
-from image import disk, rootfs, sources, wheels
+from image import bootdisk, disk, rootfs, slots, sources, wheels
+from image.tools import run_tool
 
 ARCHES = ("amd64", "arm64")
-STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,15 @@ class Image:
     base_cached: bool  # the debootstrap base came from the cache
 
 
-def build_image(arch: str, firmware: Path, out: Path, trusted_keys: Path, *, mirror: str | None = None,
-                cache: Path, progress: Progress = _stderr_progress) -> Image:  # fmt: skip
+def build_image(arch: str, firmware: Path, out: Path, trusted_keys: Path, *, update_ca: Path | None = None,
+                dev: bool = False, version: str = __version__, mirror: str | None = None, cache: Path,
+                progress: Progress = _stderr_progress) -> Image:  # fmt: skip
+    """UPDATE_CA: the certificate the amd64 image trusts for system updates (RAUC's keyring); DEV:
+    the keys are development keys, which the image's manifest and `zerolayer status` then say."""
     if arch not in ARCHES:
         raise ValueError(f"--arch {arch}: one of {', '.join(ARCHES)}")
+    if arch == "amd64" and update_ca is None:
+        raise ValueError("an amd64 image needs the update CA it trusts (--update-ca), or --dev")
     if os.geteuid() != 0:
         raise PermissionError("building an image needs root (debootstrap, file owners, nspawn): run it with sudo")
     layout.check_sources()
@@ -47,11 +52,11 @@ def build_image(arch: str, firmware: Path, out: Path, trusted_keys: Path, *, mir
     # One build per architecture at a time: they share the cached base and the wheelhouse.
     with (cache / "image" / f".build-{arch}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _build(arch, firmware, out, trusted_keys, mirror, cache, progress)
+        return _build(arch, firmware, out, trusted_keys, update_ca, dev, version, mirror, cache, progress)
 
 
-def _build(arch: str, firmware: Path, out: Path, trusted_keys: Path, mirror: str | None, cache: Path,
-           progress: Progress) -> Image:  # fmt: skip
+def _build(arch: str, firmware: Path, out: Path, trusted_keys: Path, update_ca: Path | None, dev: bool,
+           version: str, mirror: str | None, cache: Path, progress: Progress) -> Image:  # fmt: skip
     found = sources.read_sources()
     mirror = mirror or sources.debian_mirror(found, rootfs.SUITE)
     try:
@@ -60,8 +65,8 @@ def _build(arch: str, firmware: Path, out: Path, trusted_keys: Path, mirror: str
         security = None
         progress(f"no apt source names {rootfs.SUITE}-security: the image gets {rootfs.SUITE}-updates only")
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"zerolayer-{__version__}-{arch}"
-    step = _Step(STEPS, progress)
+    stem = f"zerolayer-{version}-{arch}"
+    step = _Step(11 if update_ca is not None else 10, progress)
 
     t = step(f"Debian {rootfs.SUITE} {arch} base with its updates (debootstrap from {mirror}, cached in "
              f"{cache / 'image'})")  # fmt: skip
@@ -90,6 +95,7 @@ def _build(arch: str, firmware: Path, out: Path, trusted_keys: Path, mirror: str
 
     t = step("units (enabled), sysusers, tmpfiles, /etc/zerolayer, trusted keys, firmware, empty machine-id")
     installed = layout.populate(root, firmware, trusted_keys)
+    (root / layout.IMAGE_INFO).write_text(slots.image_info(version, arch, dev))
     step.done(t)
 
     t = step("checking `zerolayer --version` runs inside the root" + (" (under qemu-user)" if arch == "arm64" else ""))
@@ -98,28 +104,42 @@ def _build(arch: str, firmware: Path, out: Path, trusted_keys: Path, mirror: str
         raise RuntimeError(f"zerolayer --version inside the root said {said!r}")
     step.done(t)
 
+    if update_ca is not None:
+        t = step("A/B slot: read-only root, data partition mounts, RAUC and its update CA, the health unit")
+        slots.make_slot_root(root, update_ca)
+        step.done(t)
+
     t = step(f"root file system tar {stem}.rootfs.tar")
     tar = out / f"{stem}.rootfs.tar"
     # Numeric owners: the root's own passwd names the users, not the build machine's. Paths start
     # with ./, as NVIDIA's L4T flashing tools expect when the tar is unpacked into rootfs/.
-    _run(["tar", "--create", "--file", str(tar), "--numeric-owner", "--xattrs", "--xattrs-include=*", "--acls",
-          "--sparse", "-C", str(root), "."])  # fmt: skip
+    run_tool("tar", "--create", "--file", str(tar), "--numeric-owner", "--xattrs", "--xattrs-include=*", "--acls",
+             "--sparse", "-C", str(root), ".")  # fmt: skip
     step.done(t)
 
     t = step(f"ext4 file system {stem}.ext4 (mkfs.ext4 -d)")
     ext4 = out / f"{stem}.ext4"
-    disk.make_ext4(root, ext4, disk.fs_size(disk.used_bytes(root)))
+    used = disk.used_bytes(root)
+    # A slot's root is read-only (state lives on the data partition): it needs no room to grow.
+    disk.make_ext4(root, ext4, disk.fs_size(used, 0.1, 64 * disk.MIB) if update_ca else disk.fs_size(used))
     step.done(t)
 
-    t = step(f"GPT disk image {stem}.img (one root partition, label {disk.LABEL})")
     img = out / f"{stem}.img"
-    disk.make_gpt(ext4, img, arch)
+    if update_ca is not None:
+        t = step(f"GPT disk image {stem}.img: ESP with GRUB, root slots A and B, data partition")
+        make_ab_disk(ext4, img, version)
+    else:
+        t = step(f"GPT disk image {stem}.img (one root partition, label {disk.LABEL})")
+        disk.make_gpt(ext4, img, arch)
     step.done(t)
 
     t = step("manifest.json and SHA256SUMS")
     manifest = out / "manifest.json"
     doc = {
         "zerolayer": __version__,
+        "version": version,
+        "dev": dev,
+        "update_ca": sha256_file(update_ca) if update_ca else None,
         "source": _git_describe(),
         "arch": arch,
         "debian": {"suite": rootfs.SUITE, "mirror": mirror, "security": security,
@@ -140,6 +160,19 @@ def _build(arch: str, firmware: Path, out: Path, trusted_keys: Path, mirror: str
     return Image(out, root, tar, ext4, img, manifest, sums, not made)
 
 
+def make_ab_disk(root_fs: Path, out: Path, version: str) -> list[bootdisk.Partition]:
+    """The bootable disk around ROOT_FS (a slot's file system, in slot A; VERSION is what RAUC's
+    status says slot A holds)."""
+    esp, data = out.with_suffix(".esp"), out.with_suffix(".data")
+    try:
+        bootdisk.make_esp(esp)
+        slots.make_data_fs(data, bootdisk.DATA_BYTES, version)
+        return bootdisk.make_disk(esp, root_fs, data, out, bootdisk.slot_size(root_fs.stat().st_size))
+    finally:
+        esp.unlink(missing_ok=True)
+        data.unlink(missing_ok=True)
+
+
 def _installed_wheels(root: Path, wheel_files: list[Path]) -> list[dict[str, str]]:
     """Name and version of every distribution in the venv, with the sha256 of the wheel it came from."""
     by_name = {_norm(w.name.split("-")[0]): w for w in wheel_files}
@@ -156,7 +189,8 @@ def _installed_wheels(root: Path, wheel_files: list[Path]) -> list[dict[str, str
 
 
 def _debian_packages(root: Path) -> dict[str, str]:
-    out = _run(["dpkg-query", f"--admindir={root / 'var/lib/dpkg'}", "--show", "--showformat=${Package} ${Version}\\n"])
+    out = run_tool("dpkg-query", f"--admindir={root / 'var/lib/dpkg'}", "--show",
+                   "--showformat=${Package} ${Version}\\n")
     return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
 
 
@@ -168,11 +202,3 @@ def _git_describe() -> str:
 
 def _norm(name: str) -> str:
     return name.lower().replace("-", "_").replace(".", "_")
-
-
-def _run(cmd: list[str]) -> str:
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
-    return result.stdout
-

@@ -9,6 +9,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from image.tools import run_tool
+
 MIB = 1 << 20
 SECTOR = 512
 # The first partition starts at 1 MiB (the usual alignment); the backup GPT needs 33 sectors at
@@ -19,6 +21,7 @@ ROOT_TYPES = {  # Discoverable Partitions Specification: "Root Partition (x86-64
     "arm64": "B921B045-1DF0-41C3-AF44-4C6F280D3FAE",
 }
 LABEL = "zerolayer-root"
+
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,11 @@ def used_bytes(root: Path) -> int:
     return int(out.stdout.split()[0])
 
 
-def make_ext4(root: Path, out: Path, size: int) -> None:
+def make_ext4(root: Path, out: Path, size: int, label: str = LABEL) -> None:
     out.unlink(missing_ok=True)
     # ^orphan_file: e2fsprogs 1.47 turns it on by default, and kernels before 5.15 (Jetson's L4T 35
     # runs 5.10) refuse to mount such a file system read-write.
-    _run("mkfs.ext4", "-q", "-F", "-L", LABEL, "-O", "^orphan_file", "-E", "root_owner=0:0",
+    run_tool("mkfs.ext4", "-q", "-F", "-L", label, "-O", "^orphan_file", "-E", "root_owner=0:0",
          "-d", root, out, f"{size // 1024}k")  # fmt: skip
 
 
@@ -68,14 +71,8 @@ def make_gpt(fs_image: Path, out: Path, arch: str) -> DiskLayout:
     out.unlink(missing_ok=True)
     with out.open("wb") as f:
         f.truncate(plan.disk_bytes)  # sparse: the image takes only what the file system uses
-    _run("sgdisk", "--clear", f"--new=1:{plan.first_lba}:{plan.last_lba}", f"--typecode=1:{ROOT_TYPES[arch]}",
+    run_tool("sgdisk", "--clear", f"--new=1:{plan.first_lba}:{plan.last_lba}", f"--typecode=1:{ROOT_TYPES[arch]}",
          f"--change-name=1:{LABEL}", out)  # fmt: skip
-    _run("dd", f"if={fs_image}", f"of={out}", f"bs={MIB}", f"seek={plan.offset // MIB}", "conv=notrunc,sparse",
+    run_tool("dd", f"if={fs_image}", f"of={out}", f"bs={MIB}", f"seek={plan.offset // MIB}", "conv=notrunc,sparse",
          "status=none")  # fmt: skip
     return plan
-
-
-def _run(*args: str | Path) -> None:
-    result = subprocess.run([str(a) for a in args], capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, args))} failed ({result.returncode}): {result.stderr.strip()}")

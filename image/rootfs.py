@@ -6,11 +6,12 @@ behind; a foreign root's programs run through qemu-user via binfmt_misc)."""
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+
+from image.tools import run_tool
 
 # Debian 12: the systemd (252) the units are written and tested for, and the Python (3.11) the
 # wheelhouse targets. Debian 13 would need both checked again.
@@ -23,7 +24,20 @@ PACKAGES = (
     "procps",  # /bin/kill, which zerolayer.service's ExecReload= runs (minbase has none)
     "iproute2",  # `ip` and `tc`, for the operator looking at the attached programs
 )  # fmt: skip
+# What the amd64 image needs to boot on its own and update itself (image/bootdisk.py): the
+# Jetson root gets its kernel and boot loader from NVIDIA's BSP instead.
+BOOT_PACKAGES = (
+    "linux-image-amd64", "initramfs-tools",  # Debian's kernel; the initramfs mounts the slot's root
+    "rauc", "rauc-service",  # A/B system updates; the service is what `rauc install` talks to
+    "grub-common",  # grub-editenv: RAUC's GRUB backend keeps the slots' boot state in grubenv
+    "e2fsprogs",  # resize2fs, which systemd-growfs needs to grow the data partition's file system
+)  # fmt: skip
 QEMU = {"arm64": "qemu-aarch64"}
+
+
+
+def packages(arch: str) -> tuple[str, ...]:
+    return PACKAGES + (BOOT_PACKAGES if arch == "amd64" else ())
 
 
 def host_arch() -> str:
@@ -33,7 +47,7 @@ def host_arch() -> str:
 def base_root(arch: str, mirror: str, security: str | None, cache: Path, suite: str = SUITE) -> tuple[Path, bool]:
     """The cached debootstrap root for ARCH, with Debian's updates (made if absent); True if it was
     made just now. SECURITY: the mirror of SUITE-security, or None to build without its fixes."""
-    key = hashlib.sha256(repr((arch, suite, mirror, security, PACKAGES)).encode()).hexdigest()[:12]
+    key = hashlib.sha256(repr((arch, suite, mirror, security, packages(arch))).encode()).hexdigest()[:12]
     home = cache / "image" / f"debian-{suite}-{arch}-{key}"
     if (home / "complete").is_file():
         return home / "root", False
@@ -42,14 +56,14 @@ def base_root(arch: str, mirror: str, security: str | None, cache: Path, suite: 
     partial.mkdir(parents=True)
     root = partial / "root"
     foreign = arch != host_arch()
-    _run(["debootstrap", "--variant=minbase", f"--arch={arch}", f"--include={','.join(PACKAGES)}",
-          *(["--foreign"] if foreign else []), suite, str(root), mirror])  # fmt: skip
+    run_tool("debootstrap", "--variant=minbase", f"--arch={arch}", f"--include={','.join(packages(arch))}",
+             *(["--foreign"] if foreign else []), suite, str(root), mirror)  # fmt: skip
     if foreign:
         enable_binfmt(arch)
         # The second stage runs the packages' own scripts: arm64 programs, through qemu-user. In a
         # chroot: nspawn refuses a half-made root ("Failed to resolve /proc").
         try:
-            _run(["chroot", str(root), "/debootstrap/debootstrap", "--second-stage"])
+            run_tool("chroot", str(root), "/debootstrap/debootstrap", "--second-stage")
         finally:
             unmount_below(root)  # debootstrap mounts /proc and /sys inside, and may leave them
     upgrade(root, mirror, security, suite)
@@ -94,11 +108,11 @@ def enable_binfmt(arch: str) -> None:
     """Let the kernel run ARCH's programs through qemu-user-static (binfmt_misc, mounted if needed)."""
     name = QEMU[arch]
     if not Path("/proc/sys/fs/binfmt_misc/register").exists():
-        _run(["mount", "-t", "binfmt_misc", "binfmt_misc", "/proc/sys/fs/binfmt_misc"])
+        run_tool("mount", "-t", "binfmt_misc", "binfmt_misc", "/proc/sys/fs/binfmt_misc")
     if not Path(f"/proc/sys/fs/binfmt_misc/{name}").exists():
         if shutil.which("update-binfmts") is None:
             raise RuntimeError(f"cannot run {arch} programs: apt-get install qemu-user-static binfmt-support")
-        _run(["update-binfmts", "--enable", name])
+        run_tool("update-binfmts", "--enable", name)
 
 
 def copy_root(base: Path, dest: Path) -> None:
@@ -106,7 +120,7 @@ def copy_root(base: Path, dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    _run(["cp", "-a", "--reflink=auto", str(base), str(dest)])
+    run_tool("cp", "-a", "--reflink=auto", str(base), str(dest))
 
 
 def run_in(root: Path, argv: Sequence[str], binds: Sequence[tuple[Path, str]] = (),
@@ -122,13 +136,4 @@ def run_in(root: Path, argv: Sequence[str], binds: Sequence[tuple[Path, str]] = 
     cmd += ["--resolv-conf=bind-host"] if network else ["--private-network", "--resolv-conf=off"]
     cmd += [f"--bind-ro={host}:{inside}" for host, inside in binds]
     cmd += [f"--setenv={k}={v}" for k, v in (env or {}).items()]
-    return _run([*cmd, "--", *argv])
-
-
-def _run(cmd: Sequence[str]) -> str:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C.UTF-8"}
-    result = subprocess.run(list(cmd), capture_output=True, text=True, env=env, check=False)
-    if result.returncode != 0:
-        tail = (result.stdout + result.stderr).strip()[-3000:]
-        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({result.returncode}):\n{tail}")
-    return result.stdout
+    return run_tool(*cmd, "--", *argv)

@@ -3,7 +3,9 @@
 # Re-run cheaply: each step checks before it installs.
 #   scripts/setup.sh        what `make run` needs
 #   scripts/setup.sh test   also what the tests and benchmarks drive: the image build (debootstrap,
-#                           systemd-nspawn, qemu-user for arm64, sgdisk) and the layered baseline of the
+#                           systemd-nspawn, qemu-user for arm64, sgdisk; for the bootable A/B disk
+#                           GRUB's EFI modules, FAT tools, RAUC and squashfs to make update bundles,
+#                           QEMU and OVMF to boot it) and the layered baseline of the
 #                           protocol benchmark (nginx, redis) with its packet captures (tcpdump, tshark)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +14,7 @@ VENV="${VENV:-.venv}"
 APT_PACKAGES=(clang libbpf-dev libsystemd-dev bpftool pkg-config iproute2 systemd)
 if [[ "${1:-}" == "test" ]]; then
     APT_PACKAGES+=(debootstrap systemd-container qemu-user-static binfmt-support gdisk e2fsprogs
+                   grub-efi-amd64-bin grub-common dosfstools mtools rauc squashfs-tools qemu-system-x86 ovmf
                    nginx-light redis-server tcpdump tshark)
 fi
 
