@@ -28,8 +28,10 @@ exec </dev/ttyS1 >/dev/ttyS1 2>&1
 stty raw -echo
 echo "@@ready@@"
 while read -r id cmd; do
-    out=$(printf '%s' "$cmd" | base64 -d | bash 2>&1)
+    # The x keeps the output's trailing newlines, which $(...) would strip.
+    out=$(printf '%s' "$cmd" | base64 -d | bash 2>&1; r=$?; echo x; exit $r)
     rc=$?
+    out=${out%x}
     printf '@@%s %s %s %s@@\n' "$id" "$rc" "$(printf '%s' "$out" | wc -c)" "$(printf '%s' "$out" | base64 -w0)"
 done
 """
