@@ -138,11 +138,10 @@ def _answers(socket_path: str) -> str | None:
         return str(exc)
 
 
-def wait_serving(deadline_s: float, socket_path: str, log: Callable[[str], None],
-                 clock: Callable[[], float] = time.monotonic) -> bool:  # fmt: skip
+def wait_serving(deadline_s: float, socket_path: str, log: Callable[[str], None]) -> bool:
     """Until zerolayer.service is active and answers, or fails for good, or the deadline passes."""
-    end, why = clock() + deadline_s, "not started"
-    while clock() < end:
+    end, why = time.monotonic() + deadline_s, "not started"
+    while time.monotonic() < end:
         state = _unit_state("zerolayer.service")
         if state == "failed":
             log("zerolayer.service failed (see journalctl -u zerolayer)")
@@ -168,11 +167,11 @@ def mark_boot(timeout: float, socket_path: str, log: Callable[[str], None] = pri
     serving = wait_serving(timeout, socket_path, log)
     action = verdict(serving, status)
     if action is Action.MARK_GOOD:
-        _rauc_mark("good", log)
+        _rauc_mark("good")
         log(f"slot {booted.bootname} serves: marked good")
         return 0
     if action is Action.MARK_BAD_AND_REBOOT:
-        _rauc_mark("bad", log)
+        _rauc_mark("bad")
         log(f"slot {booted.bootname} does not serve: marked bad; rebooting into the other slot")
         _run(["systemctl", "reboot"])
         return 0
@@ -182,11 +181,10 @@ def mark_boot(timeout: float, socket_path: str, log: Callable[[str], None] = pri
     return 0
 
 
-def _rauc_mark(how: str, log: Callable[[str], None]) -> None:
+def _rauc_mark(how: str) -> None:
     result = _run(["rauc", "status", f"mark-{how}", "booted"])
-    if result.returncode != 0:
-        log(f"rauc status mark-{how} failed: {result.stderr.strip()}")
-        raise SystemExit(1)
+    if result.returncode != 0:  # the command fails, and the unit's FailureAction=reboot takes over
+        raise RuntimeError(f"rauc status mark-{how} failed: {result.stderr.strip()}")
 
 
 def update(bundle: Path, reboot: bool, log: Callable[[str], None] = print) -> int:

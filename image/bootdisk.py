@@ -14,10 +14,9 @@ file systems, sgdisk for the table, dd to place them."""
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
-from image.disk import MIB, ROOT_TYPES, SECTOR
+from image.disk import MIB, ROOT_TYPES, Partition, write_gpt
 from image.tools import run_tool
 
 ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
@@ -38,23 +37,6 @@ KERNEL_ARGS = "ro rootwait console=tty0 console=ttyS0,115200 panic=10"
 
 def slot_label(slot: str) -> str:
     return f"zerolayer-root-{slot.lower()}"
-
-
-@dataclass(frozen=True)
-class Partition:
-    number: int
-    label: str
-    type: str
-    offset: int  # bytes from the start of the disk
-    size: int
-
-    @property
-    def first_lba(self) -> int:
-        return self.offset // SECTOR
-
-    @property
-    def last_lba(self) -> int:
-        return (self.offset + self.size) // SECTOR - 1
 
 
 def slot_size(root_fs_bytes: int) -> int:
@@ -143,20 +125,5 @@ def make_esp(out: Path, size: int = ESP_BYTES) -> None:
 def make_disk(esp: Path, root_fs: Path, data_fs: Path, out: Path, slot_bytes: int) -> list[Partition]:
     """The GPT disk: ESP, slot A holding ROOT_FS, an empty slot B, the data partition."""
     parts = ab_layout(slot_bytes)
-    esp_part, slot_a, _, data = parts
-    for what, fs, part in (("ESP", esp, esp_part), ("root", root_fs, slot_a), ("data", data_fs, data)):
-        if fs.stat().st_size > part.size:
-            raise ValueError(f"the {what} file system {fs} ({fs.stat().st_size} bytes) is larger than its "
-                             f"partition ({part.size} bytes)")  # fmt: skip
-    out.unlink(missing_ok=True)
-    with out.open("wb") as f:
-        f.truncate(disk_size(parts))  # sparse: slot B and free space take nothing
-    args: list[str | Path] = ["sgdisk", "--clear"]
-    for p in parts:
-        args += [f"--new={p.number}:{p.first_lba}:{p.last_lba}", f"--typecode={p.number}:{p.type}",
-                 f"--change-name={p.number}:{p.label}"]  # fmt: skip
-    run_tool(*args, out)
-    for fs, part in ((esp, esp_part), (root_fs, slot_a), (data_fs, data)):
-        run_tool("dd", f"if={fs}", f"of={out}", f"bs={MIB}", f"seek={part.offset // MIB}", "conv=notrunc,sparse",
-             "status=none")  # fmt: skip
+    write_gpt(out, disk_size(parts), parts, {1: esp, 2: root_fs, 4: data_fs})
     return parts

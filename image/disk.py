@@ -6,6 +6,7 @@ systemd (gpt-auto-generator, `systemd-nspawn -i`, `systemd-dissect`) finds it wi
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,22 @@ ROOT_TYPES = {  # Discoverable Partitions Specification: "Root Partition (x86-64
 }
 LABEL = "zerolayer-root"
 
+
+@dataclass(frozen=True)
+class Partition:
+    number: int
+    label: str
+    type: str
+    offset: int  # bytes from the start of the disk
+    size: int
+
+    @property
+    def first_lba(self) -> int:
+        return self.offset // SECTOR
+
+    @property
+    def last_lba(self) -> int:
+        return (self.offset + self.size) // SECTOR - 1
 
 
 @dataclass(frozen=True)
@@ -68,11 +85,28 @@ def make_ext4(root: Path, out: Path, size: int, label: str = LABEL) -> None:
 
 def make_gpt(fs_image: Path, out: Path, arch: str) -> DiskLayout:
     plan = layout(fs_image.stat().st_size)
+    root = Partition(1, LABEL, ROOT_TYPES[arch], plan.offset, plan.fs_bytes)
+    write_gpt(out, plan.disk_bytes, [root], {1: fs_image})
+    return plan
+
+
+def write_gpt(out: Path, disk_bytes: int, parts: Sequence[Partition], contents: Mapping[int, Path]) -> None:
+    """OUT: a sparse disk of DISK_BYTES with PARTS in its GPT, each file system in CONTENTS (by
+    partition number) copied to its partition's offset; a partition without one stays empty."""
+    for part in parts:
+        fs = contents.get(part.number)
+        if fs is not None and fs.stat().st_size > part.size:
+            raise ValueError(f"{fs} ({fs.stat().st_size} bytes) is larger than partition {part.label} "
+                             f"({part.size} bytes)")  # fmt: skip
     out.unlink(missing_ok=True)
     with out.open("wb") as f:
-        f.truncate(plan.disk_bytes)  # sparse: the image takes only what the file system uses
-    run_tool("sgdisk", "--clear", f"--new=1:{plan.first_lba}:{plan.last_lba}", f"--typecode=1:{ROOT_TYPES[arch]}",
-         f"--change-name=1:{LABEL}", out)  # fmt: skip
-    run_tool("dd", f"if={fs_image}", f"of={out}", f"bs={MIB}", f"seek={plan.offset // MIB}", "conv=notrunc,sparse",
-         "status=none")  # fmt: skip
-    return plan
+        f.truncate(disk_bytes)  # sparse: the image takes only what the file systems use
+    args: list[str | Path] = ["sgdisk", "--clear"]
+    for p in parts:
+        args += [f"--new={p.number}:{p.first_lba}:{p.last_lba}", f"--typecode={p.number}:{p.type}",
+                 f"--change-name={p.number}:{p.label}"]  # fmt: skip
+    run_tool(*args, out)
+    for p in parts:
+        if p.number in contents:
+            run_tool("dd", f"if={contents[p.number]}", f"of={out}", f"bs={MIB}", f"seek={p.offset // MIB}",
+                     "conv=notrunc,sparse", "status=none")  # fmt: skip

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
@@ -60,7 +60,6 @@ class Machine:
     _shell: socket.socket | None = None
     _buffer: bytes = b""
     _next_id: int = 0
-    boots: list[float] = field(default_factory=list)
 
     def console_text(self) -> str:
         return self.console.read_text(errors="replace")

@@ -8,6 +8,7 @@ image built with it says so in its manifest and in `zerolayer status`."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -32,8 +33,6 @@ class UpdateSigner:
 
 def dev_update_signer(cache: Path) -> UpdateSigner:
     """This machine's development update CA and its signer, made on first use (10 years)."""
-    import datetime
-
     home = cache / "image" / "dev-update-ca"
     signer = UpdateSigner(home / "ca.crt", home / "signer.crt", home / "signer.key")
     if not all(p.is_file() for p in (signer.ca, signer.cert, signer.key)):
