@@ -248,6 +248,8 @@ class DeviceWorker:
                 self._fail([job], exc)
             else:
                 chunk_seconds = time.perf_counter() - t0
+                with self._cond:
+                    self.scheduler.budget.ran_prefill(end - start, chunk_seconds)
                 self._emit(job, events)
         decode = [t for t in plan.decode if t.slot is not None and self.scheduler.running[t.slot] is t]
         if not decode:
@@ -272,9 +274,11 @@ class DeviceWorker:
             if masks is not None:
                 masks.result()
         seconds = time.perf_counter() - t0
-        if chunk_seconds and plan.prefill is not None:
-            with self._cond:
-                self.scheduler.budget.observe(seconds, plan.prefill[2] - plan.prefill[1], chunk_seconds)
+        with self._cond:
+            budget = self.scheduler.budget
+            budget.ran_decode(seconds)
+            if chunk_seconds and plan.prefill is not None:
+                budget.observe(seconds, plan.prefill[2] - plan.prefill[1], chunk_seconds)
         for t in decode:
             assert t.slot is not None
             job = t.job

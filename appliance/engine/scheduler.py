@@ -5,8 +5,9 @@ waiting requests get a slot now, starts them (prefix lookup, shard plan) and han
 ranges back with `start()`; then `plan()` says what one step runs: every decoding slot advances one
 token in a single batched run, and at most one prompt chunk is prefilled beside it. A long
 prompt is cut into chunks sized so that the running streams' inter-token latency grows by a
-bounded share while a newcomer prefills (chunked prefill, as vLLM and llama.cpp do); with no
-stream decoding, a chunk is a whole shard. Admission is FIFO, so nothing starves: a request that
+bounded share while a newcomer prefills (chunked prefill, as vLLM and llama.cpp do); a short
+prompt runs whole when the step stays short (every run streams the weights once, so chunks cost
+more than a whole prompt); with no stream decoding, a chunk is a whole shard. Admission is FIFO, so nothing starves: a request that
 does not fit the KV budget yet waits at the head until running ones free enough.
 """
 
@@ -31,6 +32,14 @@ MIN_STEP_SECONDS = 0.030
 # a prompt whose last chunk is one token gets other logits than in one pass (SmolLM2 int8: 1.2 off,
 # a different first token). No chunk is one token unless the whole prompt left is.
 MIN_CHUNK_TOKENS = 2
+# A short prompt is prefilled in one run beside the decoding streams when that step lasts at most
+# this long in all: every run streams the whole of the weights once, so cutting a 50-token prompt
+# into chunks of a decode step's length pays that cost four or five times (SmolLM2 int8 on 2
+# cores: 52 tokens in one run 37 ms, in chunks of 14 57 ms), and a 60 ms gap between two tokens
+# is as unnoticeable as the 30 ms above. Longer prompts are still chunked; one that has begun
+# chunking is not finished in one run.
+SHORT_PROMPT_STEP_SECONDS = 0.060
+PREFILL_HISTORY = 64  # prefill runs remembered for the cost fit
 
 
 @dataclass(eq=False)
@@ -43,6 +52,7 @@ class Ticket(Generic[T]):
     slot: int | None = None
     prefill: collections.deque[tuple[int, int]] = field(default_factory=collections.deque)
     started: bool = False  # the worker has handed back its prefill ranges
+    chunked: bool = False  # a part of its prompt has run
     cancelled: bool = False
 
     @property
@@ -62,11 +72,42 @@ class ChunkBudget:
     """Prompt tokens per chunk while streams decode, steered by what the last mixed steps cost."""
 
     def __init__(self, max_tokens: int, share: float = PREFILL_SHARE, min_step: float = MIN_STEP_SECONDS,
-                 start: int = 16) -> None:  # fmt: skip
+                 start: int = 16, short_step: float = SHORT_PROMPT_STEP_SECONDS) -> None:  # fmt: skip
         self.max_tokens = max_tokens
         self.share = share
         self.min_step = min_step
+        self.short_step = short_step
         self.tokens = max(MIN_CHUNK_TOKENS, min(start, max_tokens))
+        self.decode_seconds = 0.0  # the last decode run
+        self._runs: collections.deque[tuple[int, float]] = collections.deque(maxlen=PREFILL_HISTORY)
+
+    def ran_prefill(self, tokens: int, seconds: float) -> None:
+        """A prompt chunk (or whole prompt) of `tokens` took `seconds`, with or without decoding beside it."""
+        if tokens > 0 and seconds > 0:
+            self._runs.append((tokens, seconds))
+
+    def ran_decode(self, seconds: float) -> None:
+        self.decode_seconds = seconds
+
+    def prefill_seconds(self, tokens: int) -> float | None:
+        """What a run of `tokens` prompt tokens should cost: a fixed part (the weights streamed once)
+        plus a part per token, fitted to the runs remembered; None before two run sizes were seen."""
+        runs = self._runs
+        if len({n for n, _ in runs}) < 2:
+            return None
+        count = len(runs)
+        mean_n = sum(n for n, _ in runs) / count
+        mean_s = sum(t for _, t in runs) / count
+        spread = sum((n - mean_n) ** 2 for n, _ in runs)
+        per_token = sum((n - mean_n) * (t - mean_s) for n, t in runs) / spread
+        if per_token <= 0:  # noise swamped the sizes: charge every token the dearest rate seen
+            return tokens * max(t / n for n, t in runs)
+        return max(0.0, mean_s - per_token * mean_n) + per_token * tokens
+
+    def whole(self, tokens: int) -> bool:
+        """Whether a prompt of `tokens` may run in one step beside the decoding streams."""
+        cost = self.prefill_seconds(tokens)
+        return cost is not None and self.decode_seconds + cost <= self.short_step
 
     def observe(self, decode_seconds: float, chunk_tokens: int, chunk_seconds: float) -> None:
         """One step ran `chunk_tokens` of prompt in `chunk_seconds` beside a decode of `decode_seconds`."""
@@ -182,10 +223,12 @@ class Scheduler(Generic[T]):
         if prefilling:
             ticket = prefilling[0]
             start, end = ticket.prefill[0]
-            if decode:
+            short = not ticket.chunked and len(ticket.prefill) == 1 and self.budget.whole(end - start)
+            if decode and not short:
                 end = min(end, start + self.budget.tokens)
                 if ticket.prefill[0][1] - end < MIN_CHUNK_TOKENS:  # nor leave a lone token for the next chunk
                     end = ticket.prefill[0][1]
+            ticket.chunked = True
             if end == ticket.prefill[0][1]:
                 ticket.prefill.popleft()
             else:

@@ -197,6 +197,57 @@ def test_chunk_budget_never_exceeds_the_shard_or_drops_below_two() -> None:
     assert budget.tokens == 2  # a lone token's logits differ from a prompt's (scheduler.MIN_CHUNK_TOKENS)
 
 
+def test_prefill_cost_is_fitted_as_a_fixed_part_and_a_part_per_token() -> None:
+    budget = ChunkBudget(max_tokens=2048)
+    assert budget.prefill_seconds(50) is None  # nothing seen yet
+    budget.ran_prefill(12, 0.006 + 12 * 0.0007)
+    assert budget.prefill_seconds(50) is None  # one size says nothing of the fixed part
+    for n in (11, 14, 9, 52, 13):
+        budget.ran_prefill(n, 0.006 + n * 0.0007)  # every run streams the weights once: 6 ms
+    assert budget.prefill_seconds(50) == pytest.approx(0.006 + 50 * 0.0007)
+    noisy = ChunkBudget(max_tokens=2048)
+    noisy.ran_prefill(10, 0.020)
+    noisy.ran_prefill(20, 0.010)  # the larger run was quicker: no slope to trust
+    assert noisy.prefill_seconds(30) == pytest.approx(30 * 0.002)  # the dearest rate seen, per token
+
+
+def _beside_a_decoding_stream(s: Scheduler[str], ranges: list[tuple[int, int]]) -> Ticket[str]:
+    s.add("stream", 100, 0.0)
+    _start_all(s)
+    _decode_until_prefilled(s)
+    s.add("newcomer", 3000, 1.0)
+    (late,) = s.admit()
+    s.start(late, ranges)
+    s.budget.tokens = 12
+    for n in (10, 12, 14):
+        s.budget.ran_prefill(n, 0.006 + n * 0.0007)
+    return late
+
+
+def test_a_short_prompt_runs_whole_beside_decoding_streams_when_the_step_stays_short() -> None:
+    s = _scheduler()
+    late = _beside_a_decoding_stream(s, [(0, 52)])
+    s.budget.ran_decode(0.015)  # 15 ms + 6 ms + 52 * 0.7 ms = 57 ms: within SHORT_PROMPT_STEP_SECONDS
+    plan = s.plan()
+    assert plan.prefill == (late, 0, 52) and [t.job for t in plan.decode] == ["stream"]
+
+
+def test_a_prompt_is_chunked_when_whole_it_would_stretch_the_step() -> None:
+    s = _scheduler()
+    late = _beside_a_decoding_stream(s, [(0, 52)])
+    s.budget.ran_decode(0.030)  # 30 + 42 ms: over the limit, so chunks of the budget
+    assert s.plan().prefill == (late, 0, 12)
+    s.budget.ran_decode(0.001)  # decode got quick, but a prompt that began chunking keeps chunking
+    assert s.plan().prefill == (late, 12, 24)
+
+
+def test_a_prompt_of_several_shards_is_always_chunked_beside_decoding_streams() -> None:
+    s = _scheduler()
+    late = _beside_a_decoding_stream(s, [(0, 20), (20, 40)])
+    s.budget.ran_decode(0.001)
+    assert s.plan().prefill == (late, 0, 12)
+
+
 @pytest.mark.parametrize("budget", range(2, 12))
 def test_no_chunk_is_a_lone_token_nor_leaves_one(budget: int) -> None:
     """Chunks of a 37-token prompt beside a decoding stream, whatever the budget: none of one token."""
