@@ -7,8 +7,9 @@ token in a single batched run, and at most one prompt chunk is prefilled beside 
 prompt is cut into chunks sized so that the running streams' inter-token latency grows by a
 bounded share while a newcomer prefills (chunked prefill, as vLLM and llama.cpp do); a short
 prompt runs whole when the step stays short (every run streams the weights once, so chunks cost
-more than a whole prompt); with no stream decoding, a chunk is a whole shard. Admission is FIFO, so nothing starves: a request that
-does not fit the KV budget yet waits at the head until running ones free enough.
+more than a whole prompt); with no stream decoding, a chunk is a whole shard. Admission is FIFO,
+so nothing starves: a request that does not fit the KV budget yet waits at the head until running
+ones free enough.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ T = TypeVar("T")
 # While streams decode, a prompt chunk may take this share of a decode step's time on top of it,
 # so their inter-token latency grows to at most about (1 + share) times its usual value; or, where
 # that is more, a step may last MIN_STEP_SECONDS in all (a few tokens a second more or less are
-# unnoticeable to a reader, and a tiny chunk would make the newcomer wait far longer).
+# unnoticeable to a reader, and a tiny chunk would make the newcomer wait far longer). 25 ms keeps
+# a batch of 7-8 streams (12-15 ms a step on 2 cores) within about twice its step while a long
+# prompt chunks beside it (30 ms put it at 2.3-2.5x, and its P99 near 3x).
 PREFILL_SHARE = 1.0
-MIN_STEP_SECONDS = 0.030
+MIN_STEP_SECONDS = 0.025
 # A lone token runs through other kernels than a prompt's (int8 MatMulNBits takes its M=1 path), so
 # a prompt whose last chunk is one token gets other logits than in one pass (SmolLM2 int8: 1.2 off,
 # a different first token). No chunk is one token unless the whole prompt left is.
@@ -36,10 +39,11 @@ MIN_CHUNK_TOKENS = 2
 # this long in all: every run streams the whole of the weights once, so cutting a 50-token prompt
 # into chunks of a decode step's length pays that cost four or five times (SmolLM2 int8 on 2
 # cores: 52 tokens in one run 37 ms, in chunks of 14 57 ms), and a 60 ms gap between two tokens
-# is as unnoticeable as the 30 ms above. Longer prompts are still chunked; one that has begun
+# is as unnoticeable as the 25 ms above. Longer prompts are still chunked; one that has begun
 # chunking is not finished in one run.
 SHORT_PROMPT_STEP_SECONDS = 0.060
 PREFILL_HISTORY = 64  # prefill runs remembered for the cost fit
+FIT_MAX_TOKENS = 128  # the longest run the fit learns from
 
 
 @dataclass(eq=False)
@@ -82,8 +86,10 @@ class ChunkBudget:
         self._runs: collections.deque[tuple[int, float]] = collections.deque(maxlen=PREFILL_HISTORY)
 
     def ran_prefill(self, tokens: int, seconds: float) -> None:
-        """A prompt chunk (or whole prompt) of `tokens` took `seconds`, with or without decoding beside it."""
-        if tokens > 0 and seconds > 0:
+        """A prompt chunk (or whole prompt) of `tokens` took `seconds`, with or without decoding
+        beside it. Runs over FIT_MAX_TOKENS are left out: the fit decides about short prompts, and
+        a long run adds attention within itself that a line in `tokens` does not follow."""
+        if 0 < tokens <= FIT_MAX_TOKENS and seconds > 0:
             self._runs.append((tokens, seconds))
 
     def ran_decode(self, seconds: float) -> None:
