@@ -205,6 +205,8 @@ def test_prefill_cost_is_fitted_as_a_fixed_part_and_a_part_per_token() -> None:
     for n in (11, 14, 9, 52, 13):
         budget.ran_prefill(n, 0.006 + n * 0.0007)  # every run streams the weights once: 6 ms
     assert budget.prefill_seconds(50) == pytest.approx(0.006 + 50 * 0.0007)
+    budget.ran_prefill(512, 0.6)  # a whole shard: attention within it bends the line; not learnt from
+    assert budget.prefill_seconds(50) == pytest.approx(0.006 + 50 * 0.0007)
     noisy = ChunkBudget(max_tokens=2048)
     noisy.ran_prefill(10, 0.020)
     noisy.ran_prefill(20, 0.010)  # the larger run was quicker: no slope to trust
