@@ -107,7 +107,7 @@ class Generation:
             digests = block_digests(ids, block) if self.resuming else self.digests
             hit = self.prefix_cache.lookup(digests, max(0, len(ids) - 2) // block)
             if hit is not None:
-                self.session.import_prefix(cache, hit.kv, hit.tokens)
+                self.session.import_prefix(cache, hit.segments, hit.tokens)
                 reused = hit.tokens
         self.trace.reused_tokens = reused
         plan = plan_shards(
@@ -233,7 +233,8 @@ class Generation:
         block = self.prefix_cache.block_tokens
         digests = block_digests(tokens[:computed], block)
         if digests:
-            self.prefix_cache.store(digests, self.session.export_prefix(self.cache, len(digests) * block))
+            cache, session = self.cache, self.session
+            self.prefix_cache.store(digests, lambda start, end: session.export_span(cache, start, end))
 
     def release(self) -> None:
         self.cache = None

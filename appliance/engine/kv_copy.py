@@ -1,8 +1,8 @@
-"""Copying the first positions of one KV row out of a slot buffer, or into one, without touching
+"""Copying a span of positions of one KV row out of a slot buffer, or into one, without touching
 the rest of the buffer.
 
-A layer's buffer is [rows, kv_heads, capacity, head_size]: a row's first `tokens` positions are
-kv_heads runs of tokens * head_size elements, capacity * head_size apart. On a GPU that is one
+A layer's buffer is [rows, kv_heads, capacity, head_size]: `tokens` positions of a row from
+position `start` are kv_heads runs of tokens * head_size elements, capacity * head_size apart. On a GPU that is one
 cudaMemcpy2D per direction (ONNX Runtime's Python API can only copy a whole buffer, which for the
 prefix pool meant every slot's full capacity, twice, per request). The strided layout is computed
 once here and used by both the GPU copy and the host copy that tests it.
@@ -26,8 +26,8 @@ Copy2D = Callable[[int, int, int, int, int, int], None]
 
 @dataclass(frozen=True)
 class RowSpan:
-    """Where a row's first `tokens` positions lie in a layer buffer: `runs` runs of `width`
-    bytes, one per KV head, `pitch` bytes apart, starting `offset` bytes into the buffer."""
+    """Where `tokens` positions of a row lie in a layer buffer: `runs` runs of `width` bytes, one
+    per KV head, `pitch` bytes apart, starting `offset` bytes into the buffer."""
 
     offset: int
     pitch: int
@@ -35,27 +35,30 @@ class RowSpan:
     runs: int
 
 
-def row_span(shape: list[int] | tuple[int, ...], itemsize: int, row: int, tokens: int) -> RowSpan:
+def row_span(shape: list[int] | tuple[int, ...], itemsize: int, row: int, tokens: int, start: int = 0) -> RowSpan:
     rows, heads, capacity, head = shape
-    if not 0 <= row < rows or not 0 <= tokens <= capacity:
-        raise IndexError(f"row {row}, {tokens} positions: outside a [{rows}, {heads}, {capacity}, {head}] buffer")
+    if not 0 <= row < rows or start < 0 or tokens < 0 or start + tokens > capacity:
+        raise IndexError(f"row {row}, positions {start}..{start + tokens}: outside a [{rows}, {heads}, {capacity}, "
+                         f"{head}] buffer")  # fmt: skip
     pitch = capacity * head * itemsize
-    return RowSpan(offset=row * heads * pitch, pitch=pitch, width=tokens * head * itemsize, runs=heads)
+    return RowSpan(offset=row * heads * pitch + start * head * itemsize, pitch=pitch, width=tokens * head * itemsize,
+                   runs=heads)  # fmt: skip
 
 
-def read_row(buffer: int, shape: list[int], dtype: np.dtype, row: int, tokens: int, copy: Copy2D) -> np.ndarray:
-    """The row's first `tokens` positions as a host array [kv_heads, tokens, head_size]."""
-    span = row_span(shape, dtype.itemsize, row, tokens)
+def read_row(buffer: int, shape: list[int], dtype: np.dtype, row: int, tokens: int, copy: Copy2D,
+             start: int = 0) -> np.ndarray:  # fmt: skip
+    """`tokens` positions of the row from `start`, as a host array [kv_heads, tokens, head_size]."""
+    span = row_span(shape, dtype.itemsize, row, tokens, start)
     out = np.empty((shape[1], tokens, shape[3]), dtype=dtype)
     if span.width:
         copy(out.ctypes.data, span.width, buffer + span.offset, span.pitch, span.width, span.runs)
     return out
 
 
-def write_row(buffer: int, shape: list[int], row: int, values: np.ndarray, copy: Copy2D) -> None:
-    """Put a host array [kv_heads, tokens, head_size] at the start of the row."""
+def write_row(buffer: int, shape: list[int], row: int, values: np.ndarray, copy: Copy2D, start: int = 0) -> None:
+    """Put a host array [kv_heads, tokens, head_size] into the row from position `start`."""
     values = np.ascontiguousarray(values)
-    span = row_span(shape, values.dtype.itemsize, row, values.shape[1])
+    span = row_span(shape, values.dtype.itemsize, row, values.shape[1], start)
     if span.width:
         copy(buffer + span.offset, span.pitch, values.ctypes.data, span.width, span.width, span.runs)
 

@@ -4,6 +4,11 @@ A prompt is cut into fixed blocks of tokens, each with a chain digest (sha256 of
 digest and the block's ids), so a digest names a whole prefix. The pool holds KV arrays for
 prefixes, bounded in bytes and evicted least-recently-used; every block digest of an entry is
 indexed, so a prompt that shares only part of a cached prefix still reuses that part.
+
+An entry is a chain of segments: a prefix that extends one already held (the next turn of a
+conversation) copies only its new positions and shares the rest, so keeping a 2000-token
+conversation's turn costs the worker its new tokens, not all 2000 (90 MB for the demo model). A
+segment's bytes count once however many entries share it.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,19 +36,29 @@ def block_digests(ids: list[int], block_tokens: int) -> list[bytes]:
 
 # Per layer (key, value), each [kv_heads, tokens, head_size].
 KVArrays = list[tuple[np.ndarray, np.ndarray]]
+# Positions [start, end) of the request's KV row, per layer (views are fine: the pool copies them).
+Export = Callable[[int, int], KVArrays]
+
+
+@dataclass(eq=False)
+class _Segment:
+    kv: KVArrays  # its own copy, never written
+    nbytes: int
+    refs: int = 0  # entries holding it
 
 
 @dataclass
 class _Entry:
     digests: list[bytes]
-    kv: KVArrays
-    nbytes: int
+    # (first position, segment, positions of it used), in order, covering every block: an entry
+    # that shares the start of a longer one's segment uses the segment itself, so it counts once.
+    segments: list[tuple[int, _Segment, int]]
 
 
 @dataclass(frozen=True)
 class PrefixHit:
     tokens: int
-    kv: KVArrays  # views covering exactly `tokens` tokens; copy before writing
+    segments: list[tuple[int, KVArrays]]  # (first position, views), exactly `tokens` tokens in all; copy to write
 
 
 class PrefixCache:
@@ -67,45 +83,56 @@ class PrefixCache:
         """The longest cached prefix among the first max_blocks blocks of these digests."""
         with self._lock:
             self.lookups += 1
-            for n in range(min(max_blocks, len(digests)), 0, -1):
-                found = self._index.get(digests[n - 1])
-                if found is None:
-                    continue
-                entry_id, blocks = found
-                entry = self._entries[entry_id]
-                self._entries.move_to_end(entry_id)
-                t = blocks * self.block_tokens
-                self.hits += 1
-                self.reused_tokens += t
-                return PrefixHit(t, [(k[:, :t], v[:, :t]) for k, v in entry.kv])
-            return None
+            found = self._longest(digests[:max_blocks])
+            if found is None:
+                return None
+            entry_id, blocks = found
+            self._entries.move_to_end(entry_id)
+            t = blocks * self.block_tokens
+            self.hits += 1
+            self.reused_tokens += t
+            return PrefixHit(t, [(start, [(k[:, : min(used, t - start)], v[:, : min(used, t - start)])
+                                          for k, v in seg.kv])
+                                 for start, seg, used in self._entries[entry_id].segments if start < t])  # fmt: skip
 
-    def store(self, digests: list[bytes], kv: KVArrays) -> bool:
-        """Keep KV for len(digests) full blocks (kv holds at least that many tokens)."""
+    def store(self, digests: list[bytes], export: Export) -> bool:
+        """Keep KV for len(digests) full blocks; `export(start, end)` gives the positions the pool
+        does not hold yet (it is called once, for the span after the longest prefix held)."""
         if not digests:
             return False
         t = len(digests) * self.block_tokens
         with self._lock:
-            known = self._index.get(digests[-1])
-            if known is not None and known[1] == len(digests):
-                self._entries.move_to_end(known[0])
+            found = self._longest(digests)
+            if found is not None and found[1] == len(digests):
+                self._entries.move_to_end(found[0])
                 return True
+            # The segments of the longest prefix held, up to its end: shared, not copied.
+            shared: list[tuple[int, _Segment, int]] = []
+            base = 0
+            if found is not None:
+                base = found[1] * self.block_tokens
+                shared = [(start, seg, min(used, base - start))
+                          for start, seg, used in self._entries[found[0]].segments if start < base]  # fmt: skip
         # Always a copy: the arrays are views on a slot's KV row, which the next request overwrites.
         # (np.ascontiguousarray returned the view itself for a model with one KV head, [1, t, head]
         # being "contiguous" whatever its stride: the pool then served another request's keys.)
-        kv = [(np.array(k[:, :t], order="C"), np.array(v[:, :t], order="C")) for k, v in kv]
-        nbytes = sum(k.nbytes + v.nbytes for k, v in kv)
-        if nbytes > self.max_bytes:
+        kv = [(np.array(k, order="C"), np.array(v, order="C")) for k, v in export(base, t)]
+        new = _Segment(kv, sum(k.nbytes + v.nbytes for k, v in kv))
+        segments = [*shared, (base, new, t - base)]
+        if sum(seg.nbytes for _, seg, _ in segments) > self.max_bytes:
             return False
         with self._lock:
             # An entry that is a prefix of the new one is now redundant.
             for d in digests:
-                found = self._index.get(d)
-                if found is not None and self._entries[found[0]].digests[-1] == d:
-                    self._remove(found[0])
+                known = self._index.get(d)
+                if known is not None and self._entries[known[0]].digests[-1] == d:
+                    self._remove(known[0])
             entry_id, self._next_id = self._next_id, self._next_id + 1
-            self._entries[entry_id] = _Entry(list(digests), kv, nbytes)
-            self._bytes += nbytes
+            self._entries[entry_id] = _Entry(list(digests), segments)
+            for _, seg, _ in segments:
+                if seg.refs == 0:
+                    self._bytes += seg.nbytes
+                seg.refs += 1
             for i, d in enumerate(digests):
                 self._index[d] = (entry_id, i + 1)
             while self._bytes > self.max_bytes:
@@ -114,13 +141,28 @@ class PrefixCache:
 
     def clear(self) -> None:
         with self._lock:
+            for entry in self._entries.values():
+                for _, seg, _ in entry.segments:
+                    seg.refs = 0  # a store in flight that shares one counts its bytes again
             self._entries.clear()
             self._index.clear()
             self._bytes = 0
 
+    def _longest(self, digests: list[bytes]) -> tuple[int, int] | None:
+        """(entry id, blocks) of the longest prefix of these digests held."""
+        for n in range(len(digests), 0, -1):
+            found = self._index.get(digests[n - 1])
+            if found is not None:
+                return found
+        return None
+
     def _remove(self, entry_id: int) -> None:
         entry = self._entries.pop(entry_id)
-        self._bytes -= entry.nbytes
+        for _, seg, _ in entry.segments:
+            seg.refs -= 1
+            if seg.refs == 0:
+                self._bytes -= seg.nbytes
         for d in entry.digests:
             if self._index.get(d, (None,))[0] == entry_id:
                 del self._index[d]
+

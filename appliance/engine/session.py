@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from appliance.engine.kv_copy import CudaCopy, read_row, write_row
+from appliance.engine.prefix_cache import KVArrays
 from appliance.engine.providers import providers_for, usable_cuda_devices, verify
 from firmware import Bundle
 
@@ -123,28 +125,28 @@ class KVSlots:
             for mapping in self._maps:
                 mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
 
-    def read(self, layer: int, row: int, tokens: int) -> tuple[np.ndarray, np.ndarray]:
-        """A row's first `tokens` positions of one layer, [kv_heads, tokens, head_size]: views on the
-        CPU; on a GPU, host copies of just those positions."""
+    def read(self, layer: int, row: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions [start, end) of a row in one layer, [kv_heads, end - start, head_size]: views on
+        the CPU; on a GPU, host copies of just those positions."""
         if self.host is not None:
             hk, hv = self.host[layer]
-            return hk[row, :, :tokens], hv[row, :, :tokens]
+            return hk[row, :, start:end], hv[row, :, start:end]
         k, v = self.pointers[layer]
         dtype = np.dtype(self.dtype)
-        return (read_row(k, self.shape, dtype, row, tokens, self._copy()),
-                read_row(v, self.shape, dtype, row, tokens, self._copy()))  # fmt: skip
+        return (read_row(k, self.shape, dtype, row, end - start, self._copy(), start),
+                read_row(v, self.shape, dtype, row, end - start, self._copy(), start))  # fmt: skip
 
-    def write(self, layer: int, row: int, keys: np.ndarray, values: np.ndarray) -> None:
-        """Put [kv_heads, tokens, head_size] arrays at the start of a row (only those positions)."""
-        tokens = keys.shape[1]
+    def write(self, layer: int, row: int, start: int, keys: np.ndarray, values: np.ndarray) -> None:
+        """Put [kv_heads, tokens, head_size] arrays into a row from position `start` (only those positions)."""
+        end = start + keys.shape[1]
         if self.host is not None:
             hk, hv = self.host[layer]
-            hk[row, :, :tokens] = keys
-            hv[row, :, :tokens] = values
+            hk[row, :, start:end] = keys
+            hv[row, :, start:end] = values
             return
         k, v = self.pointers[layer]
-        write_row(k, self.shape, row, keys.astype(self.dtype, copy=False), self._copy())
-        write_row(v, self.shape, row, values.astype(self.dtype, copy=False), self._copy())
+        write_row(k, self.shape, row, keys.astype(self.dtype, copy=False), self._copy(), start)
+        write_row(v, self.shape, row, values.astype(self.dtype, copy=False), self._copy(), start)
 
     def _copy(self) -> CudaCopy:
         if self._cuda is None:
@@ -313,11 +315,15 @@ class ModelSession:
                 binding.bind_output(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
         return _Bound(binding, np.empty((rows, 1, self.facts.vocab_size), dtype=self.logits_dtype))
 
-    def export_prefix(self, cache: KVCache, tokens: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """KV of the first `tokens` positions, as host arrays [kv_heads, tokens, head_size] (views on CPU)."""
-        return [cache.slots.read(layer, cache.row, tokens) for layer in range(self.facts.num_layers)]
+    def export_span(self, cache: KVCache, start: int, end: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """KV of positions [start, end), per layer as host arrays [kv_heads, end - start, head_size]
+        (views on the CPU)."""
+        return [cache.slots.read(layer, cache.row, start, end) for layer in range(self.facts.num_layers)]
 
-    def import_prefix(self, cache: KVCache, kv: list[tuple[np.ndarray, np.ndarray]], tokens: int) -> None:
-        for layer, (k, v) in enumerate(kv):
-            cache.slots.write(layer, cache.row, k[:, :tokens], v[:, :tokens])
+    def import_prefix(self, cache: KVCache, segments: Sequence[tuple[int, KVArrays]], tokens: int) -> None:
+        """Fill a row's first `tokens` positions from segments of per-layer arrays, each with the
+        position it starts at."""
+        for start, kv in segments:
+            for layer, (k, v) in enumerate(kv):
+                cache.slots.write(layer, cache.row, start, k, v)
         cache.length = tokens

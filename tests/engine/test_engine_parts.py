@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance.engine.prefix_cache import PrefixCache, block_digests
+from appliance.engine.prefix_cache import Export, PrefixCache, PrefixHit, block_digests
 from appliance.engine.sampling import Sampler
 from appliance.engine.shards import plan_shards
 from appliance.engine.stops import StopMatcher
@@ -122,34 +122,79 @@ def test_block_digests_chain() -> None:
     assert a[:2] == b[:2] and a[2] != b[2]  # a digest names the whole prefix up to it
 
 
-def _kv(tokens: int, fill: float = 1.0) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [(np.full((2, tokens, 4), fill, np.float32), np.full((2, tokens, 4), fill, np.float32))]
+def _row(tokens: int, fill: float = 1.0) -> tuple[Export, list[tuple[int, int]]]:
+    """An export of a one-layer row whose position i holds fill + i, and the spans asked of it."""
+    asked: list[tuple[int, int]] = []
+    key = np.broadcast_to(fill + np.arange(tokens, dtype=np.float32)[None, :, None], (2, tokens, 4))
+
+    def export(start: int, end: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        asked.append((start, end))
+        return [(key[:, start:end], key[:, start:end])]
+
+    return export, asked
+
+
+def _joined(hit: PrefixHit) -> np.ndarray:
+    """The hit's keys of its one layer, its segments put end to end at their positions."""
+    out = np.full((2, hit.tokens, 4), np.nan, np.float32)
+    for start, kv in hit.segments:
+        out[:, start : start + kv[0][0].shape[1]] = kv[0][0]
+    return out
 
 
 def test_prefix_cache_longest_match_partial_reuse_and_byte_bound() -> None:
     per_block = 2 * (2 * 8 * 4 * 4)  # key + value bytes of one 8-token block
     pool = PrefixCache(max_bytes=per_block * 5, block_tokens=8)
     d1 = block_digests(list(range(32)), 8)  # 4 blocks
-    assert pool.store(d1, _kv(32, 1.0))
+    assert pool.store(d1, _row(32, 1.0)[0])
     hit = pool.lookup(block_digests([*range(24), 7, 7, 7, 7, 7, 7, 7, 7, 7], 8), max_blocks=4)
     assert hit is not None and hit.tokens == 24  # the shared 3 blocks of a 4-block entry
-    assert hit.kv[0][0].shape == (2, 24, 4)
+    assert np.array_equal(_joined(hit)[0, :, 0], 1.0 + np.arange(24))
     d2 = block_digests(list(range(100, 116)), 8)  # 2 more blocks: 6 > 5, so the LRU entry goes
-    assert pool.store(d2, _kv(16, 2.0))
+    assert pool.store(d2, _row(16, 2.0)[0])
     assert pool.nbytes <= pool.max_bytes
     assert pool.lookup(d1, 4) is None
     assert pool.lookup(d2, 2) is not None
-    assert not pool.store(block_digests(list(range(48)), 8), _kv(48))  # larger than the pool: refused
+    assert not pool.store(block_digests(list(range(48)), 8), _row(48)[0])  # larger than the pool: refused
 
 
-def test_prefix_cache_replaces_an_entry_it_extends() -> None:
+def test_prefix_cache_extends_an_entry_by_copying_only_the_new_positions() -> None:
+    per_token = 2 * (2 * 4 * 4)  # key + value bytes of one position
     pool = PrefixCache(max_bytes=1 << 20, block_tokens=8)
     ids = list(range(40))
-    pool.store(block_digests(ids[:16], 8), _kv(16))
-    pool.store(block_digests(ids, 8), _kv(40))
-    assert len(pool) == 1
+    turn1, asked1 = _row(16)
+    pool.store(block_digests(ids[:16], 8), turn1)
+    turn2, asked2 = _row(40)  # the same row, later: the conversation's next turn
+    pool.store(block_digests(ids, 8), turn2)
+    assert asked1 == [(0, 16)] and asked2 == [(16, 40)]  # the second store exported its 24 new positions only
+    assert len(pool) == 1 and pool.nbytes == 40 * per_token  # the first entry was replaced; its segment lives on
     hit = pool.lookup(block_digests(ids, 8), 5)
     assert hit is not None and hit.tokens == 40
+    assert np.array_equal(_joined(hit)[0, :, 0], 1.0 + np.arange(40))
+    shorter = pool.lookup(block_digests(ids, 8), 3)  # a prefix ending inside the second segment
+    assert shorter is not None and shorter.tokens == 24
+    assert np.array_equal(_joined(shorter)[0, :, 0], 1.0 + np.arange(24))
+
+
+def test_prefix_cache_branches_share_their_common_segment_and_count_it_once() -> None:
+    per_token = 2 * (2 * 4 * 4)
+    pool = PrefixCache(max_bytes=1 << 20, block_tokens=8)
+    common = list(range(24))
+    pool.store(block_digests(common, 8), _row(24)[0])
+    a, b = [*common, *range(100, 116)], [*common, *range(200, 216)]
+    pool.store(block_digests(a, 8), _row(40, 1.0)[0])
+    export_b, asked_b = _row(40, 1.0)
+    pool.store(block_digests(b, 8), export_b)
+    assert asked_b == [(24, 40)] and len(pool) == 2
+    assert pool.nbytes == (24 + 16 + 16) * per_token  # the common 24 positions once
+    hit = pool.lookup(block_digests(b, 8), 5)
+    assert hit is not None and hit.tokens == 40
+    pool._remove(next(iter(pool._entries)))  # the least recently used branch goes; the common part stays
+    assert pool.nbytes == (24 + 16) * per_token
+    hit = pool.lookup(block_digests(b, 8), 5)
+    assert hit is not None and np.array_equal(_joined(hit)[0, :, 0], 1.0 + np.arange(40))
+    pool.clear()
+    assert pool.nbytes == 0 and pool.lookup(block_digests(b, 8), 5) is None
 
 
 def test_only_a_short_plain_request_is_prepared_on_the_event_loop() -> None:
@@ -172,7 +217,7 @@ def test_prefix_cache_keeps_a_copy_even_of_a_single_kv_head_row() -> None:
     row = np.ones((1, 64, 4), dtype=np.float32)  # one layer's key (and value) row of one slot
     pool = PrefixCache(max_bytes=1 << 20, block_tokens=8)
     digests = block_digests(list(range(16)), 8)
-    assert pool.store(digests, [(row[:, :16], row[:, :16])])
+    assert pool.store(digests, lambda start, end: [(row[:, start:end], row[:, start:end])])
     row[:] = 7.0  # the slot's next request writes its own keys
     hit = pool.lookup(digests, 2)
-    assert hit is not None and float(hit.kv[0][0].max()) == 1.0
+    assert hit is not None and float(_joined(hit).max()) == 1.0
