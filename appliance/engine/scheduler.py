@@ -26,11 +26,11 @@ T = TypeVar("T")
 # While streams decode, a prompt chunk may take this share of a decode step's time on top of it,
 # so their inter-token latency grows to at most about (1 + share) times its usual value; or, where
 # that is more, a step may last MIN_STEP_SECONDS in all (a few tokens a second more or less are
-# unnoticeable to a reader, and a tiny chunk would make the newcomer wait far longer). 25 ms keeps
-# a batch of 7-8 streams (12-15 ms a step on 2 cores) within about twice its step while a long
-# prompt chunks beside it (30 ms put it at 2.3-2.5x, and its P99 near 3x).
+# unnoticeable to a reader, and a tiny chunk would make the newcomer wait far longer). 20 ms leaves
+# a batch of 7-8 streams (10-15 ms a step on 2 cores) at twice its step while a long prompt chunks
+# beside it (at 25-30 ms the floor set the step, 2.3-2.5x theirs, and its P99 passed 3x).
 PREFILL_SHARE = 1.0
-MIN_STEP_SECONDS = 0.025
+MIN_STEP_SECONDS = 0.020
 # A lone token runs through other kernels than a prompt's (int8 MatMulNBits takes its M=1 path), so
 # a prompt whose last chunk is one token gets other logits than in one pass (SmolLM2 int8: 1.2 off,
 # a different first token). No chunk is one token unless the whole prompt left is.
@@ -39,7 +39,7 @@ MIN_CHUNK_TOKENS = 2
 # this long in all: every run streams the whole of the weights once, so cutting a 50-token prompt
 # into chunks of a decode step's length pays that cost four or five times (SmolLM2 int8 on 2
 # cores: 52 tokens in one run 37 ms, in chunks of 14 57 ms), and a 60 ms gap between two tokens
-# is as unnoticeable as the 25 ms above. Longer prompts are still chunked; one that has begun
+# is as unnoticeable as the 20 ms above. Longer prompts are still chunked; one that has begun
 # chunking is not finished in one run.
 SHORT_PROMPT_STEP_SECONDS = 0.060
 PREFILL_HISTORY = 64  # prefill runs remembered for the cost fit
