@@ -2,10 +2,10 @@
 the rest of the buffer.
 
 A layer's buffer is [rows, kv_heads, capacity, head_size]: `tokens` positions of a row from
-position `start` are kv_heads runs of tokens * head_size elements, capacity * head_size apart. On a GPU that is one
-cudaMemcpy2D per direction (ONNX Runtime's Python API can only copy a whole buffer, which for the
-prefix pool meant every slot's full capacity, twice, per request). The strided layout is computed
-once here and used by both the GPU copy and the host copy that tests it.
+position `start` are kv_heads runs of tokens * head_size elements, capacity * head_size apart. On
+a GPU that is one cudaMemcpy2D per direction (ONNX Runtime's Python API can only copy a whole
+buffer, which for the prefix pool meant every slot's full capacity, twice, per request). The
+strided layout is computed once here and used by both the GPU copy and the host copy that tests it.
 """
 
 from __future__ import annotations

@@ -165,4 +165,3 @@ class PrefixCache:
         for d in entry.digests:
             if self._index.get(d, (None,))[0] == entry_id:
                 del self._index[d]
-

@@ -73,7 +73,8 @@ class StepPlan(Generic[T]):
 
 
 class ChunkBudget:
-    """Prompt tokens per chunk while streams decode, steered by what the last mixed steps cost."""
+    """Prompt tokens per chunk while streams decode, steered by what the last mixed steps cost; and
+    whether a short prompt may run whole, from a line fitted to the device's recent prefill runs."""
 
     def __init__(self, max_tokens: int, share: float = PREFILL_SHARE, min_step: float = MIN_STEP_SECONDS,
                  start: int = 16, short_step: float = SHORT_PROMPT_STEP_SECONDS) -> None:  # fmt: skip
@@ -229,8 +230,8 @@ class Scheduler(Generic[T]):
         if prefilling:
             ticket = prefilling[0]
             start, end = ticket.prefill[0]
-            short = not ticket.chunked and len(ticket.prefill) == 1 and self.budget.whole(end - start)
-            if decode and not short:
+            untouched = not ticket.chunked and len(ticket.prefill) == 1  # a short prompt may run whole
+            if decode and not (untouched and self.budget.whole(end - start)):
                 end = min(end, start + self.budget.tokens)
                 if ticket.prefill[0][1] - end < MIN_CHUNK_TOKENS:  # nor leave a lone token for the next chunk
                     end = ticket.prefill[0][1]
