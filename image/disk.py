@@ -43,17 +43,8 @@ class Partition:
 
 @dataclass(frozen=True)
 class DiskLayout:
-    fs_bytes: int  # the ext4 file system
     disk_bytes: int  # the whole GPT image
-    offset: int  # where the partition starts, in bytes
-
-    @property
-    def first_lba(self) -> int:
-        return self.offset // SECTOR
-
-    @property
-    def last_lba(self) -> int:
-        return (self.offset + self.fs_bytes) // SECTOR - 1
+    root: Partition  # the ext4 file system's partition
 
 
 def fs_size(used_bytes: int, headroom: float = 0.25, spare: int = 256 * MIB) -> int:
@@ -63,10 +54,11 @@ def fs_size(used_bytes: int, headroom: float = 0.25, spare: int = 256 * MIB) -> 
     return -(-wanted // MIB) * MIB
 
 
-def layout(fs_bytes: int) -> DiskLayout:
+def layout(fs_bytes: int, arch: str) -> DiskLayout:
+    """One root partition of FS_BYTES, 1 MiB in, and 1 MiB after it for the backup GPT."""
     if fs_bytes % MIB:
         raise ValueError(f"file system size {fs_bytes} is not a whole number of MiB")
-    return DiskLayout(fs_bytes=fs_bytes, disk_bytes=MIB + fs_bytes + MIB, offset=MIB)
+    return DiskLayout(disk_bytes=MIB + fs_bytes + MIB, root=Partition(1, LABEL, ROOT_TYPES[arch], MIB, fs_bytes))
 
 
 def used_bytes(root: Path) -> int:
@@ -84,9 +76,8 @@ def make_ext4(root: Path, out: Path, size: int, label: str = LABEL) -> None:
 
 
 def make_gpt(fs_image: Path, out: Path, arch: str) -> DiskLayout:
-    plan = layout(fs_image.stat().st_size)
-    root = Partition(1, LABEL, ROOT_TYPES[arch], plan.offset, plan.fs_bytes)
-    write_gpt(out, plan.disk_bytes, [root], {1: fs_image})
+    plan = layout(fs_image.stat().st_size, arch)
+    write_gpt(out, plan.disk_bytes, [plan.root], {1: fs_image})
     return plan
 
 

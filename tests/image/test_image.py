@@ -163,11 +163,12 @@ def test_wheelhouse_takes_runtime_dependencies_only() -> None:
 
 def test_disk_layout_arithmetic() -> None:
     assert disk.fs_size(100 * disk.MIB) == 381 * disk.MIB  # 125 MiB + 256 MiB spare
-    plan = disk.layout(64 * disk.MIB)
-    assert (plan.offset, plan.first_lba, plan.disk_bytes) == (disk.MIB, 2048, 66 * disk.MIB)
-    assert (plan.last_lba + 1) * disk.SECTOR == plan.offset + plan.fs_bytes
+    plan = disk.layout(64 * disk.MIB, "amd64")
+    root = plan.root
+    assert (root.offset, root.first_lba, plan.disk_bytes) == (disk.MIB, 2048, 66 * disk.MIB)
+    assert (root.last_lba + 1) * disk.SECTOR == root.offset + 64 * disk.MIB
     with pytest.raises(ValueError):
-        disk.layout(disk.MIB + 1)
+        disk.layout(disk.MIB + 1, "amd64")
 
 
 def test_ext4_lands_in_the_gpt_partition(tmp_path: Path) -> None:
@@ -180,7 +181,7 @@ def test_ext4_lands_in_the_gpt_partition(tmp_path: Path) -> None:
     table = subprocess.run(["sgdisk", "--info=1", str(img)], capture_output=True, text=True, check=True).stdout
     assert disk.ROOT_TYPES["arm64"] in table and "First sector: 2048" in table and disk.LABEL in table
     with img.open("rb") as f:
-        f.seek(plan.offset)
+        f.seek(plan.root.offset)
         assert f.read(fs.stat().st_size) == fs.read_bytes()
     listing = subprocess.run(["debugfs", "-R", "cat /etc/hello", str(fs)], capture_output=True, text=True, check=True)
     assert listing.stdout == "zerolayer\n"
