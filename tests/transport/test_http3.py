@@ -29,6 +29,10 @@ from appliance.transport.http3 import Http3Server, serve_http3
 from appliance.transport.tickets import TicketStore
 from bench.protocol.h3 import Exchange, H3Client
 
+# How soon a client must see the server's CONNECTION_CLOSE: far under the idle timeouts (60 s), and
+# over its draining period of 3 PTO, which took more than a second once on a loaded 2-core machine.
+CLOSE_SEEN_WITHIN = 5.0
+
 
 def run(work: Coroutine[Any, Any, Any], timeout: float = 20.0) -> Any:
     """Every test is bounded in time."""
@@ -321,8 +325,10 @@ def test_close_sends_connection_close(certs: DevCert) -> None:
             assert (await client.request("GET", "/hi")).status == 200
             began = time.monotonic()
             await server.close()
-            await asyncio.wait_for(client.wait_closed(), 1.0)  # not the 60 s idle timeout
-            assert time.monotonic() - began < 1.0
+            # Not the 60 s idle timeout. The client ends its draining period (3 PTO, RFC 9000 10.2)
+            # before it reports the close, and a loaded machine's RTT samples stretch that to a second.
+            await asyncio.wait_for(client.wait_closed(), CLOSE_SEEN_WITHIN)
+            assert time.monotonic() - began < CLOSE_SEEN_WITHIN
             assert client.close_reason() == (ErrorCode.H3_NO_ERROR, "server shutting down")
         assert server.connections == 0
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -388,7 +394,7 @@ def test_close_with_drain_lets_requests_in_flight_finish(certs: DevCert) -> None
             closing = asyncio.create_task(server.close(drain_timeout=5))
             reply = await client.reply(streaming)
             await asyncio.wait_for(closing, 2)
-            await asyncio.wait_for(client.wait_closed(), 1.0)
+            await asyncio.wait_for(client.wait_closed(), CLOSE_SEEN_WITHIN)
         assert reply.body == b"/stream:0\n/stream:1\n/stream:2\n"
 
     run(main())
