@@ -8,14 +8,13 @@ from pathlib import Path
 import numpy as np
 
 import firmware
-from appliance.engine.session import ModelSession
-from bench.quantization import fidelity, log_softmax, next_token_loss
+from bench.quantization import fidelity, log_probs, next_token_loss
 
 
 def test_a_model_matches_its_own_logits_and_not_anothers(tiny_bundle_path: Path, trusted_keys: Path) -> None:
     bundle = firmware.load(tiny_bundle_path, trusted_keys)
     ids = np.random.default_rng(0).integers(0, bundle.model.vocab_size, size=64).astype(np.int64)
-    own = log_softmax(ModelSession(bundle, "cpu", last_position_logits=False).all_logits(ids))
+    own = log_probs(bundle, ids)
     assert np.allclose(np.exp(own).sum(-1), 1.0)
     kl, agree, loss = fidelity(bundle, ids, own)
     assert abs(kl) < 1e-9 and agree == 1.0 and loss == next_token_loss(own, ids)
