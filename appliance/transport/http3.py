@@ -277,6 +277,10 @@ class _Http3Connection(QuicConnectionProtocol):
         if isinstance(event, events.StreamReset | events.StopSendingReceived):
             self._stream_abandoned(event.stream_id, request_side=isinstance(event, events.StreamReset))
 
+    @property
+    def answers_acknowledged(self) -> bool:
+        return self._server_quic.answers_acknowledged
+
     def shutdown(self) -> None:
         """CONNECTION_CLOSE now; no more sending after it."""
         self.close(error_code=ErrorCode.H3_NO_ERROR, reason_phrase="server shutting down")
@@ -469,6 +473,11 @@ class Http3Server(asyncio.DatagramProtocol):
         return sum(len(conn.exchanges) for conn in self._live)
 
     @property
+    def answers_acknowledged(self) -> bool:
+        """Whether every client has acknowledged the ends of the answers it was sent."""
+        return all(conn.answers_acknowledged for conn in self._live)
+
+    @property
     def handshakes(self) -> int:
         """Connections whose handshake has not completed yet (asked for every new Initial, so kept,
         not counted: a flood must not cost a pass over every connection per datagram)."""
@@ -494,7 +503,7 @@ class Http3Server(asyncio.DatagramProtocol):
         self.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_timeout
-        while self.active_streams and loop.time() < deadline:
+        while (self.active_streams or not self.answers_acknowledged) and loop.time() < deadline:
             await asyncio.sleep(0.02)
         self._closed = True
         for conn in list(self._live):

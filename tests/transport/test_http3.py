@@ -400,6 +400,37 @@ def test_close_with_drain_lets_requests_in_flight_finish(certs: DevCert) -> None
     run(main())
 
 
+class DeafClient(H3Client):
+    """A client whose network drops what arrives before `deaf_until` (time.monotonic())."""
+
+    deaf_until = 0.0
+
+    def datagram_received(self, data: bytes | str, addr: Any) -> None:
+        if time.monotonic() >= self.deaf_until:
+            super().datagram_received(data, addr)
+
+
+def test_close_with_drain_waits_until_the_client_has_the_end_of_its_answer(certs: DevCert) -> None:
+    # The answer's last packets are lost: its app is done, but the server must retransmit them
+    # before it sends CONNECTION_CLOSE (or a paced FIN still queued would be cut off the same way).
+    app = EchoApp()
+
+    async def main() -> None:
+        server = await start(app, certs)
+        async with connect("127.0.0.1", server.port, configuration=client_config(certs),
+                           create_protocol=DeafClient) as client:  # fmt: skip
+            assert isinstance(client, DeafClient)
+            streaming = client.start("GET", "/stream?3")
+            await until(lambda: b"/stream:1" in streaming.body)
+            client.deaf_until = time.monotonic() + 0.5  # loses /stream:2 and the FIN
+            closing = asyncio.create_task(server.close(drain_timeout=5))
+            reply = await asyncio.wait_for(client.reply(streaming), 5)
+            await asyncio.wait_for(closing, 5)
+        assert reply.body == b"/stream:0\n/stream:1\n/stream:2\n"
+
+    run(main())
+
+
 def test_body_over_the_limit_gets_413_without_the_app(certs: DevCert) -> None:
     app = EchoApp()
 
