@@ -70,6 +70,9 @@ log = logging.getLogger(__name__)
 
 OnHandshake = Callable[[bool, bool], None]  # (resumed, early_data)
 
+# How long a draining shutdown waits for clients to acknowledge the ends of their answers once every
+# request is done: several retransmission timeouts on any loopback or LAN path.
+ACK_GRACE_SECONDS = 2.0
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"})
 
 
@@ -503,7 +506,12 @@ class Http3Server(asyncio.DatagramProtocol):
         self.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_timeout
-        while (self.active_streams or not self.answers_acknowledged) and loop.time() < deadline:
+        while self.active_streams and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        # The ends of finished answers may still be in the pacer or need resending; a client that has
+        # gone never acknowledges them, so they get a short grace, not the whole drain.
+        acked_by = min(deadline, loop.time() + ACK_GRACE_SECONDS)
+        while not self.answers_acknowledged and loop.time() < acked_by:
             await asyncio.sleep(0.02)
         self._closed = True
         for conn in list(self._live):

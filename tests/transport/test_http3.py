@@ -24,7 +24,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from appliance.tls import ClientCert, DevCert, make_client_cert, make_dev_cert
-from appliance.transport import quic_private
+from appliance.transport import http3, quic_private
 from appliance.transport.http3 import Http3Server, serve_http3
 from appliance.transport.tickets import TicketStore
 from bench.protocol.h3 import Exchange, H3Client
@@ -427,6 +427,28 @@ def test_close_with_drain_waits_until_the_client_has_the_end_of_its_answer(certs
             reply = await asyncio.wait_for(client.reply(streaming), 5)
             await asyncio.wait_for(closing, 5)
         assert reply.body == b"/stream:0\n/stream:1\n/stream:2\n"
+
+    run(main())
+
+
+def test_close_with_drain_waits_only_a_short_grace_for_a_client_that_is_gone(certs: DevCert) -> None:
+    # A client that vanished never acknowledges the end of its answer: a stop must not take the
+    # whole drain timeout (systemd's stop would wait 30 s for nothing).
+    app = EchoApp()
+
+    async def main() -> None:
+        server = await start(app, certs)
+        async with connect("127.0.0.1", server.port, configuration=client_config(certs),
+                           create_protocol=DeafClient) as client:  # fmt: skip
+            assert isinstance(client, DeafClient)
+            streaming = client.start("GET", "/stream?3")
+            await until(lambda: b"/stream:1" in streaming.body)
+            client.deaf_until = float("inf")
+            streaming.finished.add_done_callback(lambda f: f.exception())  # it never ends well: no log of that
+            began = time.monotonic()
+            await asyncio.wait_for(server.close(drain_timeout=30), 10)
+            took = time.monotonic() - began
+        assert 0.1 < took < http3.ACK_GRACE_SECONDS + 2, took  # the app's last line, then the grace
 
     run(main())
 
