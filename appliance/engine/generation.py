@@ -130,6 +130,9 @@ class Generation:
             self.resuming = False
             return []
         self.trace.prefill_ms = (time.perf_counter() - self._prefill_started) * 1000
+        # Offered now, not only at the end: a request with the same prefix (the same system prompt
+        # and tools, another sample of this prompt) that arrives while this one decodes reuses it.
+        self._remember_prefix()
         events: list[Event] = [Prefilled(self.trace)]
         events.extend(self._step(logits))
         return events

@@ -356,6 +356,41 @@ def test_prefix_reuse_inside_a_batch_equals_cold(bundle: firmware.Bundle, engine
     assert all(done.trace.reused_tokens >= 8 for _, done, _ in results)
 
 
+def test_a_request_reuses_the_prompt_of_one_still_decoding(bundle: firmware.Bundle, engine: Engine) -> None:
+    # The same conversation so far (an agent's system prompt and tools, say) from a second client
+    # while the first answer is still being written: its prompt is in the pool from its prefill on.
+    follow_up = (*CONVERSATION, Message("assistant", "A loop."), Message("user", QUESTIONS[1]))
+    warm = Engine(bundle, EngineConfig(prefix_cache_bytes=64 << 20, prefix_block_tokens=8))
+
+    async def second_while_first_decodes() -> tuple[str, Finished, bool]:
+        decoding = asyncio.Event()
+
+        async def first() -> Finished:
+            async for event in warm.submit(_greedy(48)):
+                if isinstance(event, TextDelta):
+                    decoding.set()
+                elif isinstance(event, Finished):
+                    return event
+            raise AssertionError("no Finished event")
+
+        running = asyncio.create_task(first())
+        await decoding.wait()
+        text, done, _ = await _collect(warm, _greedy(12, follow_up))
+        first_was_running = not running.done()
+        await running
+        return text, done, first_was_running
+
+    try:
+        text, done, first_was_running = _run(second_while_first_decodes())
+    finally:
+        warm.close()
+    cold_text, cold, _ = _run(_collect(engine, _greedy(12, follow_up)))
+    assert done.trace.reused_tokens >= 8 * (len(_prompt_ids(bundle)) // 8)
+    assert cold.trace.reused_tokens == 0
+    assert text == cold_text
+    assert first_was_running
+
+
 def test_a_request_larger_than_the_kv_budget_is_refused_and_one_that_fits_waits(bundle: firmware.Bundle) -> None:
     session_bytes = ModelSession(bundle).kv_bytes_per_token
     small = Engine(bundle, EngineConfig(prefix_cache_bytes=0, kv_cache_bytes=300 * session_bytes))
