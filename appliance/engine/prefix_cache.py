@@ -113,14 +113,15 @@ class PrefixCache:
                 base = found[1] * self.block_tokens
                 shared = [(start, seg, min(used, base - start))
                           for start, seg, used in self._entries[found[0]].segments if start < base]  # fmt: skip
+        views = export(base, t)
+        nbytes = sum(k.nbytes + v.nbytes for k, v in views)
+        if nbytes + sum(seg.nbytes for _, seg, _ in shared) > self.max_bytes:
+            return False  # a prompt larger than the pool: refused before anything is copied
         # Always a copy: the arrays are views on a slot's KV row, which the next request overwrites.
         # (np.ascontiguousarray returned the view itself for a model with one KV head, [1, t, head]
         # being "contiguous" whatever its stride: the pool then served another request's keys.)
-        kv = [(np.array(k, order="C"), np.array(v, order="C")) for k, v in export(base, t)]
-        new = _Segment(kv, sum(k.nbytes + v.nbytes for k, v in kv))
-        segments = [*shared, (base, new, t - base)]
-        if sum(seg.nbytes for _, seg, _ in segments) > self.max_bytes:
-            return False
+        kv = [(np.array(k, order="C"), np.array(v, order="C")) for k, v in views]
+        segments = [*shared, (base, _Segment(kv, nbytes), t - base)]
         with self._lock:
             # An entry that is a prefix of the new one is now redundant.
             for d in digests:
