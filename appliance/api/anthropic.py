@@ -6,7 +6,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 from appliance.api.dialect import Call, ModelInfo
 from appliance.api.errors import ApiError, not_served
@@ -276,15 +276,26 @@ class StreamEncoder:
         """The decision trace, for callers allowed to see it (not part of the Messages API)."""
         return sse("zerolayer_debug", {"type": "zerolayer_debug", "lines": lines})
 
+    def choice(self, index: int) -> Self:
+        """A message has one answer (the Messages API has no n): this encoder itself."""
+        if index != 0:
+            raise ValueError("a message has one choice")
+        return self
+
     def finish(self, done: Finished) -> bytes:
+        return self.finish_choice(done) + self.end(done)
+
+    def finish_choice(self, done: Finished) -> bytes:
         out = self._open({"type": "text", "text": ""}) if self.block < 0 else b""  # an empty answer: one empty block
         return (
             out + self._close()
             + sse("message_delta", {"type": "message_delta",
                                     "delta": {"stop_reason": done.stop_reason, "stop_sequence": done.stop_sequence},
                                     "usage": {"output_tokens": done.output_tokens}})
-            + sse("message_stop", {"type": "message_stop"})
         )  # fmt: skip
+
+    def end(self, *choices: Finished) -> bytes:
+        return sse("message_stop", {"type": "message_stop"})
 
     def error(self, err: ApiError) -> bytes:
         return f"event: error\ndata: {error_body(err).decode()}\n\n".encode()
@@ -305,7 +316,8 @@ class AnthropicDialect:
         model, request, stream = parse_request(doc, served)
         return Call(request, stream, model)
 
-    def response(self, model: str, call: Call, answer: Answer, done: Finished) -> dict[str, Any]:
+    def response(self, model: str, call: Call, choices: Sequence[tuple[Answer, Finished]]) -> dict[str, Any]:
+        ((answer, done),) = choices  # the Messages API has no n
         return response(new_message_id(), model, answer, done)
 
     def new_call(self, name: str) -> CallOut:

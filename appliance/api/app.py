@@ -8,7 +8,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -35,7 +35,7 @@ from appliance.engine import (
     Stream,
     TextDelta,
 )
-from appliance.engine.request import TokenLogprob
+from appliance.engine.request import Event, TokenLogprob
 from appliance.engine.tools import CallArguments, CallStart
 from appliance.flows import DigestTable, flow_of
 from appliance.governor import Governor
@@ -381,69 +381,146 @@ class ApiApp:
         if flow is not None and self.flows is not None:
             # What this connection sent last: the engine says how much of it the new prompt shares.
             request = dataclasses.replace(request, prior_digests=self.flows.get(flow))
-        handle = await self._submit(ex.dialect, call.model, request)
+        choices = _Choices(await self._submit(ex.dialect, call.model, request), call.n)
+        first = choices.streams[0]
         if flow is not None:
-            handle.trace.notes.insert(0, f"Flow: {flow.proto_name} {flow}")
+            first.trace.notes.insert(0, f"Flow: {flow.proto_name} {flow}")
         self.metrics.stream_opened()
         model = call.model
-        sink: Sink = (StreamSink(ex.send, ex.dialect.stream(model, handle.input_tokens, call), debug) if call.stream
-                      else WholeSink(ex.send, ex.dialect, model, call, debug))  # fmt: skip
+        sink: Sink = (StreamSink(ex.send, ex.dialect.stream(model, first.input_tokens, call), call.n, debug)
+                      if call.stream else WholeSink(ex.send, ex.dialect, model, call, debug))  # fmt: skip
         gone = asyncio.Event()  # the client disconnected before its answer was complete
-        watcher = asyncio.create_task(_cancel_on_disconnect(ex.receive, handle, gone, sink))
+        watcher = asyncio.create_task(_cancel_on_disconnect(ex.receive, choices, gone, sink))
         try:
-            await self._pump(handle, sink, ex.dialect, started)
-            cancelled = handle.finished is not None and handle.finished.stop_reason == "cancelled"
+            await self._pump(ex.dialect, call, choices, sink, started)
+            cancelled = any(h.finished is not None and h.finished.stop_reason == "cancelled" for h in choices.streams)
             return CLIENT_CLOSED if cancelled or gone.is_set() else 200  # the client hung up before the end
         finally:
             self.metrics.stream_closed()
             watcher.cancel()
-            handle.cancel()  # no-op when finished; frees the slot if we leave early
-            done, trace = handle.finished, handle.trace
-            if flow is not None and self.flows is not None and trace.digests:
-                self.flows.put(flow, trace.digests)
-            log.info("request %s %s on %s: %s, %d in + %d out tokens, prefill %.0f ms, %.1f ms/token",
-                     trace.request_id, ex.dialect.name, trace.device, done.stop_reason if done else "aborted",
-                     handle.input_tokens, done.output_tokens if done else 0, trace.prefill_ms, trace.ms_per_token,
-                     extra={"request_id": trace.request_id, "device": trace.device})  # fmt: skip
+            choices.cancel()  # no-op for those finished; frees the slots if we leave early
+            if flow is not None and self.flows is not None and first.trace.digests:
+                self.flows.put(flow, first.trace.digests)
+            for handle in choices.streams:
+                done, trace = handle.finished, handle.trace
+                log.info("request %s %s on %s: %s, %d in + %d out tokens, prefill %.0f ms, %.1f ms/token",
+                         trace.request_id, ex.dialect.name, trace.device, done.stop_reason if done else "aborted",
+                         handle.input_tokens, done.output_tokens if done else 0, trace.prefill_ms, trace.ms_per_token,
+                         extra={"request_id": trace.request_id, "device": trace.device})  # fmt: skip
 
-    async def _pump(self, handle: Stream, sink: Sink, dialect: Dialect, started: float) -> None:
-        """The one loop from engine events to a sink: a whole response or a stream."""
-        await sink.open()
-        last: float | None = None
-        calls: list[CallOut] = []
+    async def _pump(self, dialect: Dialect, call: Call, choices: _Choices, sink: Sink, started: float) -> None:
+        """The one loop from engine events to a sink: a whole response or a stream, of one choice
+        or several. The other choices are submitted once the first one's prompt is prefilled: its
+        blocks are in the prefix pool then, so they prefill only what it does not hold."""
+        if call.n == 1:
+            await sink.open()  # the headers go out now; with more choices, once all are queued
+        last: dict[int, float] = {}
+        calls: dict[int, list[CallOut]] = {}
         try:
-            async for event in handle:
+            async for index, event in choices:
                 if isinstance(event, TextDelta):
                     now = time.monotonic()
-                    if last is None:
-                        self.metrics.ttft.observe(now - started)
+                    if index not in last:
+                        if index == 0:
+                            self.metrics.ttft.observe(now - started)
                     else:
-                        self.metrics.inter_token.observe(now - last)
-                    last = now
-                    await sink.delta(event.text)
+                        self.metrics.inter_token.observe(now - last[index])
+                    last[index] = now
+                    await sink.delta(index, event.text)
                 elif isinstance(event, CallStart):
-                    call = dialect.new_call(event.name)
-                    calls.append(call)
-                    await sink.call_start(call)
+                    call_out = dialect.new_call(event.name)
+                    calls.setdefault(index, []).append(call_out)
+                    await sink.call_start(index, call_out)
                 elif isinstance(event, CallArguments):
-                    calls[event.index].arguments += event.json
-                    await sink.call_arguments(calls[event.index], event.json)
+                    call_out = calls[index][event.index]
+                    call_out.arguments += event.json
+                    await sink.call_arguments(index, call_out, event.json)
                 elif isinstance(event, TokenLogprob):
-                    await sink.logprob(event)
+                    await sink.logprob(index, event)
                 elif isinstance(event, Prefilled):  # before the first delta
-                    await sink.prefilled(event.trace.lines())
+                    if index == 0:
+                        for i in range(1, call.n):
+                            choices.add(await self._submit(dialect, call.model, _nth_choice(call.request, i)))
+                        if call.n > 1:
+                            await sink.open()
+                        await sink.prefilled(event.trace.lines())
                 elif isinstance(event, Finished):
-                    self.metrics.tokens.labels("input").inc(event.input_tokens)
+                    if index == 0:
+                        choices.expect_no_more()  # it ended before its prompt was in (cancelled): none follow
+                        self.metrics.tokens.labels("input").inc(event.input_tokens)
                     self.metrics.tokens.labels("output").inc(event.output_tokens)
-                    await sink.finished(event)
+                    await sink.finished(index, event)
         except EngineError as exc:
             status = 503 if isinstance(exc, EngineStopped) else 500
             if not sink.started:
                 raise ApiError(status, f"generation failed: {exc}") from None
             # Headers are gone: the failure travels as the dialect's in-stream error.
-            log.error("generation %s failed mid-stream: %s", handle.request.request_id, exc)
+            log.error("generation %s failed mid-stream: %s", call.request.request_id, exc)
             await sink.error(ApiError(status, f"generation failed: {exc}"))
+        if not sink.started:  # n > 1, cancelled before its prompt was in: an answer all the same
+            await sink.open()
         await sink.close()
+
+
+def _nth_choice(request: GenerationRequest, index: int) -> GenerationRequest:
+    """Choice `index` of a request with n > 1: its own id and, when the client seeded it, its own
+    seed (seed + index), so each choice is reproducible and they differ from each other."""
+    seed = None if request.seed is None else request.seed + index
+    return dataclasses.replace(request, seed=seed, request_id=f"{request.request_id}-{index}")
+
+
+class _Choices:
+    """The events of a request's choices as one sequence of (index, event), in arrival order; it
+    ends once every choice has finished. More choices may join while it is read."""
+
+    def __init__(self, first: Stream, n: int) -> None:
+        self.n = n  # how many choices will have finished at the end
+        self.streams = [first]
+        self._queue: asyncio.Queue[tuple[int, Event | BaseException]] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.cancelled = False
+        if n > 1:
+            self._tasks.append(asyncio.create_task(self._forward(0, first)))
+
+    def add(self, stream: Stream) -> None:
+        self.streams.append(stream)
+        if self.cancelled:
+            stream.cancel()
+        self._tasks.append(asyncio.create_task(self._forward(len(self.streams) - 1, stream)))
+
+    def expect_no_more(self) -> None:
+        """No choice joins after this: the end is when those already here have finished."""
+        self.n = len(self.streams)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        for stream in self.streams:
+            stream.cancel()
+
+    async def _forward(self, index: int, stream: Stream) -> None:
+        try:
+            async for event in stream:
+                self._queue.put_nowait((index, event))
+        except Exception as exc:  # an engine error ends the whole answer, as with one choice
+            self._queue.put_nowait((index, exc))
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, Event]]:
+        if self.n == 1:  # one choice: read it directly (a queue hop per token is for nothing)
+            async for event in self.streams[0]:
+                yield 0, event
+            return
+        try:
+            ended = 0
+            while ended < self.n:
+                index, item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, Finished):
+                    ended += 1
+                yield index, item
+        finally:
+            for task in self._tasks:
+                task.cancel()
 
 
 class Sink(Protocol):
@@ -454,15 +531,15 @@ class Sink(Protocol):
 
     async def prefilled(self, trace: list[str]) -> None: ...
 
-    async def delta(self, text: str) -> None: ...
+    async def delta(self, index: int, text: str) -> None: ...
 
-    async def call_start(self, call: CallOut) -> None: ...
+    async def call_start(self, index: int, call: CallOut) -> None: ...
 
-    async def call_arguments(self, call: CallOut, piece: str) -> None: ...
+    async def call_arguments(self, index: int, call: CallOut, piece: str) -> None: ...
 
-    async def logprob(self, token: TokenLogprob) -> None: ...
+    async def logprob(self, index: int, token: TokenLogprob) -> None: ...
 
-    async def finished(self, done: Finished) -> None: ...
+    async def finished(self, index: int, done: Finished) -> None: ...
 
     async def error(self, err: ApiError) -> None: ...
 
@@ -470,15 +547,17 @@ class Sink(Protocol):
 
 
 class WholeSink:
-    """The answer as one JSON document once it is complete."""
+    """The answer as one JSON document once it is complete (every choice of it)."""
 
     def __init__(self, send: Send, dialect: Dialect, model: str, call: Call, debug: bool) -> None:
         self.send, self.dialect, self.model, self.call, self.debug = send, dialect, model, call, debug
         self.started = self.closing = False
-        self.parts: list[str] = []
-        self.calls: list[CallOut] = []
-        self.logprobs: list[TokenLogprob] | None = [] if call.request.logprobs is not None else None
-        self.done: Finished | None = None
+        n = call.n
+        self.parts: list[list[str]] = [[] for _ in range(n)]
+        self.calls: list[list[CallOut]] = [[] for _ in range(n)]
+        self.logprobs: list[list[TokenLogprob] | None] = [[] if call.request.logprobs is not None else None
+                                                          for _ in range(n)]  # fmt: skip
+        self.done: list[Finished | None] = [None] * n
 
     async def open(self) -> None:
         pass
@@ -486,86 +565,99 @@ class WholeSink:
     async def prefilled(self, trace: list[str]) -> None:
         pass
 
-    async def delta(self, text: str) -> None:
-        self.parts.append(text)
+    async def delta(self, index: int, text: str) -> None:
+        self.parts[index].append(text)
 
-    async def call_start(self, call: CallOut) -> None:
-        self.calls.append(call)  # its arguments fill in as they arrive
+    async def call_start(self, index: int, call: CallOut) -> None:
+        self.calls[index].append(call)  # its arguments fill in as they arrive
 
-    async def call_arguments(self, call: CallOut, piece: str) -> None:
+    async def call_arguments(self, index: int, call: CallOut, piece: str) -> None:
         pass
 
-    async def logprob(self, token: TokenLogprob) -> None:
-        if self.logprobs is not None:
-            self.logprobs.append(token)
+    async def logprob(self, index: int, token: TokenLogprob) -> None:
+        logprobs = self.logprobs[index]
+        if logprobs is not None:
+            logprobs.append(token)
 
-    async def finished(self, done: Finished) -> None:
-        self.done = done
+    async def finished(self, index: int, done: Finished) -> None:
+        self.done[index] = done
 
     async def error(self, err: ApiError) -> None:
         raise err
 
     async def close(self) -> None:
-        assert self.done is not None
         self.closing = True
-        answer = Answer("".join(self.parts), self.calls, self.logprobs)
-        doc = self.dialect.response(self.model, self.call, answer, self.done)
-        extra = [(b"zerolayer-trace", json.dumps(self.done.trace.lines()).encode())] if self.debug else []
+        # Every choice, or with n > 1 cancelled before the others began, the first alone.
+        kept = zip(self.parts, self.calls, self.logprobs, self.done, strict=True)
+        choices = [(Answer("".join(parts), calls, logprobs), done)
+                   for parts, calls, logprobs, done in kept if done is not None]  # fmt: skip
+        doc = self.dialect.response(self.model, self.call, choices)
+        trace = choices[0][1].trace.lines()
+        extra = [(b"zerolayer-trace", json.dumps(trace).encode())] if self.debug else []
         self.started = True
         await _respond(self.send, 200, json.dumps(doc, ensure_ascii=False).encode(),
                        [(b"content-type", b"application/json"), *extra])  # fmt: skip
 
 
 class StreamSink:
-    """Server-sent events in the dialect's shape, as the engine produces tokens."""
+    """Server-sent events in the dialect's shape, as the engine produces tokens; with n > 1 each
+    choice's events carry its index, and the end (usage, `[DONE]`) follows the last choice's."""
 
-    def __init__(self, send: Send, encoder: StreamEncoder, debug: bool) -> None:
-        self.send, self.encoder, self.debug = send, encoder, debug
+    def __init__(self, send: Send, encoder: StreamEncoder, n: int, debug: bool) -> None:
+        self.send, self.debug = send, debug
+        self.encoders = [encoder.choice(i) for i in range(n)]
+        self.done: list[Finished | None] = [None] * n
         self.started = self.closing = False
 
     async def open(self) -> None:
         await self.send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]})  # fmt: skip
         self.started = True
-        await _chunk(self.send, self.encoder.start())
+        await _chunk(self.send, b"".join(e.start() for e in self.encoders))
 
     async def prefilled(self, trace: list[str]) -> None:
         if self.debug:  # the shard and cache decisions now; the run's figures at the end
-            await _chunk(self.send, self.encoder.debug(trace[:2] + trace[3:]))
+            await _chunk(self.send, self.encoders[0].debug(trace[:2] + trace[3:]))
 
-    async def delta(self, text: str) -> None:
-        await _chunk(self.send, self.encoder.delta(text))
+    async def delta(self, index: int, text: str) -> None:
+        await _chunk(self.send, self.encoders[index].delta(text))
 
-    async def call_start(self, call: CallOut) -> None:
-        await _chunk(self.send, self.encoder.call_start(call))
+    async def call_start(self, index: int, call: CallOut) -> None:
+        await _chunk(self.send, self.encoders[index].call_start(call))
 
-    async def call_arguments(self, call: CallOut, piece: str) -> None:
-        await _chunk(self.send, self.encoder.call_arguments(call, piece))
+    async def call_arguments(self, index: int, call: CallOut, piece: str) -> None:
+        await _chunk(self.send, self.encoders[index].call_arguments(call, piece))
 
-    async def logprob(self, token: TokenLogprob) -> None:
-        await _chunk(self.send, self.encoder.logprob(token))
+    async def logprob(self, index: int, token: TokenLogprob) -> None:
+        await _chunk(self.send, self.encoders[index].logprob(token))
 
-    async def finished(self, done: Finished) -> None:
-        if self.debug:
-            await _chunk(self.send, self.encoder.debug(done.trace.lines()[2:3]))
-        if done.stop_reason != "cancelled":
-            await _chunk(self.send, self.encoder.finish(done))
+    async def finished(self, index: int, done: Finished) -> None:
+        self.done[index] = done
+        if self.debug and index == 0:
+            await _chunk(self.send, self.encoders[0].debug(done.trace.lines()[2:3]))
+        if done.stop_reason == "cancelled":
+            return
+        out = self.encoders[index].finish_choice(done)
+        ended = [d for d in self.done if d is not None]
+        if len(ended) == len(self.done):
+            out += self.encoders[0].end(*ended)
+        await _chunk(self.send, out)
 
     async def error(self, err: ApiError) -> None:
-        await _chunk(self.send, self.encoder.error(err))
+        await _chunk(self.send, self.encoders[0].error(err))
 
     async def close(self) -> None:
         self.closing = True
         await self.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _cancel_on_disconnect(receive: Receive, handle: Stream, gone: asyncio.Event, sink: Sink) -> None:
+async def _cancel_on_disconnect(receive: Receive, choices: _Choices, gone: asyncio.Event, sink: Sink) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             if not sink.closing:  # a transport may report the disconnect that follows a complete answer
                 gone.set()
-            handle.cancel()
+            choices.cancel()
             return
 
 

@@ -55,7 +55,7 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> Call:
     request = GenerationRequest(messages=(), raw_prompt=prompt, logprobs=logprobs,
                                 max_tokens=get_int(doc, "max_tokens", minimum=1) or DEFAULT_MAX_TOKENS,
                                 **common.sampling)  # fmt: skip
-    return Call(request, common.stream, common.model, common.include_usage, echo=prompt if echo else "")
+    return Call(request, common.stream, common.model, common.include_usage, echo=prompt if echo else "", n=common.n)
 
 
 def legacy_logprobs(tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:
@@ -69,11 +69,16 @@ def legacy_logprobs(tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:
             "top_logprobs": [dict(t.top) for t in tokens], "text_offset": offsets}  # fmt: skip
 
 
-def response(completion_id: str, model: str, call: Call, answer: Answer, done: Finished) -> dict[str, Any]:
-    logprobs = None if answer.logprobs is None else legacy_logprobs(answer.logprobs, len(call.echo))
+def response(completion_id: str, model: str, call: Call, choices: Sequence[tuple[Answer, Finished]]
+             ) -> dict[str, Any]:  # fmt: skip
+    def choice(index: int, answer: Answer, done: Finished) -> dict[str, Any]:
+        logprobs = None if answer.logprobs is None else legacy_logprobs(answer.logprobs, len(call.echo))
+        return {"index": index, "text": call.echo + answer.text, "logprobs": logprobs,
+                "finish_reason": finish_reason(done)}  # fmt: skip
+
     return {"id": completion_id, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": call.echo + answer.text, "logprobs": logprobs,
-                         "finish_reason": finish_reason(done)}], "usage": usage(done)}  # fmt: skip
+            "choices": [choice(i, answer, done) for i, (answer, done) in enumerate(choices)],
+            "usage": usage(*(done for _, done in choices))}  # fmt: skip
 
 
 class CompletionStream(StreamEncoder):
@@ -89,7 +94,7 @@ class CompletionStream(StreamEncoder):
 
     def _choice(self, text: str, logprobs: dict[str, Any] | None = None, finish: str | None = None
                 ) -> dict[str, Any]:  # fmt: skip
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
     def start(self) -> bytes:
         return self._chunk([self._choice(self.echo)]) if self.echo else b""
@@ -118,8 +123,8 @@ class CompletionsDialect(OpenAIDialect):
     def parse(self, doc: dict[str, Any], served: Sequence[str]) -> Call:
         return parse_request(doc, served)
 
-    def response(self, model: str, call: Call, answer: Answer, done: Finished) -> dict[str, Any]:
-        return response("cmpl-" + uuid.uuid4().hex[:24], model, call, answer, done)
+    def response(self, model: str, call: Call, choices: Sequence[tuple[Answer, Finished]]) -> dict[str, Any]:
+        return response("cmpl-" + uuid.uuid4().hex[:24], model, call, choices)
 
     def stream(self, model: str, input_tokens: int, call: Call) -> CompletionStream:
         return CompletionStream("cmpl-" + uuid.uuid4().hex[:24], model, call)

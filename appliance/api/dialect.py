@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from appliance.api.errors import ApiError
 from appliance.api.tools import Answer, CallOut
@@ -24,6 +24,7 @@ class Call:
     model: str  # the served model the request named
     include_usage: bool = False  # OpenAI's stream_options.include_usage
     echo: str = ""  # text the answer repeats before its own (the Completions API's echo of the prompt)
+    n: int = 1  # choices sampled from the one prompt (OpenAI's n)
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,11 @@ class ModelInfo:
 
 
 class StreamEncoder(Protocol):
-    """Engine events -> the dialect's server-sent events."""
+    """Engine events -> the dialect's server-sent events. One encoder writes one choice; `choice(i)`
+    gives the encoder of another choice of the same answer (n > 1); `finish` is `finish_choice`
+    then `end`, and with several choices `end` comes once, after every choice's `finish_choice`."""
+
+    def choice(self, index: int) -> Self: ...
 
     def start(self) -> bytes: ...
 
@@ -50,6 +55,10 @@ class StreamEncoder(Protocol):
 
     def finish(self, done: Finished) -> bytes: ...
 
+    def finish_choice(self, done: Finished) -> bytes: ...
+
+    def end(self, *choices: Finished) -> bytes: ...
+
     def error(self, err: ApiError) -> bytes: ...
 
 
@@ -61,7 +70,9 @@ class Dialect(Protocol):
         """The request, refused with 404 (naming the served models) when its model is not one of them."""
         ...
 
-    def response(self, model: str, call: Call, answer: Answer, done: Finished) -> dict[str, Any]: ...
+    def response(self, model: str, call: Call, choices: Sequence[tuple[Answer, Finished]]) -> dict[str, Any]:
+        """The whole answer: one (answer, how it ended) per choice, in order."""
+        ...
 
     def new_call(self, name: str) -> CallOut:
         """A tool call the model began, with an id in the dialect's style."""

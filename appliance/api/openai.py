@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from appliance.api.dialect import Call, ModelInfo
 from appliance.api.errors import ApiError, not_served
@@ -51,6 +52,7 @@ _UNSUPPORTED = {
 }
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "user"}
 DEFAULT_MAX_TOKENS = 1024
+MAX_CHOICES = 8  # n: each choice takes a slot of its own
 
 
 def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
@@ -182,6 +184,7 @@ class Common:
     stream: bool
     include_usage: bool
     model: str
+    n: int = 1  # choices: answers sampled for the one prompt
 
 
 def common_fields(doc: dict[str, Any], served: Sequence[str]) -> Common:
@@ -190,9 +193,9 @@ def common_fields(doc: dict[str, Any], served: Sequence[str]) -> Common:
     if model not in served:
         raise ApiError(404, not_served(model, served), param="model")
     get_str(doc, "user")
-    n = get_int(doc, "n", minimum=1)
-    if n not in (None, 1):
-        raise ApiError(400, "n: only n=1 is supported by this server", param="n")
+    n = get_int(doc, "n", minimum=1) or 1
+    if n > MAX_CHOICES:
+        raise ApiError(400, f"n: at most {MAX_CHOICES} choices per request", param="n")
     metadata = doc.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise ApiError(400, "metadata: must be an object", param="metadata")
@@ -226,7 +229,7 @@ def common_fields(doc: dict[str, Any], served: Sequence[str]) -> Common:
         stop_sequences=stops,
         seed=get_int(doc, "seed"),
     )
-    return Common(sampling, stream, include_usage, model)
+    return Common(sampling, stream, include_usage, model, n)
 
 
 def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[GenerationRequest, Common]:
@@ -264,21 +267,25 @@ def _call(call: CallOut) -> dict[str, Any]:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def response(completion_id: str, model: str, answer: Answer, done: Finished) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": answer.text or (None if answer.calls else ""),
-                               "refusal": None}  # fmt: skip
-    if answer.calls:
-        message["tool_calls"] = [_call(c) for c in answer.calls]
+def response(completion_id: str, model: str, choices: Sequence[tuple[Answer, Finished]]) -> dict[str, Any]:
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(done),
-                     "logprobs": None if answer.logprobs is None else {
-                         "content": [logprob_entry(t) for t in answer.logprobs], "refusal": None}}],
-        "usage": usage(done),
+        "choices": [_choice(i, answer, done) for i, (answer, done) in enumerate(choices)],
+        "usage": usage(*(done for _, done in choices)),
     }
+
+
+def _choice(index: int, answer: Answer, done: Finished) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": answer.text or (None if answer.calls else ""),
+                               "refusal": None}  # fmt: skip
+    if answer.calls:
+        message["tool_calls"] = [_call(c) for c in answer.calls]
+    return {"index": index, "message": message, "finish_reason": finish_reason(done),
+            "logprobs": None if answer.logprobs is None else {
+                "content": [logprob_entry(t) for t in answer.logprobs], "refusal": None}}  # fmt: skip
 
 
 def logprob_entry(token: TokenLogprob) -> dict[str, Any]:
@@ -288,9 +295,10 @@ def logprob_entry(token: TokenLogprob) -> dict[str, Any]:
     return {**one(token.token, token.logprob), "top_logprobs": [one(t, lp) for t, lp in token.top]}
 
 
-def usage(done: Finished) -> dict[str, int]:
-    return {"prompt_tokens": done.input_tokens, "completion_tokens": done.output_tokens,
-            "total_tokens": done.input_tokens + done.output_tokens}  # fmt: skip
+def usage(*choices: Finished) -> dict[str, int]:
+    """One prompt, however many choices were sampled from it."""
+    prompt, completion = choices[0].input_tokens, sum(done.output_tokens for done in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 class StreamEncoder:
@@ -302,6 +310,13 @@ class StreamEncoder:
         self.id, self.model, self.include_usage = completion_id, model, include_usage
         self.created = int(time.time())
         self.calls = 0
+        self.index = 0  # the choice this encoder writes
+
+    def choice(self, index: int) -> Self:
+        """The encoder of another choice of the same completion (n > 1)."""
+        other = copy.copy(self)
+        other.index, other.calls = index, 0
+        return other
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         doc = {"id": self.id, "object": self.OBJECT, "created": self.created, "model": self.model,
@@ -309,22 +324,24 @@ class StreamEncoder:
         return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n".encode()
 
     def start(self) -> bytes:
-        return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        return self._chunk([{"index": self.index, "delta": {"role": "assistant", "content": ""},
+                             "finish_reason": None}])  # fmt: skip
 
     def delta(self, text: str) -> bytes:
-        return self._chunk([{"index": 0, "delta": {"content": text}, "finish_reason": None}])
+        return self._chunk([{"index": self.index, "delta": {"content": text}, "finish_reason": None}])
 
     def call_start(self, call: CallOut) -> bytes:
         self.calls += 1
         first = {"index": self.calls - 1, **_call(call)}
-        return self._chunk([{"index": 0, "delta": {"tool_calls": [first]}, "finish_reason": None}])
+        return self._chunk([{"index": self.index, "delta": {"tool_calls": [first]}, "finish_reason": None}])
 
     def call_arguments(self, call: CallOut, piece: str) -> bytes:
         more = {"index": self.calls - 1, "function": {"arguments": piece}}
-        return self._chunk([{"index": 0, "delta": {"tool_calls": [more]}, "finish_reason": None}])
+        return self._chunk([{"index": self.index, "delta": {"tool_calls": [more]}, "finish_reason": None}])
 
     def logprob(self, token: TokenLogprob) -> bytes:
-        return self._chunk([{"index": 0, "delta": {}, "logprobs": {"content": [logprob_entry(token)], "refusal": None},
+        return self._chunk([{"index": self.index, "delta": {},
+                             "logprobs": {"content": [logprob_entry(token)], "refusal": None},
                              "finish_reason": None}])  # fmt: skip
 
     def debug(self, lines: list[str]) -> bytes:
@@ -333,12 +350,18 @@ class StreamEncoder:
 
     def _last(self, done: Finished) -> dict[str, Any]:
         """The choice that carries the finish reason."""
-        return {"index": 0, "delta": {}, "finish_reason": finish_reason(done)}
+        return {"index": self.index, "delta": {}, "finish_reason": finish_reason(done)}
 
     def finish(self, done: Finished) -> bytes:
-        out = self._chunk([self._last(done)])
-        if self.include_usage:
-            out += self._chunk([], usage=usage(done))
+        return self.finish_choice(done) + self.end(done)
+
+    def finish_choice(self, done: Finished) -> bytes:
+        """This choice's last chunk: its finish reason."""
+        return self._chunk([self._last(done)])
+
+    def end(self, *choices: Finished) -> bytes:
+        """After every choice's last chunk: the usage chunk when asked for, and `[DONE]`."""
+        out = self._chunk([], usage=usage(*choices)) if self.include_usage else b""
         return out + b"data: [DONE]\n\n"
 
     def error(self, err: ApiError) -> bytes:
@@ -360,10 +383,10 @@ class OpenAIDialect:
 
     def parse(self, doc: dict[str, Any], served: Sequence[str]) -> Call:
         request, common = parse_request(doc, served)
-        return Call(request, common.stream, common.model, common.include_usage)
+        return Call(request, common.stream, common.model, common.include_usage, n=common.n)
 
-    def response(self, model: str, call: Call, answer: Answer, done: Finished) -> dict[str, Any]:
-        return response(new_completion_id(), model, answer, done)
+    def response(self, model: str, call: Call, choices: Sequence[tuple[Answer, Finished]]) -> dict[str, Any]:
+        return response(new_completion_id(), model, choices)
 
     def new_call(self, name: str) -> CallOut:
         return CallOut(new_call_id("call_"), name)

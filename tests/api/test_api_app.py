@@ -95,6 +95,51 @@ def test_full_queue_is_529_for_anthropic_and_429_for_openai(engine: Engine) -> N
         session.forward = real_forward  # type: ignore[method-assign]
 
 
+def test_n_choices_that_do_not_fit_the_queue_are_429_and_a_client_gone_early_is_499(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One slot and one place in the queue: the first choice runs, the second waits, the third
+    # finds the queue full, so the whole request is refused before any header went out.
+    app = ApiApp(ServedModels.of(engine), ApiSettings(keys=KeyStore([])))
+    app.set_ready(True)
+    chat = {"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    worker = engine.workers["cpu"]
+
+    async def idle() -> None:  # the refused request's choices leave at the worker's next step
+        for _ in range(250):
+            if not worker.depth:
+                return
+            await asyncio.sleep(0.02)
+
+    async def run() -> list[tuple[int, bytes]]:
+        out = []
+        for stream in (False, True):
+            status, _, body = await _call(app, "POST", "/v1/chat/completions", {**chat, "n": 3, "stream": stream})
+            out.append((status, body))
+            await idle()
+        status, _, body = await _call(app, "POST", "/v1/chat/completions", {**chat, "n": 2, "stream": True})
+        out.append((status, body))  # fits: one runs, one waits
+        for stream in (False, True):  # the client leaves before the first choice is even prefilled
+            status, _, body = await _call(app, "POST", "/v1/chat/completions", {**chat, "n": 2, "stream": stream},
+                                          connected_for=0)  # fmt: skip
+            out.append((status, body))
+            await idle()
+        return out
+
+    with caplog.at_level("INFO"):
+        whole, streamed, fits, *_ = asyncio.run(run())
+    for status, body in (whole, streamed):
+        assert status == 429 and json.loads(body)["error"]["code"] == "rate_limit_exceeded"
+    assert fits[0] == 200
+    indices = {c["index"] for line in fits[1].decode().splitlines() if line.startswith("data: {")
+               for c in json.loads(line[6:])["choices"]}  # fmt: skip
+    assert indices == {0, 1} and fits[1].endswith(b"data: [DONE]\n\n")
+    text = app.metrics.render().decode()  # the client was gone: what it was sent matters to no one
+    assert 'zerolayer_requests_total{api="openai",code="499",transport="unix"} 2.0' in text
+    assert worker.depth == 0
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]
+
+
 def test_metrics_count_requests_tokens_and_latency(engine: Engine) -> None:
     app = ApiApp(ServedModels.of(engine), ApiSettings(keys=KeyStore([])))
     app.set_ready(True)

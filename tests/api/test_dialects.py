@@ -53,10 +53,10 @@ def test_errors_in_each_dialects_shape_and_a_full_queue_in_its_status() -> None:
 
 
 def test_whole_answers_carry_text_stop_reason_and_usage() -> None:
-    a = ANTHROPIC.response("m", PLAIN_CALL, Answer("Paris."), finished("max_tokens"))
+    a = ANTHROPIC.response("m", PLAIN_CALL, [(Answer("Paris."), finished("max_tokens"))])
     assert a["content"] == [{"type": "text", "text": "Paris."}] and a["stop_reason"] == "max_tokens"
     assert a["usage"] == {"input_tokens": 12, "output_tokens": 3}
-    o = OPENAI.response("m", PLAIN_CALL, Answer("Paris."), finished("max_tokens"))
+    o = OPENAI.response("m", PLAIN_CALL, [(Answer("Paris."), finished("max_tokens"))])
     assert o["choices"][0]["message"]["content"] == "Paris." and o["choices"][0]["finish_reason"] == "length"
     assert o["usage"]["total_tokens"] == 15
 

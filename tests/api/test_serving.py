@@ -102,6 +102,52 @@ def test_openai_logprobs_and_plain_completions(demo: tuple[RunningDaemon, DevSet
     assert parts[-1].usage is not None and parts[-1].usage.completion_tokens == 8
 
 
+def _reused_tokens(running: RunningDaemon, setup: DevSetup) -> float:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket))) as http:
+        text = http.get("http://localhost/metrics").text
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith("zerolayer_prefix_cache_reused_tokens_total")))  # fmt: skip
+
+
+@pytest.mark.demo
+def test_openai_n_choices_whole_and_streamed_each_reproducible_by_its_seed(demo: tuple[RunningDaemon, DevSetup]
+                                                                         ) -> None:  # fmt: skip
+    client = openai_client(*demo)
+    # Long enough (several 32-token blocks) for the other choices to reuse the first one's prefill.
+    messages: Any = [{"role": "system", "content": "You are a storyteller for children. " * 12},
+                     {"role": "user", "content": "Tell me a story about a fox."}]  # fmt: skip
+    sampled = dict(model=MODEL, messages=messages, max_tokens=12, temperature=1.0, seed=7)
+    reused = _reused_tokens(*demo)
+    whole = client.chat.completions.create(n=3, **sampled)  # type: ignore[call-overload]
+    assert _reused_tokens(*demo) - reused >= 2 * 32  # choices 1 and 2 prefilled only what the pool lacked
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    alone = [client.chat.completions.create(**{**sampled, "seed": 7 + i}) for i in range(3)]  # type: ignore[call-overload]
+    assert [c.message.content for c in whole.choices] == [a.choices[0].message.content for a in alone]
+    assert len({c.message.content for c in whole.choices}) > 1  # sampled with different seeds
+    assert whole.usage is not None and alone[0].usage is not None
+    assert whole.usage.prompt_tokens == alone[0].usage.prompt_tokens  # one prompt, counted once
+    assert whole.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone if a.usage)
+
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+    roles: list[int] = []
+    chunks = list(client.chat.completions.create(n=3, stream=True, stream_options={"include_usage": True},
+                                                 **sampled))  # type: ignore[call-overload]  # fmt: skip
+    for chunk in chunks:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            roles += [c.index] if c.delta.role == "assistant" else []
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    assert sorted(roles) == [0, 1, 2] and sorted(finishes) == [0, 1, 2]
+    assert [texts[i] for i in range(3)] == [c.message.content for c in whole.choices]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert sum(1 for c in chunks if c.usage is not None) == 1
+
+    plain = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6, n=2, temperature=0)
+    assert [c.index for c in plain.choices] == [0, 1] and plain.choices[0].text == plain.choices[1].text
+
+
 def _sse_text(body: str) -> str:
     text = ""
     for line in body.splitlines():
@@ -214,7 +260,7 @@ BAD: list[tuple[str, str, str, Any, int]] = [
     ("o-tool-no-call-id", "POST", CHAT, _with(GOOD_O, messages=[{"role": "tool", "content": "x"}]), 400),
     ("o-image-part", "POST", CHAT, _with(GOOD_O, messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]), 400),
-    ("o-n-2", "POST", CHAT, _with(GOOD_O, n=2), 400),
+    ("o-n-9", "POST", CHAT, _with(GOOD_O, n=9), 400),
     ("o-max-tokens-zero", "POST", CHAT, _with(GOOD_O, max_tokens=0), 400),
     ("o-max-tokens-huge", "POST", CHAT, _with(GOOD_O, max_completion_tokens=10**7), 400),
     ("o-temperature-high", "POST", CHAT, _with(GOOD_O, temperature=2.5), 400),

@@ -182,10 +182,10 @@ PLAIN_CALL = Call(GenerationRequest((Message("user", "hi"),)), stream=False, mod
 def test_answers_with_calls_in_each_dialects_shape() -> None:
     whole = CallOut("toolu_1", "get_weather", '{"city": "Paris"}')
     cut = CallOut("toolu_2", "get_weather", '{"city": "Ro')
-    a = ANTHROPIC.response("m", PLAIN_CALL, Answer("", [whole, cut]), finished("tool_use"))
+    a = ANTHROPIC.response("m", PLAIN_CALL, [(Answer("", [whole, cut]), finished("tool_use"))])
     assert a["content"] == [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]
     assert a["stop_reason"] == "tool_use"
-    o = OPENAI.response("m", PLAIN_CALL, Answer("", [whole]), finished("tool_use"))
+    o = OPENAI.response("m", PLAIN_CALL, [(Answer("", [whole]), finished("tool_use"))])
     choice = o["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     assert choice["message"]["tool_calls"] == [{"id": "toolu_1", "type": "function", "function": {
@@ -526,9 +526,10 @@ def test_plain_completions_parse_echo_and_answer_in_the_legacy_shape() -> None:
         COMPLETIONS.parse({"model": "m", "prompt": "Once", "echo": True, "logprobs": 1}, ["m"])
     lp = [TokenLogprob(" upon", -0.5, ((" upon", -0.5), (" more", -1.5))), TokenLogprob(" a", -0.1)]
     plain = COMPLETIONS.parse({"model": "m", "prompt": "Once", "logprobs": 2}, ["m"])
-    doc = COMPLETIONS.response("m", plain, Answer(" upon a", [], lp), finished("max_tokens"))
+    doc = COMPLETIONS.response("m", plain, [(Answer(" upon a", [], lp), finished("max_tokens"))])
     choice = doc["choices"][0]
     assert doc["object"] == "text_completion" and choice["text"] == " upon a" and choice["finish_reason"] == "length"
     assert choice["logprobs"] == {"tokens": [" upon", " a"], "token_logprobs": [-0.5, -0.1],
                                   "top_logprobs": [{" upon": -0.5, " more": -1.5}, {}], "text_offset": [0, 5]}
-    assert COMPLETIONS.response("m", call, Answer(" upon"), finished("end_turn"))["choices"][0]["text"] == "Once upon"
+    doc = COMPLETIONS.response("m", call, [(Answer(" upon"), finished("end_turn"))])
+    assert doc["choices"][0]["text"] == "Once upon"
