@@ -17,7 +17,7 @@ from appliance.engine.session import KVCache, ModelSession
 from appliance.engine.shards import plan_shards
 from appliance.engine.stops import StopMatcher
 from appliance.engine.tokenizer import StreamDecoder, TextTokenizer
-from appliance.engine.tools import CallParser, TextPart
+from appliance.engine.tools import CallParser, RepeatGuard, TextPart
 from appliance.engine.trace import Trace
 
 
@@ -56,6 +56,7 @@ class Generation:
         self.constraint = prompt.constraint  # the output grammar, if the request has one
         # Tool calls are parsed out of the output only where the grammar lets the model write them.
         self.calls = CallParser() if request.output.calls_allowed else None
+        self.repeats = RepeatGuard()
         self.tokenizer = tokenizer
         self.decoder = StreamDecoder(tokenizer)
         self.stops = StopMatcher(request.stop_sequences)
@@ -193,13 +194,17 @@ class Generation:
             return self._finish("end_turn", None, text + self.decoder.flush())
         if len(self.generated) >= self.request.max_tokens:
             return self._finish("max_tokens", None, text + self.decoder.flush())
-        return self._parts(text)
+        events = self._parts(text)
+        if self.repeats.repeated:  # the model wrote a call of this turn again: the turn's calls are all here
+            return events + self._finish("end_turn", None, "", flush=False)
+        return events
 
     def _parts(self, text: str, last: bool = False) -> list[Event]:
         """Output text as events: text deltas, or tool calls where the request allows them."""
         if self.calls is None:
             return [TextDelta(text)] if text else []
         parts = self.calls.push(text) + (self.calls.flush() if last else [])
+        parts = self.repeats.admit(parts, self.calls.complete) + (self.repeats.rest() if last else [])
         return [TextDelta(p.text) if isinstance(p, TextPart) else p for p in parts]
 
     def _finish(self, reason: str, stop: str | None, text: str, flush: bool = True) -> list[Event]:
@@ -211,6 +216,8 @@ class Generation:
             else:
                 text += self.stops.flush()
         events.extend(self._parts(text, last=True))
+        if reason == "max_tokens" and self.repeats.repeated:  # what max_tokens cut off was a repeat, dropped
+            reason = "end_turn"
         if reason == "end_turn" and self.calls is not None and self.calls.complete:
             reason = "tool_use"
         self.done = True

@@ -184,6 +184,58 @@ class CallArguments:
 Part = TextPart | CallStart | CallArguments
 
 
+class RepeatGuard:
+    """Holds each call after a turn's first until it is complete, and ends the turn when one
+    repeats an earlier call exactly (name and arguments): a small model may loop on the call it
+    has just made until max_tokens, and an agent would run it again. The repeat is dropped; the
+    first call streams as it is written, the others once whole."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []  # (name, arguments so far), by index
+        self.held: dict[int, list[Part]] = {}
+        self.closed = 0  # calls known complete
+        self.repeated = False
+
+    def admit(self, parts: list[Part], complete: int) -> list[Part]:
+        """What to send of `parts`, now that `complete` calls have closed."""
+        out: list[Part] = []
+        for part in parts:
+            if isinstance(part, TextPart):
+                out.append(part)
+                continue
+            if isinstance(part, CallStart):
+                self.calls.append((part.name, ""))
+            else:
+                name, arguments = self.calls[part.index]
+                self.calls[part.index] = (name, arguments + part.json)
+            if part.index == 0:
+                out.append(part)
+            else:
+                self.held.setdefault(part.index, []).append(part)
+        while self.closed < complete and not self.repeated:
+            index = self.closed
+            self.closed += 1
+            if self.calls[index] in self.calls[:index]:
+                self.repeated = True
+                self.held.clear()
+            else:
+                out.extend(self.held.pop(index, []))
+        return out
+
+    def rest(self) -> list[Part]:
+        """At the end (max_tokens): a call cut off before it closed, as far as it got, unless it
+        was on its way to repeating an earlier one (then it is dropped, and `repeated` set)."""
+        out: list[Part] = []
+        for index in sorted(self.held):
+            name, arguments = self.calls[index]
+            if any(n == name and a.startswith(arguments) for n, a in self.calls[: self.closed]):
+                self.repeated = True
+                break
+            out.extend(self.held[index])
+        self.held.clear()
+        return out
+
+
 class CallParser:
     """Splits the model's output into text and calls as it streams. Calls can only begin the
     answer (the grammar allows text or calls, not both), so the first characters decide; inside a

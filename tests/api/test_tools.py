@@ -34,6 +34,7 @@ from appliance.engine.tools import (
     CallParser,
     CallStart,
     OutputRules,
+    RepeatGuard,
     TextPart,
     Tool,
     ToolChoice,
@@ -74,6 +75,47 @@ def test_the_call_parser_splits_text_and_calls_however_the_output_is_chunked(chu
     cut = format_call("get_weather", {"city": "Paris"}).split("is")[0]  # max_tokens inside the arguments
     text, calls, complete = _parse(cut, chunk)
     assert text == "" and calls == [("get_weather", '{"city": "Par')] and complete == 0
+
+
+def _guarded(output: str, chunk: int, last: bool = True) -> tuple[list[tuple[str, str]], bool]:
+    """The calls a client is sent of `output` (fed `chunk` characters at a time), and whether a
+    repeat ended the turn."""
+    parser, guard, calls = CallParser(), RepeatGuard(), []
+    pieces = [output[i : i + chunk] for i in range(0, len(output), chunk)]
+    for piece in pieces:
+        for part in guard.admit(parser.push(piece), parser.complete):
+            if isinstance(part, CallStart):
+                calls.append((part.name, ""))
+            elif isinstance(part, CallArguments):
+                name, args = calls[part.index]
+                calls[part.index] = (name, args + part.json)
+        if guard.repeated:
+            break
+    if last and not guard.repeated:
+        for part in guard.rest():
+            assert isinstance(part, CallArguments | CallStart)
+            if isinstance(part, CallStart):
+                calls.append((part.name, ""))
+            else:
+                calls[part.index] = (calls[part.index][0], calls[part.index][1] + part.json)
+    return calls, guard.repeated
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1000])
+def test_a_call_repeated_in_its_turn_ends_the_turn_and_is_never_sent(chunk: int) -> None:
+    in_paris = ("get_weather", '{"city": "Paris", "unit": "c"}')
+    in_rome = ("get_weather", '{"city": "Rome", "unit": "c"}')
+    paris, rome = format_call(in_paris[0], in_paris[1]), format_call(in_rome[0], in_rome[1])
+    assert _guarded("\n".join([paris, rome, paris, rome, paris]), chunk) == ([in_paris, in_rome], True)
+    assert _guarded(paris + "\n" + paris, chunk) == ([in_paris], True)
+    assert _guarded(paris + "\n" + rome, chunk) == ([in_paris, in_rome], False)
+    cut = (paris + "\n" + rome)[:-20]  # max_tokens inside the second call: sent as far as it got, at the end
+    calls, repeated = _guarded(cut, chunk)
+    assert not repeated and len(calls) == 2 and calls[1][1] == in_rome[1][: len(calls[1][1])]
+    held, _ = _guarded(cut, chunk, last=False)
+    assert len(held) == 1  # until then the second call is held back
+    cut_repeat = (paris + "\n" + paris)[:-20]  # max_tokens inside a repeat: dropped, and the turn's calls are whole
+    assert _guarded(cut_repeat, chunk) == ([in_paris], True)
 
 
 @pytest.fixture(scope="module")
@@ -316,6 +358,33 @@ def test_a_final_assistant_message_is_continued_not_answered(tiny_bundle_path: P
 def _fan_out(fn: Any, items: list[Any]) -> list[Any]:
     with concurrent.futures.ThreadPoolExecutor(8) as pool:  # eight at once: the engine batches them
         return list(pool.map(fn, items))
+
+
+@pytest.mark.demo
+def test_a_model_that_loops_on_its_call_sends_it_once_and_ends_the_turn(demo: tuple[RunningDaemon, DevSetup]
+                                                                        ) -> None:  # fmt: skip
+    # The demo model, asked for the weather with parallel calls allowed, writes the same call again
+    # and again until max_tokens (two copies and "length" before): one call and "tool_calls" now.
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+    kw: dict[str, Any] = dict(model=MODEL, max_tokens=60, tools=[tool], tool_choice="required",
+                              messages=[{"role": "user", "content": "Weather in Paris?"}])  # fmt: skip
+    client = openai_client(*demo)
+    choice = client.chat.completions.create(**kw).choices[0]
+    calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]  # type: ignore[union-attr]
+    assert choice.finish_reason == "tool_calls" and calls == [("get_weather", '{"city": "Paris"}')]
+    streamed: dict[int, str] = {}
+    finish = None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            streamed[d.index] = streamed.get(d.index, "") + (d.function.arguments or "" if d.function else "")
+        finish = (chunk.choices[0].finish_reason if chunk.choices else None) or finish
+    assert finish == "tool_calls" and streamed == {0: '{"city": "Paris"}'}
+    schema = tool["function"]["parameters"]
+    message = anthropic_client(*demo).messages.create(
+        model=MODEL, max_tokens=60, tool_choice={"type": "any"}, messages=kw["messages"],
+        tools=[{"name": "get_weather", "description": "Weather for a city", "input_schema": schema}])  # fmt: skip
+    assert message.stop_reason == "tool_use" and [b.type for b in message.content] == ["tool_use"]
 
 
 @pytest.mark.demo
