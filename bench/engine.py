@@ -10,7 +10,9 @@ order alternates (so drifting machine noise hits both) and reports the median of
 2. sharded (max_tokens_per_shard=512) vs one-pass prefill of a 2048-token chat prompt through the
    Engine that ships, as time from submit to the Prefilled event. Target: overhead <= 5%.
 3. turn-2 time to first token with the ~2k-token turn-1 prefix reused from the prefix cache vs the
-   same request on an engine without a prefix cache (cold). Target: reused <= 0.2x cold.
+   same request on an engine without a prefix cache (cold). Target: reused <= 0.2x cold. Then a
+   request that shares a ~600-token system prompt with one still decoding (an agent's second
+   client): its time to first token with the prefix pool and without (informational).
 4. concurrent streams through the daemon over its Unix socket: aggregate tokens/s and inter-token
    latency at 1, 2, 4, 8 and 16 streams (64 new tokens each). Target: 8 streams >= 3.0x one.
 5. fairness: while 7 streams decode, an 8th request brings a ~2000-token prompt; the 7 streams'
@@ -48,7 +50,7 @@ import numpy as np
 import onnxruntime as ort
 import onnxruntime_genai as og
 
-from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, Prefilled
+from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, Prefilled, TextDelta
 from appliance.engine.session import ModelSession
 from appliance.engine.tools import OutputRules
 from bench.host import load_average, machine
@@ -89,6 +91,7 @@ class Sizes:
     shard_size: int = 512
     turn1_prompt: int = 2000
     turn1_answer: int = 16
+    shared_system: int = 600
 
 
 @dataclass(frozen=True)
@@ -344,6 +347,37 @@ async def engine_rows(bundle: Bundle, sizes: Sizes, reps: int, threads: int, rep
         print(f"  turn 2: reused {t_warm * 1000:.0f} ms vs cold {t_cold * 1000:.0f} ms", flush=True)
         if min(reused) != max(reused):
             report.notes.append(f"Turn 2 reused between {min(reused)} and {max(reused)} tokens across repetitions.")
+        # 3b. a request sharing a system prompt with one still decoding (offered to the pool at prefill end)
+        system = chat_text(one_pass, sizes.shared_system)
+        asked = [GenerationRequest(messages=(Message("user", q),), system=system, max_tokens=m, temperature=0.0)
+                 for q, m in (("What does the appliance keep local?", 48), ("What does the bundle carry?", 1))]
+        shared: list[int] = []
+
+        async def while_first_decodes(engine: Engine) -> float:
+            if engine.prefix_cache is not None:
+                engine.prefix_cache.clear()
+            decoding = asyncio.Event()
+
+            async def first() -> None:
+                async for event in engine.submit(asked[0]):
+                    if isinstance(event, TextDelta):
+                        decoding.set()
+
+            running = asyncio.create_task(first())
+            await decoding.wait()
+            ttft, finished = await first_token(engine, asked[1])
+            await running
+            if engine is reuse:
+                shared.append(finished.trace.reused_tokens)
+            return ttft
+
+        t_shared, t_alone = await interleaved_async(reps, lambda: while_first_decodes(reuse),
+                                                    lambda: while_first_decodes(one_pass))  # fmt: skip
+        n3 = one_pass.count_tokens(asked[1])
+        report.rows.append(Row(f"TTFT, {n3}-token prompt sharing its system prompt with a request still decoding: "
+                               f"{min(shared)} tokens reused / pool off", "ms", t_shared * 1000, t_alone * 1000,
+                               "—", None))  # fmt: skip
+        print(f"  shared system prompt: {t_shared * 1000:.0f} ms vs pool off {t_alone * 1000:.0f} ms", flush=True)
         report.notes.append(
             f"Turn 1: a {one_pass.count_tokens(req1)}-token prompt and a {sizes.turn1_answer}-token answer; turn 2 "
             f"adds the answer and a short user message. Engine rows time submit to the Prefilled event "
