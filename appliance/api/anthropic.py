@@ -282,9 +282,6 @@ class StreamEncoder:
             raise ValueError("a message has one choice")
         return self
 
-    def finish(self, done: Finished) -> bytes:
-        return self.finish_choice(done) + self.end(done)
-
     def finish_choice(self, done: Finished) -> bytes:
         out = self._open({"type": "text", "text": ""}) if self.block < 0 else b""  # an empty answer: one empty block
         return (

@@ -36,8 +36,8 @@ class ModelInfo:
 
 class StreamEncoder(Protocol):
     """Engine events -> the dialect's server-sent events. One encoder writes one choice; `choice(i)`
-    gives the encoder of another choice of the same answer (n > 1); `finish` is `finish_choice`
-    then `end`, and with several choices `end` comes once, after every choice's `finish_choice`."""
+    gives the encoder of another choice of the same answer (n > 1); `end` comes once, after every
+    choice's `finish_choice`."""
 
     def choice(self, index: int) -> Self: ...
 
@@ -52,8 +52,6 @@ class StreamEncoder(Protocol):
     def logprob(self, token: TokenLogprob) -> bytes: ...
 
     def debug(self, lines: list[str]) -> bytes: ...
-
-    def finish(self, done: Finished) -> bytes: ...
 
     def finish_choice(self, done: Finished) -> bytes: ...
 

@@ -352,9 +352,6 @@ class StreamEncoder:
         """The choice that carries the finish reason."""
         return {"index": self.index, "delta": {}, "finish_reason": finish_reason(done)}
 
-    def finish(self, done: Finished) -> bytes:
-        return self.finish_choice(done) + self.end(done)
-
     def finish_choice(self, done: Finished) -> bytes:
         """This choice's last chunk: its finish reason."""
         return self._chunk([self._last(done)])

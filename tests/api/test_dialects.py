@@ -65,7 +65,8 @@ def test_anthropic_stream_is_the_messages_event_sequence() -> None:
     call = ANTHROPIC.parse({"model": "m", "max_tokens": 5, "stream": True,
                             "messages": [{"role": "user", "content": "hi"}]}, ["m"])  # fmt: skip
     enc = ANTHROPIC.stream("m", 12, call)
-    events = sse_events(enc.start() + enc.delta("Par") + enc.delta("is") + enc.finish(finished()))
+    done = finished()
+    events = sse_events(enc.start() + enc.delta("Par") + enc.delta("is") + enc.finish_choice(done) + enc.end(done))
     assert [e["type"] for e in events] == ["message_start", "ping", "content_block_start", "content_block_delta",
                                            "content_block_delta", "content_block_stop", "message_delta",
                                            "message_stop"]  # fmt: skip
@@ -76,7 +77,8 @@ def test_openai_stream_ends_with_usage_when_asked_and_done() -> None:
     call = OPENAI.parse({"model": "m", "stream": True, "stream_options": {"include_usage": True},
                          "messages": [{"role": "user", "content": "hi"}]}, ["m"])  # fmt: skip
     enc = OPENAI.stream("m", 12, call)
-    raw = enc.start() + enc.delta("Paris") + enc.finish(finished())
+    done = finished()
+    raw = enc.start() + enc.delta("Paris") + enc.finish_choice(done) + enc.end(done)
     events = sse_events(raw)
     assert events[1]["choices"][0]["delta"] == {"content": "Paris"}  # type: ignore[index]
     assert events[2]["choices"][0]["finish_reason"] == "stop"  # type: ignore[index]

@@ -239,8 +239,9 @@ def test_streams_open_a_block_per_call() -> None:
                             "messages": [{"role": "user", "content": "hi"}]}, ["m"])  # fmt: skip
     enc = ANTHROPIC.stream("m", 12, call)
     c = CallOut("toolu_1", "f")
+    done = finished("tool_use")
     raw = enc.start() + enc.delta("Hm.") + enc.call_start(c) + enc.call_arguments(c, '{"a"') + enc.call_arguments(
-        c, ": 1}") + enc.finish(finished("tool_use"))
+        c, ": 1}") + enc.finish_choice(done) + enc.end(done)
     events = sse_events(raw)
     assert [(e["type"], e.get("index")) for e in events] == [
         ("message_start", None), ("ping", None), ("content_block_start", 0), ("content_block_delta", 0),
@@ -250,7 +251,7 @@ def test_streams_open_a_block_per_call() -> None:
     assert events[6]["delta"] == {"type": "input_json_delta", "partial_json": '{"a"'}
     ocall = OPENAI.parse({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}, ["m"])
     oenc = OPENAI.stream("m", 12, ocall)
-    body = oenc.start() + oenc.call_start(c) + oenc.call_arguments(c, "{}") + oenc.finish(finished("tool_use"))
+    body = oenc.start() + oenc.call_start(c) + oenc.call_arguments(c, "{}") + oenc.finish_choice(done) + oenc.end(done)
     chunks = sse_events(body)
     assert chunks[1]["choices"][0]["delta"]["tool_calls"] == [
         {"index": 0, "id": "toolu_1", "type": "function", "function": {"name": "f", "arguments": ""}}]
