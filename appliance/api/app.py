@@ -592,8 +592,7 @@ class WholeSink:
         choices = [(Answer("".join(parts), calls, logprobs), done)
                    for parts, calls, logprobs, done in kept if done is not None]  # fmt: skip
         doc = self.dialect.response(self.model, self.call, choices)
-        trace = choices[0][1].trace.lines()
-        extra = [(b"zerolayer-trace", json.dumps(trace).encode())] if self.debug else []
+        extra = [(b"zerolayer-trace", json.dumps(choices[0][1].trace.lines()).encode())] if self.debug else []
         self.started = True
         await _respond(self.send, 200, json.dumps(doc, ensure_ascii=False).encode(),
                        [(b"content-type", b"application/json"), *extra])  # fmt: skip
