@@ -31,6 +31,17 @@ def _http(running: RunningDaemon, setup: DevSetup, unix: bool) -> tuple[httpx.Cl
     return httpx.Client(verify=trust(setup)), f"https://localhost:{running.port('tcp')}", setup.api_key
 
 
+def metrics(setup: DevSetup) -> str:
+    """The daemon's Prometheus text, over its Unix socket (open there without a key)."""
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket))) as c:
+        return c.get("http://localhost/metrics").text
+
+
+def metric(text: str, name: str) -> float:
+    """The value of the first sample of `name` (unlabelled, or with its labels: one model served)."""
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith((name + " ", name + "{"))))
+
+
 def anthropic_client(running: RunningDaemon, setup: DevSetup, unix: bool = False) -> anthropic.Anthropic:
     client, origin, key = _http(running, setup, unix)
     return anthropic.Anthropic(base_url=origin, api_key=key, http_client=client, max_retries=0)

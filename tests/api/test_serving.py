@@ -17,7 +17,7 @@ import httpx2 as httpx  # the official clients' own HTTP library (httpx's succes
 import niquests
 import pytest
 from battery import check_error
-from clients import MODEL, anthropic_client, openai_client, trust
+from clients import MODEL, anthropic_client, metric, metrics, openai_client, trust
 from daemon_thread import RunningDaemon
 
 from appliance.devsetup import DevSetup, write_dev_config
@@ -102,11 +102,8 @@ def test_openai_logprobs_and_plain_completions(demo: tuple[RunningDaemon, DevSet
     assert parts[-1].usage is not None and parts[-1].usage.completion_tokens == 8
 
 
-def _reused_tokens(running: RunningDaemon, setup: DevSetup) -> float:
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket))) as http:
-        text = http.get("http://localhost/metrics").text
-    return float(next(line.split()[-1] for line in text.splitlines()
-                      if line.startswith("zerolayer_prefix_cache_reused_tokens_total")))  # fmt: skip
+def _reused_tokens(setup: DevSetup) -> float:
+    return metric(metrics(setup), "zerolayer_prefix_cache_reused_tokens_total")
 
 
 @pytest.mark.demo
@@ -117,9 +114,9 @@ def test_openai_n_choices_whole_and_streamed_each_reproducible_by_its_seed(demo:
     messages: Any = [{"role": "system", "content": "You are a storyteller for children. " * 12},
                      {"role": "user", "content": "Tell me a story about a fox."}]  # fmt: skip
     sampled = dict(model=MODEL, messages=messages, max_tokens=12, temperature=1.0, seed=7)
-    reused = _reused_tokens(*demo)
+    reused = _reused_tokens(demo[1])
     whole = client.chat.completions.create(n=3, **sampled)  # type: ignore[call-overload]
-    assert _reused_tokens(*demo) - reused >= 2 * 32  # choices 1 and 2 prefilled only what the pool lacked
+    assert _reused_tokens(demo[1]) - reused >= 2 * 32  # choices 1 and 2 prefilled only what the pool lacked
     assert [c.index for c in whole.choices] == [0, 1, 2]
     alone = [client.chat.completions.create(**{**sampled, "seed": 7 + i}) for i in range(3)]  # type: ignore[call-overload]
     assert [c.message.content for c in whole.choices] == [a.choices[0].message.content for a in alone]

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx2 as httpx
 import niquests
 import pytest
+from clients import metric, metrics
 from daemon_process import UNPRIVILEGED, NotifySocket, daemon_process
 from daemon_thread import RunningDaemon
 
@@ -46,15 +47,6 @@ def _ask(running: RunningDaemon, setup: DevSetup, timeout: float = 30) -> int:
                    json={"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": LONG}]})
         assert r.http_version == 30
         return int(r.status_code or 0)
-
-
-def _metrics(setup: DevSetup) -> str:
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket))) as c:
-        return c.get("http://localhost/metrics").text
-
-
-def _metric(text: str, name: str) -> float:
-    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
 def _our_flow(kernel: KernelLayer, quic_port: int) -> FlowRecord:
@@ -94,21 +86,21 @@ def test_the_kernel_counts_a_clients_flow_and_the_daemon_writes_its_digests_besi
         flow = _our_flow(kernel, running.port("http3"))
         assert flow.packets >= 4 and flow.bytes > 1200  # handshake + request
         assert any(any(d) for d in flow.digests)
-        text = _metrics(required)
-        assert _metric(text, "zerolayer_flows") >= 1 and _metric(text, "zerolayer_flow_packets_total") >= 4
+        text = metrics(required)
+        assert metric(text, "zerolayer_flows") >= 1 and metric(text, "zerolayer_flow_packets_total") >= 4
     assert "zerolayer" not in _filters()  # stop detached exactly what it attached
 
 
 def test_a_reloaded_allowlist_drops_clients_it_leaves_out_in_the_kernel(required: DevSetup) -> None:
     with serving_with_kernel(required) as (running, _):
         assert _ask(running, required) == 200
-        dropped_before = _metric(_metrics(required), "zerolayer_allowlist_dropped_total")
+        dropped_before = metric(metrics(required), "zerolayer_allowlist_dropped_total")
         config = required.root / "zerolayer.toml"
         config.write_text(config.read_text() + 'allowlist = ["10.0.0.0/8"]\n')  # loopback left out
         assert running.call(running.daemon.reload)
         with pytest.raises(niquests.exceptions.RequestException):
             _ask(running, required, timeout=3)
-        assert _metric(_metrics(required), "zerolayer_allowlist_dropped_total") > dropped_before
+        assert metric(metrics(required), "zerolayer_allowlist_dropped_total") > dropped_before
         config.write_text(config.read_text().replace('allowlist = ["10.0.0.0/8"]\n', 'allowlist = ["127.0.0.0/8"]\n'))
         assert running.call(running.daemon.reload)
         assert _ask(running, required) == 200
@@ -141,7 +133,7 @@ def test_kernel_off_serves_with_userspace_flows(tiny_bundle_path: Path, trusted_
         (flow,) = layer.flows()
         assert flow.proto == "udp" and flow.server == ("127.0.0.1", running.port("http3"))
         assert flow.packets >= 6 and flow.bytes > flow.packets * (14 + 20 + 8) and any(any(d) for d in flow.digests)
-        assert _metric(_metrics(setup), "zerolayer_flow_packets_total") >= flow.packets
+        assert metric(metrics(setup), "zerolayer_flow_packets_total") >= flow.packets
     finally:
         running.stop()
 
@@ -167,7 +159,7 @@ def test_userspace_allowlist_refuses_before_parsing(tiny_bundle_path: Path, trus
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket))) as c:
             assert c.post("http://localhost/v1/messages", json={"model": "tiny-llama", "max_tokens": 2,
                           "messages": [{"role": "user", "content": "hi"}]}).status_code == 200  # fmt: skip
-        assert _metric(_metrics(setup), "zerolayer_allowlist_dropped_total") >= 2
+        assert metric(metrics(setup), "zerolayer_allowlist_dropped_total") >= 2
     finally:
         running.stop()
 
@@ -220,7 +212,7 @@ def test_unprivileged_daemon_auto_serves_in_userspace_and_required_refuses(
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(setup.unix_socket))) as c:
             status = c.get("http://localhost/status").json()
         assert status["kernel"].startswith("userspace (no eBPF)")
-        assert _metric(_metrics(setup), "zerolayer_flow_packets_total") >= 6  # counted in userspace
+        assert metric(metrics(setup), "zerolayer_flow_packets_total") >= 6  # counted in userspace
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     warnings = [line for line in log.read_text().splitlines() if "kernel layer unavailable" in line]
