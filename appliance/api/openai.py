@@ -208,6 +208,8 @@ def common_fields(doc: dict[str, Any], served: Sequence[str]) -> Common:
         stops = tuple(stop)
     else:
         raise ApiError(400, "stop: must be a string or a list of at most 4 strings", param="stop")
+    if not all(stops):  # named here, in this API's own terms (the engine would say stop_sequences)
+        raise ApiError(400, "stop: a stop sequence must not be empty", param="stop")
     stream = get_bool(doc, "stream")
     options = doc.get("stream_options")
     include_usage = False

@@ -37,6 +37,10 @@ def test_each_dialect_parses_its_own_body_into_one_call() -> None:
     with pytest.raises(ApiError) as info:
         OPENAI.parse({"model": "other", "messages": [{"role": "user", "content": "hi"}]}, ["m"])
     assert info.value.status == 404 and info.value.param == "model"
+    for stop in ("", ["END", ""]):  # refused in the dialect's own field name, not the engine's stop_sequences
+        with pytest.raises(ApiError) as info:
+            OPENAI.parse({"model": "m", "stop": stop, "messages": [{"role": "user", "content": "hi"}]}, ["m"])
+        assert info.value.status == 400 and info.value.param == "stop"
 
 
 def test_errors_in_each_dialects_shape_and_a_full_queue_in_its_status() -> None:
