@@ -149,7 +149,7 @@ class DeviceWorker:
         self.kv = session.new_slots(slots, capacity)
         self.scheduler: Scheduler[Job] = Scheduler(slots, kv_tokens, capacity, max_queued, max_chunk_tokens)
         self._cond = threading.Condition()
-        self._outbox: list[Delivery] = []  # this step's events, delivered together at its end
+        self._outbox: list[Delivery] = []  # events not yet delivered: they go before the next model run
         self._masks = ThreadPoolExecutor(1, thread_name_prefix=f"masks-{self.device}")  # grammar masks
         self.last_progress = time.monotonic()  # the watchdog reads this
         self._thread = threading.Thread(target=self._run, name=f"engine-{self.device}", daemon=True)
@@ -198,25 +198,36 @@ class DeviceWorker:
                     self._note_cancels()
                     if sched.has_work(self.admitting()):
                         break
+                    self._deliver()
                     self.last_progress = time.monotonic()
                     self._cond.wait(0.05 if sched.queued or sched.active else 1.0)
                 if sched.stopped:
                     leftover = sched.drain()
                     break
                 admitted = sched.admit(self.admitting())
+            if admitted:
+                self._deliver()  # a prefix import can take a few milliseconds
             for ticket in admitted:
                 self._start(ticket)
             with self._cond:
                 self._note_cancels()
                 plan = sched.plan()
             self._execute(plan)
-            deliver(self._outbox)
-            self._outbox = []
             self.last_progress = time.monotonic()
+        self._deliver()
         for ticket in leftover:
             ticket.job.generation.release()
         deliver([(t.job.stream, [EngineStopped("the engine stopped before this request finished")])
                  for t in leftover])  # fmt: skip
+
+    def _deliver(self) -> None:
+        """Hand the events gathered so far to their streams. Called just before a model run (and
+        before idling): ONNX Runtime releases the GIL at once, so the event loop's work for them
+        runs beside the model instead of the worker waiting for the GIL the loop took on waking;
+        and a newcomer's first token leaves when its prefill ends, not after the decode beside it."""
+        if self._outbox:
+            deliver(self._outbox)
+            self._outbox = []
 
     def _note_cancels(self) -> None:
         for ticket in (*self.scheduler.waiting, *(t for t in self.scheduler.running if t is not None)):
@@ -241,6 +252,7 @@ class DeviceWorker:
         if plan.prefill is not None:
             ticket, start, end = plan.prefill
             job = ticket.job
+            self._deliver()
             t0 = time.perf_counter()
             try:
                 events = job.generation.prefill(start, end)
@@ -253,6 +265,7 @@ class DeviceWorker:
                 self._emit(job, events)
         decode = [t for t in plan.decode if t.slot is not None and self.scheduler.running[t.slot] is t]
         if not decode:
+            self._deliver()  # no model run follows in this step
             return
         tokens = np.zeros(plan.rows, dtype=np.int64)
         lengths = np.zeros(plan.rows, dtype=np.int64)
@@ -265,6 +278,7 @@ class DeviceWorker:
             tokens[t.slot] = t.job.generation.decode_input
         t0 = time.perf_counter()
         masks = self._fill_masks([t.job.generation.constraint for t in decode])
+        self._deliver()
         try:
             logits = self.session.decode(self.kv, tokens, lengths)
         except Exception as exc:  # the whole batch failed: each request ends or moves

@@ -382,6 +382,57 @@ def test_cancelling_one_stream_leaves_the_others_unchanged(engine: Engine) -> No
     assert engine.workers["cpu"].depth == 0
 
 
+def test_a_newcomers_first_token_leaves_before_the_decode_run_beside_its_prefill(
+    bundle: firmware.Bundle, engine: Engine
+) -> None:
+    # The step that ends a newcomer's prefill also decodes the running streams. Its first token is
+    # handed to its stream before that decode run, not after it: here that decode run waits (up to
+    # 10 s) until the newcomer's first token has reached the event loop.
+    newcomer = (Message("user", "Tell me everything about loops."),)
+    newcomer_length = len(_prompt_ids(bundle, newcomer))
+    worker = engine.workers["cpu"]
+    session, real_decode, real_forward = worker.session, worker.session.decode, worker.session.forward
+    prefilled, first_token, waits = threading.Event(), threading.Event(), []
+
+    def forward(cache, ids):  # type: ignore[no-untyped-def]
+        logits = real_forward(cache, ids)
+        if cache.length == newcomer_length:
+            prefilled.set()
+        return logits
+
+    def decode(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if prefilled.is_set() and not waits:
+            waits.append(first_token.wait(10))
+        return real_decode(*args, **kwargs)
+
+    async def scenario() -> None:
+        running = engine.submit(_greedy(1500, (Message("user", "Hi."),)))  # the tiny model's answer never ends
+        decoding = asyncio.Event()
+
+        async def consume() -> None:
+            async for event in running:
+                if isinstance(event, TextDelta):
+                    decoding.set()
+
+        consumer = asyncio.create_task(consume())
+        await decoding.wait()
+        async for event in engine.submit(_greedy(4, newcomer)):
+            if isinstance(event, TextDelta):
+                assert running.finished is None
+                first_token.set()
+        running.cancel()
+        await consumer
+
+    session.forward, session.decode = forward, decode  # type: ignore[method-assign]
+    try:
+        _run(scenario())
+    finally:
+        first_token.set()
+        session.forward, session.decode = real_forward, real_decode  # type: ignore[method-assign]
+    assert waits == [True]  # the decode beside the newcomer's last chunk ran after its first token was out
+    assert worker.depth == 0
+
+
 def test_prefix_reuse_inside_a_batch_equals_cold(bundle: firmware.Bundle, engine: Engine) -> None:
     warm = Engine(bundle, EngineConfig(prefix_cache_bytes=64 << 20, prefix_block_tokens=8))
     follow_ups = [(*CONVERSATION, Message("assistant", "A loop."), Message("user", q)) for q in QUESTIONS[:4]]
