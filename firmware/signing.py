@@ -50,7 +50,12 @@ def generate_keypair(out_dir: Path, name: str = "signing") -> KeyPair:
 
 
 def load_private_key(path: Path) -> Ed25519PrivateKey:
-    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except OSError as exc:
+        raise BundleError(f"{path}: cannot read the signing key ({exc.strerror or exc})") from None
+    except (ValueError, TypeError) as exc:  # not PEM, or a passphrase-protected key
+        raise BundleError(f"{path}: not an unencrypted PEM private key ({exc})") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise BundleError(f"{path}: not an Ed25519 private key")
     return key
@@ -59,6 +64,8 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
 def load_public_key(path: Path) -> Ed25519PublicKey:
     try:
         key = serialization.load_pem_public_key(path.read_bytes())
+    except OSError as exc:
+        raise BundleError(f"{path}: cannot read the public key ({exc.strerror or exc})") from None
     except ValueError as exc:
         raise BundleError(f"{path}: not a PEM public key ({exc})") from None
     if not isinstance(key, Ed25519PublicKey):

@@ -394,14 +394,19 @@ def read_chat_template(model_dir: Path) -> str:
     raise BundleError(f"{model_dir}: no chat template (chat_template.jinja or tokenizer_config.json)")
 
 
+def require_empty(out_dir: Path) -> None:
+    """A bundle is written into a new or empty directory only, never over another."""
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise BundleError(f"{out_dir}: output directory is not empty")
+
+
 def pack(model_dir: Path, out_dir: Path, *, name: str, version: str, layer: LayerConstants,
          source: dict[str, str], chat_template: str | None = None, eos_tokens: tuple[str, ...] = (),
          licence: Licence | None = None, licence_files: tuple[Path, ...] = ()) -> Manifest:  # fmt: skip
     """Copy an ONNX Runtime GenAI folder into out_dir and write its manifest (unsigned), with the
     options' chat template, extra end-of-generation tokens and licence where given."""
     layer.validate(where="layer")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise BundleError(f"{out_dir}: output directory is not empty")
+    require_empty(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for f in sorted(model_dir.iterdir()):
         if f.name in (MANIFEST_NAME, SIGNATURE_NAME):
@@ -474,6 +479,29 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
           progress: Progress = _stderr_progress) -> Manifest:  # fmt: skip
     options.validate()
     kind = source_kind(source)
+    # What would fail at the end fails first, not after minutes of export.
+    require_empty(out_dir)
+    if key:
+        load_private_key(key)
+    fresh = not out_dir.exists()
+    try:
+        return _build(source, kind, out_dir, options, key, progress)
+    except BaseException:
+        # A half-written bundle would refuse the next try ("not empty") and could be mistaken
+        # for a bundle: the directory goes back to how it was (absent, or empty).
+        if fresh:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        elif out_dir.is_dir():
+            for child in out_dir.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+        raise
+
+
+def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: Path | None,
+           progress: Progress) -> Manifest:  # fmt: skip
     exported = kind in ("gguf", "hf")
     name = options.name or source.stem.lower()
     steps = {"gguf": 4, "hf": 3, "genai": 2}[kind] + (1 if key else 0) + (1 if options.cuda_graph else 0)
@@ -488,6 +516,7 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
             step.done(t)
         if exported:
             refuse_unsupported_attention(hf_dir)
+            require_tokenizer_files(hf_dir)
             quantized = f", blocks of {options.block_size}" if options.precision in QUANTIZED else ""
             t = step(f"exporting to ONNX ({options.precision}{quantized}, {options.target}) with the model builder")
             genai_dir = work / "onnx"
@@ -516,8 +545,9 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
             licence=options.licence, licence_files=options.licence_files,
         )  # fmt: skip
         step.done(t)
-        t = step("checking the packed model loads in ONNX Runtime")
+        t = step("checking the packed model loads in ONNX Runtime and its tokenizer is the model's")
         check_loads(out_dir)
+        check_tokenizer(out_dir)
         step.done(t)
         if key:
             t = step(f"signing with {key}")
@@ -563,6 +593,42 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip
+
+
+def require_tokenizer_files(hf_dir: Path) -> None:
+    """A Hugging Face folder must carry its tokenizer in a form read without extra libraries:
+    tokenizer.json, or a byte-level BPE's vocab.json and merges.txt. A SentencePiece
+    tokenizer.model alone needs converting first (transformers would need sentencepiece)."""
+    if (hf_dir / "tokenizer.json").is_file() or all((hf_dir / f).is_file() for f in ("vocab.json", "merges.txt")):
+        return
+    found = "only a SentencePiece tokenizer.model" if (hf_dir / "tokenizer.model").is_file() else "no tokenizer files"
+    raise BundleError(f"{hf_dir.name}: {found}; the build needs tokenizer.json. Convert it where sentencepiece is "
+                      "installed: AutoTokenizer.from_pretrained(folder).save_pretrained(folder)")  # fmt: skip
+
+
+# A tokenizer knowing fewer tokens than this share of the model's embedding rows is not the model's.
+# Vocabularies are padded a little (Qwen2.5 0.5B: 151,665 tokens for 151,936 rows; Phi-3: 32,011
+# for 32,064), never by half.
+MIN_TOKENIZER_COVERAGE = 0.9
+
+
+def check_tokenizer(bundle_dir: Path) -> None:
+    """Refuse a tokenizer that cannot be the model's. transformers makes a near-empty one, and the
+    export ships it, from a folder whose tokenizer files it cannot read (no tokenizer.json, say):
+    every prompt would then be the unknown token."""
+    from tokenizers import Tokenizer
+
+    from firmware.bundle import read_model_facts
+
+    try:
+        tokens = Tokenizer.from_file(str(bundle_dir / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    except Exception as exc:  # tokenizers raises its own exception types for a bad file
+        raise BundleError(f"tokenizer.json: cannot be loaded: {exc}") from None
+    rows = read_model_facts(bundle_dir).vocab_size
+    if tokens < MIN_TOKENIZER_COVERAGE * rows:
+        raise BundleError(f"tokenizer.json: {tokens} tokens for a model with {rows} embedding rows, so it is not "
+                          "this model's tokenizer; give the source its tokenizer as tokenizer.json (the fast "
+                          "tokenizer file Hugging Face repositories ship)")  # fmt: skip
 
 
 def check_loads(bundle_dir: Path) -> None:

@@ -205,6 +205,65 @@ def test_build_rejects_bad_options_before_work(tiny_hf_path: Path, tmp_path: Pat
         build(tiny_hf_path, tmp_path / "v", BuildOptions(precision="fp32", block_size=64))
 
 
+def test_a_key_or_output_that_would_fail_the_end_of_a_build_fails_its_start(tiny_hf_path: Path,
+                                                                              tmp_path: Path) -> None:  # fmt: skip
+    # Before minutes of export, and as one line naming the file, never a traceback.
+    (tmp_path / "bad.key").write_text("not a key\n")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "kept.txt").write_text("x")
+    cases = [(["--key", str(tmp_path / "missing.key")], "missing.key: cannot read the signing key (No such file"),
+             (["--key", str(tmp_path / "bad.key")], "bad.key: not an unencrypted PEM private key"),
+             ([], "full: output directory is not empty")]  # fmt: skip
+    for extra, says in cases:
+        out = tmp_path / ("full" if not extra else "out")
+        result = _zerolayer("firmware", "build", "--from", str(tiny_hf_path), "--out", str(out), "--precision",
+                            "fp32", *extra)  # fmt: skip
+        assert result.returncode == 2 and says in result.stderr, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr and "exporting" not in result.stderr
+    assert not (tmp_path / "out").exists() and [p.name for p in (tmp_path / "full").iterdir()] == ["kept.txt"]
+
+
+def test_a_source_without_its_tokenizer_file_is_refused_before_the_export(tiny_hf_path: Path,
+                                                                          tmp_path: Path) -> None:  # fmt: skip
+    # Without tokenizer.json the builder either failed with a traceback (Llama: no sentencepiece to
+    # convert tokenizer.model) or, for Qwen2, shipped a 3-token tokenizer: every prompt unknown.
+    import shutil
+
+    source = tmp_path / "no-tokenizer"
+    shutil.copytree(tiny_hf_path, source)
+    (source / "tokenizer.json").unlink()
+    (source / "tokenizer.model").write_bytes(b"sentencepiece")
+    progress: list[str] = []
+    with pytest.raises(BundleError, match=r"only a SentencePiece tokenizer\.model; the build needs tokenizer\.json"):
+        build(source, tmp_path / "out", BuildOptions(precision="fp32"), progress=progress.append)
+    assert progress == [] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("out_exists", [False, True])
+def test_a_tokenizer_that_is_not_the_models_is_refused_and_leaves_no_half_bundle(
+    tiny_hf_path: Path, tmp_path: Path, out_exists: bool
+) -> None:
+    # The last line of defence, after the export: a tokenizer far smaller than the embedding.
+    # The output directory is left as it was (absent, or empty), so a retry is not refused.
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    source = tmp_path / "small-tokenizer"
+    shutil.copytree(tiny_hf_path, source)
+    doc = json.loads((source / "tokenizer.json").read_text())
+    doc["model"]["vocab"] = dict(list(doc["model"]["vocab"].items())[:100])
+    doc["model"]["merges"] = []
+    (source / "tokenizer.json").write_text(json.dumps(doc))
+    assert Tokenizer.from_file(str(source / "tokenizer.json")).get_vocab_size() < 200
+    out = tmp_path / "out"
+    if out_exists:
+        out.mkdir()
+    with pytest.raises(BundleError, match=r"tokenizer.json: \d+ tokens for a model with 512 embedding rows"):
+        build(source, out, BuildOptions(precision="fp32"), progress=lambda _: None)
+    assert (list(out.iterdir()) == []) if out_exists else not out.exists()
+
+
 def test_int8_weights_are_quantized_in_the_blocks_asked_for(tiny_hf_path: Path, tmp_path: Path) -> None:
     import onnx
 
