@@ -373,6 +373,9 @@ def run_model_builder(hf_dir: Path, out_dir: Path, precision: str, target: str, 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                        os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if result.returncode != 0 and "model is not currently supported" in result.stdout:
+        raise BundleError(f"{architecture(hf_dir) or hf_dir.name}: the ONNX Runtime GenAI model builder cannot export "
+                          f"this architecture (checked here: {', '.join(CHECKED_ARCHITECTURES)})")  # fmt: skip
     if result.returncode != 0:
         tail = "\n".join(result.stdout.splitlines()[-20:])
         raise BundleError(f"the ONNX Runtime GenAI model builder failed (exit {result.returncode}):\n{tail}")
@@ -517,6 +520,7 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
         if exported:
             refuse_unsupported_attention(hf_dir)
             require_tokenizer_files(hf_dir)
+            note_architecture(hf_dir, progress)
             quantized = f", blocks of {options.block_size}" if options.precision in QUANTIZED else ""
             t = step(f"exporting to ONNX ({options.precision}{quantized}, {options.target}) with the model builder")
             genai_dir = work / "onnx"
@@ -593,6 +597,30 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip
+
+
+# The architectures checked against transformers in make test (tests/engine/test_architectures.py,
+# tests/engine/test_gguf_architectures.py, the demo models).
+CHECKED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                         "Phi3ForCausalLM", "Gemma3ForCausalLM")  # fmt: skip
+
+
+def architecture(hf_dir: Path) -> str | None:
+    """config.json's first architecture, if it names one."""
+    try:
+        names = json.loads((hf_dir / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(names[0]) if names else None
+
+
+def note_architecture(hf_dir: Path, progress: Progress) -> None:
+    """An architecture this project does not check may still export (the builder knows more), but
+    the operator is told to compare its answers before serving it."""
+    arch = architecture(hf_dir)
+    if arch not in CHECKED_ARCHITECTURES:
+        progress(f"note: {arch or 'an unnamed architecture'} is not one this build checks against transformers "
+                 f"({', '.join(CHECKED_ARCHITECTURES)}); compare its answers before serving it")  # fmt: skip
 
 
 def require_tokenizer_files(hf_dir: Path) -> None:

@@ -15,7 +15,7 @@ import firmware
 from firmware import BundleError, LayerConstants
 from firmware.manifest import parse_manifest
 from firmware.signing import generate_keypair
-from firmware.toolchain.build import BuildOptions, build, sign
+from firmware.toolchain.build import BuildOptions, build, note_architecture, sign
 
 
 def _zerolayer(*args: str) -> subprocess.CompletedProcess[str]:
@@ -237,6 +237,28 @@ def test_a_source_without_its_tokenizer_file_is_refused_before_the_export(tiny_h
     with pytest.raises(BundleError, match=r"only a SentencePiece tokenizer\.model; the build needs tokenizer\.json"):
         build(source, tmp_path / "out", BuildOptions(precision="fp32"), progress=progress.append)
     assert progress == [] and not (tmp_path / "out").exists()
+
+
+def test_an_architecture_the_builder_cannot_export_is_named_in_one_line(tiny_hf_path: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    source = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=512, n_positions=64)).save_pretrained(source)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tiny_hf_path / name, source / name)
+    progress: list[str] = []
+    with pytest.raises(BundleError) as info:
+        build(source, tmp_path / "out", BuildOptions(precision="fp32"), progress=progress.append)
+    assert str(info.value).startswith("GPT2LMHeadModel: the ONNX Runtime GenAI model builder cannot export this "
+                                      "architecture (checked here: LlamaForCausalLM, ")  # fmt: skip
+    assert "Traceback" not in str(info.value) and not (tmp_path / "out").exists()
+    # Before it, the note an architecture outside the checked ones gets (the checked ones get none).
+    assert progress[0].startswith("note: GPT2LMHeadModel is not one this build checks against transformers")
+    quiet: list[str] = []
+    note_architecture(tiny_hf_path, quiet.append)
+    assert quiet == []
 
 
 @pytest.mark.parametrize("out_exists", [False, True])
