@@ -515,7 +515,13 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
         if kind == "gguf":
             t = step(f"dequantizing {source.name} into a Hugging Face folder")
             hf_dir = work / "hf"
-            gguf_to_hf(source, hf_dir)
+            try:
+                gguf_to_hf(source, hf_dir)
+            except BundleError:
+                raise
+            except Exception as exc:  # gguf's reader and transformers' loader raise whatever they hit
+                raise BundleError(f"{source.name}: cannot be read as a model ({type(exc).__name__}: {exc}); is it a "
+                                  "whole GGUF file of an architecture transformers loads?") from None  # fmt: skip
             step.done(t)
         if exported:
             refuse_unsupported_attention(hf_dir)

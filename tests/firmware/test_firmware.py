@@ -261,6 +261,14 @@ def test_an_architecture_the_builder_cannot_export_is_named_in_one_line(tiny_hf_
     assert quiet == []
 
 
+def test_a_gguf_file_that_cannot_be_read_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file\n")
+    result = _zerolayer("firmware", "build", "--from", str(tmp_path / "junk.gguf"), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "junk.gguf: cannot be read as a model (ValueError: GGUF magic invalid)" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("out_exists", [False, True])
 def test_a_tokenizer_that_is_not_the_models_is_refused_and_leaves_no_half_bundle(
     tiny_hf_path: Path, tmp_path: Path, out_exists: bool
