@@ -542,6 +542,11 @@ def main(argv: list[str] | None = None) -> int:
     except DaemonUnreachable as exc:
         print(f"zerolayer: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a path missing, unwritable or not what it should be: one line, not a traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"zerolayer: {where}{exc.strerror or exc}", file=sys.stderr)
+        logging.getLogger(__name__).debug("the error in full", exc_info=exc)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -192,6 +192,8 @@ def _fsync_dir(path: Path) -> None:
 @contextmanager
 def _locked(store: Path) -> Iterator[None]:
     """One install or rollback at a time."""
+    if not store.is_dir():
+        raise InstallError(f"no firmware store at {store}: nothing was ever installed there (--store names another)")
     with (store / ".lock").open("w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield

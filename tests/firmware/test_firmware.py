@@ -261,6 +261,16 @@ def test_an_architecture_the_builder_cannot_export_is_named_in_one_line(tiny_hf_
     assert quiet == []
 
 
+def test_a_path_the_cli_cannot_use_is_one_line_naming_it(tmp_path: Path, dev_key: Path) -> None:
+    # Any command: an OSError the command did not expect is said in one line, exit code 1.
+    (tmp_path / "file").write_text("x")
+    cases = [(["sign", str(tmp_path / "absent"), "--key", str(dev_key)], "absent/manifest.json: No such file"),
+             (["keygen", "--out", str(tmp_path / "file" / "keys")], "file/keys: Not a directory")]
+    for args, says in cases:
+        result = _zerolayer("firmware", *args)
+        assert result.returncode == 1 and says in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
 def test_a_gguf_file_that_cannot_be_read_is_refused_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf file\n")
     result = _zerolayer("firmware", "build", "--from", str(tmp_path / "junk.gguf"), "--out", str(tmp_path / "out"))

@@ -88,6 +88,9 @@ def test_rollback_without_a_previous_says_what_to_do(bundles: list[Path], truste
     install(bundles[0], trusted_keys, Restarts(), store)
     with pytest.raises(InstallError, match=r"no previous firmware .*`zerolayer firmware install"):
         rollback(trusted_keys, Restarts(), store)
+    with pytest.raises(InstallError, match=r"no firmware store at .*nowhere: nothing was ever installed there"):
+        rollback(trusted_keys, Restarts(), tmp_path / "nowhere")  # the lock file's FileNotFoundError before
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_a_tampered_bundle_leaves_the_store_untouched(bundles: list[Path], trusted_keys: Path, tmp_path: Path) -> None:
