@@ -239,7 +239,7 @@ def _resolve_firmware(firmware: Path | None, trusted: Path | None) -> tuple[Path
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from appliance.engine import Engine, GenerationRequest, Message, Prefilled, TextDelta
+    from appliance.engine import Engine, GenerationRequest, InvalidRequest, Message, Prefilled, TextDelta
     from firmware import load
 
     path, trusted = _resolve_firmware(args.firmware, args.trusted_keys)
@@ -253,7 +253,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     async def run() -> int:
         engine = Engine(bundle)
         try:
-            stream = engine.submit(request)
+            try:
+                stream = engine.submit(request)
+            except InvalidRequest as exc:  # a parameter out of range, or more than the context holds
+                print(f"zerolayer generate: {exc}", file=sys.stderr)
+                return 2
             async for event in stream:
                 if isinstance(event, TextDelta):
                     sys.stdout.write(event.text)

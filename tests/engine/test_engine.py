@@ -606,6 +606,17 @@ def test_demo_firmware_answers_paris_from_the_cli(demo_bundle_path: Path) -> Non
     assert "[end_turn;" in result.stderr
 
 
+def test_the_cli_refuses_a_parameter_out_of_range_in_one_line(tiny_bundle_path: Path, trusted_keys: Path) -> None:
+    for flags, says in ((["--max-tokens", "100000"], "exceeds the model's context of"),
+                        (["--temperature", "9"], "temperature must be between 0.0 and 2.0")):  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "appliance.cli", "generate", "Hi.", "--firmware", str(tiny_bundle_path),
+             "--trusted-keys", str(trusted_keys), *flags], capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 2 and "zerolayer generate: " in result.stderr and says in result.stderr
+        assert "Traceback" not in result.stderr
+
+
 @pytest.mark.demo
 def test_demo_firmware_prefills_in_any_planned_chunks_exactly_as_in_one_pass(demo_bundle_path: Path,
                                                                              trusted_keys: Path) -> None:  # fmt: skip
