@@ -16,7 +16,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +93,15 @@ class Sockets:
 
     def addresses(self) -> list[str]:
         return [str(s.getsockname()[0]) for s in (self.quic, self.tcp) if s is not None]
+
+
+@contextlib.contextmanager
+def _listening(key: str, address: str) -> Iterator[None]:
+    """A listener's bind failing names its config key and address (the CLI prints it in one line)."""
+    try:
+        yield
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot listen on {key} = {address!r}: {exc.strerror or exc}") from None
 
 
 class Daemon:
@@ -322,12 +331,22 @@ class Daemon:
         for sock in self.activated.by_name.values():
             sock.setblocking(False)
         sockets = Sockets(self.activated.take("quic"), self.activated.take("tcp"), self.activated.take("unix"))
-        if sockets.quic is None and cfg.listen.quic:
-            sockets.quic = bind_udp(*parse_address(cfg.listen.quic))
-        if sockets.tcp is None and cfg.listen.tcp:
-            sockets.tcp = bind_tcp(*parse_address(cfg.listen.tcp))
-        if sockets.unix is None and cfg.listen.unix:
-            sockets.unix = bind_unix(Path(cfg.listen.unix), int(cfg.listen.unix_mode, 8))
+        listen = cfg.listen
+        try:
+            if sockets.quic is None and listen.quic:
+                with _listening("listen.quic", listen.quic):
+                    sockets.quic = bind_udp(*parse_address(listen.quic))
+            if sockets.tcp is None and listen.tcp:
+                with _listening("listen.tcp", listen.tcp):
+                    sockets.tcp = bind_tcp(*parse_address(listen.tcp))
+            if sockets.unix is None and listen.unix:
+                with _listening("listen.unix", listen.unix):
+                    sockets.unix = bind_unix(Path(listen.unix), int(listen.unix_mode, 8))
+        except OSError:
+            for bound in (sockets.quic, sockets.tcp, sockets.unix):
+                if bound is not None:
+                    bound.close()
+            raise
         return sockets
 
     async def _serve(self, app: ApiApp, sockets: Sockets, userspace: UserspaceFlows | None) -> None:

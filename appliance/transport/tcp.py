@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import socket
@@ -35,6 +36,8 @@ def bind_tcp(host: str, port: int, backlog: int = 512) -> socket.socket:
 
 def bind_unix(path: Path, mode: int, backlog: int = 512) -> socket.socket:
     path.parent.mkdir(parents=True, exist_ok=True)
+    if _answers(path):  # a live daemon's socket is not taken over: its clients would lose it
+        raise OSError(errno.EADDRINUSE, "another process is serving on it")
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a stale socket from a previous run
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -47,6 +50,19 @@ def bind_unix(path: Path, mode: int, backlog: int = 512) -> socket.socket:
     sock.listen(backlog)
     sock.setblocking(False)
     return sock
+
+
+def _answers(path: Path) -> bool:
+    """Whether something accepts connections on the Unix socket at `path` (not a stale file)."""
+    if not path.is_socket():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def quiet_client_errors(loop: asyncio.AbstractEventLoop) -> None:
