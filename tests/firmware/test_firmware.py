@@ -239,6 +239,53 @@ def test_a_source_without_its_tokenizer_file_is_refused_before_the_export(tiny_h
     assert progress == [] and not (tmp_path / "out").exists()
 
 
+def test_the_end_of_turn_ids_of_generation_config_stop_the_engine(
+    tiny_hf_path: Path, trusted_keys: Path, dev_key: Path, tmp_path: Path
+) -> None:
+    # Chat models often name their end of turn only in generation_config.json (Phi-3.5-mini's <|end|>,
+    # Gemma 3's <end_of_turn>), not in config.json or the tokenizer: without it an answer would run
+    # past its end of turn to max_tokens. The builder (through transformers' config) takes it; this
+    # holds it to that. Here the token the tiny model writes first for "Hi." becomes one.
+    import asyncio
+    import shutil
+
+    import numpy as np
+
+    from appliance.engine import Engine, EngineConfig, GenerationRequest, Message, ModelSession
+    from appliance.engine.chat import ChatTemplate
+    from appliance.engine.tokenizer import TextTokenizer
+
+    hi = (Message("user", "Hi."),)
+
+    def built(name: str) -> firmware.Bundle:
+        build(source, tmp_path / name, BuildOptions(precision="fp32"), key=dev_key, progress=lambda _: None)
+        return firmware.load(tmp_path / name, trusted_keys)
+
+    def answer(bundle: firmware.Bundle) -> tuple[str, str]:
+        engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0))
+        try:
+            text, done = asyncio.run(engine.complete(GenerationRequest(messages=hi, max_tokens=8, temperature=0.0)))
+            return text, done.stop_reason
+        finally:
+            engine.close()
+
+    source = tmp_path / "source"
+    shutil.copytree(tiny_hf_path, source)
+    before = built("before")
+    tokenizer = TextTokenizer(before.tokenizer_path, before.tokenizer_config_path)
+    ids = ChatTemplate(before.chat_template, tokenizer).prompt(hi).ids
+    session = ModelSession(before)
+    first = int(np.argmax(session.forward(session.new_cache(64), np.asarray(ids, dtype=np.int64))))
+    assert first not in before.model.eos_token_ids and answer(before)[1] == "max_tokens"
+
+    doc = json.loads((source / "generation_config.json").read_text())
+    doc["eos_token_id"] = [doc["eos_token_id"], first]
+    (source / "generation_config.json").write_text(json.dumps(doc))
+    after = built("after")
+    assert list(after.model.eos_token_ids) == [*before.model.eos_token_ids, first]
+    assert answer(after) == ("", "end_turn")
+
+
 def test_an_architecture_the_builder_cannot_export_is_named_in_one_line(tiny_hf_path: Path, tmp_path: Path) -> None:
     import shutil
 
