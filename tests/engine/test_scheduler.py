@@ -210,7 +210,18 @@ def test_prefill_cost_is_fitted_as_a_fixed_part_and_a_part_per_token() -> None:
     noisy = ChunkBudget(max_tokens=2048)
     noisy.ran_prefill(10, 0.020)
     noisy.ran_prefill(20, 0.010)  # the larger run was quicker: no slope to trust
-    assert noisy.prefill_seconds(30) == pytest.approx(30 * 0.002)  # the dearest rate seen, per token
+    assert noisy.prefill_seconds(30) == pytest.approx(30 * 0.002)  # no rising slope: the median rate
+
+
+def test_one_slow_run_among_prompts_of_like_sizes_does_not_price_them_out_of_running_whole() -> None:
+    # From a step log of 8 closed-loop clients: ~50-token prompts, the first slowed to 41 ms. A
+    # least-squares line through them charged 51 tokens 107 ms, and the next prompt was chunked.
+    budget = ChunkBudget(max_tokens=2048)
+    for n, ms in zip((53, 50, 49, 50, 47, 51, 50, 51), (40.6, 24.2, 23.5, 25.3, 26.5, 25.6, 25.1, 26.6), strict=True):
+        budget.ran_prefill(n, ms / 1000)
+    assert budget.prefill_seconds(51) == pytest.approx(0.026, rel=0.1)
+    budget.ran_decode(0.020)
+    assert budget.whole(51)
 
 
 def _beside_a_decoding_stream(s: Scheduler[str], ranges: list[tuple[int, int]]) -> Ticket[str]:
