@@ -7,6 +7,7 @@ model builder, run as a subprocess so its memory is returned when it ends.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -630,14 +631,18 @@ def note_architecture(hf_dir: Path, progress: Progress) -> None:
 
 
 def require_tokenizer_files(hf_dir: Path) -> None:
-    """A Hugging Face folder must carry its tokenizer in a form read without extra libraries:
-    tokenizer.json, or a byte-level BPE's vocab.json and merges.txt. A SentencePiece
-    tokenizer.model alone needs converting first (transformers would need sentencepiece)."""
+    """A Hugging Face folder must carry its tokenizer in a form this toolchain reads: tokenizer.json,
+    a byte-level BPE's vocab.json and merges.txt, or a SentencePiece tokenizer.model where the
+    sentencepiece package is installed (the toolchain does not install it)."""
     if (hf_dir / "tokenizer.json").is_file() or all((hf_dir / f).is_file() for f in ("vocab.json", "merges.txt")):
         return
-    found = "only a SentencePiece tokenizer.model" if (hf_dir / "tokenizer.model").is_file() else "no tokenizer files"
+    sentencepiece = (hf_dir / "tokenizer.model").is_file()
+    if sentencepiece and importlib.util.find_spec("sentencepiece") is not None:
+        return  # transformers converts it here (and check_tokenizer still checks what it made)
+    found = "only a SentencePiece tokenizer.model" if sentencepiece else "no tokenizer files"
     raise BundleError(f"{hf_dir.name}: {found}; the build needs tokenizer.json. Convert it where sentencepiece is "
-                      "installed: AutoTokenizer.from_pretrained(folder).save_pretrained(folder)")  # fmt: skip
+                      "installed (AutoTokenizer.from_pretrained(folder).save_pretrained(folder)), or install "
+                      "sentencepiece into the toolchain's virtualenv")  # fmt: skip
 
 
 # A tokenizer knowing fewer tokens than this share of the model's embedding rows is not the model's.
