@@ -376,7 +376,7 @@ def run_model_builder(hf_dir: Path, out_dir: Path, precision: str, target: str, 
     result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if result.returncode != 0 and "model is not currently supported" in result.stdout:
         raise BundleError(f"{architecture(hf_dir) or hf_dir.name}: the ONNX Runtime GenAI model builder cannot export "
-                          f"this architecture (checked here: {', '.join(CHECKED_ARCHITECTURES)})")  # fmt: skip
+                          f"this architecture (checked here: {', '.join(checked_architectures())})")  # fmt: skip
     if result.returncode != 0:
         tail = "\n".join(result.stdout.splitlines()[-20:])
         raise BundleError(f"the ONNX Runtime GenAI model builder failed (exit {result.returncode}):\n{tail}")
@@ -606,10 +606,12 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
                           f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip
 
 
-# The architectures checked against transformers in make test (tests/engine/test_architectures.py,
-# tests/engine/test_gguf_architectures.py, the demo models).
-CHECKED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                         "Phi3ForCausalLM", "Gemma3ForCausalLM")  # fmt: skip
+def checked_architectures() -> tuple[str, ...]:
+    """The model classes make test checks against transformers: those of the tiny fixtures
+    (tests/engine/test_architectures.py and test_gguf_architectures.py build each)."""
+    from firmware.toolchain.tiny import ARCHITECTURES  # imported here: tiny builds through this module
+
+    return tuple(dict.fromkeys(model for _, model, _ in ARCHITECTURES.values()))
 
 
 def architecture(hf_dir: Path) -> str | None:
@@ -624,10 +626,10 @@ def architecture(hf_dir: Path) -> str | None:
 def note_architecture(hf_dir: Path, progress: Progress) -> None:
     """An architecture this project does not check may still export (the builder knows more), but
     the operator is told to compare its answers before serving it."""
-    arch = architecture(hf_dir)
-    if arch not in CHECKED_ARCHITECTURES:
+    arch, checked = architecture(hf_dir), checked_architectures()
+    if arch not in checked:
         progress(f"note: {arch or 'an unnamed architecture'} is not one this build checks against transformers "
-                 f"({', '.join(CHECKED_ARCHITECTURES)}); compare its answers before serving it")  # fmt: skip
+                 f"({', '.join(checked)}); compare its answers before serving it")  # fmt: skip
 
 
 def require_tokenizer_files(hf_dir: Path) -> None:
