@@ -38,6 +38,7 @@ import firmware
 from appliance.engine import Engine, EngineConfig, GenerationRequest, Message
 from appliance.engine.session import ModelSession
 from appliance.governor import Governor, GovernorConfig, MemoryReading, cuda_memory_limit
+from bench.step_profile import read_profile
 from firmware.toolchain.devkit import dev_trusted_keys
 
 H200_BANDWIDTH = 4.8e12  # bytes/s of HBM3e: the decode bound a token's weight reads set
@@ -117,11 +118,11 @@ class DeviceCheck:
         with tempfile.TemporaryDirectory() as tmp:
             session = self.session(profile_prefix=str(Path(tmp) / "profile"))
             session.forward(session.new_cache(16), self.prompt_ids(8))
-            events = json.loads(Path(session.session.end_profiling()).read_text())
+            _, events = read_profile(Path(session.session.end_profiling()))
         nodes: Counter[tuple[str, str]] = Counter()
         for event in events:
             args = event.get("args", {})
-            if event.get("cat") == "Node" and "provider" in args and event.get("name", "").endswith("_kernel_time"):
+            if "provider" in args:
                 nodes[(args.get("op_name", "?"), args["provider"])] += 1
         wanted = "CUDAExecutionProvider" if self.device.startswith("cuda") else "CPUExecutionProvider"
         heavy = {(op, provider): n for (op, provider), n in nodes.items()

@@ -1,0 +1,372 @@
+"""Where the time of the steps behind issue 15's unmet targets goes, from ONNX Runtime's own
+per-node profile, so the README's explanations can be reproduced rather than taken on trust.
+
+1. Model runs on the demo firmware, each alone and repeated (median): a decode of 7 rows with the
+   short histories the fairness check's streams have before a long prompt arrives, and with the
+   histories they reach while it prefills; the smallest prompt chunk (2 tokens) at the end of a
+   2000-token prompt, and an early chunk; a decode of 1 and of 8 rows. For each: the run's time,
+   and within it GroupQueryAttention (attention), MatMulNBits (the int8 weights) and the rest. The
+   fairness floor follows from them: while a long prompt's last chunks run, a step is at least a
+   decode at the late histories plus the smallest chunk, whatever the scheduler decides.
+2. Single-stream decode, per token of a 128-token answer: one-row decode runs bare, the engine in
+   process, and the daemon over its Unix socket as the benchmark's client sees it, alternating; and
+   while the daemon answers, the CPU of its event loop (its main thread), of its model threads (the
+   worker and ONNX Runtime's pool) and of the client, from /proc and getrusage. On 2 cores the
+   model's two threads leave no core idle, so what the loop and the client spend is taken from it.
+
+    .venv/bin/python -m bench.step_profile    # about a minute; writes bench/results/step-profile.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import json
+import os
+import resource
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from appliance.engine.session import KVCache, ModelSession
+from bench.host import load_average, machine
+from firmware import Bundle
+
+RESULTS = Path(__file__).resolve().parent / "results" / "step-profile.md"
+# The weights are MatMulNBits in a quantized graph (the demo: int8), MatMul in an fp32 one.
+OP_GROUPS = {"GroupQueryAttention": "attention", "MatMulNBits": "weight matmuls", "MatMul": "weight matmuls"}
+GROUPS = [*dict.fromkeys(OP_GROUPS.values()), "other nodes"]
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """The histories of the fairness check (bench/engine.py section 5) on the demo firmware."""
+
+    early: int = 80  # the 7 streams' positions when the long prompt arrives
+    late: int = 430  # theirs when its last chunk runs (its prefill takes about 10 s)
+    prompt: int = 1950  # where the long prompt's last chunks start
+    early_chunk_at: int = 100
+    early_chunk: int = 16
+    small_chunk: int = 2  # the scheduler's smallest chunk (MIN_CHUNK_TOKENS)
+    streams: int = 7
+
+
+@dataclass
+class RunProfile:
+    """One model run: its time and its nodes' times by op group, in milliseconds (in section 1,
+    the time is the plain session's run and the groups the profiled one's)."""
+
+    total: float
+    ops: dict[str, float] = field(default_factory=dict)
+
+
+def read_profile(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """ONNX Runtime's profile file: its model runs in order, and its kernel (node) events."""
+    events = json.loads(path.read_text())
+    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    nodes = [e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")]
+    return runs, nodes
+
+
+def by_run(runs: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> list[RunProfile]:
+    """Each run's time and its nodes' times summed by op group (the event times are µs)."""
+    profiles = [RunProfile(int(run["dur"]) / 1000) for run in runs]
+    starts = [int(run["ts"]) for run in runs]
+    for node in nodes:
+        ts = int(node["ts"])
+        i = bisect.bisect_right(starts, ts) - 1
+        if i < 0 or ts > starts[i] + int(runs[i]["dur"]):
+            continue  # a node outside every run (one before the runs asked about)
+        op = str(node.get("args", {}).get("op_name", "?"))
+        group = OP_GROUPS.get(op, "other nodes")
+        profiles[i].ops[group] = profiles[i].ops.get(group, 0.0) + int(node["dur"]) / 1000
+    return profiles
+
+
+def _median(profiles: list[RunProfile]) -> RunProfile:
+    return RunProfile(statistics.median(p.total for p in profiles),
+                      {g: statistics.median(p.ops.get(g, 0.0) for p in profiles) for g in GROUPS})  # fmt: skip
+
+
+def _fill(session: ModelSession, cache: KVCache, tokens: int, rng: np.random.Generator) -> None:
+    """Prefill real keys and values: a row only given a length reads the kernel's zero page, which
+    stays in cache, and its attention looks a third cheaper than it is."""
+    step = 256
+    while cache.length < tokens:
+        n = min(step, tokens - cache.length)
+        session.forward(cache, rng.integers(10, session.facts.vocab_size, n).astype(np.int64))
+
+
+def _kinds(session: ModelSession, lengths: Lengths, rng: np.random.Generator) -> dict[str, Callable[[], object]]:
+    """The runs of section 1 on this session, by key, over KV rows filled for them here."""
+    slots = session.new_slots(lengths.streams + 1, lengths.prompt + lengths.small_chunk + 8)
+    prompt = slots.row(lengths.streams)
+    early_prompt = session.new_slots(1, lengths.early_chunk_at + lengths.early_chunk + 8).row(0)
+    _fill(session, early_prompt, lengths.early_chunk_at, rng)
+    _fill(session, prompt, lengths.prompt, rng)
+    for i in range(lengths.streams):
+        _fill(session, slots.row(i), lengths.late, rng)
+
+    def decode(rows: int, at: int) -> Callable[[], object]:
+        # Each run rewrites position `at`, so every repetition runs at the same length.
+        return lambda: session.decode(slots, np.full(rows, 7, dtype=np.int64), np.full(rows, at))
+
+    def chunk(cache: KVCache, n: int) -> Callable[[], object]:
+        def run() -> None:
+            session.forward(cache, rng.integers(10, session.facts.vocab_size, n).astype(np.int64))
+            cache.length -= n  # the next repetition runs at the same position
+
+        return run
+
+    return {
+        "before": decode(lengths.streams, lengths.early), "late": decode(lengths.streams, lengths.late),
+        "last chunk": chunk(prompt, lengths.small_chunk), "early chunk": chunk(early_prompt, lengths.early_chunk),
+        "one row": decode(1, lengths.early), "all rows": decode(lengths.streams + 1, lengths.early),
+    }  # fmt: skip
+
+
+def profile_steps(bundle: Bundle, lengths: Lengths, reps: int, threads: int) -> dict[str, RunProfile]:
+    """Section 1: each run's time on a plain session, and where its time goes on a profiled one
+    (the profiler's own bookkeeping adds some 5 µs to every node, about 1.5 ms to a run), `reps`
+    times after a warm-up, the kinds interleaved in alternating order."""
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = _kinds(ModelSession(bundle, intra_op_threads=threads), lengths, rng)
+        profiled_session = ModelSession(bundle, intra_op_threads=threads, profile_prefix=str(Path(tmp) / "steps"))
+        profiled = _kinds(profiled_session, lengths, rng)
+        # One session at a time: ONNX Runtime's threads spin for a while after a run, and another
+        # session's spinning threads would take the cores from this one's run.
+        order: list[str] = []
+        times: dict[str, list[float]] = {name: [] for name in plain}
+        for rep in range(reps + 1):  # the first, a warm-up, is left out
+            for name in plain if rep % 2 else reversed(plain):
+                t0 = time.perf_counter()
+                plain[name]()
+                if rep:
+                    times[name].append((time.perf_counter() - t0) * 1000)
+        for rep in range(reps + 1):
+            for name in profiled if rep % 2 else reversed(profiled):
+                profiled[name]()
+                order.append(name if rep else "")
+        runs, nodes = read_profile(Path(profiled_session.session.end_profiling()))
+    profiles = by_run(runs[-len(order) :], nodes)
+    return {name: RunProfile(statistics.median(times[name]),
+                             _median([p for p, n in zip(profiles, order, strict=True) if n == name]).ops)
+            for name in plain}  # fmt: skip
+
+
+def labels(lengths: Lengths) -> dict[str, str]:
+    """What each run of `profile_steps` is, for the table."""
+    n, rows = lengths.streams, lengths.streams + 1
+    return {
+        "before": f"decode, {n} rows after {lengths.early} positions (the streams before)",
+        "late": f"decode, {n} rows after {lengths.late} positions (the streams at the prompt's end)",
+        "last chunk": f"chunk of {lengths.small_chunk} tokens after {lengths.prompt} (the prompt's last chunks)",
+        "early chunk": f"chunk of {lengths.early_chunk} tokens after {lengths.early_chunk_at} (an early chunk)",
+        "one row": f"decode, 1 row after {lengths.early} positions",
+        "all rows": f"decode, {rows} rows after {lengths.early} positions",
+    }
+
+
+def steps_table(profiles: dict[str, RunProfile], lengths: Lengths) -> list[str]:
+    """Each run's time, and each op group's share of its nodes' time under the profiler."""
+    lines = [f"| run | ms | {' | '.join(GROUPS)} |", f"| --- | --- |{' --- |' * len(GROUPS)}"]
+    for key, label in labels(lengths).items():
+        p = profiles[key]
+        nodes = sum(p.ops.values()) or 1.0
+        lines.append(f"| {label} | {p.total:.1f} | {' | '.join(f'{p.ops[g] / nodes:.0%}' for g in GROUPS)} |")
+    return lines
+
+
+def fairness_floor(profiles: dict[str, RunProfile]) -> tuple[float, float, float]:
+    """(before, floor, ratio): the streams' decode before the prompt, the least a step with the
+    prompt's last chunk can take (the late decode plus the smallest chunk), and their ratio."""
+    before = profiles["before"].total
+    floor = profiles["late"].total + profiles["last chunk"].total
+    return before, floor, floor / before
+
+
+# --- 2. the CPU a streamed token costs, by thread -----------------------------------------------
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of a process, by thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+@dataclass
+class SingleStream:
+    """Per streamed token of a 128-token answer, in ms: each path's median over the repetitions, and
+    the CPU spent during the daemon's answers, by whom."""
+
+    daemon: float  # wall time through the daemon over its Unix socket
+    bare: float  # one-row decode runs back to back in this process (no engine, no HTTP, no profiler)
+    engine: float  # the engine in this process: its worker's sampling, detokenizing and hand-over
+    loop_cpu: float  # the daemon's main thread (its event loop: HTTP, streaming)
+    model_cpu: float  # the daemon's other threads (the engine worker and ONNX Runtime's pool)
+    client_cpu: float  # the benchmark's client (this process's main thread: httpx, SSE parsing)
+
+
+def single_stream(bundle: Bundle, threads: int, reps: int) -> SingleStream:
+    """The three paths of a single-stream answer, interleaved in alternating order (their
+    differences are a few percent, less than the machine drifts between runs of a minute)."""
+    from appliance.engine import Engine, EngineConfig, GenerationRequest, Message, TextDelta
+    from bench.streams import one_request, story_prompt, zerolayer_daemon
+
+    engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0, intra_op_threads=threads))
+    session = ModelSession(bundle, intra_op_threads=threads)
+    cache = session.new_cache(200)
+    _fill(session, cache, 60, np.random.default_rng(1))
+    times: dict[str, list[float]] = {"daemon": [], "bare": [], "engine": []}
+    cpu = {"loop": 0.0, "model": 0.0, "client": 0.0, "tokens": 0.0}
+
+    def bare(i: int) -> float:
+        lengths, token, gaps = np.zeros(1, dtype=np.int64), np.full(1, 7, dtype=np.int64), []
+        for n in range(128):
+            lengths[0] = 60 + n
+            t0 = time.perf_counter()
+            session.decode(cache.slots, token, lengths)
+            gaps.append(time.perf_counter() - t0)
+        return statistics.median(gaps) * 1000
+
+    def in_engine(i: int) -> float:
+        async def go() -> list[float]:
+            request = GenerationRequest(messages=(Message("user", story_prompt(i, 0)),), max_tokens=128,
+                                        temperature=0)  # fmt: skip
+            return [time.perf_counter() async for e in engine.submit(request) if isinstance(e, TextDelta)]
+
+        stamps = asyncio.run(go())
+        return (stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1000
+
+    with tempfile.TemporaryDirectory() as tmp, zerolayer_daemon(Path(tmp), 8, threads) as endpoint:
+        pid = daemon_pid(endpoint.uds)
+
+        def through_daemon(i: int) -> float:
+            async def go() -> list[float]:
+                async with endpoint.client() as http:
+                    return (await one_request(http, endpoint, story_prompt(i, 0), 128)).chunks
+
+            before, mine = thread_cpu(pid), resource.getrusage(resource.RUSAGE_THREAD)
+            stamps = asyncio.run(go())
+            after, mine_after = thread_cpu(pid), resource.getrusage(resource.RUSAGE_THREAD)
+            spent = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+            cpu["loop"] += spent.get(pid, 0.0)
+            cpu["model"] += sum(v for tid, v in spent.items() if tid != pid)
+            cpu["client"] += mine_after.ru_utime + mine_after.ru_stime - mine.ru_utime - mine.ru_stime
+            cpu["tokens"] += len(stamps)
+            return (stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1000
+
+        paths = {"daemon": through_daemon, "bare": bare, "engine": in_engine}
+        for run in paths.values():  # warm
+            run(0)
+        cpu = dict.fromkeys(cpu, 0.0)
+        for i in range(1, reps + 1):
+            for name, run in paths.items() if i % 2 else reversed(paths.items()):
+                times[name].append(run(i))
+    engine.close()
+    per_token = {k: v / cpu["tokens"] * 1000 for k, v in cpu.items() if k != "tokens"}
+    median = {k: statistics.median(v) for k, v in times.items()}
+    return SingleStream(median["daemon"], median["bare"], median["engine"], per_token["loop"], per_token["model"],
+                        per_token["client"])  # fmt: skip
+
+
+def daemon_pid(socket_path: str | None) -> int:
+    """The process that listens on the daemon's Unix socket (its peer credentials)."""
+    import socket
+    import struct
+
+    assert socket_path is not None
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(socket_path)
+        creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[0])
+
+
+def single_stream_lines(r: SingleStream) -> list[str]:
+    return [
+        "| what | ms per streamed token |",
+        "| --- | --- |",
+        f"| the same decode run bare, in process, back to back | {r.bare:.2f} |",
+        f"| the engine in process (its worker's sampling, detokenizing and hand-over; no HTTP) | {r.engine:.2f} |",
+        f"| through the daemon over its Unix socket, as the benchmark's client sees it | {r.daemon:.2f} |",
+        f"| CPU meanwhile: the daemon's model threads (worker and ONNX Runtime's pool) | {r.model_cpu:.2f} |",
+        f"| CPU meanwhile: the daemon's event loop (HTTP over the Unix socket, streaming) | {r.loop_cpu:.2f} |",
+        f"| CPU meanwhile: the benchmark's client (httpx, SSE parsing) | {r.client_cpu:.2f} |",
+    ]
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def report(bundle: Bundle, lengths: Lengths, reps: int, threads: int, requests: int) -> str:
+    load_start = load_average()
+    profiles = profile_steps(bundle, lengths, reps, threads)
+    before, floor, ratio = fairness_floor(profiles)
+    print("\n".join(steps_table(profiles, lengths)), flush=True)
+    single = single_stream(bundle, threads, requests)
+    print("\n".join(single_stream_lines(single)), flush=True)
+    return f"""# Step profile: where the unmet targets' time goes
+
+{bundle.name} {bundle.version}, CPU execution provider, {threads} intra-op threads. Reproduce:
+`.venv/bin/python -m bench.step_profile` (about two minutes).
+
+- machine: {machine()}
+- load average (1, 5, 15 min): {load_start} at the start, {load_average()} at the end
+
+## 1. Model runs, each alone (median of {reps}; the op groups' shares of the run's node time under the profiler)
+
+{chr(10).join(steps_table(profiles, lengths))}
+
+The fairness floor: while the long prompt's last chunks run, a step takes at least the decode at
+the late histories plus the smallest chunk: {floor:.1f} ms against the {before:.1f} ms of a step before
+the prompt arrived, **{ratio:.2f}x** before any noise, against a target of 3x for the P99. Attention
+is what grows: the streams' own histories grow while the prompt prefills, and a chunk of two or
+more tokens takes ONNX Runtime's GroupQueryAttention path that copies every earlier key and value
+once per query head.
+
+## 2. Single-stream decode: from the bare run to the client (median of {requests}, the paths alternating)
+
+{chr(10).join(single_stream_lines(single))}
+
+From the bare run to the engine, the worker's own work per token is added ({single.engine - single.bare:.2f} ms);
+from the engine to the daemon's client, the event loop's and the client's ({single.daemon - single.engine:.2f} ms).
+ONNX Runtime's two threads keep both cores busy (they spin between kernels), so what the loop and
+the client spend is taken from the model's runs rather than done beside them.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    from firmware import load
+    from firmware.toolchain.demo import demo_bundle
+    from firmware.toolchain.devkit import dev_trusted_keys
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--requests", type=int, default=5, help="repetitions of each single-stream path")
+    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    bundle = load(demo_bundle(), dev_trusted_keys())
+    args.out.write_text(report(bundle, Lengths(), args.reps, args.threads, args.requests))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
