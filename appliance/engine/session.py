@@ -211,6 +211,10 @@ class ModelSession:
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.intra_op_num_threads = intra_op_threads or (os.cpu_count() or 1)
         opts.inter_op_num_threads = 1
+        # The pool's threads spin between a run's kernels (a wake-up per kernel would cost more)
+        # but not between runs: there the worker's Python, the event loop and the clients need the
+        # cores. One stream through the daemon on 2 cores: 3% faster (16 of 24 alternating pairs).
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
         # On a GPU, ONNX Runtime's warning that some nodes were placed on the CPU provider (and
         # each Memcpy it adds around them) reaches the journal: a graph that runs half on the CPU
         # must not pass unseen. Elsewhere only errors.

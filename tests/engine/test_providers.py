@@ -55,3 +55,12 @@ def test_a_session_that_lost_its_options_is_refused() -> None:
     with pytest.raises(ProviderError, match="running without the options it was given: arena_extend_strategy="):
         verify(session, "cpu", asked)  # type: ignore[arg-type]
     verify(ort.InferenceSession(_probe_model(), providers=[CPU]), "cpu", [CPU])  # asked for, got
+
+
+def test_the_pool_spins_within_a_run_but_not_between_runs(tiny_bundle_path: Path, trusted_keys: Path) -> None:
+    # Between runs the worker's Python, the event loop and the clients need the cores.
+    session = ModelSession(firmware.load(tiny_bundle_path, trusted_keys), intra_op_threads=2)
+    options = session.session.get_session_options()
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # spinning itself: ORT's default, on
+        options.get_session_config_entry("session.intra_op.allow_spinning")
