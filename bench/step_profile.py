@@ -212,12 +212,16 @@ def thread_cpu(pid: int) -> dict[int, float]:
 
 @dataclass
 class SingleStream:
-    """Per streamed token of a 128-token answer, in ms: each path's median over the repetitions, and
-    the CPU spent during the daemon's answers, by whom."""
+    """Per streamed token of a 128-token answer, in ms: each path's median over the repetitions, the
+    median of each repetition's difference between neighbouring paths (the paths of one repetition
+    run within a few seconds, so the machine's drift cancels there), and the CPU spent during the
+    daemon's answers, by whom."""
 
     daemon: float  # wall time through the daemon over its Unix socket
     bare: float  # one-row decode runs back to back in this process (no engine, no HTTP, no profiler)
     engine: float  # the engine in this process: its worker's sampling, detokenizing and hand-over
+    engine_over_bare: float
+    daemon_over_engine: float
     loop_cpu: float  # the daemon's main thread (its event loop: HTTP, streaming)
     model_cpu: float  # the daemon's other threads (the engine worker and ONNX Runtime's pool)
     client_cpu: float  # the benchmark's client (this process's main thread: httpx, SSE parsing)
@@ -282,7 +286,10 @@ def single_stream(bundle: Bundle, threads: int, reps: int) -> SingleStream:
     engine.close()
     per_token = {k: v / cpu["tokens"] * 1000 for k, v in cpu.items() if k != "tokens"}
     median = {k: statistics.median(v) for k, v in times.items()}
-    return SingleStream(median["daemon"], median["bare"], median["engine"], per_token["loop"], per_token["model"],
+    over = {(a, b): statistics.median(x - y for x, y in zip(times[a], times[b], strict=True))
+            for a, b in (("engine", "bare"), ("daemon", "engine"))}  # fmt: skip
+    return SingleStream(median["daemon"], median["bare"], median["engine"], over[("engine", "bare")],
+                        over[("daemon", "engine")], per_token["loop"], per_token["model"],
                         per_token["client"])  # fmt: skip
 
 
@@ -344,10 +351,10 @@ once per query head.
 
 {chr(10).join(single_stream_lines(single))}
 
-From the bare run to the engine, the worker's own work per token is added ({single.engine - single.bare:.2f} ms);
-from the engine to the daemon's client, the event loop's and the client's ({single.daemon - single.engine:.2f} ms).
-ONNX Runtime's two threads keep both cores busy (they spin between kernels), so what the loop and
-the client spend is taken from the model's runs rather than done beside them.
+The median difference within a repetition: from the bare run to the engine, the worker's own work
+adds {single.engine_over_bare:.2f} ms a token; from the engine to the daemon's client,
+{single.daemon_over_engine:.2f} ms. With ONNX Runtime's two threads on both cores during a run, what
+the event loop and the client spend meanwhile is taken from the model's run, not done beside it.
 """
 
 
@@ -358,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=9)
-    parser.add_argument("--requests", type=int, default=5, help="repetitions of each single-stream path")
+    parser.add_argument("--requests", type=int, default=9, help="repetitions of each single-stream path")
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
