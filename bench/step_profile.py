@@ -5,7 +5,8 @@ per-node profile, so the README's explanations can be reproduced rather than tak
    short histories the fairness check's streams have before a long prompt arrives, and with the
    histories they reach while it prefills; the smallest prompt chunk (2 tokens) at the end of a
    2000-token prompt, and an early chunk; a decode of 1 and of 8 rows. For each: the run's time,
-   and within it GroupQueryAttention (attention), MatMulNBits (the int8 weights) and the rest. The
+   and within it GroupQueryAttention (attention), the weight matmuls (MatMulNBits in the int8 demo)
+   and the rest. The
    fairness floor follows from them: while a long prompt's last chunks run, a step is at least a
    decode at the late histories plus the smallest chunk, whatever the scheduler decides.
 2. Single-stream decode, per token of a 128-token answer: one-row decode runs bare, the engine in
@@ -14,7 +15,7 @@ per-node profile, so the README's explanations can be reproduced rather than tak
    worker and ONNX Runtime's pool) and of the client, from /proc and getrusage. On 2 cores the
    model's two threads leave no core idle, so what the loop and the client spend is taken from it.
 
-    .venv/bin/python -m bench.step_profile    # about a minute; writes bench/results/step-profile.md
+    .venv/bin/python -m bench.step_profile    # about three minutes; writes bench/results/step-profile.md
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import bisect
 import json
 import os
 import resource
+import socket
 import statistics
+import struct
 import tempfile
 import time
 from collections.abc import Callable
@@ -90,9 +93,8 @@ def by_run(runs: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> list[RunP
     return profiles
 
 
-def _median(profiles: list[RunProfile]) -> RunProfile:
-    return RunProfile(statistics.median(p.total for p in profiles),
-                      {g: statistics.median(p.ops.get(g, 0.0) for p in profiles) for g in GROUPS})  # fmt: skip
+def _median_ops(profiles: list[RunProfile]) -> dict[str, float]:
+    return {g: statistics.median(p.ops.get(g, 0.0) for p in profiles) for g in GROUPS}
 
 
 def _fill(session: ModelSession, cache: KVCache, tokens: int, rng: np.random.Generator) -> None:
@@ -158,7 +160,7 @@ def profile_steps(bundle: Bundle, lengths: Lengths, reps: int, threads: int) -> 
         runs, nodes = read_profile(Path(profiled_session.session.end_profiling()))
     profiles = by_run(runs[-len(order) :], nodes)
     return {name: RunProfile(statistics.median(times[name]),
-                             _median([p for p, n in zip(profiles, order, strict=True) if n == name]).ops)
+                             _median_ops([p for p, n in zip(profiles, order, strict=True) if n == name]))
             for name in plain}  # fmt: skip
 
 
@@ -255,8 +257,7 @@ def single_stream(bundle: Bundle, threads: int, reps: int) -> SingleStream:
                                         temperature=0)  # fmt: skip
             return [time.perf_counter() async for e in engine.submit(request) if isinstance(e, TextDelta)]
 
-        stamps = asyncio.run(go())
-        return (stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1000
+        return _ms_per_gap(asyncio.run(go()))
 
     with tempfile.TemporaryDirectory() as tmp, zerolayer_daemon(Path(tmp), 8, threads) as endpoint:
         pid = daemon_pid(endpoint.uds)
@@ -274,7 +275,7 @@ def single_stream(bundle: Bundle, threads: int, reps: int) -> SingleStream:
             cpu["model"] += sum(v for tid, v in spent.items() if tid != pid)
             cpu["client"] += mine_after.ru_utime + mine_after.ru_stime - mine.ru_utime - mine.ru_stime
             cpu["tokens"] += len(stamps)
-            return (stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1000
+            return _ms_per_gap(stamps)
 
         paths = {"daemon": through_daemon, "bare": bare, "engine": in_engine}
         for run in paths.values():  # warm
@@ -293,11 +294,13 @@ def single_stream(bundle: Bundle, threads: int, reps: int) -> SingleStream:
                         per_token["client"])  # fmt: skip
 
 
+def _ms_per_gap(stamps: list[float]) -> float:
+    """Milliseconds between streamed tokens on average, from their arrival times."""
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1000
+
+
 def daemon_pid(socket_path: str | None) -> int:
     """The process that listens on the daemon's Unix socket (its peer credentials)."""
-    import socket
-    import struct
-
     assert socket_path is not None
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(socket_path)
@@ -331,7 +334,7 @@ def report(bundle: Bundle, lengths: Lengths, reps: int, threads: int, requests: 
     return f"""# Step profile: where the unmet targets' time goes
 
 {bundle.name} {bundle.version}, CPU execution provider, {threads} intra-op threads. Reproduce:
-`.venv/bin/python -m bench.step_profile` (about two minutes).
+`.venv/bin/python -m bench.step_profile` (about three minutes).
 
 - machine: {machine()}
 - load average (1, 5, 15 min): {load_start} at the start, {load_average()} at the end
