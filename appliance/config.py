@@ -93,6 +93,10 @@ class EngineSection:
     threads: int = setting(0, 'ONNX Runtime intra-op threads; 0: one per CPU')
     tensorrt: bool = setting(False, 'run GPU sessions through TensorRT (libnvinfer must be installed); CUDA alone '
                                     'otherwise')  # fmt: skip
+    prefill_lane: bool = setting(True, "on the CPU with 2+ threads, a long prompt prefills on half the cores "
+                                       "beside the decoding streams on the other half; this holds the weights "
+                                       "once more in memory (twice more from 3 threads); false: its chunks run "
+                                       "between their steps")  # fmt: skip
 
 
 @dataclass(frozen=True)

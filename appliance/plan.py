@@ -11,7 +11,7 @@ import firmware
 from appliance.api import ApiSettings, KeyStore
 from appliance.config import Config, ConfigError
 from appliance.engine import EngineConfig
-from appliance.engine.engine import kv_positions
+from appliance.engine.engine import kv_positions, sessions_on
 from appliance.governor import GovernorConfig, cuda_memory_limit
 from firmware.bundle import CUDA_GRAPH_DIR
 
@@ -68,6 +68,7 @@ def engine_config(config: Config, bundle: firmware.Bundle) -> EngineConfig:
         max_queued=config.limits.max_queued,
         intra_op_threads=config.engine.threads,
         tensorrt=config.engine.tensorrt,
+        prefill_lane=config.engine.prefill_lane,
     )
 
 
@@ -118,7 +119,8 @@ def make_plan(config: Config, bundle: firmware.Bundle, host: HostFacts, gpu_shar
 @dataclass(frozen=True)
 class MemoryNeed:
     """The most memory one bundle's engine can hold on each kind of device, in bytes: its files
-    (weights) on every device it runs on, its KV budget per device, and the prefix pool (host memory)."""
+    (weights) once per session on every device it runs on (a CPU with a prefill lane has two or
+    three), its KV budget per device, and the prefix pool (host memory)."""
 
     weights: int
     kv: int
@@ -136,9 +138,9 @@ def memory_need(bundle: firmware.Bundle, engine: EngineConfig, device: str = "cp
     kv = kv_positions(engine, f.context_length, per_position) * per_position
     # The files of the graph the device runs: those in cuda/ where it runs that one, the others elsewhere.
     in_cuda_dir = graph_dir != bundle.root
-    weights = sum(entry.size for rel, entry in bundle.manifest.files.items()
-                  if rel.startswith(f"{CUDA_GRAPH_DIR}/") == in_cuda_dir)  # fmt: skip
-    return MemoryNeed(weights, kv, engine.prefix_cache_bytes)
+    files = sum(entry.size for rel, entry in bundle.manifest.files.items()
+                if rel.startswith(f"{CUDA_GRAPH_DIR}/") == in_cuda_dir)  # fmt: skip
+    return MemoryNeed(files * sessions_on(engine, device), kv, engine.prefix_cache_bytes)
 
 
 def _mib(size: int) -> str:

@@ -3,7 +3,8 @@
 Each device has one worker thread that owns its ONNX Runtime session and KV slots. A pure
 scheduler decides each step (which waiting requests get a slot, which prompt chunk runs, which
 slots decode); the worker runs it: every decoding request advances one token in one batched run,
-so N streams cost far less than N times one, and a cancelled request stops within a step.
+so N streams cost far less than N times one, and a cancelled request stops within a step. On the
+CPU a long prompt prefills beside the steps on half the cores (the prefill lane, lane.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -24,6 +26,7 @@ from appliance.engine.chat import ChatTemplate, Prompt
 from appliance.engine.constraint import Constraint, GrammarCompiler
 from appliance.engine.errors import ContextOverflow, EngineStopped, InvalidRequest
 from appliance.engine.generation import Generation, ShardPolicy
+from appliance.engine.lane import PrefillLane
 from appliance.engine.prefix_cache import PrefixCache
 from appliance.engine.request import Event, Finished, GenerationRequest, TextDelta
 from appliance.engine.scheduler import Scheduler, StepPlan, Ticket
@@ -46,6 +49,23 @@ class EngineConfig:
     max_queued: int = 64
     intra_op_threads: int = 0  # 0: one per CPU
     tensorrt: bool = False  # GPU sessions through TensorRT (asked for, and loadable, or the daemon refuses)
+    prefill_lane: bool = True  # CPU, 2+ threads: a long prompt prefills beside the decode steps (lane.py)
+
+
+def lane_threads(config: EngineConfig, device: str) -> tuple[int, int] | None:
+    """The threads of a device's decode steps and of its prefill lane while the lane runs (half
+    the cores each), or None where the device has no lane."""
+    threads = config.intra_op_threads or os.cpu_count() or 1
+    if device != "cpu" or not config.prefill_lane or threads < 2:
+        return None
+    return threads // 2, threads - threads // 2
+
+
+def sessions_on(config: EngineConfig, device: str) -> int:
+    """ONNX Runtime sessions a device holds, each with the model's weights: its own, and with a
+    lane the halves' (one session serves both where each half is one thread)."""
+    split = lane_threads(config, device)
+    return 1 if split is None else 2 if split == (1, 1) else 3
 
 
 def kv_positions(config: EngineConfig, context_length: int, bytes_per_position: int) -> int:
@@ -137,7 +157,10 @@ class DeviceWorker:
 
     def __init__(self, session: ModelSession, slots: int, kv_tokens: int, max_queued: int,
                  max_chunk_tokens: int, recover: Callable[[Job, Exception], bool] | None = None,
-                 admitting: Callable[[], bool] | None = None) -> None:  # fmt: skip
+                 admitting: Callable[[], bool] | None = None,
+                 halves: tuple[ModelSession, ModelSession] | None = None) -> None:  # fmt: skip
+        """`halves`: the sessions of the decode steps and of the prefill lane while the lane runs
+        (the same one where each has one thread); None: no lane."""
         self.session = session
         self.recover = recover  # may take over a failed job (the OOM fallback); True if it did
         self.admitting: Callable[[], bool] = admitting or (lambda: True)  # False: new jobs wait (shed policy)
@@ -147,8 +170,14 @@ class DeviceWorker:
         share = kv_tokens if session.ort_device == "cpu" else kv_tokens // slots
         capacity = max(1, min(session.facts.context_length, share))
         self.kv = session.new_slots(slots, capacity)
-        self.scheduler: Scheduler[Job] = Scheduler(slots, kv_tokens, capacity, max_queued, max_chunk_tokens)
         self._cond = threading.Condition()
+        self.decode_half: ModelSession | None = None
+        self.lane: PrefillLane | None = None
+        if halves is not None:
+            self.decode_half = halves[0]
+            self.lane = PrefillLane(halves[1], capacity, self._wake, f"prefill-{self.device}")
+        self.scheduler: Scheduler[Job] = Scheduler(slots, kv_tokens, capacity, max_queued, max_chunk_tokens,
+                                                   lane=self.lane is not None)  # fmt: skip
         self._outbox: list[Delivery] = []  # events not yet delivered: they go before the next model run
         self._masks = ThreadPoolExecutor(1, thread_name_prefix=f"masks-{self.device}")  # grammar masks
         self.last_progress = time.monotonic()  # the watchdog reads this
@@ -184,11 +213,17 @@ class DeviceWorker:
         self._masks.shutdown(wait=False)
 
     def warm(self) -> None:
-        """A prompt and a decode step through slot 0, before the thread has anything to run."""
-        cache = self.kv.row(0)
-        self.session.forward(cache, np.array([0, 1], dtype=np.int64))
-        self.session.decode(self.kv, np.zeros(1, dtype=np.int64), np.array([cache.length]))
+        """A prompt and a decode step through slot 0 on each session, before the thread has anything to run."""
+        sessions = [self.session, self.decode_half, self.lane.session if self.lane is not None else None]
+        for session in dict.fromkeys(s for s in sessions if s is not None):
+            cache = self.kv.row(0)
+            session.forward(cache, np.array([0, 1], dtype=np.int64))
+            session.decode(self.kv, np.zeros(1, dtype=np.int64), np.array([cache.length]))
         self.kv.release(0)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
 
     def _run(self) -> None:
         sched = self.scheduler
@@ -209,11 +244,17 @@ class DeviceWorker:
                 self._deliver()  # a prefix import can take a few milliseconds
             for ticket in admitted:
                 self._start(ticket)
+            self._take_lane()
             with self._cond:
                 self._note_cancels()
                 plan = sched.plan()
+            if plan.empty and sched.lane_busy:
+                self._wait_for_lane()
+                continue
             self._execute(plan)
             self.last_progress = time.monotonic()
+        if self.lane is not None:
+            self.lane.stop()
         self._deliver()
         for ticket in leftover:
             ticket.job.generation.release()
@@ -245,9 +286,55 @@ class DeviceWorker:
         with self._cond:
             self.scheduler.start(ticket, ranges)
 
+    def _to_lane(self, ticket: Ticket[Job], start: int, end: int) -> None:
+        """Start a prompt range on the lane; the steps go on beside it."""
+        assert self.lane is not None
+        job, stream = ticket.job, ticket.job.stream
+        gen = job.generation
+        try:
+            assert gen.cache is not None
+            self.lane.run(job, gen.cache, gen.prompt_ids(start, end), start, end, lambda: stream.cancelled)
+        except Exception as exc:
+            with self._cond:
+                self.scheduler.lane_done(ticket, start)
+            self._fail([job], exc)
+
+    def _take_lane(self) -> None:
+        """Ranges the lane finished go into their slot rows (no step runs now); a whole prompt
+        chooses its first token."""
+        if self.lane is None:
+            return
+        for run in self.lane.take():
+            job = run.owner
+            assert isinstance(job, Job) and job.ticket is not None
+            ticket, gen = job.ticket, job.generation
+            if gen.cache is not None:
+                self.lane.copy_back(gen.cache, run.start, run.reached)
+            with self._cond:
+                self.scheduler.lane_done(ticket, run.reached)
+            if run.error is not None or ticket.cancelled or not ticket.prefill:
+                self.lane.finished(job)
+            if run.error is not None:
+                self._fail([job], run.error)
+            elif run.logits is not None and not ticket.cancelled:
+                self._emit(job, gen.prefilled(run.end, run.logits))
+            self.last_progress = time.monotonic()
+
+    def _wait_for_lane(self) -> None:
+        """Only the lane has work: with no step beside it, the rest of its range runs here on all
+        the cores instead (it stops after its run in progress); wait for it."""
+        assert self.lane is not None
+        self._deliver()
+        self.lane.recall()
+        with self._cond:
+            if not self.lane.has_results():
+                self._cond.wait(0.05)
+
     def _execute(self, plan: StepPlan[Job]) -> None:
         for ticket in plan.release:
             self._end(ticket.job, [ticket.job.generation.cancel()])
+        if plan.lane is not None:
+            self._to_lane(*plan.lane)
         chunk_seconds = 0.0
         if plan.prefill is not None:
             ticket, start, end = plan.prefill
@@ -269,8 +356,12 @@ class DeviceWorker:
             return
         tokens = np.zeros(plan.rows, dtype=np.int64)
         lengths = np.zeros(plan.rows, dtype=np.int64)
+        # While the lane runs, the steps take the other half of the cores.
+        beside_lane = self.scheduler.lane_busy and self.decode_half is not None
+        session = self.decode_half if beside_lane and self.decode_half is not None else self.session
         for t in self.scheduler.running[: plan.rows]:
-            if t is not None and t.job.generation.cache is not None:  # padding rows keep their own length
+            # Padding rows keep their own length; one out on the lane pads at 0 (lane.py restores it).
+            if t is not None and t.job.generation.cache is not None and t.lane is None:
                 assert t.slot is not None
                 lengths[t.slot] = t.job.generation.cache.length
         for t in decode:
@@ -280,7 +371,7 @@ class DeviceWorker:
         masks = self._fill_masks([t.job.generation.constraint for t in decode])
         self._deliver()
         try:
-            logits = self.session.decode(self.kv, tokens, lengths)
+            logits = session.decode(self.kv, tokens, lengths)
         except Exception as exc:  # the whole batch failed: each request ends or moves
             self._fail([t.job for t in decode], exc)
             return
@@ -290,7 +381,8 @@ class DeviceWorker:
         seconds = time.perf_counter() - t0
         with self._cond:
             budget = self.scheduler.budget
-            budget.ran_decode(seconds)
+            if not beside_lane:  # the budget prices steps on all the cores
+                budget.ran_decode(seconds)
             if chunk_seconds and plan.prefill is not None:
                 budget.observe(seconds, plan.prefill[2] - plan.prefill[1], chunk_seconds)
         for t in decode:
@@ -373,10 +465,18 @@ class Engine:
             session = ModelSession(bundle, device, intra_op_threads=self.config.intra_op_threads,
                                    cuda_options=cuda_options if device.startswith("cuda") else None,
                                    tensorrt=self.config.tensorrt)  # fmt: skip
+            halves = None
+            split = lane_threads(self.config, device)
+            if split is not None:
+                decode_half = ModelSession(bundle, device, intra_op_threads=split[0])
+                lane_half = decode_half if split == (1, 1) else ModelSession(bundle, device, intra_op_threads=split[1])
+                halves = (decode_half, lane_half)
+                log.info("prefill lane on %s: long prompts on %d thread(s) beside decode steps on %d (the weights "
+                         "held %d times)", device, split[1], split[0], sessions_on(self.config, device))  # fmt: skip
             self.workers[device] = DeviceWorker(
                 session, self.config.max_active_per_device, self.kv_tokens(session), self.config.max_queued,
                 self.shard_policy.max_tokens_per_shard, recover=self._recover,
-                admitting=functools.partial(admitting, device) if admitting is not None else None,
+                admitting=functools.partial(admitting, device) if admitting is not None else None, halves=halves,
             )
         self.default_device = devices[0]
         self.cpu_device = next((d for d in reversed(devices) if d == "cpu"), None)

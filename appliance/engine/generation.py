@@ -120,12 +120,19 @@ class Generation:
         self.trace.shard_reason = plan.reason
         return list(plan.shards)
 
+    def prompt_ids(self, start: int, end: int) -> np.ndarray:
+        """The tokens of prompt positions [start, end) (on a resume, of the prompt and the answer)."""
+        return np.asarray(self._ids()[start:end], dtype=np.int64)
+
     def prefill(self, start: int, end: int) -> list[Event]:
         """Run prompt positions [start, end) into the KV row; after the last, choose the first token."""
         assert self.cache is not None and self.cache.length == start
-        ids = self._ids()
-        logits = self.session.forward(self.cache, np.asarray(ids[start:end], dtype=np.int64))
-        if end < len(ids):
+        return self.prefilled(end, self.session.forward(self.cache, self.prompt_ids(start, end)))
+
+    def prefilled(self, end: int, logits: np.ndarray) -> list[Event]:
+        """The KV row holds the prompt up to `end` (run here, or on the prefill lane), `logits` those
+        of its last position; after the whole prompt, choose the first token."""
+        if end < len(self._ids()):
             return []
         if self.resuming:  # the next token is already chosen (and sent): decode it next
             self.resuming = False

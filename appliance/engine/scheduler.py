@@ -7,9 +7,10 @@ token in a single batched run, and at most one prompt chunk is prefilled beside 
 prompt is cut into chunks sized so that the running streams' inter-token latency grows by a
 bounded share while a newcomer prefills (chunked prefill, as vLLM and llama.cpp do); a short
 prompt runs whole when the step stays short (every run streams the weights once, so chunks cost
-more than a whole prompt); with no stream decoding, a chunk is a whole shard. Admission is FIFO,
-so nothing starves: a request that does not fit the KV budget yet waits at the head until running
-ones free enough.
+more than a whole prompt); with no stream decoding, a chunk is a whole shard. A device with a
+prefill lane (the CPU: lane.py) runs a long prompt's shards there instead, beside the steps, one
+prompt at a time. Admission is FIFO, so nothing starves: a request that does not fit the KV budget
+yet waits at the head until running ones free enough.
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ class Ticket(Generic[T]):
     started: bool = False  # the worker has handed back its prefill ranges
     chunked: bool = False  # a part of its prompt has run
     cancelled: bool = False
+    lane: tuple[int, int] | None = None  # the prompt range the prefill lane is running for it
 
     @property
     def decoding(self) -> bool:
-        return self.started and not self.prefill
+        return self.started and not self.prefill and self.lane is None
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,11 @@ class StepPlan(Generic[T]):
     prefill: tuple[Ticket[T], int, int] | None  # (ticket, start, end): one prompt chunk to run
     decode: tuple[Ticket[T], ...]  # advance one token each, in one run over rows 0..rows-1
     rows: int  # the decode run's batch: slots above a decoding one that are not decoding run as padding
+    lane: tuple[Ticket[T], int, int] | None = None  # (ticket, start, end): a prompt range for the prefill lane
+
+    @property
+    def empty(self) -> bool:
+        return not (self.release or self.prefill or self.decode or self.lane)
 
 
 class ChunkBudget:
@@ -144,7 +151,8 @@ def _robust_line(runs: list[tuple[int, float]]) -> tuple[float, float]:
 
 class Scheduler(Generic[T]):
     def __init__(self, slots: int, kv_tokens: int, slot_capacity: int, max_queued: int,
-                 max_chunk_tokens: int) -> None:  # fmt: skip
+                 max_chunk_tokens: int, lane: bool = False) -> None:  # fmt: skip
+        """`lane`: the device has a prefill lane, where a long prompt runs beside the decode steps."""
         if slots < 1:
             raise ValueError("a device needs at least one slot")
         self.slots = slots
@@ -152,6 +160,7 @@ class Scheduler(Generic[T]):
         self.slot_capacity = slot_capacity  # one slot's KV rows hold at most this many positions
         self.max_queued = max_queued
         self.budget = ChunkBudget(max_chunk_tokens)
+        self.lane = lane
         self.waiting: collections.deque[Ticket[T]] = collections.deque()
         self.running: list[Ticket[T] | None] = [None] * slots  # by slot
         self.reserved = 0
@@ -201,6 +210,11 @@ class Scheduler(Generic[T]):
     def active(self) -> int:
         return sum(t is not None for t in self.running)
 
+    @property
+    def lane_busy(self) -> bool:
+        """A prompt range is out on the prefill lane (until `lane_done`)."""
+        return any(t is not None and t.lane is not None for t in self.running)
+
     def has_work(self, admitting: bool) -> bool:
         return (self.active > 0 or any(t.cancelled for t in self.waiting)
                 or (admitting and bool(self.waiting)))  # fmt: skip
@@ -235,29 +249,46 @@ class Scheduler(Generic[T]):
         for t in release:
             self.waiting.remove(t)
         for running in self.running:
-            if running is not None and running.cancelled:
+            # A ticket out on the lane is released once the lane hands it back (its run stops early).
+            if running is not None and running.cancelled and running.lane is None:
                 release.append(running)
                 self._free(running)
         decode = tuple(t for t in self.running if t is not None and t.decoding)
-        chunk = None
+        chunk = lane = None
         prefilling = sorted((t for t in self.running if t is not None and t.started and t.prefill),
                             key=lambda t: t.arrived)  # fmt: skip
-        if prefilling:
+        if prefilling and not self.lane_busy:  # one prompt at a time, the oldest first
             ticket = prefilling[0]
             start, end = ticket.prefill[0]
             untouched = not ticket.chunked and len(ticket.prefill) == 1  # a short prompt may run whole
-            if decode and not (untouched and self.budget.whole(end - start)):
-                end = min(end, start + self.budget.tokens)
-                if ticket.prefill[0][1] - end < MIN_CHUNK_TOKENS:  # nor leave a lone token for the next chunk
-                    end = ticket.prefill[0][1]
-            ticket.chunked = True
-            if end == ticket.prefill[0][1]:
+            whole = untouched and self.budget.whole(end - start)
+            if decode and self.lane and not whole:  # its whole range, on the lane beside the steps
                 ticket.prefill.popleft()
+                ticket.chunked = True
+                ticket.lane = (start, end)
+                lane = (ticket, start, end)
             else:
-                ticket.prefill[0] = (end, ticket.prefill[0][1])
-            chunk = (ticket, start, end)
+                if decode and not whole:
+                    end = min(end, start + self.budget.tokens)
+                    if ticket.prefill[0][1] - end < MIN_CHUNK_TOKENS:  # nor leave a lone token for the next chunk
+                        end = ticket.prefill[0][1]
+                ticket.chunked = True
+                if end == ticket.prefill[0][1]:
+                    ticket.prefill.popleft()
+                else:
+                    ticket.prefill[0] = (end, ticket.prefill[0][1])
+                chunk = (ticket, start, end)
         rows = max((t.slot for t in decode if t.slot is not None), default=-1) + 1
-        return StepPlan(tuple(release), chunk, decode, rows)
+        return StepPlan(tuple(release), chunk, decode, rows, lane)
+
+    def lane_done(self, ticket: Ticket[T], reached: int) -> None:
+        """The lane handed the ticket back with its prompt run up to `reached`; what it did not run
+        (stopped early: a cancel, or no stream left to run beside) goes back to the front."""
+        assert ticket.lane is not None
+        start, end = ticket.lane
+        ticket.lane = None
+        if start <= reached < end:
+            ticket.prefill.appendleft((reached, end))
 
     def finish(self, ticket: Ticket[T]) -> None:
         """The request ended (end of turn, a limit, an error, moved away): free its slot."""

@@ -106,7 +106,8 @@ class KVSlots:
                              alloc(self.shape, self.dtype, self.device, self.device_id))
                             for _ in range(f.num_layers)]  # fmt: skip
             self.pointers = [(k.data_ptr(), v.data_ptr()) for k, v in self._values]
-        self.bindings: dict[tuple[int, int], _Bound] = {}  # (first row, rows) -> KV bound once
+        # (session, first row, rows) -> KV bound once; two sessions may run on one device's slots (lane.py)
+        self.bindings: dict[tuple[ModelSession, int, int], _Bound] = {}
         self._cuda: CudaCopy | None = None  # partial copies to and from device rows, made on first use
 
     def _mapped(self) -> np.ndarray:
@@ -298,9 +299,9 @@ class ModelSession:
         """One run over rows first..first+rows-1 of the slots; the KV is bound once per row range.
         Where each row gets one position's logits, they land in that range's own buffer: valid
         until the next run over the same rows."""
-        bound = slots.bindings.get((first, rows))
+        bound = slots.bindings.get((self, first, rows))
         if bound is None:
-            bound = slots.bindings[(first, rows)] = self._bind(slots, first, rows)
+            bound = slots.bindings[(self, first, rows)] = self._bind(slots, first, rows)
         binding = bound.binding
         ids, mask = np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(mask, dtype=np.int64)
         binding.bind_input("input_ids", "cpu", 0, np.int64, list(ids.shape), ids.ctypes.data)

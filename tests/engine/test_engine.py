@@ -382,28 +382,37 @@ def test_cancelling_one_stream_leaves_the_others_unchanged(engine: Engine) -> No
     assert engine.workers["cpu"].depth == 0
 
 
-def test_a_newcomers_first_token_leaves_before_the_decode_run_beside_its_prefill(
-    bundle: firmware.Bundle, engine: Engine
+@pytest.mark.parametrize("lane", [False, True], ids=["in-step", "lane"])
+def test_a_newcomers_first_token_leaves_before_the_next_decode_run(
+    bundle: firmware.Bundle, lane: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The step that ends a newcomer's prefill also decodes the running streams. Its first token is
-    # handed to its stream before that decode run, not after it: here that decode run waits (up to
-    # 10 s) until the newcomer's first token has reached the event loop.
+    # The step that ends a newcomer's prefill (in the step, or taken back from the prefill lane)
+    # also decodes the running streams. Its first token is handed to its stream before that decode
+    # run, not after it: here that decode run waits (up to 10 s) until the newcomer's first token
+    # has reached the event loop.
+    from appliance.engine.generation import Generation
+
     newcomer = (Message("user", "Tell me everything about loops."),)
     newcomer_length = len(_prompt_ids(bundle, newcomer))
+    engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0, intra_op_threads=2, prefill_lane=lane))
     worker = engine.workers["cpu"]
-    session, real_decode, real_forward = worker.session, worker.session.decode, worker.session.forward
+    assert (worker.lane is not None) == lane
     prefilled, first_token, waits = threading.Event(), threading.Event(), []
+    real_prefilled = Generation.prefilled
 
-    def forward(cache, ids):  # type: ignore[no-untyped-def]
-        logits = real_forward(cache, ids)
-        if cache.length == newcomer_length:
+    def on_prefilled(gen, end, logits):  # type: ignore[no-untyped-def]
+        events = real_prefilled(gen, end, logits)
+        if end == newcomer_length:
             prefilled.set()
-        return logits
+        return events
 
-    def decode(*args, **kwargs):  # type: ignore[no-untyped-def]
-        if prefilled.is_set() and not waits:
-            waits.append(first_token.wait(10))
-        return real_decode(*args, **kwargs)
+    def waiting(real_decode):  # type: ignore[no-untyped-def]
+        def decode(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if prefilled.is_set() and not waits:
+                waits.append(first_token.wait(10))
+            return real_decode(*args, **kwargs)
+
+        return decode
 
     async def scenario() -> None:
         running = engine.submit(_greedy(1500, (Message("user", "Hi."),)))  # the tiny model's answer never ends
@@ -423,14 +432,309 @@ def test_a_newcomers_first_token_leaves_before_the_decode_run_beside_its_prefill
         running.cancel()
         await consumer
 
-    session.forward, session.decode = forward, decode  # type: ignore[method-assign]
+    monkeypatch.setattr(Generation, "prefilled", on_prefilled)
+    lane_ranges: list[tuple[int, int]] = []
+    if worker.lane is not None:
+        real_run = worker.lane.run
+
+        def run(owner, source, ids, start, end, stop):  # type: ignore[no-untyped-def]
+            lane_ranges.append((start, end))
+            real_run(owner, source, ids, start, end, stop)
+
+        monkeypatch.setattr(worker.lane, "run", run)
+    for session in {worker.session, worker.decode_half} - {None}:
+        monkeypatch.setattr(session, "decode", waiting(session.decode))
     try:
         _run(scenario())
     finally:
         first_token.set()
-        session.forward, session.decode = real_forward, real_decode  # type: ignore[method-assign]
-    assert waits == [True]  # the decode beside the newcomer's last chunk ran after its first token was out
+        engine.close()
+    assert waits == [True]  # the decode after the newcomer's last chunk ran after its first token was out
+    assert lane_ranges == ([(0, newcomer_length)] if lane else [])
     assert worker.depth == 0
+
+
+# --- the prefill lane (appliance/engine/lane.py) ------------------------------------------------
+
+LONG = (Message("user", "Explain every loop statement. " * 50),)  # about 760 tokens: 12 shards of 64
+
+
+def _lane_engine(bundle: firmware.Bundle, **kw) -> Engine:  # type: ignore[no-untyped-def]
+    """Two threads: a lane of one beside decode steps on one, whatever the machine's CPUs."""
+    engine = Engine(bundle, EngineConfig(**{"prefix_cache_bytes": 0, "intra_op_threads": 2, **kw}))
+    assert engine.workers["cpu"].lane is not None
+    return engine
+
+
+def _lane_record(worker, monkeypatch: pytest.MonkeyPatch) -> tuple[list, list[int]]:  # type: ignore[no-untyped-def]
+    """What the lane hands back (its LaneRuns), and a count of the decode steps on the half session."""
+    runs: list = []  # type: ignore[type-arg]
+    steps = [0]
+    real_take, real_decode = worker.lane.take, worker.decode_half.decode
+
+    def take():  # type: ignore[no-untyped-def]
+        done = real_take()
+        runs.extend(done)
+        return done
+
+    def decode(*args, **kwargs):  # type: ignore[no-untyped-def]
+        steps[0] += 1
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(worker.lane, "take", take)
+    monkeypatch.setattr(worker.decode_half, "decode", decode)
+    return runs, steps
+
+
+def _slow_lane(worker, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Runs of 4 tokens, each 2 ms longer on the lane: a cancel or recall lands mid-range."""
+    from appliance.engine import lane
+
+    monkeypatch.setattr(lane, "LANE_CHUNK_TOKENS", 4)
+    real_forward = worker.lane.session.forward
+
+    def slow_forward(cache, ids):  # type: ignore[no-untyped-def]
+        if threading.current_thread().name.startswith("prefill-"):
+            time.sleep(0.002)
+        return real_forward(cache, ids)
+
+    monkeypatch.setattr(worker.lane.session, "forward", slow_forward)
+
+
+async def _beside(engine: Engine, streams: list[GenerationRequest], newcomer: GenerationRequest,
+                  tokens: int = 2) -> list[str]:  # fmt: skip
+    """Start the streams, one after another; once each has sent `tokens` pieces, the newcomer comes.
+    The texts of all, the newcomer's last."""
+    seen = [0] * len(streams)
+
+    async def stream(i: int, request: GenerationRequest) -> str:
+        parts = []
+        async for event in engine.submit(request):
+            if isinstance(event, TextDelta):
+                parts.append(event.text)
+                seen[i] += 1
+        seen[i] = tokens  # ended early: nothing to wait for
+        return "".join(parts)
+
+    tasks = []
+    for i, r in enumerate(streams):
+        tasks.append(asyncio.create_task(stream(i, r)))
+        await asyncio.sleep(0.005)
+    while min(seen) < tokens:
+        await asyncio.sleep(0.001)
+    text, _, _ = await _collect(engine, newcomer)
+    return [*await asyncio.gather(*tasks), text]
+
+
+def test_a_long_prompt_beside_decoding_streams_prefills_on_the_lane_and_answers_as_alone(
+    bundle: firmware.Bundle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = _lane_engine(bundle)
+    worker = engine.workers["cpu"]
+    streams = [_greedy(150, (Message("user", q),)) for q in QUESTIONS[:3]]
+    long = _greedy(8, LONG)
+    try:
+        solo = [_run(_collect(engine, r))[0] for r in [*streams, long]]
+        runs, steps = _lane_record(worker, monkeypatch)
+        together = _run(_beside(engine, streams, long))
+    finally:
+        engine.close()
+    assert together == solo
+    assert runs and runs[0].start == 0 and all(r.error is None for r in runs)
+    assert steps[0] > 0  # the streams stepped on the other half of the cores meanwhile
+    assert worker.depth == 0
+
+
+def test_a_prompt_on_the_lane_in_a_slot_below_decoding_streams_keeps_its_first_position(
+    bundle: firmware.Bundle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Slot 0 frees while slots 1 and 2 decode: the newcomer takes it, and the decode steps pad along
+    # its row (at length 0, writing its position 0) while the lane prefills; the worker puts the
+    # lane's position 0 back, else the newcomer's first token attends to a stale key.
+    engine = _lane_engine(bundle)
+    worker = engine.workers["cpu"]
+    long = _greedy(8, LONG)
+    slots: list[int | None] = []
+    real_run = worker.lane.run
+
+    def run(owner, source, ids, start, end, stop):  # type: ignore[no-untyped-def]
+        slots.append(owner.ticket.slot)
+        real_run(owner, source, ids, start, end, stop)
+
+    async def scenario() -> str:
+        first = engine.submit(_greedy(1500, (Message("user", "Hi."),)))  # slot 0
+        await asyncio.sleep(0.001)
+        streams = [engine.submit(_greedy(1500, (Message("user", "Hi."),))) for _ in range(2)]  # slots 1, 2
+        consumers = [asyncio.create_task(_drain(s)) for s in [first, *streams]]
+        await _decoding(worker, 3)
+        first.cancel()
+        while worker.scheduler.running[0] is not None:
+            await asyncio.sleep(0.001)
+        text, _, _ = await _collect(engine, long)
+        for s in streams:
+            s.cancel()
+        await asyncio.gather(*consumers)
+        return text
+
+    from appliance.engine.generation import Generation
+
+    real_prefilled, rows_equal = Generation.prefilled, []
+
+    def prefilled(gen, end, logits):  # type: ignore[no-untyped-def]
+        # Once the whole prompt is back in the slot row, it holds exactly what the lane computed.
+        if end == len(gen.prompt.ids) > 100 and gen.cache is not None and worker.lane is not None:  # the long one
+            host, staged = worker.kv.host, worker.lane.staging.slots.host
+            assert host is not None and staged is not None
+            rows_equal.append(all(np.array_equal(mine[gen.cache.row, :, :end], lane[0, :, :end])
+                                  for layer, lane_layer in zip(host, staged, strict=True)
+                                  for mine, lane in zip(layer, lane_layer, strict=True)))  # fmt: skip
+        return real_prefilled(gen, end, logits)
+
+    try:
+        solo = _run(_collect(engine, long))[0]
+        runs, steps = _lane_record(worker, monkeypatch)
+        monkeypatch.setattr(worker.lane, "run", run)
+        monkeypatch.setattr(Generation, "prefilled", prefilled)
+        text = _run(scenario())
+    finally:
+        engine.close()
+    assert slots and set(slots) == {0} and runs and steps[0] > 0  # on the lane from slot 0, streams beside
+    assert rows_equal == [True]
+    assert text == solo
+
+
+async def _decoding(worker, streams: int) -> None:  # type: ignore[no-untyped-def]
+    """Until that many requests decode on the worker."""
+    while sum(t is not None and t.decoding for t in worker.scheduler.running) < streams:
+        await asyncio.sleep(0.001)
+
+
+async def _drain(stream) -> None:  # type: ignore[no-untyped-def]
+    async for _ in stream:
+        pass
+
+
+def test_cancelling_a_prompt_on_the_lane_stops_it_within_a_run_and_frees_its_slot(
+    bundle: firmware.Bundle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = _lane_engine(bundle)
+    worker = engine.workers["cpu"]
+    _slow_lane(worker, monkeypatch)
+    streams = [_greedy(1500, (Message("user", "Hi."),)) for _ in range(2)]  # never end on their own
+
+    async def scenario() -> Finished | None:
+        tasks = [asyncio.create_task(_collect(engine, r)) for r in streams]
+        await _decoding(worker, 2)
+        doomed = engine.submit(_greedy(8, LONG))
+        while not worker.scheduler.lane_busy:
+            await asyncio.sleep(0.0005)
+        doomed.cancel()
+        async for _ in doomed:
+            pass
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return doomed.finished
+
+    try:
+        solo = _run(_collect(engine, _greedy(8, LONG)))[0]
+        runs, _ = _lane_record(worker, monkeypatch)
+        finished = _run(scenario())
+        assert finished is not None and finished.stop_reason == "cancelled"
+        assert any(r.reached < r.end for r in runs)  # handed back mid-range, not run to its end
+        deadline = time.monotonic() + 10
+        while worker.depth and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert worker.depth == 0 and not worker.scheduler.lane_busy
+        assert _run(_collect(engine, _greedy(8, LONG)))[0] == solo  # the lane's next owner starts clean
+    finally:
+        engine.close()
+
+
+def test_when_the_streams_end_the_lane_hands_the_rest_of_the_prompt_to_all_the_cores(
+    bundle: firmware.Bundle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = _lane_engine(bundle)
+    worker = engine.workers["cpu"]
+    long = _greedy(8, LONG)
+    _slow_lane(worker, monkeypatch)
+
+    async def scenario() -> str:
+        stream = engine.submit(_greedy(1500, (Message("user", "Hi."),)))
+        consumer = asyncio.create_task(_drain(stream))
+        await _decoding(worker, 1)
+        answer = asyncio.create_task(_collect(engine, long))
+        while not worker.scheduler.lane_busy:
+            await asyncio.sleep(0.0005)
+        stream.cancel()  # the only stream beside the lane ends
+        await consumer
+        return (await answer)[0]
+
+    try:
+        solo = _run(_collect(engine, long))[0]
+        runs, _ = _lane_record(worker, monkeypatch)
+        text = _run(scenario())
+    finally:
+        engine.close()
+    assert text == solo
+    assert runs and runs[0].reached < runs[0].end  # recalled after a run, not left to finish on one core
+    assert all(r.error is None for r in runs)
+
+
+def test_a_failing_lane_run_fails_its_request_only(bundle: firmware.Bundle, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _lane_engine(bundle)
+    worker = engine.workers["cpu"]
+    lane_session = worker.lane.session
+    streams = [_greedy(150, (Message("user", q),)) for q in QUESTIONS[:2]]
+    real_forward = lane_session.forward
+
+    def forward(cache, ids):  # type: ignore[no-untyped-def]
+        if threading.current_thread().name.startswith("prefill-"):
+            raise RuntimeError("injected lane failure")
+        return real_forward(cache, ids)
+
+    async def scenario() -> tuple[list[str], BaseException | None]:
+        tasks = [asyncio.create_task(_collect(engine, r)) for r in streams]
+        await _decoding(worker, 2)
+        error = None
+        try:
+            await _collect(engine, _greedy(8, LONG))
+        except RuntimeError as exc:
+            error = exc
+        return [t for t, _, _ in await asyncio.gather(*tasks)], error
+
+    try:
+        solo = [_run(_collect(engine, r))[0] for r in [*streams, _greedy(8, LONG)]]
+        monkeypatch.setattr(lane_session, "forward", forward)
+        texts, error = _run(scenario())
+        assert texts == solo[:2] and isinstance(error, RuntimeError) and "injected" in str(error)
+        monkeypatch.undo()
+        assert _run(_collect(engine, _greedy(8, LONG)))[0] == solo[2]
+        assert worker.depth == 0
+    finally:
+        engine.close()
+
+
+def test_a_prefix_from_the_pool_is_carried_into_the_lane(bundle: firmware.Bundle,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    system = Message("system", "You answer questions about Python loops, briefly and exactly. " * 12)
+    warmup = _greedy(4, (system, Message("user", "What is a loop?")))
+    long = _greedy(8, (system, *LONG))
+    cold_engine = _lane_engine(bundle)
+    try:
+        cold = _run(_collect(cold_engine, long))[0]
+    finally:
+        cold_engine.close()
+    engine = _lane_engine(bundle, prefix_cache_bytes=64 << 20, prefix_block_tokens=8)
+    worker = engine.workers["cpu"]
+    try:
+        _run(_collect(engine, warmup))  # the system prompt's blocks go to the pool
+        runs, _ = _lane_record(worker, monkeypatch)
+        texts = _run(_beside(engine, [_greedy(150, (Message("user", "Hi."),))], long))
+    finally:
+        engine.close()
+    assert texts[-1] == cold
+    assert runs and runs[0].start > 0  # the lane began after the reused prefix, copied into its row
 
 
 def test_prefix_reuse_inside_a_batch_equals_cold(bundle: firmware.Bundle, engine: Engine) -> None:

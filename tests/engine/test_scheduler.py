@@ -11,8 +11,8 @@ from appliance.engine.scheduler import ChunkBudget, Scheduler, Ticket
 
 
 def _scheduler(slots: int = 4, kv_tokens: int = 10_000, capacity: int = 4096, max_queued: int = 8,
-               chunk: int = 512) -> Scheduler[str]:  # fmt: skip
-    return Scheduler(slots, kv_tokens, capacity, max_queued, chunk)
+               chunk: int = 512, lane: bool = False) -> Scheduler[str]:  # fmt: skip
+    return Scheduler(slots, kv_tokens, capacity, max_queued, chunk, lane=lane)
 
 
 def _start_all(s: Scheduler[str], prompt: int = 10) -> list[Ticket[str]]:
@@ -277,3 +277,80 @@ def test_no_chunk_is_a_lone_token_nor_leaves_one(budget: int) -> None:
         _, a, b = s.plan().prefill  # type: ignore[misc]
         chunks.append(b - a)
     assert sum(chunks) == 37 and min(chunks) >= 2 and max(chunks) <= budget + 1
+
+
+# --- the prefill lane (lane.py): a long prompt's ranges beside the steps -------------------------
+
+
+def test_with_a_lane_a_long_prompt_runs_beside_the_steps_a_range_at_a_time() -> None:
+    s = _scheduler(slots=8, lane=True)
+    late = _beside_a_decoding_stream(s, [(0, 512), (512, 900)])
+    plan = s.plan()
+    assert plan.lane == (late, 0, 512) and plan.prefill is None and [t.job for t in plan.decode] == ["stream"]
+    assert s.lane_busy and not late.decoding
+    for _ in range(3):  # while the lane runs, the stream steps alone and nothing else prefills
+        plan = s.plan()
+        assert plan.lane is None and plan.prefill is None and [t.job for t in plan.decode] == ["stream"]
+    s.lane_done(late, 512)
+    assert not s.lane_busy and s.plan().lane == (late, 512, 900)
+    s.lane_done(late, 900)
+    plan = s.plan()
+    assert late in plan.decode and plan.lane is None and not s.lane_busy
+
+
+def test_a_range_the_lane_hands_back_early_is_run_from_where_it_stopped() -> None:
+    s = _scheduler(slots=8, lane=True)
+    late = _beside_a_decoding_stream(s, [(0, 512)])
+    assert s.plan().lane == (late, 0, 512)
+    s.lane_done(late, 192)  # recalled: the stream ended, or failed after 192
+    assert list(late.prefill) == [(192, 512)]
+    s.finish(s.running[0])  # the stream is gone: the rest is a whole shard in a step, on all the cores
+    plan = s.plan()
+    assert plan.lane is None and plan.prefill == (late, 192, 512)
+
+
+def test_a_short_prompt_still_runs_whole_in_a_step_beside_the_streams() -> None:
+    s = _scheduler(lane=True)
+    late = _beside_a_decoding_stream(s, [(0, 52)])
+    s.budget.ran_decode(0.015)
+    plan = s.plan()
+    assert plan.prefill == (late, 0, 52) and plan.lane is None
+
+
+def test_the_lane_takes_one_prompt_at_a_time_in_arrival_order() -> None:
+    s = _scheduler(slots=8, lane=True)
+    first = _beside_a_decoding_stream(s, [(0, 300)])
+    s.add("second", 500, 2.0)
+    (second,) = s.admit()
+    s.start(second, [(0, 300)])
+    assert s.plan().lane == (first, 0, 300)
+    plan = s.plan()
+    assert plan.lane is None and plan.prefill is None  # the second waits for the lane, not in the steps
+    s.lane_done(first, 300)
+    plan = s.plan()
+    assert plan.lane == (second, 0, 300) and first in plan.decode
+
+
+def test_a_cancelled_request_on_the_lane_is_released_only_once_the_lane_hands_it_back() -> None:
+    s = _scheduler(slots=8, lane=True)
+    late = _beside_a_decoding_stream(s, [(0, 512)])
+    assert s.plan().lane == (late, 0, 512)
+    s.cancel(late)
+    plan = s.plan()
+    assert plan.release == () and s.running[late.slot or 0] is late  # the lane still writes for it
+    s.lane_done(late, 64)
+    plan = s.plan()
+    assert plan.release == (late,) and plan.lane is None and s.active == 1
+
+
+def test_without_a_lane_or_without_streams_prompts_run_in_the_steps_as_before() -> None:
+    s = _scheduler(slots=8, lane=False)
+    late = _beside_a_decoding_stream(s, [(0, 512)])
+    plan = s.plan()
+    assert plan.lane is None and plan.prefill == (late, 0, 12)
+    alone = _scheduler(lane=True)
+    alone.add("a", 3000, 0.0)
+    (a,) = alone.admit()
+    alone.start(a, [(0, 512)])
+    plan = alone.plan()
+    assert plan.lane is None and plan.prefill == (a, 0, 512)  # nothing to run beside: all the cores

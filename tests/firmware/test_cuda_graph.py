@@ -12,6 +12,7 @@ import pytest
 import firmware
 from appliance.engine import Message
 from appliance.engine.chat import ChatTemplate
+from appliance.engine.engine import sessions_on
 from appliance.engine.session import ModelSession
 from appliance.engine.tokenizer import TextTokenizer
 from appliance.plan import HostFacts, make_plan, memory_need
@@ -70,7 +71,8 @@ def test_a_gpu_runs_the_cuda_graph_and_counts_its_files_only(both: firmware.Bund
     assert plan.devices == ("cuda:0", "cpu") and not plan.notes  # no "no CUDA graph" note
     cuda_files = sum(e.size for rel, e in both.manifest.files.items() if rel.startswith("cuda/"))
     assert memory_need(both, plan.engine, "cuda:0").weights == cuda_files
-    assert memory_need(both, plan.engine).weights == sum(e.size for e in both.manifest.files.values()) - cuda_files
+    cpu_files = sum(e.size for e in both.manifest.files.values()) - cuda_files
+    assert memory_need(both, plan.engine).weights == cpu_files * sessions_on(plan.engine, "cpu")
 
 
 def test_a_cuda_graph_needs_a_model_to_export(tiny_bundle_path: Path, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 import firmware
 from appliance.config import ConfigError, load_config
+from appliance.engine.engine import sessions_on
 from appliance.plan import HostFacts, make_plan
 
 
@@ -92,8 +93,16 @@ def test_memory_need_counts_weights_the_kv_budget_and_the_prefix_pool(bundle: fi
     plan = make_plan(_config(tmp_path, "[limits]\nmax_active_per_device = 3\n"), bundle, HostFacts(("cpu",), "none"))
     need = memory_need(bundle, plan.engine)
     assert need.kv == 3 * f.context_length * per_position  # every slot at the full context
-    assert need.weights == sum(e.size for e in bundle.manifest.files.values())
+    files = sum(e.size for e in bundle.manifest.files.values())
+    assert need.weights == files * sessions_on(plan.engine, "cpu")
     assert need.on("cpu") == need.weights + need.kv + (256 << 20)  # the default prefix pool is host memory
+    for threads, sessions in ((1, 1), (2, 2), (3, 3), (4, 3)):  # the halves: one 1-thread session, or two
+        split = make_plan(_config(tmp_path, f"[engine]\nthreads = {threads}\n"), bundle, HostFacts(("cpu",), "none"))
+        assert memory_need(bundle, split.engine).weights == files * sessions
+        assert memory_need(bundle, split.engine, "cuda:0").weights == files  # a GPU session has no lane
+    alone = make_plan(_config(tmp_path, "[engine]\nthreads = 4\nprefill_lane = false\n"), bundle,
+                      HostFacts(("cpu",), "none"))  # fmt: skip
+    assert memory_need(bundle, alone.engine).weights == files
     capped = make_plan(_config(tmp_path, "[engine]\nkv_cache_mb = 1\nprefix_cache_mb = 0\n"), bundle,
                        HostFacts(("cpu",), "none"))  # fmt: skip
     assert memory_need(bundle, capped.engine).kv == (1 << 20) // per_position * per_position
