@@ -291,9 +291,10 @@ class DeviceWorker:
         assert self.lane is not None
         job, stream = ticket.job, ticket.job.stream
         gen = job.generation
+        whole = gen.remember_prompt if end == gen.prompt_end else None
         try:
             assert gen.cache is not None
-            self.lane.run(job, gen.cache, gen.prompt_ids(start, end), start, end, lambda: stream.cancelled)
+            self.lane.run(job, gen.cache, gen.prompt_ids(start, end), start, end, lambda: stream.cancelled, whole)
         except Exception as exc:
             with self._cond:
                 self.scheduler.lane_done(ticket, start)
@@ -309,7 +310,7 @@ class DeviceWorker:
             assert isinstance(job, Job) and job.ticket is not None
             ticket, gen = job.ticket, job.generation
             if gen.cache is not None:
-                self.lane.copy_back(gen.cache, run.start, run.reached)
+                self.lane.restore(gen.cache, run.reached)
             with self._cond:
                 self.scheduler.lane_done(ticket, run.reached)
             if run.error is not None or ticket.cancelled or not ticket.prefill:
@@ -317,7 +318,7 @@ class DeviceWorker:
             if run.error is not None:
                 self._fail([job], run.error)
             elif run.logits is not None and not ticket.cancelled:
-                self._emit(job, gen.prefilled(run.end, run.logits))
+                self._emit(job, gen.prefilled(run.end, run.logits, remembered=True))
             self.last_progress = time.monotonic()
 
     def _wait_for_lane(self) -> None:

@@ -120,6 +120,11 @@ class Generation:
         self.trace.shard_reason = plan.reason
         return list(plan.shards)
 
+    @property
+    def prompt_end(self) -> int:
+        """Positions to prefill in all (on a resume, the prompt and the answer but its last token)."""
+        return len(self._ids())
+
     def prompt_ids(self, start: int, end: int) -> np.ndarray:
         """The tokens of prompt positions [start, end) (on a resume, of the prompt and the answer)."""
         return np.asarray(self._ids()[start:end], dtype=np.int64)
@@ -129,10 +134,11 @@ class Generation:
         assert self.cache is not None and self.cache.length == start
         return self.prefilled(end, self.session.forward(self.cache, self.prompt_ids(start, end)))
 
-    def prefilled(self, end: int, logits: np.ndarray) -> list[Event]:
+    def prefilled(self, end: int, logits: np.ndarray, remembered: bool = False) -> list[Event]:
         """The KV row holds the prompt up to `end` (run here, or on the prefill lane), `logits` those
-        of its last position; after the whole prompt, choose the first token."""
-        if end < len(self._ids()):
+        of its last position; after the whole prompt, choose the first token. `remembered`: the
+        prompt is in the prefix pool already (the lane put it there)."""
+        if end < self.prompt_end:
             return []
         if self.resuming:  # the next token is already chosen (and sent): decode it next
             self.resuming = False
@@ -140,7 +146,8 @@ class Generation:
         self.trace.prefill_ms = (time.perf_counter() - self._prefill_started) * 1000
         # Offered now, not only at the end: a request with the same prefix (the same system prompt
         # and tools, another sample of this prompt) that arrives while this one decodes reuses it.
-        self._remember_prefix()
+        if not remembered:
+            self._remember_prefix()
         events: list[Event] = [Prefilled(self.trace)]
         events.extend(self._step(logits))
         return events
@@ -241,17 +248,24 @@ class Generation:
         self.release()
         return Finished(reason, stop, len(self.prompt.ids), len(self.generated), self.trace)
 
-    def _remember_prefix(self) -> None:
-        """Offer the pool every full block whose KV was computed: prompt and answer so far."""
-        if self.prefix_cache is None or self.cache is None:
+    def remember_prompt(self, cache: KVCache) -> None:
+        """Offer the pool the whole prompt from `cache`, a row holding it (the lane's, on its own
+        thread: the pool copies under its own lock, and nothing else touches this request meanwhile)."""
+        if not self.resuming:
+            self._remember_prefix(cache)
+
+    def _remember_prefix(self, cache: KVCache | None = None) -> None:
+        """Offer the pool every full block whose KV was computed: prompt and answer so far (from
+        `cache`, by default its own row)."""
+        cache = cache or self.cache
+        if self.prefix_cache is None or cache is None:
             return
         tokens = self.prompt.ids + self.generated
-        computed = self.cache.length
         block = self.prefix_cache.block_tokens
-        digests = block_digests(tokens[:computed], block)
+        digests = block_digests(tokens[: cache.length], block)
         if digests:
-            cache, session = self.cache, self.session
-            self.prefix_cache.store(digests, lambda start, end: session.export_span(cache, start, end))
+            row, session = cache, self.session
+            self.prefix_cache.store(digests, lambda start, end: session.export_span(row, start, end))
 
     def release(self) -> None:
         self.cache = None

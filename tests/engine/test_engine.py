@@ -400,8 +400,8 @@ def test_a_newcomers_first_token_leaves_before_the_next_decode_run(
     prefilled, first_token, waits = threading.Event(), threading.Event(), []
     real_prefilled = Generation.prefilled
 
-    def on_prefilled(gen, end, logits):  # type: ignore[no-untyped-def]
-        events = real_prefilled(gen, end, logits)
+    def on_prefilled(gen, end, logits, **kw):  # type: ignore[no-untyped-def]
+        events = real_prefilled(gen, end, logits, **kw)
         if end == newcomer_length:
             prefilled.set()
         return events
@@ -437,9 +437,9 @@ def test_a_newcomers_first_token_leaves_before_the_next_decode_run(
     if worker.lane is not None:
         real_run = worker.lane.run
 
-        def run(owner, source, ids, start, end, stop):  # type: ignore[no-untyped-def]
+        def run(owner, row, ids, start, end, *rest):  # type: ignore[no-untyped-def]
             lane_ranges.append((start, end))
-            real_run(owner, source, ids, start, end, stop)
+            real_run(owner, row, ids, start, end, *rest)
 
         monkeypatch.setattr(worker.lane, "run", run)
     for session in {worker.session, worker.decode_half} - {None}:
@@ -557,9 +557,9 @@ def test_a_prompt_on_the_lane_in_a_slot_below_decoding_streams_keeps_its_first_p
     slots: list[int | None] = []
     real_run = worker.lane.run
 
-    def run(owner, source, ids, start, end, stop):  # type: ignore[no-untyped-def]
+    def run(owner, *args):  # type: ignore[no-untyped-def]
         slots.append(owner.ticket.slot)
-        real_run(owner, source, ids, start, end, stop)
+        real_run(owner, *args)
 
     async def scenario() -> str:
         first = engine.submit(_greedy(1500, (Message("user", "Hi."),)))  # slot 0
@@ -580,7 +580,7 @@ def test_a_prompt_on_the_lane_in_a_slot_below_decoding_streams_keeps_its_first_p
 
     real_prefilled, rows_equal = Generation.prefilled, []
 
-    def prefilled(gen, end, logits):  # type: ignore[no-untyped-def]
+    def prefilled(gen, end, logits, **kw):  # type: ignore[no-untyped-def]
         # Once the whole prompt is back in the slot row, it holds exactly what the lane computed.
         if end == len(gen.prompt.ids) > 100 and gen.cache is not None and worker.lane is not None:  # the long one
             host, staged = worker.kv.host, worker.lane.staging.slots.host
@@ -588,7 +588,7 @@ def test_a_prompt_on_the_lane_in_a_slot_below_decoding_streams_keeps_its_first_p
             rows_equal.append(all(np.array_equal(mine[gen.cache.row, :, :end], lane[0, :, :end])
                                   for layer, lane_layer in zip(host, staged, strict=True)
                                   for mine, lane in zip(layer, lane_layer, strict=True)))  # fmt: skip
-        return real_prefilled(gen, end, logits)
+        return real_prefilled(gen, end, logits, **kw)
 
     try:
         solo = _run(_collect(engine, long))[0]
@@ -717,6 +717,8 @@ def test_a_failing_lane_run_fails_its_request_only(bundle: firmware.Bundle, monk
 
 def test_a_prefix_from_the_pool_is_carried_into_the_lane(bundle: firmware.Bundle,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from appliance.engine.generation import Generation
+
     system = Message("system", "You answer questions about Python loops, briefly and exactly. " * 12)
     warmup = _greedy(4, (system, Message("user", "What is a loop?")))
     long = _greedy(8, (system, *LONG))
@@ -727,14 +729,25 @@ def test_a_prefix_from_the_pool_is_carried_into_the_lane(bundle: firmware.Bundle
         cold_engine.close()
     engine = _lane_engine(bundle, prefix_cache_bytes=64 << 20, prefix_block_tokens=8)
     worker = engine.workers["cpu"]
+    ids, kept = _prompt_ids(bundle, long.messages), []
+    real_prefilled = Generation.prefilled
+
+    def prefilled(gen, end, logits, **kw):  # type: ignore[no-untyped-def]
+        if end == len(ids) and engine.prefix_cache is not None:
+            hit = engine.prefix_cache.lookup(block_digests(ids, 8), len(ids))
+            kept.append(hit.tokens if hit else 0)
+        return real_prefilled(gen, end, logits, **kw)
+
     try:
         _run(_collect(engine, warmup))  # the system prompt's blocks go to the pool
         runs, _ = _lane_record(worker, monkeypatch)
+        monkeypatch.setattr(Generation, "prefilled", prefilled)
         texts = _run(_beside(engine, [_greedy(150, (Message("user", "Hi."),))], long))
     finally:
         engine.close()
     assert texts[-1] == cold
     assert runs and runs[0].start > 0  # the lane began after the reused prefix, copied into its row
+    assert kept == [len(ids) // 8 * 8]  # once prefilled, the whole prompt is in the pool (the lane put it)
 
 
 def test_prefix_reuse_inside_a_batch_equals_cold(bundle: firmware.Bundle, engine: Engine) -> None:
