@@ -262,7 +262,11 @@ class Scheduler(Generic[T]):
             start, end = ticket.prefill[0]
             untouched = not ticket.chunked and len(ticket.prefill) == 1  # a short prompt may run whole
             whole = untouched and self.budget.whole(end - start)
-            if decode and self.lane and not whole:  # its whole range, on the lane beside the steps
+            # Until the device's prefill cost is fitted, a short prompt is chunked in the steps: those
+            # runs teach the fit (the lane's, on half the cores, would not), and then it runs whole.
+            remaining = sum(b - a for a, b in ticket.prefill)
+            learning = remaining <= FIT_MAX_TOKENS and self.budget.prefill_seconds(remaining) is None
+            if decode and self.lane and not (whole or learning):  # its whole range, on the lane beside the steps
                 ticket.prefill.popleft()
                 ticket.chunked = True
                 ticket.lane = (start, end)

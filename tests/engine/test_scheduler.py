@@ -354,3 +354,22 @@ def test_without_a_lane_or_without_streams_prompts_run_in_the_steps_as_before() 
     alone.start(a, [(0, 512)])
     plan = alone.plan()
     assert plan.lane is None and plan.prefill == (a, 0, 512)  # nothing to run beside: all the cores
+
+
+def test_with_a_lane_a_short_prompt_is_chunked_in_the_steps_until_the_prefill_cost_is_fitted() -> None:
+    s = _scheduler(slots=8, lane=True)
+    s.add("stream", 100, 0.0)
+    _start_all(s)
+    _decode_until_prefilled(s)  # one whole-prompt run of 10 tokens: one size, no fit yet
+    s.add("short", 200, 1.0)
+    (short,) = s.admit()
+    s.start(short, [(0, 52)])
+    s.budget.tokens = 12
+    plan = s.plan()
+    assert plan.lane is None and plan.prefill == (short, 0, 12)  # its chunks teach the fit
+    s.add("long", 900, 2.0)
+    (long,) = s.admit()
+    s.start(long, [(0, 512), (512, 700)])
+    while short.prefill:
+        s.plan()
+    assert s.plan().lane == (long, 0, 512)  # a long prompt takes the lane, fit or not
