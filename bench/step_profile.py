@@ -7,8 +7,9 @@ per-node profile, so the README's explanations can be reproduced rather than tak
    2000-token prompt, and an early chunk; a decode of 1 and of 8 rows. For each: the run's time,
    and within it GroupQueryAttention (attention), the weight matmuls (MatMulNBits in the int8 demo)
    and the rest. The
-   fairness floor follows from them: while a long prompt's last chunks run, a step is at least a
-   decode at the late histories plus the smallest chunk, whatever the scheduler decides.
+   fairness floor follows from them: while a long prompt's last chunks run between the streams'
+   steps, a step is at least a decode at the late histories plus the smallest chunk, whatever the
+   chunk budget decides (why a long prompt now runs on the prefill lane instead, lane.py).
 2. Single-stream decode, per token of a 128-token answer: one-row decode runs bare, the engine in
    process, and the daemon over its Unix socket as the benchmark's client sees it, alternating; and
    while the daemon answers, the CPU of its event loop (its main thread), of its model threads (the
@@ -343,12 +344,13 @@ def report(bundle: Bundle, lengths: Lengths, reps: int, threads: int, requests: 
 
 {chr(10).join(steps_table(profiles, lengths))}
 
-The fairness floor: while the long prompt's last chunks run, a step takes at least the decode at
-the late histories plus the smallest chunk: {floor:.1f} ms against the {before:.1f} ms of a step before
-the prompt arrived, **{ratio:.2f}x** before any noise, against a target of 3x for the P99. Attention
-is what grows: the streams' own histories grow while the prompt prefills, and a chunk of two or
-more tokens takes ONNX Runtime's GroupQueryAttention path that copies every earlier key and value
-once per query head.
+The fairness floor with chunks between the streams' steps (`engine.prefill_lane = false`; with the
+lane, the prompt runs on its own core beside the steps): while the long prompt's last chunks run,
+a step takes at least the decode at the late histories plus the smallest chunk: {floor:.1f} ms
+against the {before:.1f} ms of a step before the prompt arrived, **{ratio:.2f}x** before any noise,
+against a target of 3x for the P99. Attention is what grows: the streams' own histories grow while
+the prompt prefills, and a chunk of two or more tokens takes ONNX Runtime's GroupQueryAttention
+path that copies every earlier key and value once per query head.
 
 ## 2. Single-stream decode: from the bare run to the client (median of {requests}, the paths alternating)
 
