@@ -239,7 +239,7 @@ def _resolve_firmware(firmware: Path | None, trusted: Path | None) -> tuple[Path
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from appliance.engine import Engine, GenerationRequest, InvalidRequest, Message, Prefilled, TextDelta
+    from appliance.engine import Engine, EngineConfig, GenerationRequest, InvalidRequest, Message, Prefilled, TextDelta
     from firmware import load
 
     path, trusted = _resolve_firmware(args.firmware, args.trusted_keys)
@@ -251,7 +251,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )  # fmt: skip
 
     async def run() -> int:
-        engine = Engine(bundle)
+        engine = Engine(bundle, EngineConfig(prefill_lane=False))  # one request: nothing runs beside its prompt
         try:
             try:
                 stream = engine.submit(request)
