@@ -169,13 +169,16 @@ def check_fit(plans: Mapping[str, Plan], bundles: Mapping[str, firmware.Bundle],
             need = memory_need(bundles[name], plan.engine, device)
             used[kind] += need.on(device)
             if used[kind] > budgets[kind]:
-                parts = f"weights {_mib(need.weights)}, KV {_mib(need.kv)}"
+                sessions = sessions_on(plan.engine, device)
+                parts = f"weights {_mib(need.weights)}" + (f" in {sessions} sessions" if sessions > 1 else "")
+                parts += f", KV {_mib(need.kv)}"
                 if device == "cpu":
                     parts += f", prefix pool {_mib(need.prefix)}"
+                lane = ", set engine.prefill_lane = false" if sessions > 1 else ""
                 problems.append(f"firmware {name!r} does not fit on {device}: it needs {_mib(need.on(device))} "
                                 f"({parts}), {_mib(used[kind])} with the bundles before it, of {_mib(budgets[kind])} "
-                                f"{where[kind]}; lower engine.kv_cache_mb or limits.max_active_per_device, or serve "
-                                "fewer bundles")  # fmt: skip
+                                f"{where[kind]}; lower engine.kv_cache_mb or limits.max_active_per_device{lane}, or "
+                                "serve fewer bundles")  # fmt: skip
     if problems:
         raise ConfigError(problems)
 

@@ -122,6 +122,10 @@ def test_bundles_that_do_not_fit_together_are_refused_naming_each_and_what_it_ne
         plan_models(config, {"a": bundle, "b": bundle, "c": bundle}, roomy)
     assert len(info.value.problems) == 1 and info.value.problems[0].startswith("firmware 'c' does not fit on cpu")
     assert f"of {2 * one / (1 << 20):,.0f} MiB available host memory" in info.value.problems[0]
+    laned = _config(tmp_path, "[engine]\nprefix_cache_mb = 0\nthreads = 2\n")  # the weights in 2 sessions
+    with pytest.raises(ConfigError) as info:
+        plan_models(laned, {"a": bundle, "b": bundle, "c": bundle}, roomy)
+    assert "in 2 sessions" in info.value.problems[-1] and "engine.prefill_lane = false" in info.value.problems[-1]
     # A GPU's budget is its memory up to the governor's threshold, less what kept engines hold.
     gpu = HostFacts(("cpu", "cuda:0"), "nvml", gpu_memory=10 << 30, host_memory=1 << 40)
     cuda = _cuda_target(bundle)
