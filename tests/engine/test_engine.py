@@ -181,13 +181,13 @@ def test_a_released_kv_row_is_the_kernels_to_take_back_and_still_takes_the_next_
         slots.write(layer, 1, 0, keys, keys)
     mapped = slots.pointers[0][0]  # layer 0's keys: one mapping of both rows
     row_kib = slots.row_bytes // 1024
-    before = _vma_kib(mapped)
-    assert before["Rss"] >= row_kib and before["LazyFree"] == 0
+    before = _vma_kib(mapped)  # the kernel may have merged it with a neighbour, released rows and all
+    assert before["Rss"] >= row_kib
     slots.release(1)
     after = _vma_kib(mapped)
     # Counted as free for the taking (MemAvailable includes it), not dropped: the next request in
     # the row writes into the same pages without a fault for each.
-    assert after["LazyFree"] >= row_kib - 4
+    assert after["LazyFree"] - before["LazyFree"] >= row_kib - 4
     slots.write(0, 1, 0, keys[:, :100], keys[:, :100])
     assert np.array_equal(slots.read(0, 1, 0, 100)[0], keys[:, :100])
 
@@ -738,15 +738,25 @@ def test_a_prefix_from_the_pool_is_carried_into_the_lane(bundle: firmware.Bundle
             kept.append(hit.tokens if hit else 0)
         return real_prefilled(gen, end, logits, **kw)
 
+    async def scenario() -> str:
+        stream = engine.submit(_greedy(1500, (Message("user", "Hi."),)))  # decodes beside it to the end
+        consumer = asyncio.create_task(_drain(stream))
+        await _decoding(worker, 1)
+        text, _, _ = await _collect(engine, long)
+        stream.cancel()
+        await consumer
+        return text
+
     try:
         _run(_collect(engine, warmup))  # the system prompt's blocks go to the pool
         runs, _ = _lane_record(worker, monkeypatch)
         monkeypatch.setattr(Generation, "prefilled", prefilled)
-        texts = _run(_beside(engine, [_greedy(150, (Message("user", "Hi."),))], long))
+        text = _run(scenario())
     finally:
         engine.close()
-    assert texts[-1] == cold
+    assert text == cold
     assert runs and runs[0].start > 0  # the lane began after the reused prefix, copied into its row
+    assert runs[-1].reached == runs[-1].end == len(ids)  # and ran the prompt to its end
     assert kept == [len(ids) // 8 * 8]  # once prefilled, the whole prompt is in the pool (the lane put it)
 
 
