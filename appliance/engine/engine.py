@@ -358,8 +358,8 @@ class DeviceWorker:
         tokens = np.zeros(plan.rows, dtype=np.int64)
         lengths = np.zeros(plan.rows, dtype=np.int64)
         # While the lane runs, the steps take the other half of the cores.
-        beside_lane = self.scheduler.lane_busy and self.decode_half is not None
-        session = self.decode_half if beside_lane and self.decode_half is not None else self.session
+        session = self.decode_half if self.decode_half is not None and self.scheduler.lane_busy else self.session
+        beside_lane = session is not self.session
         for t in self.scheduler.running[: plan.rows]:
             # Padding rows keep their own length; one out on the lane pads at 0 (lane.py restores it).
             if t is not None and t.job.generation.cache is not None and t.lane is None:

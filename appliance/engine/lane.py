@@ -92,7 +92,7 @@ class PrefillLane:
             self.staging.slots.release(0)
             self._owner = owner
         if self.staging.length < start:
-            copy_span(self.session, row, self.staging, self.staging.length, start)
+            self.session.copy_span(row, self.staging, self.staging.length, start)
             self.staging.length = start
         with self._cond:
             assert self._work is None, "one range at a time"
@@ -118,7 +118,7 @@ class PrefillLane:
     def restore(self, row: KVCache, reached: int) -> None:
         """Between steps: put position 0 back into the owner's slot row (the steps' padding wrote
         it; the lane copied the rest), which then holds `reached` positions."""
-        copy_span(self.session, self.staging, row, 0, min(1, reached))
+        self.session.copy_span(self.staging, row, 0, min(1, reached))
         row.length = reached
 
     def finished(self, owner: object) -> None:
@@ -156,7 +156,7 @@ class PrefillLane:
                 log.debug("prefill lane run failed", exc_info=exc)
                 result.error = exc
             try:  # the steps write only position 0 of the slot row: the rest is the lane's to fill
-                copy_span(self.session, self.staging, work.row, max(work.start, 1), result.reached)
+                self.session.copy_span(self.staging, work.row, max(work.start, 1), result.reached)
                 if result.reached == work.end and result.error is None and work.whole is not None:
                     work.whole(self.staging)
             except Exception as exc:
@@ -168,11 +168,3 @@ class PrefillLane:
                 self._work = None
                 self._done.append(result)
             self._notify()
-
-
-def copy_span(session: ModelSession, source: KVCache, target: KVCache, start: int, end: int) -> None:
-    """Positions [start, end) of one row into another (the CPU: views, copied once)."""
-    if end > start:
-        layers = session.export_span(source, start, end)
-        for layer, (k, v) in enumerate(layers):
-            target.slots.write(layer, target.row, start, k, v)

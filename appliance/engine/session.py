@@ -336,6 +336,16 @@ class ModelSession:
         """Fill a row's first `tokens` positions from segments of per-layer arrays, each with the
         position it starts at."""
         for start, kv in segments:
-            for layer, (k, v) in enumerate(kv):
-                cache.slots.write(layer, cache.row, start, k, v)
+            _write(cache, start, kv)
         cache.length = tokens
+
+    def copy_span(self, source: KVCache, target: KVCache, start: int, end: int) -> None:
+        """Positions [start, end) of one row into another; the target's length is the caller's."""
+        if end > start:
+            _write(target, start, self.export_span(source, start, end))
+
+
+def _write(cache: KVCache, start: int, kv: KVArrays) -> None:
+    """Per-layer arrays into a row from position `start`."""
+    for layer, (k, v) in enumerate(kv):
+        cache.slots.write(layer, cache.row, start, k, v)
