@@ -1,8 +1,9 @@
 """Every architecture the firmware build supports, checked as the Llama fixture is
 (tests/engine/test_engine.py): a tiny random-weight model made locally from a transformers config, built
 to fp32 firmware; our prefill logits against transformers within 1e-4, greedy tokens identical for
-32 steps, sharded prefill and a prefix reused from the pool identical to one pass, and rows of
-different lengths decoded together identical to each alone. Mistral's sliding window and Gemma
+32 steps, sharded prefill and a prefix reused from the pool identical to one pass, rows of
+different lengths decoded together identical to each alone, and a long prompt prefilled on the
+prefill lane beside a decoding stream identical to each alone. Mistral's sliding window and Gemma
 3's sliding layers are 16 positions wide and the conversation is several times longer, so every
 check runs past the window; Qwen3 has per-head norms and Phi-3 partial rotary. Each family's chat
 template renders the same token ids as transformers' apply_chat_template, system prompt and (for
@@ -22,6 +23,7 @@ import pytest
 import firmware
 from appliance.engine import Engine, EngineConfig, GenerationRequest, Message, ModelSession, TextDelta
 from appliance.engine.chat import ChatTemplate
+from appliance.engine.request import TokenLogprob
 from appliance.engine.tokenizer import TextTokenizer
 from firmware.toolchain.tiny import ARCHITECTURES, tiny_bundle, tiny_hf_dir
 
@@ -153,6 +155,57 @@ def test_rows_of_different_lengths_decode_together_as_each_alone(arch: tuple[str
         lengths += 1
         last = logits.argmax(axis=1).astype(np.int64)
     assert together == alone, name
+
+
+def test_a_long_prompt_on_the_prefill_lane_beside_a_decoding_stream_answers_as_alone(
+    arch: tuple[str, firmware.Bundle, object],
+) -> None:
+    """The lane computes in a staging row and copies it into the slot row (appliance/engine/lane.py):
+    past a sliding window, with per-head norms or partial rotary, the newcomer's answer and the
+    stream's are what each gives alone, down to each token's log probability (a random tiny model
+    keeps its greedy tokens through a stale key; their probabilities show it)."""
+    name, bundle, _ = arch
+    engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0, intra_op_threads=2))
+    worker = engine.workers["cpu"]
+    assert worker.lane is not None
+    stream = GenerationRequest(SHORT, max_tokens=200, temperature=0.0, logprobs=0)
+    long = GenerationRequest((Message("user", "Explain every loop statement. " * 40),), max_tokens=8,
+                             temperature=0.0, logprobs=0)  # fmt: skip
+    ranges: list[tuple[int, int]] = []
+    real_run = worker.lane.run
+
+    def run(owner, cache, ids, start, end, *rest):  # type: ignore[no-untyped-def]
+        ranges.append((start, end))
+        return real_run(owner, cache, ids, start, end, *rest)
+
+    async def answer(request: GenerationRequest, started: asyncio.Event | None = None) -> list[tuple[str, float]]:
+        tokens = []
+        async for event in engine.submit(request):
+            if isinstance(event, TokenLogprob):
+                tokens.append((event.token, event.logprob))
+                if started is not None and len(tokens) == 2:
+                    started.set()
+        return tokens
+
+    async def beside() -> list[list[tuple[str, float]]]:
+        started = asyncio.Event()
+        decoding = asyncio.create_task(answer(stream, started))
+        await started.wait()
+        newcomer = await answer(long)
+        return [await decoding, newcomer]
+
+    try:
+        alone = [asyncio.run(answer(r)) for r in (stream, long)]
+        worker.lane.run = run  # type: ignore[method-assign]
+        together = asyncio.run(beside())
+    finally:
+        engine.close()
+    # The newcomer's prompt went to the lane (the stream's ran alone); whether the lane or, once the
+    # stream ended, the steps finished it depends on the machine's speed.
+    assert ranges and ranges[0][0] == 0, name
+    for got, want in zip(together, alone, strict=True):
+        assert [t for t, _ in got] == [t for t, _ in want], name
+        assert np.allclose([p for _, p in got], [p for _, p in want], rtol=0, atol=1e-5), name
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
