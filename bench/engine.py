@@ -115,8 +115,10 @@ class Report:
     notes: list[str]
 
 
-def interleaved(reps: int, a: Callable[[], float], b: Callable[[], float]) -> tuple[float, float]:
-    """Median of `reps` runs of a and of b, after one warm-up each, in pairs of alternating order."""
+def interleaved(reps: int, a: Callable[[], float], b: Callable[[], float],
+                paired: list[float] | None = None) -> tuple[float, float]:  # fmt: skip
+    """Median of `reps` runs of a and of b, after one warm-up each, in pairs of alternating order;
+    `paired` gets each pair's ratio, a / b."""
     a()
     b()
     xs: list[float] = []
@@ -129,6 +131,8 @@ def interleaved(reps: int, a: Callable[[], float], b: Callable[[], float]) -> tu
         else:
             ys.append(b())
             xs.append(a())
+    if paired is not None:
+        paired.extend(x / y for x, y in zip(xs, ys, strict=True))
     return statistics.median(xs), statistics.median(ys)
 
 
@@ -235,8 +239,9 @@ def versus_og(bundle: Bundle, sizes: Sizes, reps: int, threads: int, report: Rep
     steps = sizes.decode_steps
     ours_tokens: list[int] = []
     og_tokens: list[int] = []
+    ratios: list[float] = []
     ours, theirs = interleaved(reps, lambda: ours_decode(session, ids, steps, ours_tokens),
-                               lambda: og_decode(model, ids, steps, og_tokens))  # fmt: skip
+                               lambda: og_decode(model, ids, steps, og_tokens), ratios)  # fmt: skip
     report.rows.append(Row(f"decode, {steps} new tokens after {len(ids)}: ours / og.Generator", "tokens/s",
                            ours, theirs, ">= 1.0x", ours >= theirs))  # fmt: skip
     print(f"  decode: ours {ours:.1f}, og {theirs:.1f} tokens/s", flush=True)
@@ -244,6 +249,8 @@ def versus_og(bundle: Bundle, sizes: Sizes, reps: int, threads: int, report: Rep
     report.targets.append((f"prefill ours >= 1.0x og.Generator at {' and '.join(map(str, sizes.prefill))} tokens",
                            all(r.met for r in prefill_rows)))  # fmt: skip
     report.targets.append((f"decode ours >= 1.0x og.Generator over {steps} tokens", ours >= theirs))
+    report.notes.append(f"Decode, each pair's ratio (ours / og.Generator, in order): "
+                        f"{', '.join(f'{r:.3f}x' for r in ratios)}.")  # fmt: skip
     same = next((i for i, (x, y) in enumerate(zip(ours_tokens, og_tokens, strict=True)) if x != y), None)
     report.notes.append(
         f"Greedy decode: ours and og.Generator chose the same {len(ours_tokens)} tokens."
@@ -583,12 +590,12 @@ def main() -> int:
         reps = args.reps or (1 if args.quick else 5)
         load_start = load_average()
         if args.models:
-            title, flag, out = "Every demo model against onnxruntime-genai", "--models", args.out or MODELS_RESULTS
+            title, flag, target = "Every demo model against onnxruntime-genai", "--models", args.out or MODELS_RESULTS
             how = (f"{os.cpu_count()} intra-op threads on both sides, median of {reps} interleaved pairs (prefill: a "
                    "512-token prompt; decode: 64 new tokens after 128, greedy)")  # fmt: skip
             text = models_report(reps, os.cpu_count() or 1)
         else:
-            title, flag, out = "Constrained decoding", "--constrained-only", args.out or CONSTRAINED_RESULTS
+            title, flag, target = "Constrained decoding", "--constrained-only", args.out or CONSTRAINED_RESULTS
             how = (f"median of {reps}; the same prompt and greedy decoding; the JSON schema is an array of "
                    "{text, priority} objects (bench/engine.py CONSTRAINED_SCHEMA)")  # fmt: skip
             report = Report([], [], [])
@@ -597,9 +604,9 @@ def main() -> int:
             text = "\n".join([table(report.rows), "", *verdicts])
         print(text)
         if not args.quick:
-            out.write_text(f"# {title}\n\n`.venv/bin/python -m bench.engine {flag}` on {machine()}, {how}; load "
+            target.write_text(f"# {title}\n\n`.venv/bin/python -m bench.engine {flag}` on {machine()}, {how}; load "
                            f"average {load_start} at the start, {load_average()} at the end.\n\n{text}\n")  # fmt: skip
-            print(f"wrote {out}")
+            print(f"wrote {target}")
         return 0
     if args.concurrency_only:
         report = Report([], [], [])

@@ -7,7 +7,8 @@ slots (8). Both get the same thread count, greedy decoding, no prompt cache, and
 requests through the OpenAI chat completions API, streamed; the two servers take turns, in
 alternating order, for every measurement:
 
-- single-stream decode tokens/s (128 new tokens) and prefill tokens/s (a ~1400-token prompt);
+- single-stream decode tokens/s (128 new tokens, over 8 turns) and prefill tokens/s (a
+  ~1400-token prompt);
 - 1, 4, 8 and 16 concurrent clients, each a closed loop of requests for 64 new tokens: aggregate
   tokens/s, inter-token latency (median, P99) and request latency P99.
 
@@ -39,6 +40,9 @@ from firmware.toolchain.demo import demo_gguf
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "peers.md"
 SLOTS = 8
+# Single-stream decode is one 128-token request a turn (under a second): the noisiest number here,
+# so it takes more turns than the rest (two turns of it ranged 0.93x-1.09x on one day).
+DECODE_TURNS = 8
 CONCURRENCY = (1, 4, 8, 16)
 SENTENCE = ("The appliance keeps every decision local, in the process that runs the model, and a signed "
             "firmware bundle carries the weights, the tokenizer and the chat template. ")  # fmt: skip
@@ -66,8 +70,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def alternating(reps: int, ours: Callable[[int], float], theirs: Callable[[int], float]) -> tuple[float, float]:
-    """Median of each side over `reps` turns, the order alternating each turn (rep index passed in)."""
+def alternating(reps: int, ours: Callable[[int], float], theirs: Callable[[int], float],
+                paired: list[float] | None = None) -> tuple[float, float]:  # fmt: skip
+    """Median of each side over `reps` turns, the order alternating each turn (rep index passed in);
+    `paired` gets each turn's ratio, ours / theirs."""
     xs, ys = [], []
     for i in range(reps):
         if i % 2 == 0:
@@ -76,6 +82,8 @@ def alternating(reps: int, ours: Callable[[int], float], theirs: Callable[[int],
         else:
             ys.append(theirs(i))
             xs.append(ours(i))
+    if paired is not None:
+        paired.extend(x / y for x, y in zip(xs, ys, strict=True))
     return statistics.median(xs), statistics.median(ys)
 
 
@@ -114,6 +122,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     reps = args.reps or (1 if args.quick else 2)
+    decode_turns = 1 if args.quick else max(reps, DECODE_TURNS)
     out: Path | None = args.out or (None if args.quick else RESULTS)
     threads = os.cpu_count() or 1
     load_start = load_average()
@@ -124,8 +133,9 @@ def main() -> int:
     with servers(work, threads) as (ours, theirs):
         for side in (ours, theirs):  # warm both: first requests pay for lazy initialisation
             asyncio.run(run_load(side, 2, 1, 8))
-        d_ours, d_theirs = alternating(reps, lambda i: decode_rate(ours, i),
-                                       lambda i: decode_rate(theirs, i))  # fmt: skip
+        decode_ratios: list[float] = []
+        d_ours, d_theirs = alternating(decode_turns, lambda i: decode_rate(ours, i),
+                                       lambda i: decode_rate(theirs, i), decode_ratios)  # fmt: skip
         print(f"  decode: ours {d_ours:.1f}, llama-server {d_theirs:.1f} tokens/s", flush=True)
         counts: dict[str, int] = {}
 
@@ -163,11 +173,12 @@ def main() -> int:
               "| llama-server ITL median / P99 ms | Zerolayer request P99 s | llama-server request P99 s |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for row in rows:
-        a, b = row.ours, row.theirs
-        lines.append(f"| {row.clients} | {a.tokens_per_s:.1f} | {b.tokens_per_s:.1f} | "
-                     f"{a.tokens_per_s / b.tokens_per_s:.2f}x | {a.itl(0.5) * 1000:.0f} / {a.itl(0.99) * 1000:.0f} | "
-                     f"{b.itl(0.5) * 1000:.0f} / {b.itl(0.99) * 1000:.0f} | {a.latency(0.99):.2f} | "
-                     f"{b.latency(0.99):.2f} |")  # fmt: skip
+        us, them = row.ours, row.theirs
+        lines.append(f"| {row.clients} | {us.tokens_per_s:.1f} | {them.tokens_per_s:.1f} | "
+                     f"{us.tokens_per_s / them.tokens_per_s:.2f}x | "
+                     f"{us.itl(0.5) * 1000:.0f} / {us.itl(0.99) * 1000:.0f} | "
+                     f"{them.itl(0.5) * 1000:.0f} / {them.itl(0.99) * 1000:.0f} | {us.latency(0.99):.2f} | "
+                     f"{them.latency(0.99):.2f} |")  # fmt: skip
     eight = next(r for r in rows if r.clients == 8)
     ratio = eight.ours.tokens_per_s / eight.theirs.tokens_per_s
     targets.append((f"8-client aggregate >= 1.5x llama-server ({ratio:.2f}x)", ratio >= 1.5))
@@ -190,8 +201,10 @@ def main() -> int:
 - machine: {machine()}
 - load average (1, 5, 15 min): {loads}
 - {threads} threads each; {SLOTS} slots each (`llama-server -np {SLOTS} -kvu`, `limits.max_active_per_device =
-  {SLOTS}`); median of {reps} turns per number; concurrency rows: each client sends 3 requests in a row,
-  64 new tokens each (ITL: gaps between streamed chunks)
+  {SLOTS}`); median of {reps} turns per number, {decode_turns} for single-stream decode; concurrency rows: each
+  client sends 3 requests in a row, 64 new tokens each (ITL: gaps between streamed chunks)
+- single-stream decode, each turn's ratio (ours / llama-server, in order):
+  {", ".join(f"{r:.2f}x" for r in decode_ratios)}; their median {statistics.median(decode_ratios):.2f}x
 
 {table}
 
