@@ -31,7 +31,7 @@ test: lint
 bench-engine: setup demo-firmware
 	$(PY) -m bench.engine $(ARGS)
 
-# Against llama.cpp's own server on the same model (builds llama-server once, about 12 minutes; then about 6).
+# Against llama.cpp's own server on the same model (builds llama-server once, about 12 minutes; then about 3).
 bench-peers: setup demo-firmware
 	$(PY) -m bench.peers $(ARGS)
 

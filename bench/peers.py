@@ -15,7 +15,7 @@ alternating order, for every measurement:
 Targets (the batching issue): our 8-client aggregate >= 1.5x llama-server's, our 8-client P99
 request latency <= llama-server's, and the single-stream leads kept.
 
-Run: `make bench-peers` (about 6 minutes on 2 CPUs after the one-time llama.cpp build; writes
+Run: `make bench-peers` (about 3 minutes on 2 CPUs after the one-time llama.cpp build; writes
 bench/results/peers.md), or `--quick` (one repetition, prints, writes nothing unless --out).
 """
 
