@@ -225,6 +225,11 @@ def cpu_per_wall(fn: Callable[[], object]) -> float:
     return (time.process_time() - cpu) / (time.perf_counter() - wall)
 
 
+def pairs_per_process(reps: int) -> int:
+    """The interleaved pairs each of versus_og's two processes runs for `reps` repetitions."""
+    return max(1, (reps + 1) // 2)
+
+
 @dataclass
 class OgPairs:
     """One process's interleaved (ours, og.Generator) pairs for each comparison, and both greedy answers."""
@@ -266,7 +271,7 @@ def versus_og(bundle: Bundle, sizes: Sizes, reps: int, threads: int, report: Rep
     runs: list[OgPairs] = []
     for og_first in (False, True):
         with spawn.Pool(1) as pool:
-            runs.append(pool.apply(og_pairs, (str(bundle.root), sizes, max(1, (reps + 1) // 2), threads, og_first)))
+            runs.append(pool.apply(og_pairs, (str(bundle.root), sizes, pairs_per_process(reps), threads, og_first)))
 
     def medians(pairs: list[tuple[float, float]]) -> tuple[float, float]:
         return statistics.median(x for x, _ in pairs), statistics.median(y for _, y in pairs)
@@ -586,7 +591,7 @@ def markdown(bundle: Bundle, report: Report, reps: int, threads: int, command: s
 Our engine against onnxruntime-genai's `og.Generator` on the demo firmware ({bundle.name} {bundle.version},
 {precision}, `{bundle.root.name}`): same model folder, CPU execution provider, {threads} intra-op threads on
 both sides. Two processes, each side's session made first in one (in one process the session made
-later runs 1-3% faster), each with one warm-up of each side and then {max(1, (reps + 1) // 2)} pairs, the two sides
+later runs 1-3% faster), each with one warm-up of each side and then {pairs_per_process(reps)} pairs, the two sides
 interleaved in alternating order; each number is the median over the pairs of both processes.
 
 - machine: {machine()}
