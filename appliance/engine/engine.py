@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 class EngineConfig:
     max_tokens_per_shard: int | None = None  # None: the firmware's baked value (the plan checks config lowers it)
     prefix_cache_bytes: int = 256 << 20
-    prefix_block_tokens: int = 32
+    prefix_block_tokens: int = 16  # SmolLM2's template shares 24 tokens: blocks of 32 reused none of them
     max_active_per_device: int = 8  # the slots: requests a device decodes together
     kv_cache_bytes: int = 0  # KV budget per device; 0: room for every slot at the model's full context
     max_queued: int = 64

@@ -242,6 +242,31 @@ def test_prefix_reuse_equals_cold_generation(bundle: firmware.Bundle, engine: En
     assert f"found {done.trace.prior_digests_found}/10 digests" in done.trace.lines()[1]
 
 
+def test_default_blocks_reuse_a_short_shared_system_prompt(bundle: firmware.Bundle) -> None:
+    """Two questions under one short system prompt (what a chat template's own system part is, 24
+    tokens for SmolLM2): with the default block size the second reuses every full block of their
+    shared start, and answers as it does cold."""
+    warm = Engine(bundle, EngineConfig(prefix_cache_bytes=16 << 20))
+    block = warm.config.prefix_block_tokens
+    first, second = (_greedy(8, (Message("system", "You answer briefly."),
+                                 Message("user", q))) for q in ("What does try do?", "Explain the with statement."))
+    try:
+        a, b = warm.prepare(first).ids, warm.prepare(second).ids
+        shared = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        _run(_collect(warm, first))
+        text, done, _ = _run(_collect(warm, second))
+    finally:
+        warm.close()
+    cold = Engine(bundle, EngineConfig(prefix_cache_bytes=0))
+    try:
+        cold_text, _, _ = _run(_collect(cold, second))
+    finally:
+        cold.close()
+    assert 16 <= shared < 32, f"the two prompts share {shared} tokens"
+    assert done.trace.reused_tokens == shared // block * block > 0
+    assert text == cold_text
+
+
 QUESTIONS = [
     "Hi.",
     "Question 1: what does the for statement do?",
