@@ -149,12 +149,14 @@ def main() -> int:
         p_ours, p_theirs = alternating(reps, prefill(ours, "ours"), prefill(theirs, "theirs"))
         print(f"  prefill: ours {p_ours:.1f}, llama-server {p_theirs:.1f} tokens/s", flush=True)
         rows: list[LoadRow] = []
+        serial = 0  # each run its own prompts, the same for both sides
         for clients in CONCURRENCY:
             results: dict[str, list[LoadResult]] = {"ours": [], "theirs": []}
             for i in range(reps):
                 order = [("ours", ours), ("theirs", theirs)]
                 for key, side in order if i % 2 == 0 else order[::-1]:
-                    results[key].append(asyncio.run(run_load(side, clients, 3, 64)))
+                    results[key].append(asyncio.run(run_load(side, clients, 3, 64, serial)))
+                serial += clients * 3
             best = {k: sorted(v, key=lambda r: r.tokens_per_s)[len(v) // 2] for k, v in results.items()}
             rows.append(LoadRow(clients, best["ours"], best["theirs"]))
             print(f"  {clients} clients: ours {best['ours'].tokens_per_s:.1f}, llama-server "

@@ -254,7 +254,7 @@ def single_stream(bundle: Bundle, threads: int, reps: int) -> SingleStream:
 
     def in_engine(i: int) -> float:
         async def go() -> list[float]:
-            request = GenerationRequest(messages=(Message("user", story_prompt(i, 0)),), max_tokens=128,
+            request = GenerationRequest(messages=(Message("user", story_prompt(i)),), max_tokens=128,
                                         temperature=0)  # fmt: skip
             return [time.perf_counter() async for e in engine.submit(request) if isinstance(e, TextDelta)]
 
@@ -266,7 +266,7 @@ def single_stream(bundle: Bundle, threads: int, reps: int) -> SingleStream:
         def through_daemon(i: int) -> float:
             async def go() -> list[float]:
                 async with endpoint.client() as http:
-                    return (await one_request(http, endpoint, story_prompt(i, 0), 128)).chunks
+                    return (await one_request(http, endpoint, story_prompt(i), 128)).chunks
 
             before, mine = thread_cpu(pid), resource.getrusage(resource.RUSAGE_THREAD)
             stamps = asyncio.run(go())

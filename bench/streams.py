@@ -31,10 +31,25 @@ TOPICS = (
 )  # fmt: skip
 
 
-def story_prompt(client: int, round_: int) -> str:
-    """A different request for each client and round, all asking for a long answer."""
-    topic = TOPICS[(client + 5 * round_) % len(TOPICS)]
-    return f"Write a long, detailed story about {topic}. Describe every scene carefully."
+NARRATORS = (
+    "an old sailor", "a child", "a retired spy", "a talking crow", "a nervous poet", "a cheerful ghost",
+    "a tired nurse", "a young queen", "a lost robot", "a village baker", "a street musician", "a grumpy wizard",
+    "a curious student", "a deep-sea diver", "a mountain guide", "a night watchman", "a circus acrobat",
+    "a museum guard", "a lighthouse cat", "a time traveller", "a shy librarian", "a famous chef",
+    "a desert nomad", "a bored dragon",
+)  # fmt: skip
+ENDINGS = ("Describe every scene carefully.", "Give every character a voice of their own.",
+           "Let the weather change with the mood.", "End with a surprise.")  # fmt: skip
+
+
+def story_prompt(n: int) -> str:
+    """Request n's prompt, asking for a long answer. Numbered first, so no two share more than the
+    chat template's own system part and a word or two: a server's prefix cache reuses that (as it
+    would for any two users' questions), never an earlier request's topic or whole prompt."""
+    topic = TOPICS[n % len(TOPICS)]
+    narrator = NARRATORS[n // len(TOPICS) % len(NARRATORS)]
+    ending = ENDINGS[n // (len(TOPICS) * len(NARRATORS)) % len(ENDINGS)]
+    return f"Story {n}: write a long, detailed story about {topic}, told by {narrator}. {ending}"
 
 
 @dataclass
@@ -127,11 +142,13 @@ async def one_request(http: httpx.AsyncClient, endpoint: Endpoint, prompt: str, 
     return timing
 
 
-async def run_load(endpoint: Endpoint, clients: int, rounds: int, max_tokens: int) -> LoadResult:
-    """`clients` closed loops of `rounds` requests each, all started together."""
+async def run_load(endpoint: Endpoint, clients: int, rounds: int, max_tokens: int, first: int = 0) -> LoadResult:
+    """`clients` closed loops of `rounds` requests each, all started together; the requests take
+    prompts `first` to `first + clients * rounds - 1` (story_prompt)."""
     async with endpoint.client() as http:
         async def client(i: int) -> list[RequestTiming]:
-            return [await one_request(http, endpoint, story_prompt(i, r), max_tokens) for r in range(rounds)]
+            return [await one_request(http, endpoint, story_prompt(first + r * clients + i), max_tokens)
+                    for r in range(rounds)]  # fmt: skip
 
         start = time.perf_counter()
         results = await asyncio.gather(*(client(i) for i in range(clients)))
@@ -157,15 +174,18 @@ def wait_ready(proc: subprocess.Popen[bytes], log: Path, endpoint: Endpoint, pat
 
 
 @contextlib.contextmanager
-def zerolayer_daemon(work: Path, slots: int, threads: int) -> Iterator[Endpoint]:
-    """Our daemon serving the demo firmware on a Unix socket only (no prefix cache: every prefill
-    runs), as its own process, as a client would find it."""
+def zerolayer_daemon(work: Path, slots: int, threads: int, prefix_pool: bool = False) -> Iterator[Endpoint]:
+    """Our daemon serving the demo firmware on a Unix socket only, as its own process, as a client
+    would find it; `prefix_pool` False turns the prefix cache off (every prefill runs), True leaves
+    it at its default size."""
     from appliance.devsetup import write_dev_config
     from firmware.toolchain.demo import DEMO_NAME, demo_bundle
     from firmware.toolchain.devkit import dev_trusted_keys
 
+    work.mkdir(parents=True, exist_ok=True)
+    pool = "" if prefix_pool else "prefix_cache_mb = 0\n"
     extra = (f"[limits]\nmax_active_per_device = {slots}\nmax_queued = 512\n\n"
-             f"[engine]\nthreads = {threads}\nprefix_cache_mb = 0\n\n[log]\nlevel = \"warning\"\n")  # fmt: skip
+             f"[engine]\nthreads = {threads}\n{pool}\n[log]\nlevel = \"warning\"\n")  # fmt: skip
     setup = write_dev_config(work / "zerolayer", demo_bundle(), dev_trusted_keys(), tcp="", quic="", extra=extra)
     log = work / "zerolayer.log"
     with open(log, "wb") as out:
