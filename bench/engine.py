@@ -60,7 +60,9 @@ from bench.host import load_average, machine
 from bench.streams import (
     Endpoint,
     LoadResult,
+    PromptSerials,
     RequestTiming,
+    median_run,
     one_request,
     run_load,
     story_prompt,
@@ -486,17 +488,6 @@ CONCURRENCY = (1, 2, 4, 8, 16)
 LONG_PROMPT_SENTENCES = 126  # 1990 tokens of the demo model with its template (the issue's 2000; 105 gave 1618)
 
 
-class PromptSerials:
-    """Hands out story_prompt numbers, so no prompt reaches one daemon twice."""
-
-    def __init__(self) -> None:
-        self.next = 0
-
-    def take(self, count: int) -> int:
-        first, self.next = self.next, self.next + count
-        return first
-
-
 def load_runs(endpoint: Endpoint, levels: tuple[int, ...], reps: int,
               serials: PromptSerials) -> dict[int, list[LoadResult]]:  # fmt: skip
     """Each concurrency level `reps` times, the levels in alternating order (machine drift hits
@@ -508,10 +499,6 @@ def load_runs(endpoint: Endpoint, levels: tuple[int, ...], reps: int,
             runs[clients].append(result)
             print(f"  {clients} streams: {result.tokens_per_s:.1f} tokens/s", flush=True)
     return runs
-
-
-def median_run(results: list[LoadResult]) -> LoadResult:
-    return sorted(results, key=lambda r: r.tokens_per_s)[len(results) // 2]
 
 
 # Runs per concurrency level (and of the fairness check): one stream's rate on this VM moves 10% within
@@ -679,8 +666,9 @@ def main() -> int:
         load_start = load_average()
         if args.models:
             title, flag, target = "Every demo model against onnxruntime-genai", "--models", args.out or MODELS_RESULTS
-            how = (f"{os.cpu_count()} intra-op threads on both sides, median of {reps} interleaved pairs (prefill: a "
-                   "512-token prompt; decode: 64 new tokens after 128, greedy)")  # fmt: skip
+            how = (f"{os.cpu_count()} intra-op threads on both sides, median of {2 * pairs_per_process(reps)} "
+                   "interleaved pairs over two processes, each side made first in one (prefill: a 512-token "
+                   "prompt; decode: 64 new tokens after 128, greedy)")  # fmt: skip
             text = models_report(reps, os.cpu_count() or 1)
         else:
             title, flag, target = "Constrained decoding", "--constrained-only", args.out or CONSTRAINED_RESULTS

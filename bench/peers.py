@@ -34,7 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.host import load_average, machine
-from bench.streams import Endpoint, LoadResult, one_request, run_load, serving, zerolayer_daemon
+from bench.streams import (
+    Endpoint,
+    LoadResult,
+    PromptSerials,
+    median_run,
+    one_request,
+    run_load,
+    serving,
+    zerolayer_daemon,
+)
 from firmware.toolchain.demo import demo_gguf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,15 +158,15 @@ def main() -> int:
         p_ours, p_theirs = alternating(reps, prefill(ours, "ours"), prefill(theirs, "theirs"))
         print(f"  prefill: ours {p_ours:.1f}, llama-server {p_theirs:.1f} tokens/s", flush=True)
         rows: list[LoadRow] = []
-        serial = 0  # each run its own prompts, the same for both sides
+        serials = PromptSerials()
         for clients in CONCURRENCY:
             results: dict[str, list[LoadResult]] = {"ours": [], "theirs": []}
             for i in range(reps):
+                first = serials.take(clients * 3)  # each turn its own prompts, the same for both sides
                 order = [("ours", ours), ("theirs", theirs)]
                 for key, side in order if i % 2 == 0 else order[::-1]:
-                    results[key].append(asyncio.run(run_load(side, clients, 3, 64, serial)))
-                serial += clients * 3
-            best = {k: sorted(v, key=lambda r: r.tokens_per_s)[len(v) // 2] for k, v in results.items()}
+                    results[key].append(asyncio.run(run_load(side, clients, 3, 64, first)))
+            best = {k: median_run(v) for k, v in results.items()}
             rows.append(LoadRow(clients, best["ours"], best["theirs"]))
             print(f"  {clients} clients: ours {best['ours'].tokens_per_s:.1f}, llama-server "
                   f"{best['theirs'].tokens_per_s:.1f} tokens/s", flush=True)  # fmt: skip

@@ -96,6 +96,22 @@ class LoadResult:
         return statistics.median(r.ttft for r in self.requests)
 
 
+def median_run(results: list[LoadResult]) -> LoadResult:
+    """The run with the median aggregate tokens/s (its latencies are shown with it)."""
+    return sorted(results, key=lambda r: r.tokens_per_s)[len(results) // 2]
+
+
+class PromptSerials:
+    """Hands out story_prompt numbers, so no prompt reaches one server twice."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def take(self, count: int) -> int:
+        first, self.next = self.next, self.next + count
+        return first
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """Where a server's chat completions are: a base URL, and a Unix socket or None for TCP."""
