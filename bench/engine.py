@@ -4,7 +4,7 @@ Same model folder, same CPU execution provider, same number of intra-op threads,
 side in one process. Every comparison warms both sides up once, then runs them in pairs whose
 order alternates (so drifting machine noise hits both) and reports the median of each side.
 
-1. ours (ModelSession.forward) vs og.Generator: prefill tokens/s at 512 and 2048 prompt tokens,
+1. ours (ModelSession.forward, .decode) vs og.Generator: prefill tokens/s at 512 and 2048 prompt tokens,
    decode tokens/s over 128 new tokens (greedy; the argmax / search is inside the timing).
    Target: ours >= 1.0x for both.
 2. sharded (max_tokens_per_shard=512) vs one-pass prefill of a 2048-token chat prompt through the
@@ -195,13 +195,17 @@ def og_prefill(model: og.Model, ids: np.ndarray) -> float:
 
 
 def ours_decode(session: ModelSession, ids: np.ndarray, steps: int, out: list[int]) -> float:
-    """Tokens/s over `steps` steps of (forward one token, argmax); the first token comes from prefill."""
+    """Tokens/s over `steps` steps of (decode one token, argmax), through the call the engine's
+    worker makes for each decode step (here with one row); the first token comes from prefill."""
     cache = session.new_cache(len(ids) + steps + 1)
     token = int(np.argmax(session.forward(cache, ids)))
     tokens = [token]
+    row, length = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
     t = time.perf_counter()
     for _ in range(steps):
-        token = int(np.argmax(session.forward(cache, np.array([token], dtype=np.int64))))
+        row[0], length[0] = token, cache.length
+        token = int(np.argmax(session.decode(cache.slots, row, length)[0]))
+        cache.length += 1
         tokens.append(token)
     elapsed = time.perf_counter() - t
     out[:] = tokens

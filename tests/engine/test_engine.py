@@ -27,6 +27,7 @@ from appliance.engine import (
     TextDelta,
 )
 from appliance.engine.prefix_cache import block_digests
+from appliance.engine.session import KVCache
 from appliance.engine.shards import plan_shards
 
 CONVERSATION = (
@@ -143,6 +144,39 @@ def test_a_slot_takes_chunks_of_any_length_on_either_graph(bundle: firmware.Bund
         batch = session.decode(slots, np.array([7, int(one.argmax())]), np.array([0, cache.length]))
         alone = session.forward(cache, np.array([int(one.argmax())]))
         assert np.abs(batch[1] - alone).max() <= 1e-4  # the next token, alone or beside another row
+
+
+def _decode_one(session: ModelSession, cache: KVCache, token: int) -> np.ndarray:
+    """One decode step of a cache's row alone, as the worker runs it; a copy of its logits."""
+    logits = session.decode(cache.slots, np.array([token]), np.array([cache.length]))[0].copy()
+    cache.length += 1
+    return logits
+
+
+def test_one_row_alternates_chunks_and_decode_steps_on_either_graph(bundle: firmware.Bundle) -> None:
+    """A lone stream's prompt chunks and decode steps run through one binding (row 0 of one row):
+    a decode binds its own ids, mask and logits again after a chunk bound others, even where its
+    mask keeps the width it had before the chunk, and a chunk after a decode runs on its own
+    inputs."""
+    ids = np.array(_prompt_ids(bundle), dtype=np.int64)
+    assert len(ids) > 16
+    for edited in (True, False):
+        session = ModelSession(bundle, last_position_logits=edited)
+        mixed, alone = session.new_cache(len(ids) + 4), session.new_cache(len(ids) + 4)
+
+        start = 0
+        for chunk_end in (8, 12):  # two decode steps with masks of one width, a chunk between
+            session.forward(mixed, ids[start:chunk_end])
+            got = _decode_one(session, mixed, int(ids[chunk_end]))
+            want = session.forward(alone, ids[start : chunk_end + 1])
+            assert np.abs(got - want).max() <= 1e-4
+            start = chunk_end + 1
+        got, want = session.forward(mixed, ids[start:]), session.forward(alone, ids[start:])
+        assert np.abs(got - want).max() <= 1e-4
+        for _ in range(2):
+            token = int(want.argmax())
+            got, want = _decode_one(session, mixed, token), session.forward(alone, np.array([token]))
+            assert np.abs(got - want).max() <= 1e-4
 
 
 async def _collect(engine: Engine, request: GenerationRequest) -> tuple[str, Finished, list[object]]:
