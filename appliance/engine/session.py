@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 # (Linux 4.5+; elsewhere returned at once).
 _RELEASE = getattr(mmap, "MADV_FREE", mmap.MADV_DONTNEED)
 
-# A decode's attention mask is bound this many positions wider at a time (see _Bound).
+# A decode's attention mask is bound this many positions wider at a time (see _Bound), where the
+# graph allows it (mask_width_is_free).
 MASK_WIDTH_STEP = 64
 
 _ORT_TO_NUMPY = {
@@ -76,6 +77,33 @@ def last_position_logits_model(onnx_path: Path) -> bytes | None:
         if out.name == "logits":
             out.type.tensor_type.shape.dim[1].dim_param = "logits_positions"
     return bytes(model.SerializeToString())
+
+
+def mask_width_is_free(onnx_path: Path) -> bool:
+    """Whether the attention mask may be wider than the longest row with nothing changed: its
+    values reach the graph only through their sum (each row's length) and its width only as the
+    attention operators' total_sequence_length, the longest a row may be. Not in a LongRoPE
+    graph, where the width picks the short or the long rotary factors."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            consumers.setdefault(name, []).append((node, index))
+    width: list[str] = []  # values computed from the mask's shape alone
+    for node, _ in consumers.get("attention_mask", []):
+        if node.op_type == "Shape":
+            width.extend(node.output)
+        elif node.op_type != "ReduceSum":
+            return False
+    while width:
+        for node, index in consumers.get(width.pop(), []):
+            if node.op_type in ("Gather", "Cast", "Squeeze", "Unsqueeze", "Reshape", "Identity"):
+                width.extend(node.output)
+            elif not (node.op_type == "GroupQueryAttention" and index == 6):  # total_sequence_length
+                return False
+    return True
 
 
 class KVSlots:
@@ -172,7 +200,7 @@ class _Bound:
 
     A decode's token ids and attention mask live in buffers of their own, bound once and written
     in place from step to step: the mask is bound a whole number of MASK_WIDTH_STEP positions
-    wide, so its binding changes once every so many steps, not at each. Between a decode run and
+    wide where the graph allows, so its binding changes once every so many steps, not at each. Between a decode run and
     the next the weights have streamed through the caches, and each bind is then a dozen
     microseconds of cold lookups (rebinding all three at every step: 1.5% of a one-row decode)."""
 
@@ -266,6 +294,7 @@ class ModelSession:
         ]
         self.ort_device = "cuda" if device.startswith("cuda") else "cpu"
         self.device_id = int(device.partition(":")[2] or 0) if device.startswith("cuda") else 0
+        self.mask_width_step = MASK_WIDTH_STEP if mask_width_is_free(onnx_path) else 1
         self._positions = np.arange(self.facts.context_length, dtype=np.int64)
         self._ones = np.ones((1, self.facts.context_length), dtype=np.int64)  # a prompt's mask is a slice of it
         log.info("engine session on %s: %s", device, ", ".join(self.session.get_providers()))
@@ -301,7 +330,8 @@ class ModelSession:
         bound = self._bound(slots, 0, rows)
         # The operator reads each row's length from the mask's sum; its width only has to cover
         # the longest, so positions past a row's length are zeros, as between ragged rows.
-        width = min(-(-width // MASK_WIDTH_STEP) * MASK_WIDTH_STEP, slots.capacity)
+        step = self.mask_width_step
+        width = min(-(-width // step) * step, slots.capacity)
         if bound.width != width:
             bound.mask = bound.mask_buffer[: rows * width].reshape(rows, width)
             bound.binding.bind_input("input_ids", "cpu", 0, np.int64, [rows, 1], bound.ids.ctypes.data)

@@ -24,6 +24,7 @@ import firmware
 from appliance.engine import Engine, EngineConfig, GenerationRequest, Message, ModelSession, TextDelta
 from appliance.engine.chat import ChatTemplate
 from appliance.engine.request import TokenLogprob
+from appliance.engine.session import MASK_WIDTH_STEP
 from appliance.engine.tokenizer import TextTokenizer
 from firmware.toolchain.tiny import ARCHITECTURES, tiny_bundle, tiny_hf_dir
 
@@ -155,6 +156,16 @@ def test_rows_of_different_lengths_decode_together_as_each_alone(arch: tuple[str
         lengths += 1
         last = logits.argmax(axis=1).astype(np.int64)
     assert together == alone, name
+
+
+def test_the_decode_mask_widens_in_steps_unless_its_width_picks_the_rotary_factors(
+        arch: tuple[str, firmware.Bundle, object]) -> None:  # fmt: skip
+    """A decode's mask may be wider than its longest row (bound once every MASK_WIDTH_STEP
+    positions) only where its width is nothing but the attention's total length: a LongRoPE
+    graph compares the width with the original context to pick its rotary factors."""
+    name, bundle, _ = arch
+    step = ModelSession(bundle).mask_width_step
+    assert step == (1 if name == "phi3_longrope" else MASK_WIDTH_STEP), name
 
 
 def test_a_long_prompt_on_the_prefill_lane_beside_a_decoding_stream_answers_as_alone(

@@ -162,6 +162,7 @@ def test_one_row_alternates_chunks_and_decode_steps_on_either_graph(bundle: firm
     assert len(ids) > 16
     for edited in (True, False):
         session = ModelSession(bundle, last_position_logits=edited)
+        assert session.mask_width_step > 13  # the two steps below bind one mask width
         mixed, alone = session.new_cache(len(ids) + 4), session.new_cache(len(ids) + 4)
 
         start = 0
