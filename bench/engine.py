@@ -537,6 +537,12 @@ def concurrency_rows(work: Path, threads: int, report: Report, reps: int = CONCU
     scale = rows[8].tokens_per_s / base
     cold_scale = cold[8].tokens_per_s / cold[1].tokens_per_s
     report.targets.append((f"8 streams >= 3.0x one stream's tokens/s ({scale:.2f}x)", scale >= 3.0))
+    # The two levels of one repetition ran within seconds of each other: their ratio shows how much
+    # of the spread is the VM's drift between repetitions.
+    paired = sorted(e.tokens_per_s / o.tokens_per_s for e, o in zip(runs[8], runs[1], strict=True))
+    report.notes.append(f"8 streams over one stream within each of the {reps} repetitions: "
+                        f"{', '.join(f'{r:.2f}x' for r in paired)} (their median "
+                        f"{statistics.median(paired):.2f}x).")  # fmt: skip
     report.notes.append(f"With the prefix pool off (`engine.prefix_cache_mb = 0`: every prompt prefilled whole), "
                         f"8 streams gave {cold[8].tokens_per_s:.1f} tokens/s and one stream "
                         f"{cold[1].tokens_per_s:.1f}: {cold_scale:.2f}x (the median of {reps} runs each).")  # fmt: skip
@@ -694,6 +700,7 @@ def main() -> int:
             print("\n".join(concurrency_rows(Path(tmp), os.cpu_count() or 1, report)))
         for what, ok in report.targets:
             print(f"{'met' if ok else 'NOT MET'}: {what}")
+        print("\n".join(f"- {note}" for note in report.notes))
         return 0
     reps = args.reps or (1 if args.quick else 5)
     out: Path | None = args.out or (None if args.quick else RESULTS)
