@@ -14,7 +14,7 @@ import mmap
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -23,6 +23,9 @@ from appliance.engine.kv_copy import CudaCopy, read_row, write_row
 from appliance.engine.prefix_cache import KVArrays
 from appliance.engine.providers import providers_for, usable_cuda_devices, verify
 from firmware import Bundle
+
+if TYPE_CHECKING:
+    import onnx
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +49,9 @@ def available_devices() -> list[str]:
     return ["cpu", *usable_cuda_devices()]
 
 
-def last_position_logits_model(onnx_path: Path) -> bytes | None:
-    """The model with the LM head applied to the last position only.
+def last_position_logits_model(model: onnx.ModelProto) -> bytes | None:
+    """The model (its graph without the external weights; edited in place) with the LM head
+    applied to the last position only.
 
     Prefill of N tokens otherwise multiplies N hidden states by the vocabulary matrix and throws
     all but one row away; for a small model that is a fifth of the prefill work. Returns None if
@@ -56,7 +60,6 @@ def last_position_logits_model(onnx_path: Path) -> bytes | None:
     import onnx
     from onnx import helper
 
-    model = onnx.load(str(onnx_path), load_external_data=False)
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output}
     node = producer.get("logits")
@@ -79,14 +82,11 @@ def last_position_logits_model(onnx_path: Path) -> bytes | None:
     return bytes(model.SerializeToString())
 
 
-def mask_width_is_free(onnx_path: Path) -> bool:
+def mask_width_is_free(graph: onnx.GraphProto) -> bool:
     """Whether the attention mask may be wider than the longest row with nothing changed: its
     values reach the graph only through their sum (each row's length) and its width only as the
     attention operators' total_sequence_length, the longest a row may be. Not in a LongRoPE
     graph, where the width picks the short or the long rotary factors."""
-    import onnx
-
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
     consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for node in graph.node:
         for index, name in enumerate(node.input):
@@ -200,9 +200,10 @@ class _Bound:
 
     A decode's token ids and attention mask live in buffers of their own, bound once and written
     in place from step to step: the mask is bound a whole number of MASK_WIDTH_STEP positions
-    wide where the graph allows, so its binding changes once every so many steps, not at each. Between a decode run and
-    the next the weights have streamed through the caches, and each bind is then a dozen
-    microseconds of cold lookups (rebinding all three at every step: 1.5% of a one-row decode)."""
+    wide where the graph allows, so its binding changes once every so many steps, not at each.
+    Between a decode run and the next the weights have streamed through the caches, and each bind
+    is then a dozen microseconds of cold lookups (rebinding all three at every step: 1.5% of a
+    one-row decode)."""
 
     binding: ort.IOBinding
     logits: np.ndarray  # [rows, 1, vocab]
@@ -265,10 +266,15 @@ class ModelSession:
         if profile_prefix is not None:
             opts.enable_profiling = True
             opts.profile_file_prefix = profile_prefix
+        import onnx
+
+        graph_only = onnx.load(str(onnx_path), load_external_data=False)
+        # Read before the edit below changes the graph (it leaves the mask's path as it is).
+        self.mask_width_step = MASK_WIDTH_STEP if mask_width_is_free(graph_only.graph) else 1
         model: str | bytes = str(onnx_path)
         self.last_position_logits = False
         if last_position_logits:
-            edited = last_position_logits_model(onnx_path)
+            edited = last_position_logits_model(graph_only)
             if edited is not None:
                 # External weights are found relative to the graph's folder, as if the file were loaded.
                 opts.add_session_config_entry(
@@ -294,7 +300,6 @@ class ModelSession:
         ]
         self.ort_device = "cuda" if device.startswith("cuda") else "cpu"
         self.device_id = int(device.partition(":")[2] or 0) if device.startswith("cuda") else 0
-        self.mask_width_step = MASK_WIDTH_STEP if mask_width_is_free(onnx_path) else 1
         self._positions = np.arange(self.facts.context_length, dtype=np.int64)
         self._ones = np.ones((1, self.facts.context_length), dtype=np.int64)  # a prompt's mask is a slice of it
         log.info("engine session on %s: %s", device, ", ".join(self.session.get_providers()))
