@@ -641,9 +641,9 @@ interleaved in alternating order; each number is the median over the pairs of bo
 Concurrent streams through the daemon over its Unix socket, as a client sees them (demo firmware,
 {max(CONCURRENCY)} slots, {threads} threads, the prefix pool at its default size; each stream a closed loop of three
 requests for 64 new tokens, greedy, streamed; every prompt numbered at its start, so the pool reuses
-only the 16-token block all share, of the chat template's system part, of their 57-69 tokens; ITL:
-gaps between streamed chunks; median of {CONCURRENCY_REPS} runs per row, alternating order; the notes give 1 and 8
-streams with the pool off):
+only the {EngineConfig().prefix_block_tokens}-token block all share, of the chat template's system part, of their
+57-69 tokens; ITL: gaps between streamed chunks; median of {CONCURRENCY_REPS} runs per row, alternating order;
+the notes give 1 and 8 streams with the pool off):
 
 {chr(10).join(concurrency)}
 
