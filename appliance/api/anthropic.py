@@ -124,7 +124,7 @@ def _tool_choice(raw: Any, names: set[str]) -> ToolChoice:
         raise ApiError(400, "tool_choice: must be an object", param="tool_choice")
     kind = raw.get("type")
     modes = {"auto": "auto", "any": "required", "tool": "tool", "none": "none"}
-    if kind not in modes:
+    if not isinstance(kind, str) or kind not in modes:
         raise ApiError(400, "tool_choice.type: must be one of auto, any, tool, none", param="tool_choice")
     reject_unknown(raw, {"type", "name", "disable_parallel_tool_use"}, {}, where="tool_choice.")
     name = get_str(raw, "name", required=kind == "tool", where="tool_choice.")

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from appliance.api.errors import ApiError
 
 MAX_NESTING = 64  # far beyond any API request; deeper bodies are refused, not parsed to exhaustion
+# A JSON escape of a UTF-16 surrogate: only these can make a string that is not Unicode (a lone
+# one), so the walk that finds it runs only on bodies that have one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -25,7 +29,34 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
         raise ApiError(400, "the request body must be a JSON object")
     if _depth(doc) > MAX_NESTING:
         raise too_deep
+    if _SURROGATE_ESCAPE.search(body):
+        _refuse_lone_surrogates(doc)
     return doc
+
+
+def _refuse_lone_surrogates(doc: dict[str, Any]) -> None:
+    """A 400 naming the first string (or key) that holds a lone surrogate: JSON's \\ud800 escapes
+    parse to one, and neither the tokenizer, the grammar compiler nor a UTF-8 answer can take it."""
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ApiError(400, f"{where or 'the body'}: character {exc.start} is a lone surrogate "
+                                    f"(U+{ord(value[exc.start]):04X}), not a Unicode character",
+                               param=where or None) from None  # fmt: skip
+        elif isinstance(value, dict):
+            for key, child in value.items():
+                inner = f"{where}.{_printable(key)}" if where else _printable(key)
+                stack += [(inner, child), (f"a key of {where}" if where else "a key", key)]
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", child) for i, child in enumerate(value))
+
+
+def _printable(key: str) -> str:
+    return key.encode("utf-8", "backslashreplace").decode()
 
 
 def _depth(doc: Any) -> int:

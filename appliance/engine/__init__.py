@@ -3,13 +3,20 @@ prefix reuse. It yields token events and knows nothing of HTTP."""
 
 from appliance.engine.chat import Prompt
 from appliance.engine.engine import Engine, EngineConfig, Stream
-from appliance.engine.errors import ContextOverflow, EngineBusy, EngineError, EngineStopped, InvalidRequest
+from appliance.engine.errors import (
+    ContextOverflow,
+    EngineBusy,
+    EngineError,
+    EngineStopped,
+    GenerationFailed,
+    InvalidRequest,
+)
 from appliance.engine.request import Event, Finished, GenerationRequest, Message, Prefilled, TextDelta
 from appliance.engine.session import ModelSession, available_devices
 from appliance.engine.trace import Trace
 
 __all__ = [
     "ContextOverflow", "Engine", "EngineBusy", "EngineConfig", "EngineError", "EngineStopped", "Event",
-    "Finished", "GenerationRequest", "InvalidRequest", "Message", "ModelSession", "Prefilled", "Prompt", "Stream",
-    "TextDelta", "Trace", "available_devices",
+    "Finished", "GenerationFailed", "GenerationRequest", "InvalidRequest", "Message", "ModelSession", "Prefilled",
+    "Prompt", "Stream", "TextDelta", "Trace", "available_devices",
 ]  # fmt: skip

@@ -8,6 +8,7 @@ The measurement is in bench/results/engine.md.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from appliance.engine.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
 
 
 class GrammarCompiler:
@@ -27,8 +30,16 @@ class GrammarCompiler:
 
     def constraint(self, lark: str, param: str) -> Constraint:
         """Compile a Lark grammar for one request; InvalidRequest (naming `param`) if it cannot be."""
-        grammar = LLMatcher.grammar_from_lark(lark)
-        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer, limits=_limits())
+        try:
+            grammar = LLMatcher.grammar_from_lark(lark)
+            is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer, limits=_limits())
+        except BaseException as exc:
+            if not is_panic(exc):
+                raise
+            # Seen on schemas that break JSON Schema's own rules ("required" a string, not a list).
+            log.warning("llguidance panicked compiling a grammar for %s: %s", param, exc)
+            raise InvalidRequest(f"{param}: the schema cannot be used to constrain output (the grammar "
+                                 "compiler failed on it: check it is valid JSON Schema)", param) from None  # fmt: skip
         if is_error:
             raise InvalidRequest(f"{param}: the schema cannot be used to constrain output: {messages[0]}", param)
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
@@ -36,6 +47,12 @@ class GrammarCompiler:
             raise InvalidRequest(f"{param}: the schema cannot be used to constrain output: {matcher.get_error()}",
                                  param)  # fmt: skip
         return Constraint(matcher, self.vocab_size)
+
+
+def is_panic(exc: BaseException) -> bool:
+    """A Rust panic inside llguidance reaches Python as pyo3's PanicException, a BaseException:
+    `except Exception` lets it through, and it would end the worker thread or the connection."""
+    return type(exc).__name__ == "PanicException"
 
 
 def _limits() -> LLParserLimits:
@@ -54,15 +71,25 @@ class Constraint:
         self.vocab_size = vocab_size
         self.mask = allocate_token_bitmask(1, vocab_size)
         self.filled = False
+        self.failure: Exception | None = None
 
     def fill(self) -> None:
+        """Never raises: it runs beside the model run in the worker's pool, and a failure there
+        belongs to this request alone (apply() raises it, where the worker ends the request)."""
         if not self.filled:
-            fill_next_token_bitmask(self.matcher, self.mask, 0)
+            try:
+                fill_next_token_bitmask(self.matcher, self.mask, 0)
+            except BaseException as exc:
+                if not isinstance(exc, Exception) and not is_panic(exc):
+                    raise
+                self.failure = RuntimeError(f"the grammar failed to give the next token's mask: {exc}")
             self.filled = True
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
         """The logits with every token the grammar forbids at -inf (a copy: the batch's array is shared)."""
         self.fill()
+        if self.failure is not None:
+            raise self.failure
         allowed = np.unpackbits(self.mask.view(np.uint8), bitorder="little")[: logits.shape[-1]].astype(bool)
         if logits.shape[-1] > allowed.shape[0]:  # positions past the tokenizer's vocabulary are never allowed
             allowed = np.concatenate([allowed, np.zeros(logits.shape[-1] - allowed.shape[0], dtype=bool)])
@@ -70,7 +97,13 @@ class Constraint:
 
     def accept(self, token: int) -> None:
         self.filled = False
-        if not self.matcher.consume_token(token):  # the mask allowed it, so this is a bug, not a client error
+        try:
+            accepted = self.matcher.consume_token(token)
+        except BaseException as exc:
+            if not is_panic(exc):
+                raise
+            raise RuntimeError(f"the grammar failed on token {token}: {exc}") from None
+        if not accepted:  # the mask allowed it, so this is a bug, not a client error
             raise RuntimeError(f"the grammar refused token {token} it allowed: {self.matcher.get_error()}")
 
     @property

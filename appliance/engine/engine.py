@@ -24,7 +24,7 @@ import numpy as np
 
 from appliance.engine.chat import ChatTemplate, Prompt
 from appliance.engine.constraint import Constraint, GrammarCompiler
-from appliance.engine.errors import ContextOverflow, EngineStopped, InvalidRequest
+from appliance.engine.errors import ContextOverflow, EngineError, EngineStopped, GenerationFailed, InvalidRequest
 from appliance.engine.generation import Generation, ShardPolicy
 from appliance.engine.lane import PrefillLane
 from appliance.engine.prefix_cache import PrefixCache
@@ -431,7 +431,9 @@ class DeviceWorker:
             log.error("request %s failed on %s: %s", gen.request.request_id, self.device, exc,
                       exc_info=exc)  # fmt: skip
             gen.abort()
-            self._outbox.append((job.stream, [exc]))
+            # The stream's reader (the API) knows engine errors; anything else is the server's fault.
+            failure = exc if isinstance(exc, EngineError) else GenerationFailed(f"{type(exc).__name__}: {exc}")
+            self._outbox.append((job.stream, [failure]))
 
 
 def _fill_all(constraints: list[Constraint]) -> None:

@@ -25,5 +25,10 @@ class EngineStopped(EngineError):
     """The engine is stopping (or stopped) and takes no more work."""
 
 
+class GenerationFailed(EngineError):
+    """A request failed in the engine for a reason of the server's own (the log has the cause);
+    the other requests go on."""
+
+
 class ProviderError(EngineError):
     """A device's session did not get the execution provider, or the options, it was built with."""

@@ -20,7 +20,9 @@ class Sampler:
     @property
     def rng(self) -> np.random.Generator:
         if self._rng is None:  # seeding from OS entropy costs tens of µs on every request otherwise
-            self._rng = np.random.default_rng(self.seed)
+            # numpy takes no negative seed; clients send them (OpenAI's seed is any int64)
+            seed = self.seed % 2**64 if self.seed is not None and self.seed < 0 else self.seed
+            self._rng = np.random.default_rng(seed)
         return self._rng
 
     @property

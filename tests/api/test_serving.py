@@ -283,6 +283,14 @@ BAD: list[tuple[str, str, str, Any, int]] = [
     ("a-lone-surrogate", "POST", MSG, _with(GOOD_A, messages=[{"role": "user", "content": "a\ud800b"}]), 400),
     ("o-lone-surrogate", "POST", CHAT, _with(GOOD_O, messages=[{"role": "user", "content": "a\udfffb"}]), 400),
     ("a-surrogate-system", "POST", MSG, _with(GOOD_A, system="\ud800"), 400),
+    # A lone surrogate anywhere in the body, not only in the texts a request's own checks read.
+    ("o-surrogate-tool-description", "POST", CHAT, _with(GOOD_O, tools=[{"type": "function", "function": {
+        "name": "f", "description": "\ud800", "parameters": {"type": "object"}}}]), 400),
+    ("a-surrogate-schema-key", "POST", MSG, _with(GOOD_A, tools=[{"name": "f", "input_schema": {
+        "type": "object", "properties": {"\udc00": {"type": "string"}}}}]), 400),
+    ("a-tool-choice-type-list", "POST", MSG, _with(GOOD_A, tool_choice={"type": [{}]}), 400),
+    ("o-schema-llguidance-panics-on", "POST", CHAT, _with(GOOD_O, tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "required": "\U0001f642" * 50}}}]), 400),
     ("a-deep-array", "POST", MSG, b"[" * 60_000, 400),  # under the 64 KiB body limit of these tests
     ("a-deep-metadata", "POST", MSG, b'{"metadata": ' + b'{"a": ' * 8_000 + b"1" + b"}" * 8_001, 400),
     ("o-deep-but-valid", "POST", CHAT, json.dumps(_with(GOOD_O, metadata=json.loads("[" * 70 + "]" * 70))).encode(),

@@ -162,6 +162,49 @@ def test_a_schema_that_cannot_be_compiled_is_a_client_error_naming_the_field(com
     assert lark is not None
     with pytest.raises(InvalidRequest, match="output_config: the schema cannot be used"):
         compiler.constraint(lark, rules.schema_field)
+    # One llguidance panics on (a Rust panic, which `except Exception` would let through).
+    rules = OutputRules(json_schema={"type": "object", "required": "\U0001f642" * 50}, schema_field="response_format")
+    lark = grammar(rules)
+    assert lark is not None
+    with pytest.raises(InvalidRequest, match=r"response_format: .* compiler failed on it"):
+        compiler.constraint(lark, rules.schema_field)
+
+
+def test_a_grammar_failing_mid_batch_ends_its_own_request_and_the_worker_serves_on(
+    tiny_bundle_path: Path, trusted_keys: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from appliance.engine import GenerationFailed, constraint
+
+    engine = Engine(firmware.load(tiny_bundle_path, trusted_keys), EngineConfig(prefix_cache_bytes=0))
+    question = (Message("user", "Tell me something."),)
+    free = GenerationRequest(question, max_tokens=24, temperature=0.0)
+    schema = GenerationRequest(question, max_tokens=40, temperature=0.0,
+                               output=OutputRules(json_schema=SMALL_SCHEMAS[0]))  # fmt: skip
+    real_fill, fills = constraint.fill_next_token_bitmask, [0]
+
+    def failing_fill(*args: Any) -> None:  # the mask is filled beside the batch's model run
+        fills[0] += 1
+        if fills[0] == 3:
+            raise RuntimeError("injected mask failure")
+        real_fill(*args)
+
+    async def run(request: GenerationRequest) -> str:
+        stream = engine.submit(request, prompt=await asyncio.to_thread(engine.prepare, request))
+        return "".join([e.text async for e in stream if isinstance(e, TextDelta)])
+
+    async def together() -> list[str | BaseException]:
+        return await asyncio.wait_for(asyncio.gather(run(free), run(schema), return_exceptions=True), 120)
+
+    try:
+        alone = asyncio.run(run(free))
+        monkeypatch.setattr(constraint, "fill_next_token_bitmask", failing_fill)
+        text, failed = asyncio.run(together())
+        monkeypatch.undo()
+        assert text == alone  # the free row beside it runs to its end, unchanged
+        assert isinstance(failed, GenerationFailed) and "injected mask failure" in str(failed)
+        jsonschema.validate(json.loads(asyncio.run(asyncio.wait_for(run(schema), 120))), SMALL_SCHEMAS[0])
+    finally:
+        engine.close()
 
 
 def test_penalties_and_min_p_change_what_they_should() -> None:

@@ -19,6 +19,7 @@ from appliance.engine import (
     Engine,
     EngineConfig,
     Finished,
+    GenerationFailed,
     GenerationRequest,
     InvalidRequest,
     Message,
@@ -759,7 +760,7 @@ def test_a_failing_lane_run_fails_its_request_only(bundle: firmware.Bundle, monk
         error = None
         try:
             await _collect(engine, _greedy(8, LONG))
-        except RuntimeError as exc:
+        except GenerationFailed as exc:  # the API's in-stream error; the cause is in the log
             error = exc
         return [t for t, _, _ in await asyncio.gather(*tasks)], error
 
@@ -767,7 +768,7 @@ def test_a_failing_lane_run_fails_its_request_only(bundle: firmware.Bundle, monk
         solo = [_run(_collect(engine, r))[0] for r in [*streams, _greedy(8, LONG)]]
         monkeypatch.setattr(lane_session, "forward", forward)
         texts, error = _run(scenario())
-        assert texts == solo[:2] and isinstance(error, RuntimeError) and "injected" in str(error)
+        assert texts == solo[:2] and isinstance(error, GenerationFailed) and "injected" in str(error)
         monkeypatch.undo()
         assert _run(_collect(engine, _greedy(8, LONG)))[0] == solo[2]
         assert worker.depth == 0

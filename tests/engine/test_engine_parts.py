@@ -91,6 +91,8 @@ def test_greedy_and_seeded_sampling() -> None:
     s1, s2 = Sampler(1.0, top_p=0.9, seed=7), Sampler(1.0, top_p=0.9, seed=7)
     assert [s1(logits) for _ in range(20)] == [s2(logits) for _ in range(20)]
     assert len(set(a)) == 1  # a fresh sampler with the same seed makes the same first choice
+    negative = [Sampler(1.0, seed=-1)(logits) for _ in range(3)]  # OpenAI's seed is any int64
+    assert len(set(negative)) == 1 and negative[0] == Sampler(1.0, seed=2**64 - 1)(logits)
 
 
 def test_top_k_and_top_p_restrict_the_candidates() -> None:
