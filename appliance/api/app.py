@@ -451,9 +451,10 @@ class ApiApp:
                     self.metrics.tokens.labels("output").inc(event.output_tokens)
                     await sink.finished(index, event)
         except EngineError as exc:
-            status = 503 if isinstance(exc, EngineStopped) else 500
+            status = 503 if isinstance(exc, EngineStopped) else 400 if isinstance(exc, InvalidRequest) else 500
             if not sink.started:
-                raise ApiError(status, f"generation failed: {exc}") from None
+                param = exc.param if isinstance(exc, InvalidRequest) else None
+                raise ApiError(status, f"generation failed: {exc}", param=param) from None
             # Headers are gone: the failure travels as the dialect's in-stream error.
             log.error("generation %s failed mid-stream: %s", call.request.request_id, exc)
             await sink.error(ApiError(status, f"generation failed: {exc}"))

@@ -46,7 +46,7 @@ class GrammarCompiler:
         if matcher.is_error():
             raise InvalidRequest(f"{param}: the schema cannot be used to constrain output: {matcher.get_error()}",
                                  param)  # fmt: skip
-        return Constraint(matcher, self.vocab_size)
+        return Constraint(matcher, self.vocab_size, param)
 
 
 def is_panic(exc: BaseException) -> bool:
@@ -66,9 +66,10 @@ class Constraint:
     the batch's model run is in flight), apply() it to that token's logits, then accept() the
     token chosen."""
 
-    def __init__(self, matcher: LLMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: LLMatcher, vocab_size: int, param: str = "response_format") -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
+        self.param = param  # the request's field the grammar came from, for its errors
         self.mask = allocate_token_bitmask(1, vocab_size)
         self.filled = False
         self.failure: Exception | None = None
@@ -103,8 +104,12 @@ class Constraint:
             if not is_panic(exc):
                 raise
             raise RuntimeError(f"the grammar failed on token {token}: {exc}") from None
-        if not accepted:  # the mask allowed it, so this is a bug, not a client error
-            raise RuntimeError(f"the grammar refused token {token} it allowed: {self.matcher.get_error()}")
+        if not accepted:
+            # The mask allowed it: llguidance stopped on one of the limits (_limits) that a schema
+            # too costly to follow runs into partway through an answer; the schema is the client's.
+            error = self.matcher.get_error().split("\n", 1)[0]
+            raise InvalidRequest(f"{self.param}: the schema is too costly to follow at this point of the "
+                                 f"answer ({error})", self.param)  # fmt: skip
 
     @property
     def finished(self) -> bool:

@@ -428,8 +428,11 @@ class DeviceWorker:
             self._end(job, [])
             if self.recover is not None and self.recover(job, exc):
                 continue
-            log.error("request %s failed on %s: %s", gen.request.request_id, self.device, exc,
-                      exc_info=exc)  # fmt: skip
+            if isinstance(exc, InvalidRequest):  # the client's own input (a schema too costly to follow)
+                log.warning("request %s ended on %s: %s", gen.request.request_id, self.device, exc)
+            else:
+                log.error("request %s failed on %s: %s", gen.request.request_id, self.device, exc,
+                          exc_info=exc)  # fmt: skip
             gen.abort()
             # The stream's reader (the API) knows engine errors; anything else is the server's fault.
             failure = exc if isinstance(exc, EngineError) else GenerationFailed(f"{type(exc).__name__}: {exc}")

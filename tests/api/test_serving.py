@@ -289,6 +289,10 @@ BAD: list[tuple[str, str, str, Any, int]] = [
     ("a-surrogate-schema-key", "POST", MSG, _with(GOOD_A, tools=[{"name": "f", "input_schema": {
         "type": "object", "properties": {"\udc00": {"type": "string"}}}}]), 400),
     ("a-tool-choice-type-list", "POST", MSG, _with(GOOD_A, tool_choice={"type": [{}]}), 400),
+    # A schema that compiles but breaks llguidance's per-token limits once the answer starts.
+    ("a-schema-too-costly-to-follow", "POST", MSG, _with(GOOD_A, tools=[{"name": "f", "input_schema": {
+        "type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}}],
+        tool_choice={"type": "tool", "name": "f"}), 400),
     ("o-schema-llguidance-panics-on", "POST", CHAT, _with(GOOD_O, tools=[{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "required": "\U0001f642" * 50}}}]), 400),
     ("a-deep-array", "POST", MSG, b"[" * 60_000, 400),  # under the 64 KiB body limit of these tests
