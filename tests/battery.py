@@ -14,12 +14,36 @@ from typing import Any
 CASES: Counter[str] = Counter()  # group -> cases tried; any failure fails its test
 
 MODEL = "tiny-llama"
-VALID: dict[str, dict[str, Any]] = {
-    "/v1/messages": {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
-    "/v1/messages/count_tokens": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
-    "/v1/chat/completions": {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
-    "/v1/completions": {"model": MODEL, "max_tokens": 4, "prompt": "Once"},
-}
+_TOOL_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
+                                                "days": {"type": "integer", "minimum": 1}}, "required": ["city"]}
+# Per endpoint, a plain body and one that reaches everything nested: tool definitions and their
+# schemas, tool turns, structured output. bend() changes parts at any depth of either.
+VALID: dict[str, list[dict[str, Any]]] = {
+    "/v1/messages": [
+        {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+        {"model": MODEL, "max_tokens": 4, "system": [{"type": "text", "text": "be brief"}], "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "weather?"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_w",
+                                               "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}],
+         "tools": [{"name": "get_w", "description": "the weather", "input_schema": _TOOL_SCHEMA}],
+         "tool_choice": {"type": "tool", "name": "get_w"}},
+    ],
+    "/v1/messages/count_tokens": [{"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                   "tools": [{"name": "get_w", "input_schema": _TOOL_SCHEMA}]}],
+    "/v1/chat/completions": [
+        {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+        {"model": MODEL, "max_tokens": 4, "seed": 3, "temperature": 0.7, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "weather?"}]},
+            {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "get_w", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+         "tools": [{"type": "function", "function": {"name": "get_w", "description": "the weather",
+                                                     "parameters": _TOOL_SCHEMA}}],
+         "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": _TOOL_SCHEMA}}},
+    ],
+    "/v1/completions": [{"model": MODEL, "max_tokens": 4, "prompt": "Once"}],
+}  # fmt: skip
 # Field names a hostile or careless client might send, known and unknown to each API.
 KEYS = ["model", "messages", "max_tokens", "system", "stream", "temperature", "top_p", "top_k", "stop",
         "stop_sequences", "tools", "tool_choice", "response_format", "output_config", "metadata", "seed", "n",
@@ -41,25 +65,23 @@ def junk(rng: random.Random, depth: int = 0) -> Any:
     if kind == 3:
         return rng.choice([0.0, -0.5, 1e308, 1e-308, 2.5, -1e9])
     if kind == 4:
-        return rng.choice(["", "hi", "a\ud800b", "\u0000", "\u202e", "x" * 5000, "user", "assistant", "auto",
-                           "function", "json_schema", "tool_use", "text", MODEL])  # fmt: skip
+        return rng.choice(["", "hi", "a\ud800b", "\u0000", "\u202e", "x" * 5000, "\U0001f642" * 50, "user",
+                           "assistant", "auto", "function", "json_schema", "tool_use", "text", MODEL])  # fmt: skip
     if kind == 5:
         return rng.choice(KEYS)
-    if kind == 6:
-        return [] if rng.random() < 0.5 else {}
+    if kind == 6:  # empty, or a schema that refers to itself
+        return rng.choice([[], {}, {"$ref": "#"}])
     if kind in (7, 8):
         return [junk(rng, depth + 1) for _ in range(rng.randrange(4))]
     return {rng.choice(KEYS): junk(rng, depth + 1) for _ in range(rng.randrange(4))}
 
 
 def bend(rng: random.Random, path: str) -> dict[str, Any]:
-    """A valid body for `path` with one to three of its parts replaced, added or removed: near
-    enough to valid to reach the deep checks."""
-    body = copy.deepcopy(VALID[path])
+    """A valid body for `path` with one to three of its parts, at any depth, replaced, added or
+    removed: near enough to valid to reach the deep checks."""
+    body = copy.deepcopy(rng.choice(VALID[path]))
     for _ in range(rng.randrange(1, 4)):
-        target: Any = body
-        if "messages" in body and isinstance(body["messages"], list) and body["messages"] and rng.random() < 0.4:
-            target = body["messages"][0] if isinstance(body["messages"][0], dict) else body
+        target = body if rng.random() < 0.4 else rng.choice(_objects(body))
         op = rng.randrange(3)
         if op == 0 and target:
             key = rng.choice(sorted(target, key=str))
@@ -69,6 +91,19 @@ def bend(rng: random.Random, path: str) -> dict[str, Any]:
         elif target:
             del target[rng.choice(sorted(target, key=str))]
     return body
+
+
+def _objects(doc: Any) -> list[dict[str, Any]]:
+    """Every object in a JSON document, the document first."""
+    found, stack = [], [doc]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            found.append(value)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return found
 
 
 def encode(body: Any) -> bytes:
