@@ -43,13 +43,23 @@ VALID: dict[str, list[dict[str, Any]]] = {
          "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": _TOOL_SCHEMA}}},
     ],
     "/v1/completions": [{"model": MODEL, "max_tokens": 4, "prompt": "Once"}],
+    "/v1/responses": [
+        {"model": MODEL, "max_output_tokens": 4, "input": "hi"},
+        {"model": MODEL, "max_output_tokens": 4, "instructions": "be brief", "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "get_w", "arguments": "{\"city\": \"Paris\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}],
+         "tools": [{"type": "function", "name": "get_w", "parameters": _TOOL_SCHEMA}], "tool_choice": "auto",
+         "text": {"format": {"type": "json_schema", "name": "w", "schema": _TOOL_SCHEMA}}},
+    ],
 }  # fmt: skip
 # Field names a hostile or careless client might send, known and unknown to each API.
 KEYS = ["model", "messages", "max_tokens", "system", "stream", "temperature", "top_p", "top_k", "stop",
         "stop_sequences", "tools", "tool_choice", "response_format", "output_config", "metadata", "seed", "n",
         "logprobs", "top_logprobs", "prompt", "echo", "role", "content", "type", "text", "name", "input_schema",
         "parameters", "function", "tool_calls", "tool_call_id", "tool_use_id", "input", "schema", "json_schema",
-        "frequency_penalty", "repetition_penalty", "min_p", "user", "thread", "suffix", "\u0000", "a\ud800b", ""]
+        "frequency_penalty", "repetition_penalty", "min_p", "user", "thread", "suffix", "input", "instructions",
+        "max_output_tokens", "call_id", "output", "arguments", "\u0000", "a\ud800b", ""]
 
 
 def junk(rng: random.Random, depth: int = 0) -> Any:

@@ -21,6 +21,7 @@ from appliance.api.errors import ApiError, not_served
 from appliance.api.fields import parse_json_object
 from appliance.api.metrics import Metrics
 from appliance.api.openai import OPENAI
+from appliance.api.responses import RESPONSES
 from appliance.api.tools import Answer, CallOut
 from appliance.asgi import ASGIApp, ASGIMessage, Receive, Scope, Send
 from appliance.engine import (
@@ -117,6 +118,8 @@ def dialect_of(path: str, headers: list[tuple[bytes, bytes]]) -> Dialect:
         return OPENAI
     if path == "/v1/completions":
         return COMPLETIONS
+    if path == "/v1/responses":
+        return RESPONSES
     return ANTHROPIC if any(k == b"anthropic-version" for k, _ in headers) else OPENAI
 
 
@@ -131,6 +134,8 @@ ROUTES: dict[str, Route] = {
     "/v1/messages/count_tokens": Route(("POST",), "_count_tokens"),
     "/v1/chat/completions": Route(("POST",), "_generate"),
     "/v1/completions": Route(("POST",), "_generate"),
+    "/v1/responses": Route(("POST",), "_generate"),
+    "/v1/responses/{id}": Route(("GET", "POST", "DELETE"), "_stored_response"),  # and .../cancel, .../input_items
     "/v1/models": Route(("GET",), "_models"),
     "/v1/models/{id}": Route(("GET",), "_model"),
     "/healthz": Route(("GET", "HEAD"), "_healthz"),
@@ -139,11 +144,14 @@ ROUTES: dict[str, Route] = {
     "/status": Route(("GET",), "_status"),
 }
 MODEL_PATH = "/v1/models/"
+RESPONSE_PATH = "/v1/responses/"
 
 
 def route_of(path: str) -> Route | None:
     if path.startswith(MODEL_PATH) and len(path) > len(MODEL_PATH):
         return ROUTES["/v1/models/{id}"]
+    if path.startswith(RESPONSE_PATH) and len(path) > len(RESPONSE_PATH):
+        return ROUTES["/v1/responses/{id}"]
     return ROUTES.get(path)
 
 
@@ -322,6 +330,12 @@ class ApiApp:
         if info is None:
             raise ApiError(404, not_served(name, self.models.names()))
         return await _json(ex.send, 200, ex.dialect.model(info))
+
+    async def _stored_response(self, ex: Exchange) -> int:
+        self._admit(ex)
+        response_id = ex.path[len(RESPONSE_PATH) :].split("/")[0]
+        raise ApiError(404, f"no response {response_id!r}: this server stores no responses (send the whole "
+                       "conversation in input)", param="response_id")  # fmt: skip
 
     def _engine(self, name: str) -> GenerationService:
         """The engine of a model the dialect's parse found served (gone since only if a reload retired it)."""

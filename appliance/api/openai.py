@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from appliance.api.dialect import Call, ModelInfo
+from appliance.api.dialect import StreamEncoder as Encoder
 from appliance.api.errors import ApiError, not_served
 from appliance.api.fields import get_bool, get_int, get_number, get_str, reject_unknown, text_content
 from appliance.api.tools import (
@@ -141,19 +142,25 @@ def _tools(doc: dict[str, Any]) -> OutputRules:
 
 
 def _tool_choice(raw: Any, names: set[str], parallel: bool) -> ToolChoice:
+    fn = raw.get("function") if isinstance(raw, dict) and raw.get("type") == "function" else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    return tool_choice_of(raw, names, parallel, name, "{type: 'function', function: {name: ...}}",
+                          "tool_choice.function.name")  # fmt: skip
+
+
+def tool_choice_of(raw: Any, names: set[str], parallel: bool, name: Any, shape: str, name_field: str) -> ToolChoice:
+    """OpenAI's tool_choice in either of its APIs: 'auto', 'none', 'required', or the one function
+    `name` (found by the caller where its API puts it: `shape`, `name_field` in errors)."""
     if raw is None:
         return ToolChoice(parallel=parallel)
     if raw in ("auto", "none", "required"):
         if raw == "required" and not names:
             raise ApiError(400, "tool_choice: 'required' needs tools", param="tool_choice")
         return ToolChoice(raw, parallel=parallel)
-    fn = raw.get("function") if isinstance(raw, dict) and raw.get("type") == "function" else None
-    name = fn.get("name") if isinstance(fn, dict) else None
     if not isinstance(name, str):
-        raise ApiError(400, "tool_choice: must be 'auto', 'none', 'required' or {type: 'function', function: "
-                       "{name: ...}}", param="tool_choice")  # fmt: skip
+        raise ApiError(400, f"tool_choice: must be 'auto', 'none', 'required' or {shape}", param="tool_choice")
     if name not in names:
-        raise ApiError(400, f"tool_choice.function.name: {name!r} is not one of the tools", param="tool_choice")
+        raise ApiError(400, f"{name_field}: {name!r} is not one of the tools", param="tool_choice")
     return ToolChoice("tool", name, parallel=parallel)
 
 
@@ -347,8 +354,7 @@ class StreamEncoder:
                              "finish_reason": None}])  # fmt: skip
 
     def debug(self, lines: list[str]) -> bytes:
-        """The decision trace as an SSE comment: clients that do not ask for it skip it."""
-        return b"".join(f": zerolayer-debug {line}\n".encode() for line in lines) + b"\n"
+        return debug_comment(lines)
 
     def _last(self, done: Finished) -> dict[str, Any]:
         """The choice that carries the finish reason."""
@@ -365,6 +371,11 @@ class StreamEncoder:
 
     def error(self, err: ApiError) -> bytes:
         return b"data: " + error_body(err) + b"\n\n"
+
+
+def debug_comment(lines: list[str]) -> bytes:
+    """The decision trace as an SSE comment: clients that do not ask for it skip it."""
+    return b"".join(f": zerolayer-debug {line}\n".encode() for line in lines) + b"\n"
 
 
 def error_body(err: ApiError) -> bytes:
@@ -390,7 +401,7 @@ class OpenAIDialect:
     def new_call(self, name: str) -> CallOut:
         return CallOut(new_call_id("call_"), name)
 
-    def stream(self, model: str, input_tokens: int, call: Call) -> StreamEncoder:
+    def stream(self, model: str, input_tokens: int, call: Call) -> Encoder:
         return StreamEncoder(new_completion_id(), model, call.include_usage)
 
     def error_body(self, err: ApiError) -> bytes:

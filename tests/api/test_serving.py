@@ -293,6 +293,10 @@ BAD: list[tuple[str, str, str, Any, int]] = [
     ("a-schema-too-costly-to-follow", "POST", MSG, _with(GOOD_A, tools=[{"name": "f", "input_schema": {
         "type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}}],
         tool_choice={"type": "tool", "name": "f"}), 400),
+    ("r-previous-response", "POST", "/v1/responses", {"model": "tiny-llama", "input": "hi",
+                                                      "previous_response_id": "resp_1"}, 400),
+    ("r-input-image", "POST", "/v1/responses", {"model": "tiny-llama", "input": [{"type": "input_image"}]}, 400),
+    ("r-unknown-model", "POST", "/v1/responses", {"model": "llama-70b", "input": "hi"}, 404),
     ("o-schema-llguidance-panics-on", "POST", CHAT, _with(GOOD_O, tools=[{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "required": "\U0001f642" * 50}}}]), 400),
     ("a-deep-array", "POST", MSG, b"[" * 60_000, 400),  # under the 64 KiB body limit of these tests

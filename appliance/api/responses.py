@@ -1,0 +1,354 @@
+"""OpenAI's Responses API (`/v1/responses`), what the OpenAI SDK's `responses.create` and the
+agent frameworks built on it call: `input` (a string, or messages and the function calls and
+outputs of earlier turns) -> GenerationRequest; the answer as output items (a message, function
+calls), whole or as typed stream events. Nothing is stored: every request carries its whole
+conversation (`previous_response_id` is refused by name). Errors and the model list are the
+OpenAI dialect's."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from appliance.api.dialect import Call
+from appliance.api.errors import ApiError
+from appliance.api.fields import get_bool, get_int, get_str, reject_unknown
+from appliance.api.openai import DEFAULT_MAX_TOKENS, OpenAIDialect, common_fields, debug_comment, tool_choice_of
+from appliance.api.tools import Answer, CallOut, arguments_text, check_tools, make_tool, schema_object, tool_items
+from appliance.engine import Finished, GenerationRequest, Message
+from appliance.engine.request import TokenLogprob
+from appliance.engine.tools import OutputRules, Tool, ToolChoice, format_call, format_results
+
+_KNOWN = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
+          "parallel_tool_calls", "text", "stream", "stream_options", "metadata", "user", "store", "truncation",
+          "include", "service_tier", "prompt_cache_key", "safety_identifier"}  # fmt: skip
+_UNSUPPORTED = {
+    "previous_response_id": "this server stores no responses: send the whole conversation in input",
+    "conversation": "this server stores no conversations: send the whole conversation in input",
+    "prompt": "stored prompts are not supported by this server",
+    "reasoning": "reasoning options are not supported by this server",
+    "background": "background responses are not supported by this server",
+    "max_tool_calls": "max_tool_calls is not supported by this server",
+    "top_logprobs": "log probabilities are not supported on /v1/responses by this server (use /v1/chat/completions)",
+}
+_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+_TEXT_PARTS = {"user": ("input_text",), "system": ("input_text",), "developer": ("input_text",),
+               "assistant": ("output_text", "refusal")}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ResponsesCall(Call):
+    """A Responses request: what its answer repeats back (the API echoes its parameters)."""
+
+    echo_fields: dict[str, Any] = field(default_factory=dict)
+
+
+def _text(content: Any, role: str, where: str) -> str:
+    """A message's content: a string, or a list of text parts (input_text; output_text for the assistant)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise ApiError(400, f"{where}: must be a string or a non-empty list of content parts", param="input")
+    texts = []
+    for j, part in enumerate(content):
+        at = f"{where}[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str):
+            raise ApiError(400, f"{at}: must be an object with a type", param="input")
+        if kind not in _TEXT_PARTS[role]:
+            raise ApiError(400, f"{at}: content parts of type {kind!r} are not supported here (text only: "
+                           f"{', '.join(_TEXT_PARTS[role])})", param="input")  # fmt: skip
+        text = part.get("refusal" if kind == "refusal" else "text")
+        if not isinstance(text, str):
+            raise ApiError(400, f"{at}.text: must be a string", param="input")
+        texts.append(text)
+    return "".join(texts)
+
+
+def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
+    """`instructions` and `input` -> the system text and the turns in the model's own terms: an
+    assistant's calls written as it writes them, their outputs as one user turn of results."""
+    system = [get_str(doc, "instructions")] if doc.get("instructions") else []
+    raw = doc.get("input")
+    if raw is None:
+        raise ApiError(400, "input: field required", param="input")
+    if isinstance(raw, str):
+        raw = [{"role": "user", "content": raw}]
+    if not isinstance(raw, list) or not raw:
+        raise ApiError(400, "input: must be a string or a non-empty list of items", param="input")
+    turns: list[Message] = []
+    assistant: list[str] = []  # the assistant turn being built: its text, then its calls
+    results: list[tuple[str, bool]] = []  # function_call_output items in a row: one user turn
+    # Items are read by the keys they need, the rest let be: clients send back the output items of
+    # earlier responses as their SDK dumps them (ids, status, fields newer than this server).
+    for i, item in enumerate(raw):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise ApiError(400, f"{where}: must be an object", param="input")
+        kind = item.get("type", "message")
+        if kind != "function_call" and assistant:
+            turns.append(Message("assistant", "\n".join(assistant)))
+            assistant = []
+        if kind != "function_call_output" and results:
+            turns.append(Message("user", format_results(results)))
+            results = []
+        if kind == "message":
+            role = item.get("role")
+            if not isinstance(role, str) or role not in _ROLES:
+                raise ApiError(400, f"{where}.role: must be one of {', '.join(_ROLES)}", param="input")
+            text = _text(item.get("content"), role, f"{where}.content")
+            if _ROLES[role] == "system":
+                if turns:
+                    raise ApiError(400, f"{where}: system and developer messages must come before the conversation",
+                                   param="input")  # fmt: skip
+                system.append(text)
+            elif role == "assistant":
+                assistant.append(text)
+            else:
+                turns.append(Message("user", text))
+        elif kind == "function_call":
+            get_str(item, "call_id", required=True, where=f"{where}.")
+            name = get_str(item, "name", required=True, where=f"{where}.")
+            assistant.append(format_call(str(name), arguments_text(item.get("arguments", "{}"), f"{where}.arguments",
+                                                                   "input")))  # fmt: skip
+        elif kind == "function_call_output":
+            get_str(item, "call_id", required=True, where=f"{where}.")
+            output = item.get("output")
+            results.append((output if isinstance(output, str) else _text(output, "user", f"{where}.output"), False))
+        else:
+            raise ApiError(400, f"{where}.type: items of type {kind!r} are not supported by this server (message, "
+                           "function_call, function_call_output)", param="input")  # fmt: skip
+    if assistant:
+        turns.append(Message("assistant", "\n".join(assistant)))
+    if results:
+        turns.append(Message("user", format_results(results)))
+    if not turns:
+        raise ApiError(400, "input: needs at least one user message", param="input")
+    return ("\n\n".join(s for s in system if s) or None), tuple(turns)
+
+
+def _tools(doc: dict[str, Any]) -> OutputRules:
+    tools: list[Tool] = []
+    for where, t in tool_items(doc):
+        if t.get("type") != "function":
+            raise ApiError(400, f"{where}.type: only function tools are supported by this server (not "
+                           f"{t.get('type')!r})", param="tools")  # fmt: skip
+        reject_unknown(t, {"type", "name", "description", "parameters", "strict"}, {}, where=f"{where}.")
+        tools.append(make_tool(t.get("name"), t.get("description"), t.get("parameters"), where, "tools"))
+    names = {t.name for t in tools}
+    parallel = doc.get("parallel_tool_calls") is None or get_bool(doc, "parallel_tool_calls")
+    return OutputRules(check_tools(tools, "tools"), _tool_choice(doc.get("tool_choice"), names, parallel),
+                       _format(doc.get("text")), schema_field="text")  # fmt: skip
+
+
+def _tool_choice(raw: Any, names: set[str], parallel: bool) -> ToolChoice:
+    name = raw.get("name") if isinstance(raw, dict) and raw.get("type") == "function" else None
+    return tool_choice_of(raw, names, parallel, name, "{type: 'function', name: ...}", "tool_choice.name")
+
+
+def _format(raw: Any) -> dict[str, Any] | None:
+    """`text.format`: plain text, any JSON object, or JSON matching a schema."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ApiError(400, "text: must be an object", param="text")
+    reject_unknown(raw, {"format", "verbosity"}, {}, where="text.")
+    fmt = raw.get("format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        assert isinstance(fmt, dict)
+        reject_unknown(fmt, {"type", "name", "description", "schema", "strict"}, {}, where="text.format.")
+        get_str(fmt, "name", required=True, where="text.format.")
+        return schema_object(fmt.get("schema"), "text.format.schema", "text")
+    raise ApiError(400, "text.format.type: must be 'text', 'json_object' or 'json_schema'", param="text")
+
+
+def parse_request(doc: dict[str, Any], served: Sequence[str]) -> ResponsesCall:
+    reject_unknown(doc, _KNOWN, _UNSUPPORTED)
+    common = common_fields(doc, served)  # model, sampling, stream (the keys it reads beyond ours are refused above)
+    include = doc.get("include")
+    if include not in (None, []):
+        raise ApiError(400, "include: extra output data is not supported by this server", param="include")
+    if doc.get("truncation") not in (None, "disabled", "auto"):
+        raise ApiError(400, "truncation: must be 'disabled' or 'auto'", param="truncation")
+    for key in ("service_tier", "prompt_cache_key", "safety_identifier"):  # accepted; they do not change the answer
+        get_str(doc, key)
+    get_bool(doc, "store")
+    system, messages = _conversation(doc)
+    max_tokens = get_int(doc, "max_output_tokens", minimum=1)
+    request = GenerationRequest(messages=messages, system=system, max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+                                output=_tools(doc), **common.sampling)  # fmt: skip
+    echo = {
+        "instructions": doc.get("instructions"),
+        "max_output_tokens": max_tokens,
+        "metadata": doc.get("metadata") or {},
+        "parallel_tool_calls": request.output.choice.parallel,
+        "temperature": doc.get("temperature", 1.0),
+        "top_p": doc.get("top_p", 1.0),
+        "tool_choice": doc.get("tool_choice", "auto"),
+        "tools": doc.get("tools") or [],
+        "text": {"format": (doc.get("text") or {}).get("format") or {"type": "text"}},
+        "truncation": doc.get("truncation") or "disabled",
+        "store": False,
+        "user": doc.get("user"),
+    }
+    return ResponsesCall(request, common.stream, common.model, echo_fields=echo)
+
+
+def _usage(done: Finished) -> dict[str, Any]:
+    return {"input_tokens": done.input_tokens, "input_tokens_details": {"cached_tokens": done.trace.reused_tokens},
+            "output_tokens": done.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": done.input_tokens + done.output_tokens}  # fmt: skip
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+            "content": [_text_part(text)] if status == "completed" or text else []}  # fmt: skip
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _call_item(call: CallOut, status: str) -> dict[str, Any]:
+    return {"type": "function_call", "id": "fc_" + call.id.removeprefix("call_"), "call_id": call.id,
+            "name": call.name, "arguments": call.arguments, "status": status}  # fmt: skip
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex
+
+
+def response(response_id: str, created: int, model: str, call: ResponsesCall, output: list[dict[str, Any]],
+             done: Finished | None) -> dict[str, Any]:  # fmt: skip
+    """The response object; `done` None while it is still being generated (the stream's first events)."""
+    status = "in_progress" if done is None else "incomplete" if done.stop_reason == "max_tokens" else "completed"
+    return {"id": response_id, "object": "response", "created_at": created, "status": status,
+            "error": None, "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "model": model, "output": output, "usage": None if done is None else _usage(done),
+            **call.echo_fields}  # fmt: skip
+
+
+class ResponseStream:
+    """Engine events -> the Responses API's typed events: the response created, an output item
+    (the message, then each function call) added, filled by deltas and done, then the response
+    completed (or incomplete, at max_output_tokens) with its whole output."""
+
+    def __init__(self, response_id: str, model: str, call: ResponsesCall) -> None:
+        self.id, self.model, self.call = response_id, model, call
+        self.created = int(time.time())
+        self.sequence = 0
+        self.output: list[dict[str, Any]] = []  # the items done so far, for the final event
+        self.message: tuple[str, list[str]] | None = None  # the open message item: its id and text
+        self.open_call: CallOut | None = None
+
+    def choice(self, index: int) -> Self:
+        return self  # one answer per response (no n)
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        doc = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(doc, ensure_ascii=False)}\n\n".encode()
+
+    def _index(self) -> int:
+        return len(self.output)  # the item being written comes after those done
+
+    def start(self) -> bytes:
+        snapshot = response(self.id, self.created, self.model, self.call, [], None)
+        return (self._event("response.created", response=snapshot)
+                + self._event("response.in_progress", response=snapshot))  # fmt: skip
+
+    def delta(self, text: str) -> bytes:
+        out = b""
+        if self.message is None:
+            self.message = (_new_id("msg_"), [])
+            out += self._event("response.output_item.added", output_index=self._index(),
+                               item=_message_item(self.message[0], "", "in_progress"))  # fmt: skip
+            out += self._event("response.content_part.added", item_id=self.message[0], output_index=self._index(),
+                               content_index=0, part=_text_part(""))  # fmt: skip
+        self.message[1].append(text)
+        return out + self._event("response.output_text.delta", item_id=self.message[0], output_index=self._index(),
+                                 content_index=0, delta=text, logprobs=[])  # fmt: skip
+
+    def _close(self) -> bytes:
+        """The item being written, done."""
+        out = b""
+        if self.message is not None:
+            item_id, text = self.message[0], "".join(self.message[1])
+            at = self._index()
+            out += self._event("response.output_text.done", item_id=item_id, output_index=at, content_index=0,
+                               text=text, logprobs=[])  # fmt: skip
+            out += self._event("response.content_part.done", item_id=item_id, output_index=at, content_index=0,
+                               part=_text_part(text))  # fmt: skip
+            item = _message_item(item_id, text, "completed")
+            out += self._event("response.output_item.done", output_index=at, item=item)
+            self.output.append(item)
+            self.message = None
+        if self.open_call is not None:
+            item = _call_item(self.open_call, "completed")
+            at = self._index()
+            out += self._event("response.function_call_arguments.done", item_id=item["id"], output_index=at,
+                               name=item["name"], arguments=item["arguments"])  # fmt: skip
+            out += self._event("response.output_item.done", output_index=at, item=item)
+            self.output.append(item)
+            self.open_call = None
+        return out
+
+    def call_start(self, call: CallOut) -> bytes:
+        out = self._close()
+        self.open_call = call
+        return out + self._event("response.output_item.added", output_index=self._index(),
+                                 item=_call_item(call, "in_progress"))  # fmt: skip
+
+    def call_arguments(self, call: CallOut, piece: str) -> bytes:
+        return self._event("response.function_call_arguments.delta", item_id=_call_item(call, "")["id"],
+                           output_index=self._index(), delta=piece)  # fmt: skip
+
+    def logprob(self, token: TokenLogprob) -> bytes:
+        return b""  # not asked for: `top_logprobs` and `include` are refused on this API
+
+    def debug(self, lines: list[str]) -> bytes:
+        return debug_comment(lines)
+
+    def finish_choice(self, done: Finished) -> bytes:
+        return self._close()
+
+    def end(self, *choices: Finished) -> bytes:
+        done = choices[0]
+        final = response(self.id, self.created, self.model, self.call, copy.deepcopy(self.output), done)
+        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        return self._event(kind, response=final)
+
+    def error(self, err: ApiError) -> bytes:
+        code = "server_error" if err.status >= 500 else "invalid_request_error"
+        return self._event("error", code=code, message=err.message, param=err.param)
+
+
+class ResponsesDialect(OpenAIDialect):
+    """`/v1/responses`: input items in, output items out."""
+
+    def parse(self, doc: dict[str, Any], served: Sequence[str]) -> Call:
+        return parse_request(doc, served)
+
+    def response(self, model: str, call: Call, choices: Sequence[tuple[Answer, Finished]]) -> dict[str, Any]:
+        assert isinstance(call, ResponsesCall)
+        ((answer, done),) = choices
+        output = [_message_item(_new_id("msg_"), answer.text, "completed")] if answer.text else []
+        output += [_call_item(c, "completed") for c in answer.calls]
+        return response(_new_id("resp_"), int(time.time()), model, call, output, done)
+
+    def stream(self, model: str, input_tokens: int, call: Call) -> ResponseStream:
+        assert isinstance(call, ResponsesCall)
+        return ResponseStream(_new_id("resp_"), model, call)
+
+
+RESPONSES = ResponsesDialect()

@@ -1,0 +1,118 @@
+"""OpenAI's Responses API (`/v1/responses`): a conversation reaches the model as it does through
+Chat Completions, and the official SDK's create, stream and parse work against the demo model."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from clients import MODEL, openai_client
+from daemon_thread import RunningDaemon
+from pydantic import BaseModel
+
+from appliance.api.app import dialect_of
+from appliance.api.errors import ApiError
+from appliance.api.openai import OPENAI
+from appliance.api.responses import RESPONSES
+from appliance.devsetup import DevSetup
+
+WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                  "additionalProperties": False}  # fmt: skip
+ARGS = '{"city": "Paris"}'
+
+
+def test_a_conversation_reaches_the_model_as_it_does_through_chat_completions() -> None:
+    assert dialect_of("/v1/responses", []) is RESPONSES
+    chat = OPENAI.parse({"model": "m", "max_tokens": 50, "temperature": 0.3, "messages": [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ARGS}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "user", "content": "Thanks. And tomorrow?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA}}],
+        "tool_choice": "required", "parallel_tool_calls": False}, ["m"])  # fmt: skip
+    responses = RESPONSES.parse({"model": "m", "max_output_tokens": 50, "temperature": 0.3,
+                                 "instructions": "Be brief.", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
+        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+         "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
+        {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather", "arguments": ARGS,
+         "status": "completed", "async": None},  # as the SDK dumps an output item it got back
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"role": "user", "content": "Thanks. And tomorrow?"}],
+        "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER_SCHEMA, "strict": True}],
+        "tool_choice": "required", "parallel_tool_calls": False}, ["m"])  # fmt: skip
+    a, b = chat.request, responses.request
+    assert (a.system, a.messages, a.max_tokens, a.temperature) == (b.system, b.messages, b.max_tokens, b.temperature)
+    assert a.output.tools == b.output.tools and a.output.choice == b.output.choice
+    schema = RESPONSES.parse({"model": "m", "input": "hi", "text": {"format": {
+        "type": "json_schema", "name": "w", "schema": WEATHER_SCHEMA}}}, ["m"]).request.output  # fmt: skip
+    assert schema.json_schema == WEATHER_SCHEMA and schema.schema_field == "text"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": [{"type": "input_image", "image_url": "data:,"}]}, "input"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input"),
+    ({"input": []}, "input"),
+    ({"input": [{"role": "user", "content": "hi"}, {"role": "system", "content": "late"}]}, "input"),
+    ({"tools": [{"type": "web_search"}]}, "tools"),
+    ({"tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
+    ({"text": {"format": {"type": "xml"}}}, "text"),
+    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+])  # fmt: skip
+def test_what_this_server_cannot_do_is_a_400_naming_the_field(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(ApiError) as info:
+        RESPONSES.parse({"model": "m", "input": "hi", **body}, ["m"])
+    assert info.value.status == 400 and info.value.param == param, info.value.message
+
+
+class City(BaseModel):
+    name: str
+    country: str
+
+
+@pytest.mark.demo
+def test_the_openai_sdk_creates_streams_and_parses_responses(demo: tuple[RunningDaemon, DevSetup]) -> None:
+    client = openai_client(*demo, unix=True)
+    question = "What is the capital of France?"
+    chat = client.chat.completions.create(model=MODEL, max_tokens=40, temperature=0,
+                                          messages=[{"role": "user", "content": question}])  # fmt: skip
+    whole = client.responses.create(model=MODEL, input=question, max_output_tokens=40, temperature=0)
+    assert whole.status == "completed" and whole.output_text == chat.choices[0].message.content
+    assert whole.usage is not None and whole.usage.input_tokens == chat.usage.prompt_tokens  # type: ignore[union-attr]
+    with client.responses.stream(model=MODEL, input=question, max_output_tokens=40, temperature=0) as stream:
+        deltas = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()  # the SDK checks every event's order and identity on the way
+    assert deltas == final.output_text == whole.output_text
+
+    cut = client.responses.create(model=MODEL, input=question, max_output_tokens=3, temperature=0)
+    assert cut.status == "incomplete" and cut.incomplete_details is not None
+    assert cut.incomplete_details.reason == "max_output_tokens"
+
+    tools: Any = [{"type": "function", "name": "get_weather", "description": "Current weather in a city",
+                   "parameters": WEATHER_SCHEMA, "strict": True}]  # fmt: skip
+    ask = [{"role": "user", "content": "What's the weather in Paris?"}]
+    called = client.responses.create(model=MODEL, input=ask, tools=tools, tool_choice="required",  # type: ignore[arg-type]
+                                     max_output_tokens=60)  # fmt: skip
+    (call,) = [item for item in called.output if item.type == "function_call"]
+    jsonschema.validate(json.loads(call.arguments), WEATHER_SCHEMA)
+    with client.responses.stream(model=MODEL, input=ask, tools=tools, tool_choice="required",  # type: ignore[arg-type]
+                                 max_output_tokens=60) as stream:  # fmt: skip
+        streamed = [item for item in stream.get_final_response().output if item.type == "function_call"]
+    assert [(c.name, c.arguments) for c in streamed] == [(call.name, call.arguments)]
+    answer = client.responses.create(model=MODEL, tools=tools, max_output_tokens=40, input=[  # type: ignore[arg-type]
+        *ask, *called.output, {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}])
+    assert answer.status in ("completed", "incomplete") and answer.output  # the model's turn after the result
+
+    parsed = client.responses.parse(model=MODEL, input="Name a city in Japan.", text_format=City, max_output_tokens=80)
+    assert isinstance(parsed.output_parsed, City)
+
+    with pytest.raises(openai.BadRequestError, match="previous_response_id: this server stores no responses"):
+        client.responses.create(model=MODEL, input="hi", previous_response_id=whole.id)
