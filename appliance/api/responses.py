@@ -220,6 +220,9 @@ def _text_part(text: str) -> dict[str, Any]:
 
 
 def _call_item(call: CallOut, status: str) -> dict[str, Any]:
+    """A function call item; one whose arguments max_output_tokens cut off is `incomplete`."""
+    if status == "completed" and call.input() is None:
+        status = "incomplete"
     return {"type": "function_call", "id": "fc_" + call.id.removeprefix("call_"), "call_id": call.id,
             "name": call.name, "arguments": call.arguments, "status": status}  # fmt: skip
 

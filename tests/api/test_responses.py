@@ -73,6 +73,13 @@ def test_what_this_server_cannot_do_is_a_400_naming_the_field(body: dict[str, An
     assert info.value.status == 400 and info.value.param == param, info.value.message
 
 
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
 class City(BaseModel):
     name: str
     country: str
@@ -107,6 +114,14 @@ def test_the_openai_sdk_creates_streams_and_parses_responses(demo: tuple[Running
                                  max_output_tokens=60) as stream:  # fmt: skip
         streamed = [item for item in stream.get_final_response().output if item.type == "function_call"]
     assert [(c.name, c.arguments) for c in streamed] == [(call.name, call.arguments)]
+    cut_calls = []
+    for budget in (12, 16, 20, 40):  # max_output_tokens inside the call's arguments: an incomplete call
+        for item in client.responses.create(model=MODEL, input=ask, tools=tools, tool_choice="required",  # type: ignore[arg-type]
+                                            max_output_tokens=budget).output:  # fmt: skip
+            if item.type == "function_call":
+                cut_calls.append(item)
+                assert (item.status == "completed") == _is_object(item.arguments), item
+    assert any(c.status == "incomplete" for c in cut_calls) and any(c.status == "completed" for c in cut_calls)
     answer = client.responses.create(model=MODEL, tools=tools, max_output_tokens=40, input=[  # type: ignore[arg-type]
         *ask, *called.output, {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}])
     assert answer.status in ("completed", "incomplete") and answer.output  # the model's turn after the result
