@@ -72,10 +72,19 @@ def _depth(doc: Any) -> int:
 
 def reject_unknown(doc: dict[str, Any], known: set[str], unsupported: dict[str, str], where: str = "") -> None:
     for key in doc:
+        if key in unsupported and _unset(doc[key]):
+            continue  # frameworks send every parameter they know, the unused ones empty: only a use is refused
         if key in unsupported:
             raise ApiError(400, f"{where}{key}: {unsupported[key]}", param=f"{where}{key}")
         if key not in known:
             raise ApiError(400, f"{where}{key}: unknown field", param=f"{where}{key}")
+
+
+def _unset(value: Any) -> bool:
+    """An unused parameter as clients send it: null, false, 0, or an empty list or object."""
+    if isinstance(value, str):
+        return False
+    return value is None or value is False or value == 0 or value == [] or value == {}
 
 
 def get_str(doc: dict[str, Any], key: str, required: bool = False, where: str = "") -> str | None:

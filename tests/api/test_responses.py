@@ -71,6 +71,10 @@ def test_what_this_server_cannot_do_is_a_400_naming_the_field(body: dict[str, An
     with pytest.raises(ApiError) as info:
         RESPONSES.parse({"model": "m", "input": "hi", **body}, ["m"])
     assert info.value.status == 400 and info.value.param == param, info.value.message
+    unset = {"previous_response_id": None, "reasoning": None, "background": False, "top_logprobs": 0}
+    assert RESPONSES.parse({"model": "m", "input": "hi", **unset}, ["m"]).request.messages  # what frameworks send
+    assert OPENAI.parse({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logit_bias": {},
+                         "functions": None, "reasoning_effort": None}, ["m"]).request.messages  # fmt: skip
 
 
 def _is_object(text: str) -> bool:
