@@ -91,7 +91,10 @@ def system_block(tools: Sequence[Tool]) -> str:
 
 
 def schema_block(schema: Mapping[str, Any]) -> str:
-    """How a JSON schema for the answer reaches the model."""
+    """How a JSON schema for the answer reaches the model. Any object (OpenAI's json_object) is
+    said in words: shown the schema {"type": "object"}, small models answer with it."""
+    if dict(schema) == {"type": "object"}:
+        return "Answer with a JSON object only."
     return "Answer with JSON only, matching this JSON schema:\n" + json.dumps(schema, ensure_ascii=False)
 
 

@@ -40,6 +40,7 @@ from appliance.engine.tools import (
     ToolChoice,
     format_call,
     grammar,
+    schema_block,
 )
 
 WEATHER = Tool("get_weather", "Weather in a city", {"type": "object", "properties": {
@@ -152,6 +153,13 @@ def test_the_grammar_allows_what_the_tool_choice_allows_and_nothing_else(compile
     assert _accepts(compiler, schema, '{"n": 3}')
     assert not _accepts(compiler, schema, '{"n": 3, "extra": 1}')  # closed: no invented keys
     assert not _accepts(compiler, schema, "three")
+
+
+def test_any_json_object_is_asked_for_in_words_a_schema_as_itself() -> None:
+    # Shown {"type": "object"} (OpenAI's json_object), the demo model answered with that very object.
+    assert schema_block({"type": "object"}) == "Answer with a JSON object only."
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    assert schema_block(schema).endswith(json.dumps(schema))
 
 
 def test_a_schema_that_cannot_be_compiled_is_a_client_error_naming_the_field(compiler: GrammarCompiler) -> None:
