@@ -55,7 +55,8 @@ class Generation:
         )
         self.constraint = prompt.constraint  # the output grammar, if the request has one
         # Tool calls are parsed out of the output only where the grammar lets the model write them.
-        self.calls = CallParser() if request.output.calls_allowed else None
+        rules = request.output
+        self.calls = CallParser(calls_only=rules.choice.mode in ("required", "tool")) if rules.calls_allowed else None
         self.repeats = RepeatGuard()
         self.tokenizer = tokenizer
         self.decoder = StreamDecoder(tokenizer)

@@ -244,7 +244,8 @@ class CallParser:
     answer (the grammar allows text or calls, not both), so the first characters decide; inside a
     call the arguments are passed on as they arrive, ending where their JSON value ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, calls_only: bool = False) -> None:
+        self.calls_only = calls_only  # the grammar allows no text (tool choice required or named)
         self.mode = "start"  # start | text | head | args | tail
         self.buf = ""
         self.calls = 0  # calls begun
@@ -327,7 +328,11 @@ class CallParser:
         return None
 
     def flush(self) -> list[Part]:
-        """The end of the output: whatever is held and was not a call is text."""
+        """The end of the output: whatever is held and was not a call is text (unless only calls
+        were allowed: then it is the start of a call that max_tokens cut off, and is dropped)."""
+        if self.calls_only and self.mode != "text":
+            self.buf = ""
+            return []
         if self.mode in ("start", "text") and self.buf and (self.mode == "text" or not self.calls):
             out: list[Part] = [TextPart(self.buf)]
             self.buf = ""

@@ -51,8 +51,8 @@ CLOCK = Tool("get_time", "The time", {})
 # --- the format, the grammar and the parser, without a model ----------------------------------
 
 
-def _parse(output: str, chunk: int) -> tuple[str, list[tuple[str, str]], int]:
-    parser, text, calls = CallParser(), "", []
+def _parse(output: str, chunk: int, calls_only: bool = False) -> tuple[str, list[tuple[str, str]], int]:
+    parser, text, calls = CallParser(calls_only), "", []
     pieces = [output[i : i + chunk] for i in range(0, len(output), chunk)]
     for part in [p for piece in pieces for p in parser.push(piece)] + parser.flush():
         if isinstance(part, TextPart):
@@ -73,6 +73,7 @@ def test_the_call_parser_splits_text_and_calls_however_the_output_is_chunked(chu
                                        ("search", json.dumps(tricky))], 2)  # fmt: skip
     assert _parse("Hello <b>there</b> {not a call}", chunk) == ("Hello <b>there</b> {not a call}", [], 0)
     assert _parse("<tool", chunk) == ("<tool", [], 0)  # ended before it could be a call: it was text
+    assert _parse("<tool", chunk, calls_only=True) == ("", [], 0)  # only calls allowed: a call cut off, dropped
     cut = format_call("get_weather", {"city": "Paris"}).split("is")[0]  # max_tokens inside the arguments
     text, calls, complete = _parse(cut, chunk)
     assert text == "" and calls == [("get_weather", '{"city": "Par')] and complete == 0
