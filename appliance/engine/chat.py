@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from jinja2 import TemplateError
-from jinja2.ext import loopcontrols
+from jinja2 import TemplateError, nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from appliance.engine.errors import InvalidRequest
@@ -25,8 +27,25 @@ def _raise_exception(message: str) -> None:
     raise InvalidRequest(f"the chat template refused the messages: {message}", "messages")
 
 
-def _tojson(value: Any, indent: int | None = None) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=indent)
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+class _GenerationBlock(Extension):
+    """transformers' `{% generation %}...{% endgeneration %}` (it marks the assistant's tokens
+    for training masks): its body, rendered as it is. Without it a template that uses it does not
+    even compile."""
+
+    tags = {"generation"}  # noqa: RUF012 (jinja2 reads it as the class attribute it declares)
+
+    def parse(self, parser: Parser) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
 # Message boundaries come from rendering each prefix of the conversation: only the last this many
@@ -45,9 +64,11 @@ class Prompt:
 class ChatTemplate:
     def __init__(self, source: str, tokenizer: TextTokenizer) -> None:
         # The same environment transformers uses for apply_chat_template.
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[_GenerationBlock, loopcontrols])  # fmt: skip
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
         self.template = env.from_string(source)
         self.tokenizer = tokenizer
         # Hugging Face templates that know tools read a `tools` variable; others get our system block.

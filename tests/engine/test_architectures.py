@@ -257,6 +257,38 @@ def test_a_template_that_takes_tools_gets_them_as_transformers_passes_them() -> 
         assert '"name": "get_weather"' in prompt.text and "<tools>" in prompt.text
 
 
+# What newer templates use of transformers' environment beyond the families' own templates.
+RICH_TEMPLATE = """{{ bos_token }}{% set today = strftime_now('%d %b %Y') %}
+{% for m in messages %}
+{% if m.role == 'robot' %}{{ raise_exception('no robots') }}{% endif %}
+<|{{ m.role }}|>{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% else %}
+{{ m.content }}{% endif %}
+{% endfor %}
+{% if tools %}{{ tools | tojson(indent=2, sort_keys=True, ensure_ascii=False) }}
+{{ tools | tojson(separators=(',', ':')) }}{% endif %}
+Today is {{ today }}.{% if add_generation_prompt %}<|assistant|>{% endif %}"""
+
+
+def test_templates_using_more_of_transformers_environment_render_as_transformers_renders() -> None:
+    """A `{% generation %}` block, strftime_now, tojson's options and raise_exception, as
+    templates of models people bring use them (one that used `{% generation %}` did not compile)."""
+    from transformers import AutoTokenizer
+
+    from appliance.engine.errors import InvalidRequest
+
+    folder = tiny_hf_dir("qwen2")
+    template = ChatTemplate(RICH_TEMPLATE, TextTokenizer(folder / "tokenizer.json", folder / "tokenizer_config.json"))
+    hf = AutoTokenizer.from_pretrained(folder)
+    docs = [{"role": m.role, "content": m.content} for m in CONVERSATION]
+    tools = [{"type": "function", "function": {"name": "f", "description": "é", "parameters": {"type": "object"}}}]
+    ours = template.render(docs, add_generation_prompt=True, tools=tools)
+    assert ours == hf.apply_chat_template(docs, chat_template=RICH_TEMPLATE, tools=tools, tokenize=False,
+                                          add_generation_prompt=True)  # fmt: skip
+    assert "Today is " in ours and '"description": "é"' in ours and "<|assistant|>" in ours
+    with pytest.raises(InvalidRequest, match="no robots"):
+        template.render([{"role": "robot", "content": "beep"}], add_generation_prompt=True)
+
+
 def hf_chat_ids(tokenizer: Any, docs: list[dict[str, str]], **kwargs: Any) -> list[int]:
     out = tokenizer.apply_chat_template(docs, tokenize=True, add_generation_prompt=True, **kwargs)
     if not isinstance(out, list):  # transformers 5 returns the encoding
