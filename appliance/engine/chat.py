@@ -69,7 +69,11 @@ class ChatTemplate:
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
-        self.template = env.from_string(source)
+        try:
+            self.template = env.from_string(source)
+        except TemplateError as exc:  # a ValueError: the daemon refuses the bundle in one line, on start or reload
+            raise ValueError(f"the bundle's chat template does not compile: {exc} (line {getattr(exc, 'lineno', '?')})"
+                             ) from None  # fmt: skip
         self.tokenizer = tokenizer
         # Hugging Face templates that know tools read a `tools` variable; others get our system block.
         self.takes_tools = "tools" in source

@@ -287,6 +287,8 @@ def test_templates_using_more_of_transformers_environment_render_as_transformers
     assert "Today is " in ours and '"description": "é"' in ours and "<|assistant|>" in ours
     with pytest.raises(InvalidRequest, match="no robots"):
         template.render([{"role": "robot", "content": "beep"}], add_generation_prompt=True)
+    with pytest.raises(ValueError, match="chat template does not compile: Encountered unknown tag 'nonsense'"):
+        ChatTemplate("{% nonsense %}", template.tokenizer)
 
 
 def hf_chat_ids(tokenizer: Any, docs: list[dict[str, str]], **kwargs: Any) -> list[int]:
