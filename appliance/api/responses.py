@@ -92,7 +92,7 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
             raise ApiError(400, f"{where}: must be an object", param="input")
         kind = item.get("type", "message")
         if kind != "function_call" and assistant:
-            turns.append(Message("assistant", "\n".join(assistant)))
+            turns.append(_assistant_turn(assistant))
             assistant = []
         if kind != "function_call_output" and results:
             turns.append(Message("user", format_results(results)))
@@ -124,12 +124,17 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
             raise ApiError(400, f"{where}.type: items of type {kind!r} are not supported by this server (message, "
                            "function_call, function_call_output)", param="input")  # fmt: skip
     if assistant:
-        turns.append(Message("assistant", "\n".join(assistant)))
+        turns.append(_assistant_turn(assistant))
     if results:
         turns.append(Message("user", format_results(results)))
     if not turns:
         raise ApiError(400, "input: needs at least one user message", param="input")
     return ("\n\n".join(s for s in system if s) or None), tuple(turns)
+
+
+def _assistant_turn(parts: list[str]) -> Message:
+    """An assistant's text and calls, one turn as the model writes it (an empty text is no part)."""
+    return Message("assistant", "\n".join(p for p in parts if p))
 
 
 def _tools(doc: dict[str, Any]) -> OutputRules:

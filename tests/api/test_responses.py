@@ -49,6 +49,15 @@ def test_a_conversation_reaches_the_model_as_it_does_through_chat_completions() 
     a, b = chat.request, responses.request
     assert (a.system, a.messages, a.max_tokens, a.temperature) == (b.system, b.messages, b.max_tokens, b.temperature)
     assert a.output.tools == b.output.tools and a.output.choice == b.output.choice
+    # An assistant turn of calls only: the Responses SDK sends its (empty) message item before them.
+    calls_only = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""},
+                  {"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": ARGS},
+                  {"type": "function_call_output", "call_id": "c", "output": "ok"}]  # fmt: skip
+    chat_calls = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": ARGS}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "ok"}]  # fmt: skip
+    assert (RESPONSES.parse({"model": "m", "input": calls_only}, ["m"]).request.messages
+            == OPENAI.parse({"model": "m", "messages": chat_calls}, ["m"]).request.messages)  # fmt: skip
     schema = RESPONSES.parse({"model": "m", "input": "hi", "text": {"format": {
         "type": "json_schema", "name": "w", "schema": WEATHER_SCHEMA}}}, ["m"]).request.output  # fmt: skip
     assert schema.json_schema == WEATHER_SCHEMA and schema.schema_field == "text"
