@@ -228,8 +228,12 @@ def _call_item(call: CallOut, status: str) -> dict[str, Any]:
     """A function call item; one whose arguments max_output_tokens cut off is `incomplete`."""
     if status == "completed" and call.input() is None:
         status = "incomplete"
-    return {"type": "function_call", "id": "fc_" + call.id.removeprefix("call_"), "call_id": call.id,
+    return {"type": "function_call", "id": _call_item_id(call), "call_id": call.id,
             "name": call.name, "arguments": call.arguments, "status": status}  # fmt: skip
+
+
+def _call_item_id(call: CallOut) -> str:
+    return "fc_" + call.id.removeprefix("call_")
 
 
 def _new_id(prefix: str) -> str:
@@ -318,7 +322,7 @@ class ResponseStream:
                                  item=_call_item(call, "in_progress"))  # fmt: skip
 
     def call_arguments(self, call: CallOut, piece: str) -> bytes:
-        return self._event("response.function_call_arguments.delta", item_id=_call_item(call, "")["id"],
+        return self._event("response.function_call_arguments.delta", item_id=_call_item_id(call),
                            output_index=self._index(), delta=piece)  # fmt: skip
 
     def logprob(self, token: TokenLogprob) -> bytes:

@@ -9,8 +9,9 @@ The measurement is in bench/results/engine.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 from llguidance import LLMatcher, LLParserLimits, LLTokenizer
@@ -19,6 +20,7 @@ from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 from appliance.engine.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class GrammarCompiler:
@@ -31,11 +33,10 @@ class GrammarCompiler:
     def constraint(self, lark: str, param: str) -> Constraint:
         """Compile a Lark grammar for one request; InvalidRequest (naming `param`) if it cannot be."""
         try:
-            grammar = LLMatcher.grammar_from_lark(lark)
-            is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer, limits=_limits())
-        except BaseException as exc:
-            if not is_panic(exc):
-                raise
+            grammar = _unpanicked(LLMatcher.grammar_from_lark, lark)
+            is_error, messages = _unpanicked(LLMatcher.validate_grammar_with_warnings, grammar, self.tokenizer,
+                                             limits=_limits())  # fmt: skip
+        except GrammarPanic as exc:
             # Seen on schemas that break JSON Schema's own rules ("required" a string, not a list).
             log.warning("llguidance panicked compiling a grammar for %s: %s", param, exc)
             raise InvalidRequest(f"{param}: the schema cannot be used to constrain output (the grammar "
@@ -49,10 +50,20 @@ class GrammarCompiler:
         return Constraint(matcher, self.vocab_size, param)
 
 
-def is_panic(exc: BaseException) -> bool:
-    """A Rust panic inside llguidance reaches Python as pyo3's PanicException, a BaseException:
-    `except Exception` lets it through, and it would end the worker thread or the connection."""
-    return type(exc).__name__ == "PanicException"
+class GrammarPanic(RuntimeError):
+    """A Rust panic inside llguidance."""
+
+
+def _unpanicked(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call into llguidance. A Rust panic reaches Python as pyo3's PanicException, a BaseException
+    that `except Exception` lets through (it would end the worker thread or the connection): it
+    comes out as a GrammarPanic."""
+    try:
+        return call(*args, **kwargs)
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":
+            raise
+        raise GrammarPanic(str(exc)) from None
 
 
 def _limits() -> LLParserLimits:
@@ -66,7 +77,7 @@ class Constraint:
     the batch's model run is in flight), apply() it to that token's logits, then accept() the
     token chosen."""
 
-    def __init__(self, matcher: LLMatcher, vocab_size: int, param: str = "response_format") -> None:
+    def __init__(self, matcher: LLMatcher, vocab_size: int, param: str) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
         self.param = param  # the request's field the grammar came from, for its errors
@@ -79,10 +90,8 @@ class Constraint:
         belongs to this request alone (apply() raises it, where the worker ends the request)."""
         if not self.filled:
             try:
-                fill_next_token_bitmask(self.matcher, self.mask, 0)
-            except BaseException as exc:
-                if not isinstance(exc, Exception) and not is_panic(exc):
-                    raise
+                _unpanicked(fill_next_token_bitmask, self.matcher, self.mask, 0)
+            except Exception as exc:
                 self.failure = RuntimeError(f"the grammar failed to give the next token's mask: {exc}")
             self.filled = True
 
@@ -98,13 +107,7 @@ class Constraint:
 
     def accept(self, token: int) -> None:
         self.filled = False
-        try:
-            accepted = self.matcher.consume_token(token)
-        except BaseException as exc:
-            if not is_panic(exc):
-                raise
-            raise RuntimeError(f"the grammar failed on token {token}: {exc}") from None
-        if not accepted:
+        if not _unpanicked(self.matcher.consume_token, token):
             # The mask allowed it: llguidance stopped on one of the limits (_limits) that a schema
             # too costly to follow runs into partway through an answer; the schema is the client's.
             error = self.matcher.get_error().split("\n", 1)[0]
