@@ -15,8 +15,11 @@ per-node profile, so the README's explanations can be reproduced rather than tak
    while the daemon answers, the CPU of its event loop (its main thread), of its model threads (the
    worker and ONNX Runtime's pool) and of the client, from /proc and getrusage. On 2 cores the
    model's two threads leave no core idle, so what the loop and the client spend is taken from it.
+3. Eight streams against one (the concurrency table's 3x target): each weight matmul shape of the
+   graph timed alone at 1-16 rows, and the prefill each request of the concurrency table runs;
+   with section 1's one-row and eight-row decodes, the most 8 streams can get over one.
 
-    .venv/bin/python -m bench.step_profile    # about three minutes; writes bench/results/step-profile.md
+    .venv/bin/python -m bench.step_profile    # about four minutes; writes bench/results/step-profile.md
 """
 
 from __future__ import annotations
@@ -322,6 +325,146 @@ def single_stream_lines(r: SingleStream) -> list[str]:
     ]
 
 
+# --- 3. eight streams against one: the bound the model's runs set -----------------------------
+
+BATCH_ROWS = (1, 2, 4, 8, 16)
+ANSWER_TOKENS = 64  # each request of the concurrency table (bench/engine.py section 4)
+CONCURRENCY_PROMPTS = 24  # the prompts of its 8-stream row: 8 streams of three requests
+
+
+@dataclass(frozen=True)
+class MatMulShape:
+    """The weight matmuls of one shape in the graph: MatMulNBits' attributes and how many nodes."""
+
+    k: int
+    n: int
+    bits: int
+    block_size: int
+    accuracy_level: int
+    nodes: int
+
+
+def matmul_shapes(bundle: Bundle) -> list[MatMulShape]:
+    """The graph's MatMulNBits nodes by shape, the most numerous first."""
+    import onnx
+    from onnx import helper
+
+    graph_dir, facts = bundle.graph("cpu")
+    model = onnx.load(str(graph_dir / facts.onnx_file), load_external_data=False)
+    counts: dict[tuple[int, ...], int] = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            key = tuple(int(attrs.get(name, default)) for name, default in
+                        (("K", 0), ("N", 0), ("bits", 4), ("block_size", 32), ("accuracy_level", 0)))  # fmt: skip
+            counts[key] = counts.get(key, 0) + 1
+    return [MatMulShape(k, n, bits, block, level, nodes)
+            for (k, n, bits, block, level), nodes in sorted(counts.items(), key=lambda kv: -kv[1])]  # fmt: skip
+
+
+def matmul_by_rows(shape: MatMulShape, threads: int, reps: int) -> dict[int, float]:
+    """Microseconds of one MatMulNBits node of this shape (random weights, the same kernel the
+    graph's node takes) for each row count of BATCH_ROWS, run back to back so the weights stay in
+    the caches: the kernel's own cost at each batch, without the weights' trip from memory."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    blocks = -(-shape.k // shape.block_size)
+    weights = rng.integers(0, 256, (shape.n, blocks, shape.block_size * shape.bits // 8), dtype=np.uint8)
+    scales = (rng.random(shape.n * blocks, dtype=np.float32) * 0.01).astype(np.float32)
+    zero_points = rng.integers(0, 256, shape.n * -(-blocks * shape.bits // 8), dtype=np.uint8)
+    node = helper.make_node("MatMulNBits", ["x", "w", "s", "z"], ["y"], domain="com.microsoft", K=shape.k,
+                            N=shape.n, bits=shape.bits, block_size=shape.block_size,
+                            accuracy_level=shape.accuracy_level)  # fmt: skip
+    graph = helper.make_graph(
+        [node], "matmul", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", shape.k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", shape.n])],
+        [numpy_helper.from_array(a, name) for a, name in ((weights, "w"), (scales, "s"), (zero_points, "z"))],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feeds = {rows: {"x": rng.random((rows, shape.k), dtype=np.float32)} for rows in BATCH_ROWS}
+    runs: dict[int, list[float]] = {rows: [] for rows in BATCH_ROWS}
+    for rep in range(reps + 1):  # the first, a warm-up, is left out; the batches interleaved
+        for rows in BATCH_ROWS if rep % 2 else reversed(BATCH_ROWS):
+            t0 = time.perf_counter()
+            for _ in range(50):
+                session.run(None, feeds[rows])
+            if rep:
+                runs[rows].append((time.perf_counter() - t0) / 50 * 1e6)
+    return {rows: statistics.median(times) for rows, times in runs.items()}
+
+
+@dataclass
+class StreamsBound:
+    shapes: list[tuple[MatMulShape, dict[int, float]]]
+    prompt_tokens: int  # the median concurrency-table prompt, through the chat template
+    reused: int  # of those, what the prefix pool holds for every request (its first block)
+    prefill_ms: float  # the rest of that prompt, prefilled on a row holding the reused part
+
+
+def streams_bound(bundle: Bundle, threads: int, reps: int) -> StreamsBound:
+    """What bounds 8 streams against one: the weight matmuls' cost by batch, and the prefill every
+    request of the concurrency table runs beside its answer."""
+    from appliance.engine import EngineConfig, Message
+    from appliance.engine.chat import ChatTemplate
+    from appliance.engine.tokenizer import TextTokenizer
+    from bench.streams import story_prompt
+
+    shapes = [(shape, matmul_by_rows(shape, threads, reps)) for shape in matmul_shapes(bundle)]
+    template = ChatTemplate(bundle.chat_template, TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path))
+    lengths = sorted(len(template.prompt([Message("user", story_prompt(i))]).ids) for i in range(CONCURRENCY_PROMPTS))
+    tokens = lengths[len(lengths) // 2]
+    reused = EngineConfig().prefix_block_tokens
+    session = ModelSession(bundle, intra_op_threads=threads)
+    rng = np.random.default_rng(2)
+    cache = session.new_cache(tokens + 8)
+    _fill(session, cache, reused, rng)
+    ids = rng.integers(10, session.facts.vocab_size, tokens - reused).astype(np.int64)
+    times = []
+    for rep in range(reps + 1):
+        t0 = time.perf_counter()
+        session.forward(cache, ids)
+        if rep:  # the first, a warm-up, is left out
+            times.append((time.perf_counter() - t0) * 1000)
+        cache.length = reused
+    return StreamsBound(shapes, tokens, reused, statistics.median(times))
+
+
+def streams_lines(bound: StreamsBound, profiles: dict[str, RunProfile], lengths: Lengths) -> list[str]:
+    rows = lengths.streams + 1
+    one, all_rows = profiles["one row"].total, profiles["all rows"].total
+    per_request = bound.prefill_ms / ANSWER_TOKENS  # a prompt's prefill, spread over its answer's tokens
+    decode_only = rows * one / all_rows
+    with_prefill = (one + per_request) / (all_rows / rows + per_request)
+    head = " | ".join(f"{r} row{'s' if r > 1 else ''}" for r in BATCH_ROWS)
+    lines = [f"| weight matmul K x N (nodes) | {head} |", f"| --- |{' --- |' * len(BATCH_ROWS)}"]
+    if not bound.shapes:
+        lines = ["No MatMulNBits in this graph (its weights are not quantized): no kernel table."]
+    for shape, by_rows in bound.shapes:
+        cells = " | ".join(f"{by_rows[r]:.0f} µs ({by_rows[r] / by_rows[1]:.1f}x)" for r in BATCH_ROWS)
+        lines.append(f"| {shape.k} x {shape.n}, {shape.bits}-bit, block {shape.block_size} ({shape.nodes}) | {cells} |")
+    in_cache = {r: sum(shape.nodes * by_rows[r] for shape, by_rows in bound.shapes) / 1000 for r in (1, rows)}
+    profiled = {r: profiles[key].ops.get("weight matmuls", 0.0) for r, key in ((1, "one row"), (rows, "all rows"))}
+    lines += [
+        "",
+        f"- The graph's weight matmuls, summed from this table: {in_cache[1]:.1f} ms at one row, "
+        f"{in_cache[rows]:.1f} ms at {rows}; in section 1's runs (profiled, the weights read from memory) "
+        f"{profiled[1]:.1f} and {profiled[rows]:.1f} ms.",
+        f"- Decode alone (section 1: {one:.1f} ms for one row, {all_rows:.1f} ms for {rows}): {rows} streams "
+        f"can get at most **{decode_only:.2f}x** one stream's tokens/s.",
+        f"- Each request of the concurrency table also prefills its prompt: {bound.prompt_tokens} tokens (the "
+        f"median), {bound.reused} of them from the prefix pool, the other {bound.prompt_tokens - bound.reused} "
+        f"in {bound.prefill_ms:.1f} ms, once per {ANSWER_TOKENS} answer tokens, at any number of streams. "
+        f"With it, {rows} streams can get at most **{with_prefill:.2f}x** one stream.",
+    ]
+    return lines
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -332,10 +475,12 @@ def report(bundle: Bundle, lengths: Lengths, reps: int, threads: int, requests: 
     print("\n".join(steps_table(profiles, lengths)), flush=True)
     single = single_stream(bundle, threads, requests)
     print("\n".join(single_stream_lines(single)), flush=True)
+    bound = streams_bound(bundle, threads, reps)
+    print("\n".join(streams_lines(bound, profiles, lengths)), flush=True)
     return f"""# Step profile: where the unmet targets' time goes
 
 {bundle.name} {bundle.version}, CPU execution provider, {threads} intra-op threads. Reproduce:
-`.venv/bin/python -m bench.step_profile` (about three minutes).
+`.venv/bin/python -m bench.step_profile` (about four minutes).
 
 - machine: {machine()}
 - load average (1, 5, 15 min): {load_start} at the start, {load_average()} at the end
@@ -360,6 +505,20 @@ The median difference within a repetition: from the bare run to the engine, the 
 adds {single.engine_over_bare:.2f} ms a token; from the engine to the daemon's client,
 {single.daemon_over_engine:.2f} ms. With ONNX Runtime's two threads on both cores during a run, what
 the event loop and the client spend meanwhile is taken from the model's run, not done beside it.
+
+## 3. Eight streams against one: the bound the model's runs set (median of {reps})
+
+{chr(10).join(streams_lines(bound, profiles, lengths))}
+
+The table times one weight matmul of each of the graph's shapes alone, back to back, so its
+weights stay in the caches: the kernel's own cost at each batch. ONNX Runtime's int8 kernel
+quantizes the rows block by block and scales every block's sum, and from a few rows on its cost
+grows with the rows: 8 rows cost a multiple of one. One row's decode is bound by the weights'
+trip from memory, which 8 rows share; their compute is what 8 rows add. The prompts' prefill
+costs the same per request however many streams run, so it weighs more beside 8 rows' cheap
+tokens than beside one row's. What the daemon reaches (bench/engine.py section 4) stays below
+the bound by its worker's own work between runs (choosing, detokenizing and handing over each
+row's token, and storing each finished request's prefix), while ONNX Runtime's pool waits.
 """
 
 

@@ -11,13 +11,19 @@ from pathlib import Path
 
 import firmware
 from bench.step_profile import (
+    BATCH_ROWS,
     Lengths,
+    MatMulShape,
     RunProfile,
+    StreamsBound,
     by_run,
     daemon_pid,
     fairness_floor,
     labels,
+    matmul_by_rows,
     profile_steps,
+    streams_bound,
+    streams_lines,
     thread_cpu,
 )
 
@@ -63,3 +69,27 @@ def test_the_daemon_is_found_by_its_socket_and_its_threads_cpu_read(tmp_path: Pa
         server.close()
     spent = thread_cpu(os.getpid())
     assert os.getpid() in spent and all(v >= 0 for v in spent.values())
+
+
+def test_the_streams_bound_reads_the_graph_and_prices_prefill_per_request(tiny_bundle_path: Path,
+                                                                          trusted_keys: Path) -> None:  # fmt: skip
+    bound = streams_bound(firmware.load(tiny_bundle_path, trusted_keys), threads=1, reps=1)
+    assert bound.shapes == []  # the tiny model's weights are fp32 MatMul
+    assert bound.prompt_tokens > bound.reused == 16 and bound.prefill_ms > 0
+    # One row 4 ms, 8 rows 8 ms: decode alone allows 4x; a 32 ms prefill per 64-token answer adds
+    # 0.5 ms to every token at any batch, so (4 + 0.5) / (1 + 0.5) = 3x.
+    bound.prefill_ms = 32.0
+    profiles = {"one row": RunProfile(4.0), "all rows": RunProfile(8.0)}
+    lines = streams_lines(bound, profiles, Lengths(streams=7))
+    assert "no kernel table" in lines[0]
+    assert any("at most **4.00x**" in line for line in lines)
+    assert any("at most **3.00x**" in line for line in lines)
+
+
+def test_a_quantized_matmul_is_timed_at_every_batch() -> None:
+    shape = MatMulShape(k=64, n=32, bits=8, block_size=32, accuracy_level=4, nodes=3)
+    by_rows = matmul_by_rows(shape, threads=1, reps=1)
+    assert set(by_rows) == set(BATCH_ROWS) and all(t > 0 for t in by_rows.values())
+    bound = StreamsBound([(shape, by_rows)], prompt_tokens=40, reused=16, prefill_ms=10.0)
+    lines = streams_lines(bound, {"one row": RunProfile(4.0), "all rows": RunProfile(8.0)}, Lengths(streams=7))
+    assert lines[2].startswith("| 64 x 32, 8-bit, block 32 (3) |") and "(1.0x)" in lines[2]
