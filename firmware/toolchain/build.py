@@ -581,6 +581,8 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     Still refused:
 
     - layers of another kind than full or sliding attention (`layer_types`): not checked;
+    - `clip_qkv` (OLMo's clamped queries, keys and values): the builder leaves the clamp out, so
+      the export answers differently from the model;
     - an ONNX Runtime GenAI folder built with window-sized caches for its sliding layers
       (genai_config's decoder.sliding_window): the engine binds one buffer of the whole capacity
       per layer, so those layers would read and write the wrong positions. Rebuild it from the
@@ -604,6 +606,10 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip
+    if config.get("clip_qkv"):
+        raise BundleError(f"{model_dir.name}: clip_qkv {config['clip_qkv']} (queries, keys and values clamped) is "
+                          "left out by the ONNX Runtime GenAI model builder, so the export would answer differently "
+                          "from the model; not supported")  # fmt: skip
 
 
 def checked_architectures() -> tuple[str, ...]:

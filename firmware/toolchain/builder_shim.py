@@ -33,11 +33,19 @@ the PyTorch weights with a config of their own, which stays as transformers made
   (Mistral's) full attention everywhere: a Mistral with a window of 16 was off by 1.8 in the
   logits at 57 tokens. Every layer is marked sliding, as transformers runs it.
 
-One fix is to the builder itself:
+Three fixes are to the builder itself:
 
 - `gemma_embedding_scale`: Gemma multiplies its embeddings by sqrt(hidden_size); the builder
   rounds that to two decimals (25.3 for Gemma 3 270M's 25.2982, 7e-5 off), which moved the
   270M model's fp32 logits by up to 2.4e-3 from transformers'. The exact value is used.
+- `olmo_layer_norm`: OLMo normalizes with a LayerNorm of no weights (mean-centred, epsilon 1e-5);
+  the builder's OLMo class exports it as an RMS norm with the default epsilon 1e-6, and a tiny
+  OLMo's logits were up to 1.0 off transformers' from the first position. Its norms are now
+  LayerNorm with OLMo's epsilon.
+- `smollm3_no_rope_layers`: SmolLM3 leaves RoPE out of every fourth layer; the builder's SmolLM3
+  class turns the attention's own rotation off there but then asks for a rotation beside it,
+  from a `position_ids` input the graph does not have (KeyError 'position_ids': no SmolLM3 could
+  be built). Those layers now have no rotation at all, as in transformers.
 
 The builder is also asked (build.py) for `windowed_kv_cache=false`: the engine binds one buffer of
 the whole capacity per layer, so local layers keep full-length caches and the attention operator
@@ -118,6 +126,47 @@ def gemma_embedding_scale() -> None:
     GemmaModel._zerolayer_exact_scale = True
 
 
+def olmo_layer_norm() -> None:
+    from builders.olmo import OLMoModel
+
+    if getattr(OLMoModel, "_zerolayer_layer_norm", False):
+        return
+    init, make_layernorm = OLMoModel.__init__, OLMoModel.make_layernorm
+
+    def layer_norm_epsilon(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.layernorm_attrs["epsilon"] = 1e-5  # fixed in OlmoLayerNorm; the config has no field for it
+
+    def mean_centred(self: Any, layer_id: Any, layernorm: Any, skip: bool, simple: bool, location: str) -> None:
+        make_layernorm(self, layer_id, layernorm, skip, False, location)
+
+    OLMoModel.__init__ = layer_norm_epsilon
+    OLMoModel.make_layernorm = mean_centred
+    OLMoModel._zerolayer_layer_norm = True
+
+
+def smollm3_no_rope_layers() -> None:
+    from builders.smollm import SmolLM3Model
+
+    if getattr(SmolLM3Model, "_zerolayer_no_rope", False):
+        return
+    make_attention = SmolLM3Model.make_attention
+
+    def without_rotary(self: Any, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
+        if self.no_rope_layers[layer_id]:
+            make_attention(self, layer_id, attention, root_input, **kwargs)
+            return
+        rope = self.attention_attrs["rope"]
+        self.attention_attrs["rope"] = False  # no rotation at all: not a RotaryEmbedding op beside the attention
+        try:
+            make_attention(self, layer_id, attention, root_input, **kwargs)
+        finally:
+            self.attention_attrs["rope"] = rope
+
+    SmolLM3Model.make_attention = without_rotary
+    SmolLM3Model._zerolayer_no_rope = True
+
+
 def _fix_config(config: Any) -> Any:
     text = getattr(config, "text_config", None)
     for c in (config, text) if text is not None else (config,):
@@ -139,6 +188,8 @@ def install() -> None:
     importlib.import_module("onnxruntime_genai.models")  # puts the builder's folder on sys.path
     importlib.import_module("builders")
     gemma_embedding_scale()
+    olmo_layer_norm()
+    smollm3_no_rope_layers()
 
     transformers = sys.modules["transformers"]
     base = transformers.AutoConfig

@@ -48,7 +48,26 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
     }),
+    # Granite scales the embeddings, each residual branch, the attention scores and the logits by
+    # constants of its own (none of them the neutral value here, so a dropped one shows).
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {
+        "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2,
+        "logits_scaling": 2.0,
+    }),
+    # Gemma 2: sliding and global layers, soft-capped attention scores and logits.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
+        "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention"], "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+    }),
+    # OLMo normalizes with a LayerNorm of no weights (mean-centred, not RMS; builder_shim.olmo_layer_norm).
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", {}),
+    # SmolLM3 leaves RoPE out of some layers (the second here; builder_shim.smollm3_no_rope_layers).
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layers": [1, 0], "use_sliding_window": False}),
 }  # fmt: skip
+# Checked from their Hugging Face folder only: transformers' GGUF loader reads none of them but
+# Gemma 2, and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families llama.cpp users bring most.
+FOLDER_ONLY = ("granite", "gemma2", "olmo", "smollm3")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -97,6 +116,9 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "phi3": ChatStyle(PHI3_CHAT_TEMPLATE, ("<unk>", "<s>", "<|endoftext|>", "<|system|>", "<|user|>",
                                            "<|assistant|>", "<|end|>"), "<s>", "<|end|>"),
     "gemma3": ChatStyle(GEMMA3_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
+                        "<bos>", "<end_of_turn>"),
+    # Gemma 2 takes turns as Gemma 3 does.
+    "gemma2": ChatStyle(GEMMA3_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
                         "<bos>", "<end_of_turn>"),
 }  # fmt: skip
 

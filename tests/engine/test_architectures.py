@@ -322,3 +322,17 @@ def test_a_model_with_layers_of_another_kind_is_refused_before_export(tmp_path: 
                                                 "layer_types": ["chunked_attention", "full_attention"]}))  # fmt: skip
     with pytest.raises(BundleError, match="layers of kind chunked_attention are not supported"):
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+
+
+def test_olmo_with_clamped_attention_inputs_is_refused_before_export(tmp_path: Path) -> None:
+    # The builder exports OLMo without its clip_qkv clamp: a tiny OLMo with clip_qkv 0.5 was off
+    # transformers' logits by far more than 1e-4.
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import BuildOptions, build
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "olmo", "architectures": ["OlmoForCausalLM"],
+                                                "clip_qkv": 8.0}))  # fmt: skip
+    with pytest.raises(BundleError, match=r"clip_qkv 8\.0 .* left out by the ONNX Runtime GenAI model builder"):
+        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
