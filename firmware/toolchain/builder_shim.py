@@ -28,6 +28,10 @@ the PyTorch weights with a config of their own, which stays as transformers made
   (`{"full_attention": {...}, "sliding_attention": {...}}`); the builder expects one flat entry
   (KeyError 'rope_type') and the local layers' base in `rope_local_base_freq` (transformers 4's
   name). The global entry becomes the flat one and the sliding entry's theta the local base.
+- `norm_epsilon`: the builder reads the norms' epsilon from `rms_norm_eps` only, and takes 1e-6
+  where a config names it otherwise: Phi-2's `layer_norm_eps` and Nemotron's `norm_eps` (1e-5
+  both). A tiny Phi-2 was 0.05 off transformers' logits and a Nemotron 0.2, from the first
+  position; with the config's own epsilon, 2e-6 and 3e-6.
 - `sliding_window_layers`: the builder applies `sliding_window` only to layers that
   `config.layer_types` marks "sliding_attention", and gives a config without `layer_types`
   (Mistral's) full attention everywhere: a Mistral with a window of 16 was off by 1.8 in the
@@ -106,7 +110,16 @@ def sliding_window_layers(config: Any) -> None:
         config.layer_types = ["sliding_attention"] * config.num_hidden_layers
 
 
-FIXES = (phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers)
+def norm_epsilon(config: Any) -> None:
+    if "rms_norm_eps" in vars(config):
+        return
+    for name in ("layer_norm_eps", "norm_eps"):
+        if isinstance(vars(config).get(name), float):
+            config.rms_norm_eps = vars(config)[name]
+            return
+
+
+FIXES = (phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon)
 
 
 def gemma_embedding_scale() -> None:

@@ -62,12 +62,25 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     }),
     # OLMo normalizes with a LayerNorm of no weights (mean-centred, not RMS; builder_shim.olmo_layer_norm).
     "olmo": ("OlmoConfig", "OlmoForCausalLM", {}),
+    # Phi-2: attention and MLP side by side on one LayerNorm (with biases), partial rotary, an LM head
+    # with a bias; heads of 32 as for Phi-3. Its norms' epsilon is `layer_norm_eps` (builder_shim.norm_epsilon).
+    "phi": ("PhiConfig", "PhiForCausalLM", {
+        "num_attention_heads": 2, "num_key_value_heads": 2,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    }),
+    # Nemotron: LayerNorm with weights of one plus what is stored, a squared-ReLU MLP without a gate,
+    # partial rotary; its epsilon is `norm_eps`.
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM", {
+        "head_dim": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    }),
     # SmolLM3 leaves RoPE out of some layers (the second here; builder_shim.smollm3_no_rope_layers).
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layers": [1, 0], "use_sliding_window": False}),
 }  # fmt: skip
 # Checked from their Hugging Face folder only: transformers' GGUF loader reads none of them but
-# Gemma 2, and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families llama.cpp users bring most.
-FOLDER_ONLY = ("granite", "gemma2", "olmo", "smollm3")
+# Gemma 2 and Nemotron, and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
+# llama.cpp users bring most.
+FOLDER_ONLY = ("granite", "gemma2", "olmo", "phi", "nemotron", "smollm3")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (

@@ -3,7 +3,8 @@ config transformers makes. Without them the builds in tests/engine/test_architec
 (Phi-3: KeyError 'multi_cache'; Phi-3 LongRoPE: KeyError 'type'; Gemma 3: KeyError 'rope_type')
 or export a model that is wrong past its window (Mistral: every layer given full attention) or
 everywhere (Gemma: its embedding scale rounded, 4.3e-4 off in the tiny Gemma 3's logits, 2.4e-3
-in Gemma 3 270M's)."""
+in Gemma 3 270M's; Phi-2 and Nemotron: the norms' epsilon 1e-6 for their 1e-5, 0.05 and 0.2 off;
+OLMo: its LayerNorm exported as an RMS norm, 1.0 off; SmolLM3: KeyError 'position_ids')."""
 
 from __future__ import annotations
 
@@ -65,6 +66,18 @@ def test_a_sliding_window_without_layer_types_slides_on_every_layer() -> None:
     gemma = transformers.Gemma3TextConfig(**SHAPE, layer_types=["sliding_attention", "full_attention"])
     builder_shim.sliding_window_layers(gemma)
     assert gemma.layer_types == ["sliding_attention", "full_attention"]  # its own pattern kept
+
+
+def test_a_norm_epsilon_under_another_name_is_the_one_the_builder_reads() -> None:
+    phi = transformers.PhiConfig(**SHAPE, layer_norm_eps=3e-5)
+    builder_shim.norm_epsilon(phi)
+    assert phi.rms_norm_eps == 3e-5
+    nemotron = transformers.NemotronConfig(**SHAPE, norm_eps=2e-5)
+    builder_shim.norm_epsilon(nemotron)
+    assert nemotron.rms_norm_eps == 2e-5
+    llama = transformers.LlamaConfig(**SHAPE, rms_norm_eps=1e-6)
+    builder_shim.norm_epsilon(llama)
+    assert llama.rms_norm_eps == 1e-6  # its own kept
 
 
 def test_the_builder_module_loads_its_configs_through_the_fixes() -> None:
