@@ -285,6 +285,9 @@ class ModelSession:
         self.session = ort.InferenceSession(model, opts, providers=providers)
         verify(self.session, device, providers)  # ORT drops a provider it cannot load, and its options
         inputs = {i.name: i for i in self.session.get_inputs()}
+        unfed = self.facts.unfed_inputs(list(inputs))
+        if unfed:
+            raise ValueError(f"{onnx_path.name}: the graph takes {', '.join(unfed)}, which the engine does not feed")
         past0 = inputs[self.facts.past_key_name % 0]
         if past0.type not in _ORT_TO_NUMPY or past0.type == "tensor(bfloat16)":
             raise ValueError(f"{onnx_path.name}: KV type {past0.type} is not supported")

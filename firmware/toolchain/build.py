@@ -629,10 +629,21 @@ def architecture(hf_dir: Path) -> str | None:
     return str(names[0]) if names else None
 
 
+# Architectures the model builder exports but whose export answers otherwise than transformers does,
+# found by building a tiny model of each as the checked families are built: refused.
+EXPORTS_FOUND_WRONG = {
+    "Ernie4_5ForCausalLM": "a tiny Ernie 4.5's logits were 4.2 off transformers' from the first position",
+}
+
+
 def note_architecture(hf_dir: Path, progress: Progress) -> None:
     """An architecture this project does not check may still export (the builder knows more), but
-    the operator is told to compare its answers before serving it."""
+    the operator is told to compare its answers before serving it; one whose export was found to
+    answer otherwise is refused."""
     arch, checked = architecture(hf_dir), checked_architectures()
+    if arch in EXPORTS_FOUND_WRONG:
+        raise BundleError(f"{arch}: the ONNX Runtime GenAI model builder's export does not answer as the model does "
+                          f"({EXPORTS_FOUND_WRONG[arch]}); not supported")  # fmt: skip
     if arch not in checked:
         progress(f"note: {arch or 'an unnamed architecture'} is not one this build checks against transformers "
                  f"({', '.join(checked)}); compare its answers before serving it")  # fmt: skip
@@ -691,8 +702,12 @@ def check_loads(bundle_dir: Path) -> None:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
-            ort.InferenceSession(str(graph_dir / facts.onnx_file), opts, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(str(graph_dir / facts.onnx_file), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT raises several unrelated types for a bad model
             if "cuda" in str(exc).lower() or "CUDA" in str(facts):
                 continue  # a CUDA-only graph cannot be opened on a CPU builder; the daemon checks it on the box
             raise BundleError(f"{facts.onnx_file}: ONNX Runtime cannot load it: {exc}") from None
+        unfed = facts.unfed_inputs([i.name for i in session.get_inputs()])
+        if unfed:
+            raise BundleError(f"{facts.onnx_file}: the graph takes {', '.join(unfed)}, which the engine does "
+                              "not feed (it gives a model its token ids, attention mask and KV cache)")  # fmt: skip

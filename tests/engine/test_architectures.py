@@ -12,6 +12,7 @@ Qwen2.5's) tools included."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -336,3 +337,38 @@ def test_olmo_with_clamped_attention_inputs_is_refused_before_export(tmp_path: P
                                                 "clip_qkv": 8.0}))  # fmt: skip
     with pytest.raises(BundleError, match=r"clip_qkv 8\.0 .* left out by the ONNX Runtime GenAI model builder"):
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+
+
+def test_an_architecture_whose_export_was_found_wrong_is_refused_before_export(tmp_path: Path) -> None:
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import BuildOptions, build
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "ernie4_5", "architectures": ["Ernie4_5ForCausalLM"]}))
+    (hf / "tokenizer.json").write_text("{}")
+    with pytest.raises(BundleError, match="Ernie4_5ForCausalLM: the ONNX Runtime GenAI model builder's export"):
+        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+
+
+def test_a_graph_taking_an_input_the_engine_does_not_feed_is_refused(tmp_path: Path, trusted_keys: Path) -> None:
+    """HunYuan's export takes position_ids beside the mask: it loaded, and failed at its first run."""
+    import shutil
+
+    import onnx
+
+    from appliance.engine.session import ModelSession
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import check_loads
+
+    bundle = firmware.load(tiny_bundle("qwen2"), trusted_keys)
+    folder = tmp_path / "bundle"
+    shutil.copytree(bundle.root, folder)
+    graph_dir, facts = bundle.graph("cpu")
+    model = onnx.load(str(graph_dir / facts.onnx_file))
+    model.graph.input.append(onnx.helper.make_tensor_value_info("position_ids", onnx.TensorProto.INT64, [1, "s"]))
+    onnx.save(model, str(folder / facts.onnx_file))
+    with pytest.raises(BundleError, match="the graph takes position_ids, which the engine does not feed"):
+        check_loads(folder)
+    with pytest.raises(ValueError, match="the graph takes position_ids, which the engine does not feed"):
+        ModelSession(dataclasses.replace(bundle, root=folder))
