@@ -54,6 +54,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2,
         "logits_scaling": 2.0,
     }),
+    # Gemma (the first): Gemma's norms (one plus the weight) and scaled embeddings, GELU.
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}),
     # Gemma 2: sliding and global layers, soft-capped attention scores and logits.
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
         "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
@@ -80,7 +82,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # Checked from their Hugging Face folder only: transformers' GGUF loader reads none of them but
 # Gemma 2 and Nemotron, and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most.
-FOLDER_ONLY = ("granite", "gemma2", "olmo", "phi", "nemotron", "smollm3")
+FOLDER_ONLY = ("granite", "gemma", "gemma2", "olmo", "phi", "nemotron", "smollm3")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -121,6 +123,8 @@ class ChatStyle:
 
 
 CHATML = ChatStyle(TINY_CHAT_TEMPLATE, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_start|>", "<|im_end|>")
+GEMMA_TURNS = ChatStyle(GEMMA3_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
+                        "<bos>", "<end_of_turn>")
 # Each family's template, with its special tokens, where it is not plain ChatML (Qwen2.5's and
 # Gemma 3's as published; the Gemma 3 270M firmware ships the latter too).
 CHAT_STYLES: dict[str, ChatStyle] = {
@@ -128,11 +132,10 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "mistral": ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]"), "<s>", "</s>"),
     "phi3": ChatStyle(PHI3_CHAT_TEMPLATE, ("<unk>", "<s>", "<|endoftext|>", "<|system|>", "<|user|>",
                                            "<|assistant|>", "<|end|>"), "<s>", "<|end|>"),
-    "gemma3": ChatStyle(GEMMA3_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
-                        "<bos>", "<end_of_turn>"),
-    # Gemma 2 takes turns as Gemma 3 does.
-    "gemma2": ChatStyle(GEMMA3_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
-                        "<bos>", "<end_of_turn>"),
+    "gemma3": GEMMA_TURNS,
+    # Gemma and Gemma 2 take turns as Gemma 3 does.
+    "gemma": GEMMA_TURNS,
+    "gemma2": GEMMA_TURNS,
 }  # fmt: skip
 
 
