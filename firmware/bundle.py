@@ -54,10 +54,10 @@ class ModelFacts:
     default_top_k: int = 0
 
     def unfed_inputs(self, graph_inputs: list[str]) -> list[str]:
-        """The graph's inputs the engine does not feed: it binds the token ids, the attention mask
-        and each layer's past keys and values, nothing else (a graph that also takes position_ids
-        would fail at its first run)."""
-        fed = {"input_ids", "attention_mask"}
+        """The graph's inputs the engine does not feed: it binds the token ids, the attention mask,
+        the positions where a graph takes them, and each layer's past keys and values, nothing
+        else (a graph that took more would fail at its first run)."""
+        fed = {"input_ids", "attention_mask", "position_ids"}
         for layer in range(self.num_layers):
             fed |= {self.past_key_name % layer, self.past_value_name % layer}
         return [name for name in graph_inputs if name not in fed]

@@ -208,6 +208,7 @@ class _Bound:
     binding: ort.IOBinding
     logits: np.ndarray  # [rows, 1, vocab]
     ids: np.ndarray  # [rows, 1]: a decode's tokens
+    positions: np.ndarray  # [rows, 1]: each decoding row's position, where the graph takes position_ids
     mask_buffer: np.ndarray  # rows * capacity, flat: a decode's mask is [rows, width] at its start
     mask: np.ndarray  # that [rows, width] view, as bound
     width: int = 0  # the decode mask's bound width; 0 while other inputs are bound
@@ -288,6 +289,9 @@ class ModelSession:
         unfed = self.facts.unfed_inputs(list(inputs))
         if unfed:
             raise ValueError(f"{onnx_path.name}: the graph takes {', '.join(unfed)}, which the engine does not feed")
+        # Most exports rotate inside the attention operator from the mask; some (HunYuan's) rotate
+        # beside it and take each token's position as an input.
+        self.takes_positions = "position_ids" in inputs
         past0 = inputs[self.facts.past_key_name % 0]
         if past0.type not in _ORT_TO_NUMPY or past0.type == "tensor(bfloat16)":
             raise ValueError(f"{onnx_path.name}: KV type {past0.type} is not supported")
@@ -344,9 +348,13 @@ class ModelSession:
             bound.mask = bound.mask_buffer[: rows * width].reshape(rows, width)
             bound.binding.bind_input("input_ids", "cpu", 0, np.int64, [rows, 1], bound.ids.ctypes.data)
             bound.binding.bind_input("attention_mask", "cpu", 0, np.int64, [rows, width], bound.mask.ctypes.data)
+            if self.takes_positions:
+                bound.binding.bind_input("position_ids", "cpu", 0, np.int64, [rows, 1], bound.positions.ctypes.data)
             bound.width = width
         np.less_equal(self._positions[:width], lengths[:, None], out=bound.mask, casting="unsafe")
         bound.ids[:, 0] = tokens
+        if self.takes_positions:
+            bound.positions[:, 0] = lengths
         self._launch(bound)
         last = bound.logits[:, -1]
         return last if last.dtype == np.float32 else last.astype(np.float32)
@@ -367,6 +375,10 @@ class ModelSession:
         ids, mask = np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(mask, dtype=np.int64)
         binding.bind_input("input_ids", "cpu", 0, np.int64, list(ids.shape), ids.ctypes.data)
         binding.bind_input("attention_mask", "cpu", 0, np.int64, list(mask.shape), mask.ctypes.data)
+        if self.takes_positions:  # a prompt's tokens follow the positions its mask says are filled
+            start = mask.shape[1] - ids.shape[1]
+            positions = self._positions[start : start + ids.shape[1]].reshape(1, -1)
+            binding.bind_input("position_ids", "cpu", 0, np.int64, list(positions.shape), positions.ctypes.data)
         bound.width = 0  # the next decode binds its own again
         if self.last_position_logits or ids.shape[1] == 1:
             self._launch(bound)
@@ -402,7 +414,7 @@ class ModelSession:
                 binding.bind_output(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
         logits = np.empty((rows, 1, self.facts.vocab_size), dtype=self.logits_dtype)
         ids, mask = np.zeros((rows, 1), dtype=np.int64), np.zeros(rows * slots.capacity, dtype=np.int64)
-        return _Bound(binding, logits, ids, mask, mask[:0].reshape(rows, 0))
+        return _Bound(binding, logits, ids, np.zeros((rows, 1), dtype=np.int64), mask, mask[:0].reshape(rows, 0))
 
     def export_span(self, cache: KVCache, start: int, end: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """KV of positions [start, end), per layer as host arrays [kv_heads, end - start, head_size]

@@ -76,13 +76,16 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "head_dim": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
     }),
+    # HunYuan (dense): query and key norms after the rotation, which its export applies beside the
+    # attention from a position_ids input (the engine feeds it).
+    "hunyuan": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16}),
     # SmolLM3 leaves RoPE out of some layers (the second here; builder_shim.smollm3_no_rope_layers).
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layers": [1, 0], "use_sliding_window": False}),
 }  # fmt: skip
 # Checked from their Hugging Face folder only: transformers' GGUF loader reads none of them but
 # Gemma 2 and Nemotron, and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most.
-FOLDER_ONLY = ("granite", "gemma", "gemma2", "olmo", "phi", "nemotron", "smollm3")
+FOLDER_ONLY = ("granite", "gemma", "gemma2", "olmo", "phi", "nemotron", "hunyuan", "smollm3")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (

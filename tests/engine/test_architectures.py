@@ -352,7 +352,8 @@ def test_an_architecture_whose_export_was_found_wrong_is_refused_before_export(t
 
 
 def test_a_graph_taking_an_input_the_engine_does_not_feed_is_refused(tmp_path: Path, trusted_keys: Path) -> None:
-    """HunYuan's export takes position_ids beside the mask: it loaded, and failed at its first run."""
+    """Such a graph would load, and fail at its first run (as HunYuan's, which takes position_ids,
+    did before the engine fed them)."""
     import shutil
 
     import onnx
@@ -366,9 +367,9 @@ def test_a_graph_taking_an_input_the_engine_does_not_feed_is_refused(tmp_path: P
     shutil.copytree(bundle.root, folder)
     graph_dir, facts = bundle.graph("cpu")
     model = onnx.load(str(graph_dir / facts.onnx_file))
-    model.graph.input.append(onnx.helper.make_tensor_value_info("position_ids", onnx.TensorProto.INT64, [1, "s"]))
+    model.graph.input.append(onnx.helper.make_tensor_value_info("token_type_ids", onnx.TensorProto.INT64, [1, "s"]))
     onnx.save(model, str(folder / facts.onnx_file))
-    with pytest.raises(BundleError, match="the graph takes position_ids, which the engine does not feed"):
+    with pytest.raises(BundleError, match="the graph takes token_type_ids, which the engine does not feed"):
         check_loads(folder)
-    with pytest.raises(ValueError, match="the graph takes position_ids, which the engine does not feed"):
+    with pytest.raises(ValueError, match="the graph takes token_type_ids, which the engine does not feed"):
         ModelSession(dataclasses.replace(bundle, root=folder))
