@@ -58,6 +58,8 @@ from appliance.engine.session import ModelSession
 from appliance.engine.tools import OutputRules
 from bench.host import load_average, machine
 from bench.streams import (
+    ANSWER_TOKENS,
+    ROUNDS,
     Endpoint,
     LoadResult,
     PromptSerials,
@@ -499,7 +501,7 @@ def load_runs(endpoint: Endpoint, levels: tuple[int, ...], reps: int,
     runs: dict[int, list[LoadResult]] = {c: [] for c in levels}
     for rep in range(reps):
         for clients in levels if rep % 2 == 0 else levels[::-1]:
-            result = asyncio.run(run_load(endpoint, clients, 3, 64, serials.take(clients * 3)))
+            result = asyncio.run(run_load(endpoint, clients, ROUNDS, ANSWER_TOKENS, serials.take(clients * ROUNDS)))
             runs[clients].append(result)
             print(f"  {clients} streams: {result.tokens_per_s:.1f} tokens/s", flush=True)
     return runs

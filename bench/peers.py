@@ -35,6 +35,8 @@ from pathlib import Path
 
 from bench.host import load_average, machine
 from bench.streams import (
+    ANSWER_TOKENS,
+    ROUNDS,
     Endpoint,
     LoadResult,
     PromptSerials,
@@ -165,7 +167,7 @@ def main() -> int:
                 first = serials.take(clients * 3)  # each turn its own prompts, the same for both sides
                 order = [("ours", ours), ("theirs", theirs)]
                 for key, side in order if i % 2 == 0 else order[::-1]:
-                    results[key].append(asyncio.run(run_load(side, clients, 3, 64, first)))
+                    results[key].append(asyncio.run(run_load(side, clients, ROUNDS, ANSWER_TOKENS, first)))
             best = {k: median_run(v) for k, v in results.items()}
             rows.append(LoadRow(clients, best["ours"], best["theirs"]))
             print(f"  {clients} clients: ours {best['ours'].tokens_per_s:.1f}, llama-server "

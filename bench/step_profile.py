@@ -44,6 +44,7 @@ import numpy as np
 
 from appliance.engine.session import KVCache, ModelSession
 from bench.host import load_average, machine
+from bench.streams import ANSWER_TOKENS, ROUNDS, story_prompt
 from firmware import Bundle
 
 RESULTS = Path(__file__).resolve().parent / "results" / "step-profile.md"
@@ -237,7 +238,7 @@ def single_stream(bundle: Bundle, threads: int, reps: int) -> SingleStream:
     """The three paths of a single-stream answer, interleaved in alternating order (their
     differences are a few percent, less than the machine drifts between runs of a minute)."""
     from appliance.engine import Engine, EngineConfig, GenerationRequest, Message, TextDelta
-    from bench.streams import one_request, story_prompt, zerolayer_daemon
+    from bench.streams import one_request, zerolayer_daemon
 
     engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0, intra_op_threads=threads))
     session = ModelSession(bundle, intra_op_threads=threads)
@@ -328,8 +329,7 @@ def single_stream_lines(r: SingleStream) -> list[str]:
 # --- 3. eight streams against one: the bound the model's runs set -----------------------------
 
 BATCH_ROWS = (1, 2, 4, 8, 16)
-ANSWER_TOKENS = 64  # each request of the concurrency table (bench/engine.py section 4)
-CONCURRENCY_PROMPTS = 24  # the prompts of its 8-stream row: 8 streams of three requests
+CONCURRENCY_PROMPTS = 8 * ROUNDS  # the prompts of the concurrency table's 8-stream row
 
 
 @dataclass(frozen=True)
@@ -413,8 +413,6 @@ def streams_bound(bundle: Bundle, threads: int, reps: int) -> StreamsBound:
     from appliance.engine import EngineConfig, Message
     from appliance.engine.chat import ChatTemplate
     from appliance.engine.tokenizer import TextTokenizer
-    from bench.streams import story_prompt
-
     shapes = [(shape, matmul_by_rows(shape, threads, reps)) for shape in matmul_shapes(bundle)]
     template = ChatTemplate(bundle.chat_template, TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path))
     lengths = sorted(len(template.prompt([Message("user", story_prompt(i))]).ids) for i in range(CONCURRENCY_PROMPTS))

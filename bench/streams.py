@@ -21,6 +21,11 @@ from pathlib import Path
 
 import httpx
 
+# Every concurrency measurement (bench/engine.py, bench/peers.py; bench/step_profile.py's bound
+# assumes the same): each client a closed loop of ROUNDS requests for ANSWER_TOKENS new tokens.
+ROUNDS = 3
+ANSWER_TOKENS = 64
+
 TOPICS = (
     "a lighthouse keeper who finds a message in a bottle", "the first expedition to a frozen moon",
     "a baker who can taste memories", "a robot learning to paint the sea", "two rival clockmakers",
