@@ -573,6 +573,29 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
 ATTENTION_KINDS = ("full_attention", "sliding_attention")
 
 
+# RoPE scaling whose export rotates as transformers does, each checked on a tiny model
+# (tests/engine/test_architectures.py: llama_rope_*, qwen2_yarn, gemma3_linear, phi3_longrope).
+# "ntk_alpha" is HunYuan's NTK scaling with a fixed alpha, which its checkpoints call "dynamic".
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "ntk_alpha")
+
+
+def _rope_types(config: dict[str, Any]) -> list[tuple[str | None, str]]:
+    """(layer type or None for all layers, RoPE type) of a config.json, in transformers 4's
+    `rope_scaling` or 5's `rope_parameters`, flat or one entry per layer type."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        return []
+    entries = ([(None, rope)] if not rope or not all(isinstance(v, dict) for v in rope.values())
+               else [(str(k), v) for k, v in rope.items()])  # fmt: skip
+    found = []
+    for layers, entry in entries:
+        kind = str(entry.get("rope_type") or entry.get("type") or "default")
+        if kind == "su":  # Phi-3's first name for LongRoPE, which transformers reads as longrope
+            kind = "longrope"
+        found.append((layers, "ntk_alpha" if kind == "dynamic" and entry.get("alpha") else kind))
+    return found
+
+
 def refuse_unsupported_attention(model_dir: Path) -> None:
     """Refuse, before the export or the pack, attention the engine would run differently from the
     model. Sliding-window and interleaved local/global attention are supported: the builder is
@@ -583,6 +606,10 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     - layers of another kind than full or sliding attention (`layer_types`): not checked;
     - `clip_qkv` (OLMo's clamped queries, keys and values): the builder leaves the clamp out, so
       the export answers differently from the model;
+    - RoPE scaling other than the kinds checked against transformers (ROPE_TYPES), and scaling of
+      the sliding layers' RoPE (Gemma 3 scales only its global layers'). transformers' dynamic
+      NTK scaling, for one, changes the frequencies as a sequence grows past the original
+      context, which the export's one precomputed table cannot follow;
     - an ONNX Runtime GenAI folder built with window-sized caches for its sliding layers
       (genai_config's decoder.sliding_window): the engine binds one buffer of the whole capacity
       per layer, so those layers would read and write the wrong positions. Rebuild it from the
@@ -606,6 +633,12 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip
+    for layers, rope_type in _rope_types(config):
+        if rope_type not in ROPE_TYPES or (rope_type != "default" and layers == "sliding_attention"):
+            where = f" on its {layers} layers" if layers else ""
+            raise BundleError(f"{model_dir.name}: RoPE scaling {rope_type!r}{where} is not exported as transformers "
+                              "computes it (supported: "
+                              f"{', '.join(ROPE_TYPES)}, on all layers or the full-attention ones)")  # fmt: skip
     if config.get("clip_qkv"):
         raise BundleError(f"{model_dir.name}: clip_qkv {config['clip_qkv']} (queries, keys and values clamped) is "
                           "left out by the ONNX Runtime GenAI model builder, so the export would answer differently "

@@ -37,7 +37,7 @@ the PyTorch weights with a config of their own, which stays as transformers made
   (Mistral's) full attention everywhere: a Mistral with a window of 16 was off by 1.8 in the
   logits at 57 tokens. Every layer is marked sliding, as transformers runs it.
 
-Three fixes are to the builder itself:
+Three fixes are to the builder's layers:
 
 - `gemma_embedding_scale`: Gemma multiplies its embeddings by sqrt(hidden_size); the builder
   rounds that to two decimals (25.3 for Gemma 3 270M's 25.2982, 7e-5 off), which moved the
@@ -50,6 +50,23 @@ Three fixes are to the builder itself:
   class turns the attention's own rotation off there but then asks for a rotation beside it,
   from a `position_ids` input the graph does not have (KeyError 'position_ids': no SmolLM3 could
   be built). Those layers now have no rotation at all, as in transformers.
+
+Three more make RoPE scaling rotate as transformers does (a tiny model of each is in the
+architecture matrix):
+
+- `rope_types_past_llama3`: the builder's Llama class (Llama, Nemotron, SmolLM3) reads Llama 3's
+  scaling and drops any other: a Llama with linear scaling (factor 4) was 0.03 off transformers'
+  logits from the second position. Other types go to the builder's shared reader, as for the
+  other families.
+- `yarn_as_transformers`: the builder's YaRN divided by zero where a config leaves `beta_fast` and
+  `beta_slow` to their defaults (Qwen2.5's and Qwen3's documented YaRN settings do), and it
+  neither rounds the blend's range out to whole dimensions (transformers' `truncate`, on by
+  default) nor takes a config's `attention_factor`. The frequencies and the magnitude scale are
+  now transformers' own (`ROPE_INIT_FUNCTIONS["yarn"]`).
+- `gemma3_plain_local_rope`: Gemma 3 scales only its global layers' RoPE (linear, factor 8, in
+  Gemma 3 4B, 12B and 27B); the builder made the local layers' table with the same scaling, and
+  a tiny Gemma 3 with linear scaling was up to 4.9 off. The local table is plain RoPE at the
+  local base.
 
 The builder is also asked (build.py) for `windowed_kv_cache=false`: the engine binds one buffer of
 the whole capacity per layer, so local layers keep full-length caches and the attention operator
@@ -180,6 +197,78 @@ def smollm3_no_rope_layers() -> None:
     SmolLM3Model._zerolayer_no_rope = True
 
 
+def rope_types_past_llama3() -> None:
+    from builders.base import Model
+    from builders.llama import LlamaModel
+
+    if getattr(LlamaModel, "_zerolayer_rope_types", False):
+        return
+    llama3_only = LlamaModel.make_rope_init
+
+    def make_rope_init(self: Any, config: Any) -> None:
+        params = getattr(config, "rope_parameters", None)
+        if isinstance(params, dict) and params.get("rope_type", "default") != "llama3":
+            Model.make_rope_init(self, config)
+        else:
+            llama3_only(self, config)
+
+    LlamaModel.make_rope_init = make_rope_init
+    LlamaModel._zerolayer_rope_types = True
+
+
+def yarn_as_transformers() -> None:
+    from builders.base import Model
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if getattr(Model, "_zerolayer_yarn", False):
+        return
+    read_rope = Model.make_rope_init
+
+    def make_rope_init(self: Any, config: Any) -> None:
+        read_rope(self, config)
+        params = getattr(config, "rope_parameters", None)
+        if isinstance(params, dict) and params.get("rope_type") == "yarn":
+            inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, None)
+            self.rope_attrs["rescale_inv_freq"] = {"transformers": inv_freq}
+            self.rope_attrs["mscale"] = float(attention_factor)
+
+    rescale = Model.make_inv_freq_rescaled
+
+    def make_inv_freq_rescaled(self: Any, inv_freq: Any) -> Any:
+        theirs = self.rope_attrs["rescale_inv_freq"].get("transformers")
+        if theirs is None:
+            return rescale(self, inv_freq)
+        if theirs.shape != inv_freq.shape:
+            raise ValueError(f"YaRN: transformers rotates {2 * theirs.shape[0]} dimensions of each head, "
+                             f"the builder {2 * inv_freq.shape[0]}")  # fmt: skip
+        return theirs.to(inv_freq.dtype)
+
+    Model.make_rope_init = make_rope_init
+    Model.make_inv_freq_rescaled = make_inv_freq_rescaled
+    Model._zerolayer_yarn = True
+
+
+def gemma3_plain_local_rope() -> None:
+    from builders.base import Model
+    from builders.gemma import Gemma3Model
+
+    if getattr(Gemma3Model, "_zerolayer_plain_local", False):
+        return
+
+    def multi_cache(self: Any) -> None:
+        """The global layers' table as the config scales it, the local layers' plain at their base
+        (under the names the builder's Gemma 3 class reads back)."""
+        self.cos_cache_global_name, self.sin_cache_global_name = "cos_cache_global", "sin_cache_global"
+        Model.make_rotary_embedding_caches(self, cos_cache_name="cos_cache_global", sin_cache_name="sin_cache_global")
+        self.rope_attrs.update(create_caches=True, theta=self.rope_local_theta, rescale_factors=1, mscale=1)
+        self.rope_attrs.pop("rescale_inv_freq", None)
+        self.cos_cache_local_name, self.sin_cache_local_name = "cos_cache_local", "sin_cache_local"
+        Model.make_rotary_embedding_caches(self, cos_cache_name="cos_cache_local", sin_cache_name="sin_cache_local")
+
+    Gemma3Model.make_rotary_embedding_multi_cache = multi_cache
+    Gemma3Model._zerolayer_plain_local = True
+
+
 def _fix_config(config: Any) -> Any:
     text = getattr(config, "text_config", None)
     for c in (config, text) if text is not None else (config,):
@@ -203,6 +292,9 @@ def install() -> None:
     gemma_embedding_scale()
     olmo_layer_norm()
     smollm3_no_rope_layers()
+    rope_types_past_llama3()
+    yarn_as_transformers()
+    gemma3_plain_local_rope()
 
     transformers = sys.modules["transformers"]
     base = transformers.AutoConfig

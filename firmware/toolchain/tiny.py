@@ -81,11 +81,34 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "hunyuan": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16}),
     # SmolLM3 leaves RoPE out of some layers (the second here; builder_shim.smollm3_no_rope_layers).
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layers": [1, 0], "use_sliding_window": False}),
+    # RoPE scaling, each as the models that use it set it (builder_shim's rope fixes). Llama 3.1's
+    # and 3.2's: the original context is 64 here, so the table has dimensions left as they are,
+    # blended and scaled down.
+    "llama_rope_llama3": ("LlamaConfig", "LlamaForCausalLM", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "llama_rope_linear": ("LlamaConfig", "LlamaForCausalLM", {
+        "rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}}),
+    # YaRN as Qwen2.5 and Qwen3 document it for long contexts: a factor and the original context,
+    # the blend's range (beta_fast, beta_slow) left to transformers' defaults.
+    "qwen2_yarn": ("Qwen2Config", "Qwen2ForCausalLM", {"max_position_embeddings": 8192, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 2048}}),
+    # Gemma 3 4B, 12B and 27B scale their global layers' RoPE linearly (factor 8), not the local ones.
+    "gemma3_linear": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+        "hidden_size": 72, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}},
+    }),
+    # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
+    "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
+        "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}}),
 }  # fmt: skip
-# Checked from their Hugging Face folder only: transformers' GGUF loader reads none of them but
-# Gemma 2 and Nemotron, and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
-# llama.cpp users bring most.
-FOLDER_ONLY = ("granite", "gemma", "gemma2", "olmo", "phi", "nemotron", "hunyuan", "smollm3")
+# Checked from their Hugging Face folder only: transformers' GGUF loader reads none of the families
+# but Gemma 2 and Nemotron, and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
+# llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
+FOLDER_ONLY = ("granite", "gemma", "gemma2", "olmo", "phi", "nemotron", "hunyuan", "smollm3", "llama_rope_linear",
+               "qwen2_yarn", "hunyuan_alpha")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (

@@ -20,6 +20,8 @@ What llama.cpp does per family, and so what is done here (transformers' GGUF loa
   `rope.freq_base_swa`. llama.cpp's converter writes no layer pattern (llama.cpp assumes Gemma 3's
   five sliding layers to one global); the tiny model's own pattern is written under the GGUF key
   `attention.sliding_window_pattern`, as an array of one flag per layer, which gguf_to_hf reads.
+  The global layers' linear RoPE scaling, where a model has it, as `rope.scaling.type` and
+  `rope.scaling.factor`.
 
 The tokenizer is written as llama.cpp writes a Hugging Face byte-level BPE ("gpt2"): tokens,
 token types (special added tokens as CONTROL), merges, the special ids and the chat template.
@@ -49,6 +51,8 @@ GGUF_ARCHITECTURES = {
     "phi3": "phi3",
     "phi3_longrope": "phi3",
     "gemma3": "gemma3",
+    "llama_rope_llama3": "llama",
+    "gemma3_linear": "gemma3",
 }
 # The names llama.cpp takes from each model card; transformers' loader reads a "llama" file as
 # Mistral only when the name is exactly "mistral", which no real Mistral file's is.
@@ -124,6 +128,9 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
         w.add_sliding_window(int(config["sliding_window"]))
         w.add_rope_freq_base_swa(float(_rope_parameters(config, "sliding_attention")["rope_theta"]))
         w.add_sliding_window_pattern([t == "sliding_attention" for t in config["layer_types"]])
+        if rope.get("rope_type") == "linear":  # the global layers' scaling (Gemma 3 4B-27B)
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(float(rope["factor"]))
 
     tensors = load_file(str(hf_dir / "model.safetensors"))
     names = gguf.get_tensor_name_map(model_arch, n_layers)

@@ -5,7 +5,10 @@ to fp32 firmware; our prefill logits against transformers within 1e-4, greedy to
 different lengths decoded together identical to each alone, and a long prompt prefilled on the
 prefill lane beside a decoding stream identical to each alone. Mistral's sliding window and Gemma
 3's sliding layers are 16 positions wide and the conversation is several times longer, so every
-check runs past the window; Qwen3 has per-head norms and Phi-3 partial rotary. Each family's chat
+check runs past the window; Qwen3 has per-head norms and Phi-3 partial rotary. The RoPE scaling
+kinds the build serves (build.ROPE_TYPES) each have a fixture: Llama 3.1's, linear (a Llama's, and
+Gemma 3's on its global layers only), YaRN with transformers' default blend, HunYuan's fixed-alpha
+NTK and Phi-3's LongRoPE. Each family's chat
 template renders the same token ids as transformers' apply_chat_template, system prompt and (for
 Qwen2.5's) tools included."""
 
@@ -373,3 +376,37 @@ def test_a_graph_taking_an_input_the_engine_does_not_feed_is_refused(tmp_path: P
         check_loads(folder)
     with pytest.raises(ValueError, match="the graph takes token_type_ids, which the engine does not feed"):
         ModelSession(dataclasses.replace(bundle, root=folder))
+
+
+@pytest.mark.parametrize(("rope", "refused"), [
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "RoPE scaling 'dynamic' is not exported"),
+    ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, "RoPE scaling 'proportional'"),
+    ({"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 8.0},
+                          "full_attention": {"rope_type": "linear", "factor": 8.0}}},
+     "RoPE scaling 'linear' on its sliding_attention layers"),
+])  # fmt: skip
+def test_rope_scaling_the_export_does_not_compute_as_transformers_is_refused_before_export(
+        tmp_path: Path, rope: dict[str, object], refused: str) -> None:  # fmt: skip
+    """Dynamic NTK scaling changes the frequencies as a sequence grows, which one precomputed table
+    cannot follow; a kind no tiny model checks is not served; Gemma 3's local layers rotate plainly
+    in the export (builder_shim.gemma3_plain_local_rope). The kinds that are checked, HunYuan's
+    fixed-alpha "dynamic" and Phi-3's old name for LongRoPE pass."""
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import BuildOptions, _rope_types, build
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"], **rope}))
+    with pytest.raises(BundleError, match=refused):
+        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+    assert _rope_types({"rope_scaling": {"type": "dynamic", "alpha": 1000.0}}) == [(None, "ntk_alpha")]
+    assert _rope_types({"rope_scaling": {"type": "su", "short_factor": [1.0]}}) == [(None, "longrope")]
+    assert _rope_types({}) == [(None, "default")]
+
+
+def test_every_checked_rope_scaling_has_a_tiny_model() -> None:
+    """ROPE_TYPES is what the matrix checks: each kind is some fixture's."""
+    from firmware.toolchain.build import ROPE_TYPES, _rope_types
+
+    kinds = {kind for _, _, extra in ARCHITECTURES.values() for _, kind in _rope_types(dict(extra))}
+    assert kinds == set(ROPE_TYPES)

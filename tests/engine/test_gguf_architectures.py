@@ -107,6 +107,8 @@ RESTORED = {
                       "rope_parameters.original_max_position_embeddings": 1024},
     "mistral": {"model_type": "mistral", "sliding_window": 16},
     "gemma3": {"layer_types": ["sliding_attention", "full_attention"], "query_pre_attn_scalar": 16},
+    "gemma3_linear": {"rope_parameters.full_attention.rope_type": "linear",
+                      "rope_parameters.full_attention.factor": 8.0},
 }  # fmt: skip
 
 
@@ -187,9 +189,9 @@ def test_the_gguf_is_what_llama_cpp_s_converter_writes(name: str, tmp_path: Path
     def metadata(reader: GGUFReader) -> dict[str, Any]:
         return {k: f.contents() for k, f in reader.fields.items() if not k.startswith(("GGUF.", "general."))}
 
-    mine = metadata(ours)
-    assert {k for k in mine if k not in metadata(theirs)} == OUR_KEYS.get(name, set()), name
-    assert {k: v for k, v in mine.items() if k not in OUR_KEYS.get(name, ())} == metadata(theirs), name
+    mine, extra = metadata(ours), OUR_KEYS.get(name, OUR_KEYS.get(name.partition("_")[0], set()))
+    assert {k for k in mine if k not in metadata(theirs)} == extra, name
+    assert {k: v for k, v in mine.items() if k not in extra} == metadata(theirs), name
     tensors = {t.name: t for t in theirs.tensors}
     assert sorted(tensors) == sorted(t.name for t in ours.tensors), name
     for t in ours.tensors:
@@ -198,9 +200,10 @@ def test_the_gguf_is_what_llama_cpp_s_converter_writes(name: str, tmp_path: Path
 
 
 def test_gemma3_files_of_other_shapes_get_their_layer_pattern_scale_and_rope_scaling() -> None:
-    """What no tiny fixture has: Gemma 3 4B-27B's linear RoPE scaling of the global layers
-    (rope.scaling.type and factor), a pattern given as a period, none given (llama.cpp's five
-    sliding layers to one global), and the 27B's query scale (1/sqrt(width / heads), as llama.cpp)."""
+    """What no tiny fixture's file has: a pattern given as a period, none given (llama.cpp's five
+    sliding layers to one global), and the 27B's query scale (1/sqrt(width / heads), as llama.cpp);
+    with Gemma 3 4B-27B's linear RoPE scaling of the global layers (rope.scaling.type and factor),
+    which the gemma3_linear fixture's file also has."""
     from transformers import AutoConfig
 
     from firmware.toolchain.build import _restore_gguf_config
@@ -219,73 +222,17 @@ def test_gemma3_files_of_other_shapes_get_their_layer_pattern_scale_and_rope_sca
     assert big.query_pre_attn_scalar == 72 // 4  # width / heads
 
 
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
-
-
-def _llama3_folder() -> Path:
-    """The Llama fixture with Llama 3.1's RoPE scaling (as Llama 3.1-3.3 have), its original context
-    (64) inside the conversation; made once next to the other tiny artefacts."""
-    import shutil
-
-    import transformers
-
-    from firmware.toolchain.paths import cache_dir
-    from firmware.toolchain.tiny_gguf import _fingerprint
-
-    out = cache_dir() / "tiny-gguf" / f"tiny-hf-llama3rope-{_fingerprint('llama')}"
-    if not (out / "model.safetensors").is_file():
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(tiny_hf_dir("llama"), tmp)
-        config = transformers.AutoConfig.from_pretrained(tmp)
-        config.rope_parameters = dict(LLAMA3_ROPE)
-        transformers.LlamaForCausalLM.from_pretrained(tiny_hf_dir("llama"), config=config).save_pretrained(tmp)
-        tmp.rename(out)
-    return out
-
-
-def test_llama3_rope_scaling_comes_back_from_its_frequency_table(trusted_keys: Path, tmp_path: Path) -> None:
+def test_a_rope_frequency_table_no_llama3_scaling_makes_is_refused(tmp_path: Path) -> None:
     """llama.cpp keeps Llama 3.1's RoPE scaling only as each frequency's divisor (rope_freqs),
-    which transformers' loader drops; gguf_to_hf finds the scaling that makes the table, and the
-    GGUF's bundle matches transformers on the folder (1e-4, 16 greedy tokens). A table no such
-    scaling makes is refused."""
-    import torch
+    which transformers' loader drops; gguf_to_hf finds the scaling that makes the table (the
+    matrix above builds the llama_rope_llama3 fixture's file and checks it against transformers).
+    A table no such scaling makes is refused."""
     from gguf import GGUFReader, GGUFWriter
-    from transformers import AutoModelForCausalLM
 
     from firmware.errors import BundleError
-    from firmware.manifest import LayerConstants
-    from firmware.toolchain.build import BuildOptions, build, gguf_to_hf
-    from firmware.toolchain.devkit import ensure_bundle
-    from firmware.toolchain.tiny_gguf import _fingerprint, write_tiny_gguf
+    from firmware.toolchain.build import gguf_to_hf
 
-    folder = _llama3_folder()
-    path = folder.with_suffix(".gguf")
-    if not path.is_file():
-        write_tiny_gguf(folder, path.with_suffix(".tmp"), "llama")
-        path.with_suffix(".tmp").rename(path)
-
-    def make(out: Path) -> None:
-        build(path, out, BuildOptions(precision="fp32", target="cpu", name="tiny-gguf-llama3rope", version="0.1.0",
-                                      layer=LayerConstants(max_tokens_per_shard=64)))  # fmt: skip
-
-    bundle = firmware.load(ensure_bundle(f"tiny-gguf-llama3rope-{_fingerprint('llama')}", make), trusted_keys)
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = _ids(bundle)
-    session = ModelSession(bundle)
-    cache = session.new_cache(len(ids) + 16)
-    logits = session.forward(cache, np.array(ids, dtype=np.int64))
-    with torch.no_grad():
-        assert np.abs(logits - hf(torch.tensor([ids])).logits[0, -1].numpy()).max() <= 1e-4
-    ours, ref = [], list(ids)
-    for _ in range(16):
-        ours.append(int(logits.argmax()))
-        with torch.no_grad():
-            ref.append(int(hf(torch.tensor([ref])).logits[0, -1].argmax()))
-        logits = session.forward(cache, np.array(ours[-1:], dtype=np.int64))
-    assert ours == ref[len(ids) :]
-
+    path = tiny_gguf("llama_rope_llama3")
     # The same file with a table no Llama 3 scaling makes.
     reader = GGUFReader(str(path))
     bad = tmp_path / "bad.gguf"
