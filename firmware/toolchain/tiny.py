@@ -81,6 +81,15 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "hunyuan": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16}),
     # SmolLM3 leaves RoPE out of some layers (the second here; builder_shim.smollm3_no_rope_layers).
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layers": [1, 0], "use_sliding_window": False}),
+    # gpt-oss: mixture-of-experts MLPs (top 2 of 4 here) with a clamped SwiGLU (the limit set low
+    # enough that random weights reach it), attention sinks, sliding and global layers, and YaRN
+    # without truncation, as gpt-oss-20b and -120b set it.
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {
+        "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "swiglu_limit": 0.1,
+        "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"],
+        "max_position_embeddings": 4096, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False, "original_max_position_embeddings": 128}}),
     # RoPE scaling, each as the models that use it set it (builder_shim's rope fixes). Llama 3.1's
     # and 3.2's: the original context is 64 here, so the table has dimensions left as they are,
     # blended and scaled down.
@@ -107,8 +116,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # Checked from their Hugging Face folder only: transformers' GGUF loader reads none of the families
 # but Gemma 2 and Nemotron, and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
-FOLDER_ONLY = ("granite", "gemma", "gemma2", "olmo", "phi", "nemotron", "hunyuan", "smollm3", "llama_rope_linear",
-               "qwen2_yarn", "hunyuan_alpha")
+FOLDER_ONLY = ("granite", "gemma", "gemma2", "olmo", "phi", "nemotron", "hunyuan", "smollm3", "gpt_oss",
+               "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (

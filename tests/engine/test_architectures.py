@@ -5,7 +5,8 @@ to fp32 firmware; our prefill logits against transformers within 1e-4, greedy to
 different lengths decoded together identical to each alone, and a long prompt prefilled on the
 prefill lane beside a decoding stream identical to each alone. Mistral's sliding window and Gemma
 3's sliding layers are 16 positions wide and the conversation is several times longer, so every
-check runs past the window; Qwen3 has per-head norms and Phi-3 partial rotary. The RoPE scaling
+check runs past the window; Qwen3 has per-head norms, Phi-3 partial rotary, and gpt-oss experts,
+attention sinks and a clamped SwiGLU. The RoPE scaling
 kinds the build serves (build.ROPE_TYPES) each have a fixture: Llama 3.1's, linear (a Llama's, and
 Gemma 3's on its global layers only), YaRN with transformers' default blend, HunYuan's fixed-alpha
 NTK and Phi-3's LongRoPE. Each family's chat
