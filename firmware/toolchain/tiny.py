@@ -16,7 +16,8 @@ from firmware.toolchain.templates import GEMMA3_CHAT_TEMPLATE, QWEN25_CHAT_TEMPL
 
 TINY_NAME = "tiny-llama"
 # Architecture -> (transformers config class, model class, what differs from the Llama shape).
-# Qwen3 adds per-head query/key norms; Phi-3 here rotates half of each head (partial rotary, as
+# Qwen3 adds per-head query/key norms, and its heads are wider than the hidden size shares out (32
+# x 4 for 64, as Qwen3 0.6B has 128 x 16 for 1024); Phi-3 here rotates half of each head (partial rotary, as
 # Phi-4-mini does with three quarters);
 # Mistral slides a window of 16 positions over every layer; Gemma 3 interleaves a sliding layer
 # (window 16, its own RoPE base) with a global one, and adds Gemma's norms and scaled embeddings.
@@ -25,7 +26,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 16}),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {
         # Heads of 32 so the rotated half (16) fills the operator's cos/sin cache rows of 8.
         "num_attention_heads": 2, "num_key_value_heads": 1,
