@@ -726,7 +726,7 @@ def check_tokenizer(bundle_dir: Path) -> None:
 
 
 def check_loads(bundle_dir: Path) -> None:
-    """Refuse to ship a model ONNX Runtime cannot open."""
+    """Refuse to ship a model ONNX Runtime cannot open, or (where it opens on this CPU) cannot run."""
     import onnxruntime as ort
 
     from firmware.bundle import read_model_facts
@@ -747,3 +747,37 @@ def check_loads(bundle_dir: Path) -> None:
         if unfed:
             raise BundleError(f"{facts.onnx_file}: the graph takes {', '.join(unfed)}, which the engine does "
                               "not feed (it gives a model its token ids, attention mask and KV cache)")  # fmt: skip
+        try:
+            _run_prompt_and_one_token(session, facts)
+        except Exception as exc:  # ORT raises its own types; the message names the node that failed
+            raise BundleError(f"{facts.onnx_file}: ONNX Runtime opens it but cannot run it: {exc}") from None
+
+
+# ONNX's tensor types as the check's inputs are made (token ids, mask, positions, KV cache).
+_NUMPY_TYPES = {"tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(float)": "float32",
+                "tensor(float16)": "float16", "tensor(bfloat16)": "float32"}  # fmt: skip
+
+
+def _run_prompt_and_one_token(session: Any, facts: Any) -> None:
+    """A graph can open and still fail at its first run: GroupQueryAttention, for one, refuses a
+    rotary table whose width is not a multiple of 8 only when it runs. So a three-token prompt and
+    one more token from its cache go through it, with the inputs the engine gives it (past keys
+    and values as their own tensors here, not the engine's shared buffers)."""
+    import numpy as np
+
+    types = {i.name: np.dtype(_NUMPY_TYPES.get(i.type, "float32")) for i in session.get_inputs()}
+    layers = range(facts.num_layers)
+    past_names = [name % n for n in layers for name in (facts.past_key_name, facts.past_value_name)]
+    present_names = [name % n for n in layers for name in (facts.present_key_name, facts.present_value_name)]
+    past = [np.zeros((1, facts.num_kv_heads, 0, facts.head_size), types[name]) for name in past_names]
+    done, ids = 0, [1, 2, 3]
+    for _ in range(2):
+        feed: dict[str, Any] = {"input_ids": np.array([ids], types["input_ids"]),
+                                "attention_mask": np.ones((1, done + len(ids)), types["attention_mask"]),
+                                **dict(zip(past_names, past, strict=True))}  # fmt: skip
+        if "position_ids" in types:
+            feed["position_ids"] = np.arange(done, done + len(ids), dtype=types["position_ids"])[None]
+        logits, *past = session.run(["logits", *present_names], feed)
+        if not np.isfinite(logits).all():
+            raise ValueError("its logits are not all finite")
+        done, ids = done + len(ids), [int(np.asarray(logits)[0, -1].argmax())]

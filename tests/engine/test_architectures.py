@@ -411,3 +411,21 @@ def test_every_checked_rope_scaling_has_a_tiny_model() -> None:
 
     kinds = {kind for _, _, extra in ARCHITECTURES.values() for _, kind in _rope_types(dict(extra))}
     assert kinds == set(ROPE_TYPES)
+
+
+def test_a_graph_that_opens_but_cannot_run_is_refused_at_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:  # fmt: skip
+    """A Phi-3 rotating three quarters of heads of 32 (24 dimensions: a table of 12 per position)
+    exports and opens, and GroupQueryAttention refuses it at its first run (its table's width must
+    be a multiple of 8; Phi-4-mini's 96 of 128 is). The build runs a prompt and a token through
+    the graph, so such a bundle is never shipped to fail on every request."""
+    from firmware.errors import BundleError
+    from firmware.toolchain import tiny
+    from firmware.toolchain.build import BuildOptions, build
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}
+    monkeypatch.setitem(tiny.ARCHITECTURES, "phi3_odd_rotary", ("Phi3Config", "Phi3ForCausalLM", {
+        "num_attention_heads": 2, "num_key_value_heads": 1, "rope_parameters": rope}))  # fmt: skip
+    tiny.make_tiny_hf(tmp_path / "hf", arch="phi3_odd_rotary")
+    with pytest.raises(BundleError, match=r"opens it but cannot run it: .*GroupQueryAttention.*multiple of 8"):
+        build(tmp_path / "hf", tmp_path / "out", BuildOptions(precision="fp32"))
