@@ -538,6 +538,7 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
                 run_model_builder(hf_dir, work / "onnx-cuda", "fp16", "cuda", work / "cache")
                 add_graph(work / "onnx-cuda", genai_dir / CUDA_GRAPH_DIR)
                 step.done(t)
+            cap_context_where_the_export_ends(hf_dir, genai_dir, progress)
         else:
             if options.cuda_graph:
                 raise BundleError("--cuda-graph needs a model to export (a GGUF file or a Hugging Face folder), "
@@ -579,21 +580,58 @@ ATTENTION_KINDS = ("full_attention", "sliding_attention")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "ntk_alpha")
 
 
-def _rope_types(config: dict[str, Any]) -> list[tuple[str | None, str]]:
-    """(layer type or None for all layers, RoPE type) of a config.json, in transformers 4's
+def _rope_entries(config: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
+    """(layer type or None for all layers, RoPE settings) of a config.json, in transformers 4's
     `rope_scaling` or 5's `rope_parameters`, flat or one entry per layer type."""
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if not isinstance(rope, dict):
         return []
-    entries = ([(None, rope)] if not rope or not all(isinstance(v, dict) for v in rope.values())
-               else [(str(k), v) for k, v in rope.items()])  # fmt: skip
+    if not rope or not all(isinstance(v, dict) for v in rope.values()):
+        return [(None, rope)]
+    return [(str(k), v) for k, v in rope.items()]
+
+
+def _rope_types(config: dict[str, Any]) -> list[tuple[str | None, str]]:
+    """(layer type or None for all layers, RoPE type) of a config.json."""
     found = []
-    for layers, entry in entries:
+    for layers, entry in _rope_entries(config):
         kind = str(entry.get("rope_type") or entry.get("type") or "default")
         if kind == "su":  # Phi-3's first name for LongRoPE, which transformers reads as longrope
             kind = "longrope"
         found.append((layers, "ntk_alpha" if kind == "dynamic" and entry.get("alpha") else kind))
     return found
+
+
+def exact_positions(config: dict[str, Any]) -> int | None:
+    """How many positions the export answers as transformers does, where that is fewer than the
+    model's context (None: all of them). Ministral 3 scales its queries by position past its
+    original context (`llama_4_scaling_beta`: 1 + beta * log(1 + position // original)); the
+    builder leaves the scale out, so its export is exact only inside the original context (a tiny
+    one matched transformers within 2.9e-6 there and was 4.9e-4 off past it)."""
+    for _, entry in _rope_entries(config.get("text_config", config)):
+        if entry.get("llama_4_scaling_beta") and entry.get("original_max_position_embeddings"):
+            return int(entry["original_max_position_embeddings"])
+    return None
+
+
+def cap_context_where_the_export_ends(hf_dir: Path, genai_dir: Path, progress: Progress) -> None:
+    """Serve no more positions than the export is exact for (exact_positions): each graph's
+    genai_config.json context_length, which the engine sizes its slots and refuses prompts by."""
+    config_file = hf_dir / "config.json"
+    limit = exact_positions(json.loads(config_file.read_text())) if config_file.is_file() else None
+    if limit is None:
+        return
+    for graph_dir in (genai_dir, genai_dir / CUDA_GRAPH_DIR):
+        genai_file = graph_dir / "genai_config.json"
+        if not genai_file.is_file():
+            continue
+        doc = json.loads(genai_file.read_text())
+        if doc["model"]["context_length"] > limit:
+            progress(f"note: context capped at {limit} positions (from {doc['model']['context_length']}): past its "
+                     "original context the model scales its queries by position (llama_4_scaling_beta), which the "
+                     "export leaves out")  # fmt: skip
+            doc["model"]["context_length"] = limit
+            genai_file.write_text(json.dumps(doc, indent=4) + "\n")
 
 
 def refuse_unsupported_attention(model_dir: Path) -> None:

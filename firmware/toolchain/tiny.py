@@ -22,6 +22,8 @@ TINY_NAME = "tiny-llama"
 # Mistral slides a window of 16 positions over every layer; Gemma 3 interleaves a sliding layer
 # (window 16, its own RoPE base) with a global one, and adds Gemma's norms and scaled embeddings.
 # The windows are far narrower than the test conversation, so every check runs past them.
+PIXTRAL_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "image_size": 32, "patch_size": 8, "head_dim": 16}  # fmt: skip
 ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
@@ -48,6 +50,32 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "layer_types": ["sliding_attention", "full_attention"],
         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+    }),
+    # Gemma 3 4B, 12B and 27B are published as Gemma3ForConditionalGeneration: a vision tower
+    # beside the language model, whose text part the build exports. The tiny shape is the language
+    # model's (the Gemma 3 fixture's); its image tokens lie past the tokenizer's 512.
+    "gemma3_vl": ("Gemma3Config", "Gemma3ForConditionalGeneration", {
+        "text_config": {"hidden_size": 72, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
+                        "layer_types": ["sliding_attention", "full_attention"], "vocab_size": 515},
+        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                          "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
+        "mm_tokens_per_image": 4, "boi_token_index": 512, "eoi_token_index": 513, "image_token_index": 514,
+    }),
+    # Mistral Small 3.1 and 3.2 (Mistral3ForConditionalGeneration: a Pixtral vision tower beside a
+    # Mistral), and Ministral 3, whose language model adds YaRN and a query scale by position past
+    # its original context (build.exact_positions caps the context there: 1024 here, past every
+    # prompt of the matrix).
+    "mistral3_vl": ("Mistral3Config", "Mistral3ForConditionalGeneration", {
+        "text_config": {"model_type": "mistral", "sliding_window": None, "vocab_size": 513},
+        "vision_config": PIXTRAL_TINY, "image_token_index": 512, "spatial_merge_size": 2,
+    }),
+    "ministral3_vl": ("Mistral3Config", "Mistral3ForConditionalGeneration", {
+        "text_config": {"model_type": "ministral3", "sliding_window": None, "vocab_size": 513, "head_dim": 16,
+                        "max_position_embeddings": 2048, "rope_parameters": {
+                            "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
+                            "original_max_position_embeddings": 1024, "beta_fast": 32.0, "beta_slow": 1.0,
+                            "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
+        "vision_config": PIXTRAL_TINY, "image_token_index": 512, "spatial_merge_size": 2,
     }),
     # Granite scales the embeddings, each residual branch, the attention scores and the logits by
     # constants of its own (none of them the neutral value here, so a dropped one shows).
@@ -117,8 +145,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # Checked from their Hugging Face folder only: transformers' GGUF loader reads none of the families
 # but Gemma 2 and Nemotron, and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
-FOLDER_ONLY = ("granite", "gemma", "gemma2", "olmo", "phi", "nemotron", "hunyuan", "smollm3", "gpt_oss",
-               "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha")
+FOLDER_ONLY = ("gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "gemma2", "olmo", "phi", "nemotron",
+               "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -168,7 +196,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "mistral": ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]"), "<s>", "</s>"),
     "phi3": ChatStyle(PHI3_CHAT_TEMPLATE, ("<unk>", "<s>", "<|endoftext|>", "<|system|>", "<|user|>",
                                            "<|assistant|>", "<|end|>"), "<s>", "<|end|>"),
-    "gemma3": GEMMA_TURNS,
+    "gemma3": GEMMA_TURNS,  # and Gemma 3's other fixtures (chat_style reads the family before "_")
     # Gemma and Gemma 2 take turns as Gemma 3 does.
     "gemma": GEMMA_TURNS,
     "gemma2": GEMMA_TURNS,
@@ -210,11 +238,18 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
         bos_token_id=tok.token_to_id(style.bos), eos_token_id=tok.token_to_id(style.eos),
         pad_token_id=tok.token_to_id(unk), tie_word_embeddings=False,
     )  # fmt: skip
-    config = getattr(transformers, config_class)(**{**shape, **extra})
+    text = extra.get("text_config")
+    if isinstance(text, dict):  # a multimodal checkpoint: the tiny shape is its language model's
+        config = getattr(transformers, config_class)(**{**extra, "text_config": {**shape, **text}})
+    else:
+        config = getattr(transformers, config_class)(**{**shape, **extra})
     model = getattr(transformers, model_class)(config)
     # Random init leaves tiny logits; scale the head so greedy decoding is not a sea of near-ties.
+    # Rows past the tokenizer (a multimodal model's image tokens, which a prompt never holds) are
+    # zeroed, so greedy decoding never picks them either: one of 512 random logits is above zero.
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
+        model.lm_head.weight[tok.get_vocab_size() :] = 0.0
     model.save_pretrained(out_dir)
 
 

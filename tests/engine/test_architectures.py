@@ -45,11 +45,11 @@ SHORT = (Message("user", "What does the with statement do?"),)
 @pytest.fixture(scope="module", params=OTHERS)
 def arch(request: pytest.FixtureRequest, trusted_keys: Path) -> Iterator[tuple[str, firmware.Bundle, object]]:
     import torch
-    from transformers import AutoModelForCausalLM
+    import transformers
 
     name = str(request.param)
     bundle = firmware.load(tiny_bundle(name), trusted_keys)
-    hf = AutoModelForCausalLM.from_pretrained(tiny_hf_dir(name), dtype=torch.float32).eval()
+    hf = getattr(transformers, ARCHITECTURES[name][1]).from_pretrained(tiny_hf_dir(name), dtype=torch.float32).eval()
     yield name, bundle, hf
 
 
@@ -409,7 +409,8 @@ def test_every_checked_rope_scaling_has_a_tiny_model() -> None:
     """ROPE_TYPES is what the matrix checks: each kind is some fixture's."""
     from firmware.toolchain.build import ROPE_TYPES, _rope_types
 
-    kinds = {kind for _, _, extra in ARCHITECTURES.values() for _, kind in _rope_types(dict(extra))}
+    configs = [extra.get("text_config", extra) for _, _, extra in ARCHITECTURES.values()]
+    kinds = {kind for config in configs if isinstance(config, dict) for _, kind in _rope_types(config)}
     assert kinds == set(ROPE_TYPES)
 
 
@@ -429,3 +430,17 @@ def test_a_graph_that_opens_but_cannot_run_is_refused_at_the_build(tmp_path: Pat
     tiny.make_tiny_hf(tmp_path / "hf", arch="phi3_odd_rotary")
     with pytest.raises(BundleError, match=r"opens it but cannot run it: .*GroupQueryAttention.*multiple of 8"):
         build(tmp_path / "hf", tmp_path / "out", BuildOptions(precision="fp32"))
+
+
+def test_ministral3_is_served_only_as_far_as_its_export_is_exact(trusted_keys: Path) -> None:
+    """Past its original context Ministral 3 scales its queries by position, which the export
+    leaves out: a tiny one matched transformers within 2.9e-6 inside its original 64 positions and
+    was 4.9e-4 off past them. The bundle's context stops at the original one (here 1024, inside
+    which the matrix checks it), so no request reaches past it."""
+    from firmware.toolchain.build import exact_positions
+
+    bundle = firmware.load(tiny_bundle("ministral3_vl"), trusted_keys)
+    config = json.loads((tiny_hf_dir("ministral3_vl") / "config.json").read_text())
+    assert config["text_config"]["max_position_embeddings"] == 2048
+    assert exact_positions(config) == bundle.model.context_length == 1024
+    assert exact_positions(json.loads((tiny_hf_dir("mistral3_vl") / "config.json").read_text())) is None
