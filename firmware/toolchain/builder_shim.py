@@ -76,6 +76,7 @@ masks positions outside the window (`local_window_size`).
 from __future__ import annotations
 
 import runpy
+from collections.abc import Callable
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -139,121 +140,121 @@ def norm_epsilon(config: Any) -> None:
 FIXES = (phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon)
 
 
+def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:
+    """cls.method becomes make(the builder's own), once: install() may run twice in a process."""
+    marker = f"_zerolayer_{method}"
+    if vars(cls).get(marker):
+        return
+    setattr(cls, method, make(getattr(cls, method)))
+    setattr(cls, marker, True)
+
+
 def gemma_embedding_scale() -> None:
     import math
 
     from builders.gemma import GemmaModel
 
-    if getattr(GemmaModel, "_zerolayer_exact_scale", False):
-        return
-    init = GemmaModel.__init__
+    def make(init: Any) -> Any:
+        def exact_scale(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            self.embed_attrs["scale"] = math.sqrt(self.hidden_size)
 
-    def exact_scale(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        self.embed_attrs["scale"] = math.sqrt(self.hidden_size)
+        return exact_scale
 
-    GemmaModel.__init__ = exact_scale
-    GemmaModel._zerolayer_exact_scale = True
+    _replace(GemmaModel, "__init__", make)
 
 
 def olmo_layer_norm() -> None:
     from builders.olmo import OLMoModel
 
-    if getattr(OLMoModel, "_zerolayer_layer_norm", False):
-        return
-    init, make_layernorm = OLMoModel.__init__, OLMoModel.make_layernorm
+    def make_init(init: Any) -> Any:
+        def layer_norm_epsilon(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            self.layernorm_attrs["epsilon"] = 1e-5  # fixed in OlmoLayerNorm; the config has no field for it
 
-    def layer_norm_epsilon(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        self.layernorm_attrs["epsilon"] = 1e-5  # fixed in OlmoLayerNorm; the config has no field for it
+        return layer_norm_epsilon
 
-    def mean_centred(self: Any, layer_id: Any, layernorm: Any, skip: bool, simple: bool, location: str) -> None:
-        make_layernorm(self, layer_id, layernorm, skip, False, location)
+    def make_norm(make_layernorm: Any) -> Any:
+        def mean_centred(self: Any, layer_id: Any, layernorm: Any, skip: bool, simple: bool, location: str) -> None:
+            make_layernorm(self, layer_id, layernorm, skip, False, location)
 
-    OLMoModel.__init__ = layer_norm_epsilon
-    OLMoModel.make_layernorm = mean_centred
-    OLMoModel._zerolayer_layer_norm = True
+        return mean_centred
+
+    _replace(OLMoModel, "__init__", make_init)
+    _replace(OLMoModel, "make_layernorm", make_norm)
 
 
 def smollm3_no_rope_layers() -> None:
     from builders.smollm import SmolLM3Model
 
-    if getattr(SmolLM3Model, "_zerolayer_no_rope", False):
-        return
-    make_attention = SmolLM3Model.make_attention
+    def make(make_attention: Any) -> Any:
+        def without_rotary(self: Any, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
+            if self.no_rope_layers[layer_id]:
+                make_attention(self, layer_id, attention, root_input, **kwargs)
+                return
+            rope = self.attention_attrs["rope"]
+            self.attention_attrs["rope"] = False  # no rotation at all: not a RotaryEmbedding op beside the attention
+            try:
+                make_attention(self, layer_id, attention, root_input, **kwargs)
+            finally:
+                self.attention_attrs["rope"] = rope
 
-    def without_rotary(self: Any, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
-        if self.no_rope_layers[layer_id]:
-            make_attention(self, layer_id, attention, root_input, **kwargs)
-            return
-        rope = self.attention_attrs["rope"]
-        self.attention_attrs["rope"] = False  # no rotation at all: not a RotaryEmbedding op beside the attention
-        try:
-            make_attention(self, layer_id, attention, root_input, **kwargs)
-        finally:
-            self.attention_attrs["rope"] = rope
+        return without_rotary
 
-    SmolLM3Model.make_attention = without_rotary
-    SmolLM3Model._zerolayer_no_rope = True
+    _replace(SmolLM3Model, "make_attention", make)
 
 
 def rope_types_past_llama3() -> None:
     from builders.base import Model
     from builders.llama import LlamaModel
 
-    if getattr(LlamaModel, "_zerolayer_rope_types", False):
-        return
-    llama3_only = LlamaModel.make_rope_init
+    def make(llama3_only: Any) -> Any:
+        def make_rope_init(self: Any, config: Any) -> None:
+            params = getattr(config, "rope_parameters", None)
+            if isinstance(params, dict) and params.get("rope_type", "default") != "llama3":
+                Model.make_rope_init(self, config)
+            else:
+                llama3_only(self, config)
 
-    def make_rope_init(self: Any, config: Any) -> None:
-        params = getattr(config, "rope_parameters", None)
-        if isinstance(params, dict) and params.get("rope_type", "default") != "llama3":
-            Model.make_rope_init(self, config)
-        else:
-            llama3_only(self, config)
+        return make_rope_init
 
-    LlamaModel.make_rope_init = make_rope_init
-    LlamaModel._zerolayer_rope_types = True
+    _replace(LlamaModel, "make_rope_init", make)
 
 
 def yarn_as_transformers() -> None:
     from builders.base import Model
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    if getattr(Model, "_zerolayer_yarn", False):
-        return
-    read_rope = Model.make_rope_init
+    def make_init(read_rope: Any) -> Any:
+        def make_rope_init(self: Any, config: Any) -> None:
+            read_rope(self, config)
+            params = getattr(config, "rope_parameters", None)
+            if isinstance(params, dict) and params.get("rope_type") == "yarn":
+                inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, None)
+                self.rope_attrs["rescale_inv_freq"] = {"transformers": inv_freq}
+                self.rope_attrs["mscale"] = float(attention_factor)
 
-    def make_rope_init(self: Any, config: Any) -> None:
-        read_rope(self, config)
-        params = getattr(config, "rope_parameters", None)
-        if isinstance(params, dict) and params.get("rope_type") == "yarn":
-            inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, None)
-            self.rope_attrs["rescale_inv_freq"] = {"transformers": inv_freq}
-            self.rope_attrs["mscale"] = float(attention_factor)
+        return make_rope_init
 
-    rescale = Model.make_inv_freq_rescaled
+    def make_rescale(rescale: Any) -> Any:
+        def make_inv_freq_rescaled(self: Any, inv_freq: Any) -> Any:
+            theirs = self.rope_attrs["rescale_inv_freq"].get("transformers")
+            if theirs is None:
+                return rescale(self, inv_freq)
+            if theirs.shape != inv_freq.shape:
+                raise ValueError(f"YaRN: transformers rotates {2 * theirs.shape[0]} dimensions of each head, "
+                                 f"the builder {2 * inv_freq.shape[0]}")  # fmt: skip
+            return theirs.to(inv_freq.dtype)
 
-    def make_inv_freq_rescaled(self: Any, inv_freq: Any) -> Any:
-        theirs = self.rope_attrs["rescale_inv_freq"].get("transformers")
-        if theirs is None:
-            return rescale(self, inv_freq)
-        if theirs.shape != inv_freq.shape:
-            raise ValueError(f"YaRN: transformers rotates {2 * theirs.shape[0]} dimensions of each head, "
-                             f"the builder {2 * inv_freq.shape[0]}")  # fmt: skip
-        return theirs.to(inv_freq.dtype)
+        return make_inv_freq_rescaled
 
-    Model.make_rope_init = make_rope_init
-    Model.make_inv_freq_rescaled = make_inv_freq_rescaled
-    Model._zerolayer_yarn = True
+    _replace(Model, "make_rope_init", make_init)
+    _replace(Model, "make_inv_freq_rescaled", make_rescale)
 
 
 def gemma3_plain_local_rope() -> None:
     from builders.base import Model
     from builders.gemma import Gemma3Model
-
-    if getattr(Gemma3Model, "_zerolayer_plain_local", False):
-        return
 
     def multi_cache(self: Any) -> None:
         """The global layers' table as the config scales it, the local layers' plain at their base
@@ -265,8 +266,7 @@ def gemma3_plain_local_rope() -> None:
         self.cos_cache_local_name, self.sin_cache_local_name = "cos_cache_local", "sin_cache_local"
         Model.make_rotary_embedding_caches(self, cos_cache_name="cos_cache_local", sin_cache_name="sin_cache_local")
 
-    Gemma3Model.make_rotary_embedding_multi_cache = multi_cache
-    Gemma3Model._zerolayer_plain_local = True
+    _replace(Gemma3Model, "make_rotary_embedding_multi_cache", lambda _builders: multi_cache)
 
 
 def _fix_config(config: Any) -> Any:
