@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +62,22 @@ class ModelFacts:
         for layer in range(self.num_layers):
             fed |= {self.past_key_name % layer, self.past_value_name % layer}
         return [name for name in graph_inputs if name not in fed]
+
+    def kv_shapes_differing(self, shapes: Mapping[str, Sequence[object]]) -> list[str]:
+        """Each layer's past key or value whose heads or head width, where the graph fixes them,
+        differ from the model's: the engine's KV slots hold [rows, kv_heads, capacity, head_size]
+        for every layer (Gemma 4's global layers have wider heads than its local ones)."""
+        odd = []
+        for layer in range(self.num_layers):
+            for name in (self.past_key_name % layer, self.past_value_name % layer):
+                shape = list(shapes.get(name) or ())
+                if len(shape) != 4:
+                    continue
+                heads, width = shape[1], shape[3]
+                if (isinstance(heads, int) and heads != self.num_kv_heads) or (
+                        isinstance(width, int) and width != self.head_size):  # fmt: skip
+                    odd.append(f"{name}: {heads} heads of {width}")
+        return odd
 
 
 @dataclass(frozen=True)

@@ -289,6 +289,10 @@ class ModelSession:
         unfed = self.facts.unfed_inputs(list(inputs))
         if unfed:
             raise ValueError(f"{onnx_path.name}: the graph takes {', '.join(unfed)}, which the engine does not feed")
+        odd = self.facts.kv_shapes_differing({name: i.shape for name, i in inputs.items()})
+        if odd:
+            raise ValueError(f"{onnx_path.name}: its layers' KV caches differ in shape ({'; '.join(odd[:2])}), and "
+                             "the engine's slots hold one shape for every layer")  # fmt: skip
         # Most exports rotate inside the attention operator from the mask; some (HunYuan's) rotate
         # beside it and take each token's position as an input.
         self.takes_positions = "position_ids" in inputs

@@ -644,6 +644,8 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     - layers of another kind than full or sliding attention (`layer_types`): not checked;
     - `clip_qkv` (OLMo's clamped queries, keys and values): the builder leaves the clamp out, so
       the export answers differently from the model;
+    - global layers whose heads differ in number or width from the others' (Gemma 4's
+      `global_head_dim`): the engine's KV slots have one shape for every layer;
     - RoPE scaling other than the kinds checked against transformers (ROPE_TYPES), and scaling of
       the sliding layers' RoPE (Gemma 3 scales only its global layers'). transformers' dynamic
       NTK scaling, for one, changes the frequencies as a sequence grows past the original
@@ -671,6 +673,12 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip
+    wider = {k: config[k] for k in ("global_head_dim", "num_global_key_value_heads")
+             if isinstance(config.get(k), int) and config[k] != config.get(k.replace("global_", ""))}  # fmt: skip
+    if wider:
+        raise BundleError(f"{model_dir.name}: its global layers' attention differs in shape from its other layers' "
+                          f"({', '.join(f'{k} {v}' for k, v in wider.items())}), and the engine's KV slots hold one "
+                          "shape for every layer")  # fmt: skip
     for layers, rope_type in _rope_types(config):
         if rope_type not in ROPE_TYPES or (rope_type != "default" and layers == "sliding_attention"):
             where = f" on its {layers} layers" if layers else ""
@@ -785,6 +793,11 @@ def check_loads(bundle_dir: Path) -> None:
         if unfed:
             raise BundleError(f"{facts.onnx_file}: the graph takes {', '.join(unfed)}, which the engine does "
                               "not feed (it gives a model its token ids, attention mask and KV cache)")  # fmt: skip
+        odd = facts.kv_shapes_differing({i.name: i.shape for i in session.get_inputs()})
+        if odd:
+            raise BundleError(f"{facts.onnx_file}: its layers' KV caches differ in shape ({'; '.join(odd[:2])}; "
+                              f"the model's: {facts.num_kv_heads} heads of {facts.head_size}), and the engine's "
+                              "slots hold one shape for every layer")  # fmt: skip
         try:
             _run_prompt_and_one_token(session, facts)
         except Exception as exc:  # ORT raises its own types; the message names the node that failed

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -377,6 +378,41 @@ def test_a_graph_taking_an_input_the_engine_does_not_feed_is_refused(tmp_path: P
         check_loads(folder)
     with pytest.raises(ValueError, match="the graph takes token_type_ids, which the engine does not feed"):
         ModelSession(dataclasses.replace(bundle, root=folder))
+
+
+def test_a_graph_whose_layers_differ_in_kv_shape_is_refused(tmp_path: Path, trusted_keys: Path) -> None:
+    """The engine's KV slots are one [rows, kv_heads, capacity, head_size] buffer per layer, all
+    alike; a graph with a layer of wider heads (Gemma 4's global layers) is refused at the build's
+    check and when a session is made, and a Gemma 4 config before the export."""
+    import shutil
+
+    import onnx
+
+    from appliance.engine.session import ModelSession
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import BuildOptions, build, check_loads
+
+    bundle = firmware.load(tiny_bundle("qwen2"), trusted_keys)
+    folder = tmp_path / "bundle"
+    shutil.copytree(bundle.root, folder)
+    graph_dir, facts = bundle.graph("cpu")
+    model = onnx.load(str(graph_dir / facts.onnx_file))
+    past = next(i for i in model.graph.input if i.name == facts.past_key_name % 1)
+    assert past.type.tensor_type.shape.dim[1].dim_value == facts.num_kv_heads  # stated; the width is symbolic
+    past.type.tensor_type.shape.dim[3].dim_value = 2 * facts.head_size  # as Gemma 4's export states each layer's
+    onnx.save(model, str(folder / facts.onnx_file))
+    wider = f"{facts.past_key_name % 1}: {facts.num_kv_heads} heads of {2 * facts.head_size}"
+    with pytest.raises(BundleError, match=re.escape(f"KV caches differ in shape ({wider}")):
+        check_loads(folder)
+    with pytest.raises(ValueError, match=re.escape(f"KV caches differ in shape ({wider}")):
+        ModelSession(dataclasses.replace(bundle, root=folder))
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "gemma4", "text_config": {
+        "model_type": "gemma4_text", "head_dim": 256, "global_head_dim": 512}}))  # fmt: skip
+    with pytest.raises(BundleError, match=r"global layers' attention differs in shape .*global_head_dim 512"):
+        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
 
 
 @pytest.mark.parametrize(("rope", "refused"), [
