@@ -68,6 +68,13 @@ architecture matrix):
   a tiny Gemma 3 with linear scaling was up to 4.9 off. The local table is plain RoPE at the
   local base.
 
+And one to how the builder finds the LM head:
+
+- `lm_head_is_the_model_s`: the builder takes any linear layer with as many outputs as the
+  vocabulary for the LM head, also one inside a decoder layer: a Llama whose MLP is as wide as its
+  vocabulary (512 both) had its logits computed from a layer's MLP input, 3.1 off transformers
+  from the first position. Only the model's own `lm_head` is taken.
+
 The builder is also asked (build.py) for `windowed_kv_cache=false`: the engine binds one buffer of
 the whole capacity per layer, so local layers keep full-length caches and the attention operator
 masks positions outside the window (`local_window_size`).
@@ -252,6 +259,21 @@ def yarn_as_transformers() -> None:
     _replace(Model, "make_inv_freq_rescaled", make_rescale)
 
 
+def lm_head_is_the_model_s() -> None:
+    from builders.base import Model
+
+    def make(has_lm_head: Any) -> Any:
+        def the_model_s_own(self: Any, module: Any) -> bool:
+            if not has_lm_head(self, module):
+                return False
+            head = getattr(self.weights, "lm_head", None)  # a transformers model's, or a quantized one's
+            return module is head if head is not None else self.layer_id >= self.num_layers
+
+        return the_model_s_own
+
+    _replace(Model, "has_lm_head", make)
+
+
 def gemma3_plain_local_rope() -> None:
     from builders.base import Model
     from builders.gemma import Gemma3Model
@@ -295,6 +317,7 @@ def install() -> None:
     rope_types_past_llama3()
     yarn_as_transformers()
     gemma3_plain_local_rope()
+    lm_head_is_the_model_s()
 
     transformers = sys.modules["transformers"]
     base = transformers.AutoConfig

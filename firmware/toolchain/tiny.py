@@ -26,6 +26,15 @@ PIXTRAL_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers":
                 "image_size": 32, "patch_size": 8, "head_dim": 16}  # fmt: skip
 ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    # The widths real models' heads have, where the tiny ones are 16-32 wide: 128 (Llama 3.2 3B,
+    # Qwen2.5 1.5B and up, Mistral) and 96 (Phi-3 and Phi-3.5 mini). The operator's kernels take
+    # other paths at these widths; Ernie 4.5's export answered otherwise only at 128. The Llama's
+    # MLP is as wide as its vocabulary (512), which the builder took for the LM head
+    # (builder_shim.lm_head_is_the_model_s).
+    "llama_wide": ("LlamaConfig", "LlamaForCausalLM", {
+        "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 1}),
+    "phi3_wide": ("Phi3Config", "Phi3ForCausalLM", {
+        "hidden_size": 192, "intermediate_size": 384, "num_attention_heads": 2, "num_key_value_heads": 1}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 16}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),
@@ -145,8 +154,9 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # Checked from their Hugging Face folder only: transformers' GGUF loader reads none of the families
 # but Gemma 2 and Nemotron, and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
-FOLDER_ONLY = ("gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "gemma2", "olmo", "phi", "nemotron",
-               "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha")
+FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "gemma2",
+               "olmo", "phi", "nemotron", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn",
+               "hunyuan_alpha")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
