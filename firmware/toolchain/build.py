@@ -798,10 +798,19 @@ def check_loads(bundle_dir: Path) -> None:
             raise BundleError(f"{facts.onnx_file}: its layers' KV caches differ in shape ({'; '.join(odd[:2])}; "
                               f"the model's: {facts.num_kv_heads} heads of {facts.head_size}), and the engine's "
                               "slots hold one shape for every layer")  # fmt: skip
+        if _provider_options(graph_dir):
+            continue  # a GPU graph runs where its provider is (the daemon warms it up at start), not here
         try:
             _run_prompt_and_one_token(session, facts)
         except Exception as exc:  # ORT raises its own types; the message names the node that failed
             raise BundleError(f"{facts.onnx_file}: ONNX Runtime opens it but cannot run it: {exc}") from None
+
+
+def _provider_options(graph_dir: Path) -> list[Any]:
+    """The execution providers a graph's genai_config.json asks for (none: the CPU's)."""
+    doc = json.loads((graph_dir / "genai_config.json").read_text())
+    options = doc.get("model", {}).get("decoder", {}).get("session_options", {}).get("provider_options")
+    return [o for o in options or () if not (isinstance(o, dict) and set(o) <= {"cpu"})]
 
 
 # ONNX's tensor types as the check's inputs are made (token ids, mask, positions, KV cache).

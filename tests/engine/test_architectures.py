@@ -468,6 +468,19 @@ def test_a_graph_that_opens_but_cannot_run_is_refused_at_the_build(tmp_path: Pat
         build(tmp_path / "hf", tmp_path / "out", BuildOptions(precision="fp32"))
 
 
+@pytest.mark.parametrize(("providers", "runs_here"), [
+    ([], True), ([{"cpu": {}}], True), ([{"cuda": {"enable_cuda_graph": "0"}}], False), ([{"dml": {}}], False),
+])  # fmt: skip
+def test_the_build_runs_only_a_cpu_graph(tmp_path: Path, providers: list[object], runs_here: bool) -> None:
+    """A GPU graph is not run on the build host (it runs where its provider is; the daemon warms
+    each session up at start)."""
+    from firmware.toolchain.build import _provider_options
+
+    doc = {"model": {"decoder": {"session_options": {"provider_options": providers}}}}
+    (tmp_path / "genai_config.json").write_text(json.dumps(doc))
+    assert (not _provider_options(tmp_path)) == runs_here
+
+
 def test_ministral3_is_served_only_as_far_as_its_export_is_exact(trusted_keys: Path) -> None:
     """Past its original context Ministral 3 scales its queries by position, which the export
     leaves out: a tiny one matched transformers within 2.9e-6 inside its original 64 positions and
