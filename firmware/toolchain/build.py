@@ -215,6 +215,11 @@ def _gguf_metadata(gguf: Path) -> dict[str, Any]:
     return meta
 
 
+# The layer count of the Gemma models whose queries llama.cpp scales by the width over the heads
+# (Gemma 2 27B and Gemma 3 27B), not by the head width.
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
 def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
     """Put back what the GGUF states and transformers' loader (5.x) leaves out of the config, each of
     which changes the model's output (tests/engine/test_gguf_architectures.py checks each):
@@ -231,9 +236,10 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
       llama and writes no window, so only a file that states one): the model becomes a Mistral.
     - Gemma 3's layer pattern: attention.sliding_window_pattern where the file has it (one flag
       per layer, or N: every Nth layer global), else llama.cpp's fixed five sliding to one global.
-    - Gemma 3's query scale: the file has none; llama.cpp scales by 1/sqrt(head width), or
-      1/sqrt(width / heads) for the 62-layer 27B, and so is query_pre_attn_scalar set here
-      (transformers' default of 256 holds only where the head width is 256).
+    - Gemma 2's and Gemma 3's query scale: the file has none; llama.cpp scales by 1/sqrt(head
+      width), or 1/sqrt(width / heads) for the 27B models (46 and 62 layers), and so is
+      query_pre_attn_scalar set here (transformers' default of 256 holds only where the head
+      width is 256).
     - Gemma 3's sliding layers' RoPE base (rope.freq_base_swa): left at the config's default of
       10000, which Gemma 3's checkpoints use.
     - Gemma 3's linear RoPE scaling of the global layers (rope.scaling.type and factor, as
@@ -270,6 +276,11 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
     if arch == "llama" and key("attention.sliding_window"):
         doc["model_type"], doc["sliding_window"], changed = "mistral", int(key("attention.sliding_window")), True
         doc["architectures"] = ["MistralForCausalLM"]
+    if arch in GEMMA_27B_LAYERS:  # the query scale, as llama.cpp applies it
+        head_dim = int(doc.get("head_dim") or doc["hidden_size"] // doc["num_attention_heads"])
+        big = int(doc["num_hidden_layers"]) == GEMMA_27B_LAYERS[arch]
+        doc["query_pre_attn_scalar"] = doc["hidden_size"] // doc["num_attention_heads"] if big else head_dim
+        changed = True
     if arch == "gemma3":
         n, pattern = int(doc["num_hidden_layers"]), key("attention.sliding_window_pattern")
         if isinstance(pattern, list):
@@ -278,8 +289,6 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
             every = int(pattern or 6)
             sliding = [(i + 1) % every != 0 for i in range(n)]
         doc["layer_types"] = ["sliding_attention" if s else "full_attention" for s in sliding]
-        head_dim = int(doc.get("head_dim") or doc["hidden_size"] // doc["num_attention_heads"])
-        doc["query_pre_attn_scalar"] = doc["hidden_size"] // doc["num_attention_heads"] if n == 62 else head_dim
         if key("rope.freq_base_swa"):
             local = dict(rope.get("sliding_attention") or {"rope_type": "default"})
             local["rope_theta"] = float(key("rope.freq_base_swa"))

@@ -94,9 +94,10 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     }),
     # Gemma (the first): Gemma's norms (one plus the weight) and scaled embeddings, GELU.
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}),
-    # Gemma 2: sliding and global layers, soft-capped attention scores and logits.
+    # Gemma 2: sliding and global layers, soft-capped attention scores and logits; its LM head is
+    # its embeddings, as in Gemma 2's models (llama.cpp writes no other).
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
-        "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
+        "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16, "tie_word_embeddings": True,
         "layer_types": ["sliding_attention", "full_attention"], "attn_logit_softcapping": 50.0,
         "final_logit_softcapping": 30.0,
     }),
@@ -151,12 +152,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}}),
 }  # fmt: skip
-# Checked from their Hugging Face folder only: transformers' GGUF loader reads none of the families
-# but Gemma 2 and Nemotron, and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
+# Checked from their Hugging Face folder only: transformers' GGUF loader reads none of these families
+# but Nemotron, and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
-FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "gemma2",
-               "olmo", "phi", "nemotron", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn",
-               "hunyuan_alpha")
+FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
+               "phi", "nemotron", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (

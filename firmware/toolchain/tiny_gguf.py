@@ -15,6 +15,10 @@ What llama.cpp does per family, and so what is done here (transformers' GGUF loa
 - phi3: the fused qkv_proj and gate_up_proj as attn_qkv and ffn_up; the rotated width as
   `rope.dimension_count`; LongRoPE's factors as the tensors rope_factors_long/short, with
   `rope.scaling.attn_factor` and `rope.scaling.original_context_length`.
+- gemma2: every RMSNorm weight stored plus one (as for gemma3, below); the soft-caps and the
+  window as `attn_logit_softcapping`, `final_logit_softcapping` and `attention.sliding_window`; no
+  RoPE base (llama.cpp writes none); no LM head (llama.cpp drops it: Gemma 2 ties it to the
+  embeddings).
 - gemma3: every RMSNorm weight stored plus one (Gemma's norm multiplies by 1 + w; llama.cpp's by
   w); the global layers' RoPE base as `rope.freq_base`, the sliding layers' as
   `rope.freq_base_swa`. llama.cpp's converter writes no layer pattern (llama.cpp assumes Gemma 3's
@@ -50,6 +54,7 @@ GGUF_ARCHITECTURES = {
     "qwen3": "qwen3",
     "phi3": "phi3",
     "phi3_longrope": "phi3",
+    "gemma2": "gemma2",
     "gemma3": "gemma3",
     "llama_rope_llama3": "llama",
     "gemma3_linear": "gemma3",
@@ -109,7 +114,8 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
     w.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
-    w.add_rope_freq_base(float(rope["rope_theta"]))
+    if arch_name != "gemma2":  # llama.cpp writes no base for Gemma 2 (its models' is the default, 10000)
+        w.add_rope_freq_base(float(rope["rope_theta"]))
     if config.get("head_dim"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
@@ -124,6 +130,10 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
         original = int(rope.get("original_max_position_embeddings") or config["original_max_position_embeddings"])
         w.add_rope_scaling_orig_ctx_len(original)
         w.add_sliding_window(int(config.get("sliding_window") or 0))  # 0: none (as for Phi-4)
+    if arch_name == "gemma2":
+        w.add_attn_logit_softcapping(float(config["attn_logit_softcapping"]))
+        w.add_final_logit_softcapping(float(config["final_logit_softcapping"]))
+        w.add_sliding_window(int(config["sliding_window"]))
     if arch_name == "gemma3":
         w.add_sliding_window(int(config["sliding_window"]))
         w.add_rope_freq_base_swa(float(_rope_parameters(config, "sliding_attention")["rope_theta"]))
@@ -143,7 +153,7 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
             data = _permute_for_rope(data, n_head)
         elif arch_name == "llama" and hf_name.endswith("k_proj.weight"):
             data = _permute_for_rope(data, n_head_kv)
-        elif arch_name == "gemma3" and hf_name.endswith("norm.weight"):
+        elif arch_name in ("gemma2", "gemma3") and hf_name.endswith("norm.weight"):
             data = data + np.float32(1.0)
         w.add_tensor(name, data)
     if arch_name == "llama" and rope.get("rope_type") == "llama3":

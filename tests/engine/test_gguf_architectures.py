@@ -106,6 +106,7 @@ RESTORED = {
     "phi3_longrope": {"rope_parameters.rope_type": "longrope",
                       "rope_parameters.original_max_position_embeddings": 1024},
     "mistral": {"model_type": "mistral", "sliding_window": 16},
+    "gemma2": {"query_pre_attn_scalar": 16},
     "gemma3": {"layer_types": ["sliding_attention", "full_attention"], "query_pre_attn_scalar": 16},
     "gemma3_linear": {"rope_parameters.full_attention.rope_type": "linear",
                       "rope_parameters.full_attention.factor": 8.0},
@@ -136,13 +137,14 @@ def test_the_dequantized_folder_keeps_what_the_gguf_states(name: str, tmp_path: 
 # llama.cpp's own converter, run on the fixture's folder as a user would, with three stand-ins for
 # what a tiny fixture lacks: its BPE is in no table of known pre-tokenizers (llama.cpp hashes real
 # vocabularies; "gpt-2" is the split it was trained with), it has no SentencePiece model to try
-# first, and a Phi-3 is read as BPE (as llama.cpp does for Phi-4-mini, whose config names
-# GPT2Tokenizer).
+# first, and a Phi-3 and a Gemma 2 are read as BPE (as llama.cpp does for Phi-4-mini, whose config
+# names GPT2Tokenizer; its Gemma 2 converter knows only SentencePiece).
 _CONVERT = """
 import sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
 import convert_hf_to_gguf
 import conversion.base as base
+import conversion.gemma as gemma
 import conversion.phi as phi
 
 def no_sentencepiece(self):
@@ -151,6 +153,7 @@ def no_sentencepiece(self):
 base.TextModel._create_vocab_sentencepiece = no_sentencepiece
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()
+gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
 sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
 convert_hf_to_gguf.main()
 """
