@@ -152,11 +152,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}}),
 }  # fmt: skip
-# Checked from their Hugging Face folder only: transformers' GGUF loader reads none of these families
-# but Nemotron, and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
+# Checked from their Hugging Face folder only: transformers' GGUF loader reads none of these families,
+# and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
-               "phi", "nemotron", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha")
+               "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (

@@ -19,6 +19,9 @@ What llama.cpp does per family, and so what is done here (transformers' GGUF loa
   window as `attn_logit_softcapping`, `final_logit_softcapping` and `attention.sliding_window`; no
   RoPE base (llama.cpp writes none); no LM head (llama.cpp drops it: Gemma 2 ties it to the
   embeddings).
+- nemotron: every LayerNorm weight stored plus one (its norm multiplies by 1 + w); the epsilon as
+  both `attention.layer_norm_rms_epsilon` and `attention.layer_norm_epsilon`, the rotated width
+  as `rope.dimension_count`, and `rope.scaling.type` none, as llama.cpp writes them.
 - gemma3: every RMSNorm weight stored plus one (Gemma's norm multiplies by 1 + w; llama.cpp's by
   w); the global layers' RoPE base as `rope.freq_base`, the sliding layers' as
   `rope.freq_base_swa`. llama.cpp's converter writes no layer pattern (llama.cpp assumes Gemma 3's
@@ -56,6 +59,7 @@ GGUF_ARCHITECTURES = {
     "phi3_longrope": "phi3",
     "gemma2": "gemma2",
     "gemma3": "gemma3",
+    "nemotron": "nemotron",
     "llama_rope_llama3": "llama",
     "gemma3_linear": "gemma3",
 }
@@ -113,7 +117,8 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
     w.add_feed_forward_length(int(config["intermediate_size"]))
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
-    w.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
+    eps = float(config.get("rms_norm_eps") or config["norm_eps"])  # Nemotron names it norm_eps
+    w.add_layer_norm_rms_eps(eps)
     if arch_name != "gemma2":  # llama.cpp writes no base for Gemma 2 (its models' is the default, 10000)
         w.add_rope_freq_base(float(rope["rope_theta"]))
     if config.get("head_dim"):
@@ -130,6 +135,11 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
         original = int(rope.get("original_max_position_embeddings") or config["original_max_position_embeddings"])
         w.add_rope_scaling_orig_ctx_len(original)
         w.add_sliding_window(int(config.get("sliding_window") or 0))  # 0: none (as for Phi-4)
+    if arch_name == "nemotron":
+        w.add_vocab_size(int(config["vocab_size"]))
+        w.add_layer_norm_eps(eps)
+        w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * n_embd) // n_head)
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
     if arch_name == "gemma2":
         w.add_attn_logit_softcapping(float(config["attn_logit_softcapping"]))
         w.add_final_logit_softcapping(float(config["final_logit_softcapping"]))
@@ -153,7 +163,7 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
             data = _permute_for_rope(data, n_head)
         elif arch_name == "llama" and hf_name.endswith("k_proj.weight"):
             data = _permute_for_rope(data, n_head_kv)
-        elif arch_name in ("gemma2", "gemma3") and hf_name.endswith("norm.weight"):
+        elif arch_name in ("gemma2", "gemma3", "nemotron") and hf_name.endswith("norm.weight"):
             data = data + np.float32(1.0)
         w.add_tensor(name, data)
     if arch_name == "llama" and rope.get("rope_type") == "llama3":

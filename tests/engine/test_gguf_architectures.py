@@ -137,14 +137,15 @@ def test_the_dequantized_folder_keeps_what_the_gguf_states(name: str, tmp_path: 
 # llama.cpp's own converter, run on the fixture's folder as a user would, with three stand-ins for
 # what a tiny fixture lacks: its BPE is in no table of known pre-tokenizers (llama.cpp hashes real
 # vocabularies; "gpt-2" is the split it was trained with), it has no SentencePiece model to try
-# first, and a Phi-3 and a Gemma 2 are read as BPE (as llama.cpp does for Phi-4-mini, whose config
-# names GPT2Tokenizer; its Gemma 2 converter knows only SentencePiece).
+# first, and a Phi-3, a Gemma 2 and a Nemotron are read as BPE (as llama.cpp does for Phi-4-mini,
+# whose config names GPT2Tokenizer; its Gemma 2 and Nemotron converters know only SentencePiece).
 _CONVERT = """
 import sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
 import convert_hf_to_gguf
 import conversion.base as base
 import conversion.gemma as gemma
+import conversion.nemotron as nemotron
 import conversion.phi as phi
 
 def no_sentencepiece(self):
@@ -154,6 +155,7 @@ base.TextModel._create_vocab_sentencepiece = no_sentencepiece
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()
 gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
+nemotron.NemotronModel.set_vocab = lambda self: self._set_vocab_gpt2()
 sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
 convert_hf_to_gguf.main()
 """
