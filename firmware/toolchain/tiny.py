@@ -130,27 +130,31 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
             "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
             "truncate": False, "original_max_position_embeddings": 128}}),
     # RoPE scaling, each as the models that use it set it (builder_shim's rope fixes). Llama 3.1's
-    # and 3.2's: the original context is 64 here, so the table has dimensions left as they are,
-    # blended and scaled down.
-    "llama_rope_llama3": ("LlamaConfig", "LlamaForCausalLM", {"rope_parameters": {
+    # and 3.2's, with their four query heads to a key head: the original context is 64 here, so the
+    # table has dimensions left as they are, blended and scaled down. Linear scaling as the Llama 2
+    # long-context fine-tunes had it, a key head per query head. (Each shape also keeps the tiny
+    # model's answer long: the lane test needs a stream still decoding when its newcomer arrives.)
+    "llama_rope_llama3": ("LlamaConfig", "LlamaForCausalLM", {"num_key_value_heads": 1, "rope_parameters": {
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
     "llama_rope_linear": ("LlamaConfig", "LlamaForCausalLM", {
-        "rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}}),
+        "num_key_value_heads": 4, "rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}}),
     # YaRN as Qwen2.5 and Qwen3 document it for long contexts: a factor and the original context,
     # the blend's range (beta_fast, beta_slow) left to transformers' defaults.
     "qwen2_yarn": ("Qwen2Config", "Qwen2ForCausalLM", {"max_position_embeddings": 8192, "rope_parameters": {
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 2048}}),
-    # Gemma 3 4B, 12B and 27B scale their global layers' RoPE linearly (factor 8), not the local ones.
+    # Gemma 3 4B, 12B and 27B scale their global layers' RoPE linearly (factor 8), not the local ones
+    # (a key head per query head here, and HunYuan's alpha 2000 below for its 1000, keep the tiny
+    # answers long).
     "gemma3_linear": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
-        "hidden_size": 72, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
+        "hidden_size": 72, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16, "num_key_value_heads": 4,
         "layer_types": ["sliding_attention", "full_attention"],
         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                             "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}},
     }),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
-        "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}}),
+        "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
 }  # fmt: skip
 # Checked from their Hugging Face folder only: transformers' GGUF loader reads none of these families,
 # and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families

@@ -28,7 +28,7 @@ import pytest
 
 import firmware
 from appliance.engine import Engine, EngineConfig, GenerationRequest, Message, ModelSession, TextDelta
-from appliance.engine.chat import ChatTemplate
+from appliance.engine.chat import ChatTemplate, Prompt
 from appliance.engine.request import TokenLogprob
 from appliance.engine.session import MASK_WIDTH_STEP
 from appliance.engine.tokenizer import TextTokenizer
@@ -195,20 +195,25 @@ def test_a_long_prompt_on_the_prefill_lane_beside_a_decoding_stream_answers_as_a
         ranges.append((start, end))
         return real_run(owner, cache, ids, start, end, *rest)
 
-    async def answer(request: GenerationRequest, started: asyncio.Event | None = None) -> list[tuple[str, float]]:
+    async def answer(request: GenerationRequest, started: asyncio.Event | None = None,
+                     prompt: Prompt | None = None) -> list[tuple[str, float]]:  # fmt: skip
         tokens = []
-        async for event in engine.submit(request):
+        async for event in engine.submit(request, prompt=prompt):
             if isinstance(event, TokenLogprob):
                 tokens.append((event.token, event.logprob))
                 if started is not None and len(tokens) == 2:
                     started.set()
         return tokens
 
+    # Rendered beforehand, so the newcomer reaches the scheduler as soon as the stream has its second
+    # token, while even a tiny model's short answer (9 tokens, some) is still decoding.
+    long_prompt = engine.prepare(long)
+
     async def beside() -> list[list[tuple[str, float]]]:
         started = asyncio.Event()
         decoding = asyncio.create_task(answer(stream, started))
         await started.wait()
-        newcomer = await answer(long)
+        newcomer = await answer(long, prompt=long_prompt)
         return [await decoding, newcomer]
 
     try:
