@@ -54,30 +54,36 @@ class ModelFacts:
     default_top_p: float = 1.0
     default_top_k: int = 0
 
-    def unfed_inputs(self, graph_inputs: list[str]) -> list[str]:
-        """The graph's inputs the engine does not feed: it binds the token ids, the attention mask,
-        the positions where a graph takes them, and each layer's past keys and values, nothing
-        else (a graph that took more would fail at its first run)."""
-        fed = {"input_ids", "attention_mask", "position_ids"}
-        for layer in range(self.num_layers):
-            fed |= {self.past_key_name % layer, self.past_value_name % layer}
-        return [name for name in graph_inputs if name not in fed]
+    def graph_refusal(self, inputs: Mapping[str, Sequence[object]]) -> str | None:
+        """Why the engine cannot run a graph with these inputs (name -> shape), or None. The build's
+        load check and a session at start both ask, so a bundle built elsewhere is refused too.
 
-    def kv_shapes_differing(self, shapes: Mapping[str, Sequence[object]]) -> list[str]:
-        """Each layer's past key or value whose heads or head width, where the graph fixes them,
-        differ from the model's: the engine's KV slots hold [rows, kv_heads, capacity, head_size]
-        for every layer (Gemma 4's global layers have wider heads than its local ones)."""
+        - An input the engine does not feed: it binds the token ids, the attention mask, the
+          positions where a graph takes them, and each layer's past keys and values, nothing else
+          (a graph that took more would fail at its first run).
+        - A layer's past key or value whose heads or head width, where the graph fixes them,
+          differ from the model's: the engine's KV slots hold [rows, kv_heads, capacity,
+          head_size] for every layer (Gemma 4's global layers have wider heads than its others).
+        """
+        layers = range(self.num_layers)
+        kv = [name % layer for layer in layers for name in (self.past_key_name, self.past_value_name)]
+        unfed = [name for name in inputs if name not in {"input_ids", "attention_mask", "position_ids", *kv}]
+        if unfed:
+            return (f"the graph takes {', '.join(unfed)}, which the engine does not feed (it gives a model its "
+                    "token ids, attention mask, positions and KV cache)")  # fmt: skip
         odd = []
-        for layer in range(self.num_layers):
-            for name in (self.past_key_name % layer, self.past_value_name % layer):
-                shape = list(shapes.get(name) or ())
-                if len(shape) != 4:
-                    continue
-                heads, width = shape[1], shape[3]
-                if (isinstance(heads, int) and heads != self.num_kv_heads) or (
-                        isinstance(width, int) and width != self.head_size):  # fmt: skip
-                    odd.append(f"{name}: {heads} heads of {width}")
-        return odd
+        for name in kv:
+            shape = list(inputs.get(name) or ())
+            if len(shape) != 4:
+                continue
+            heads, width = shape[1], shape[3]
+            if (isinstance(heads, int) and heads != self.num_kv_heads) or (
+                    isinstance(width, int) and width != self.head_size):  # fmt: skip
+                odd.append(f"{name}: {heads} heads of {width}")
+        if odd:
+            return (f"its layers' KV caches differ in shape ({'; '.join(odd[:2])}; the model's: {self.num_kv_heads} "
+                    f"heads of {self.head_size}), and the engine's slots hold one shape for every layer")  # fmt: skip
+        return None
 
 
 @dataclass(frozen=True)

@@ -286,13 +286,9 @@ class ModelSession:
         self.session = ort.InferenceSession(model, opts, providers=providers)
         verify(self.session, device, providers)  # ORT drops a provider it cannot load, and its options
         inputs = {i.name: i for i in self.session.get_inputs()}
-        unfed = self.facts.unfed_inputs(list(inputs))
-        if unfed:
-            raise ValueError(f"{onnx_path.name}: the graph takes {', '.join(unfed)}, which the engine does not feed")
-        odd = self.facts.kv_shapes_differing({name: i.shape for name, i in inputs.items()})
-        if odd:
-            raise ValueError(f"{onnx_path.name}: its layers' KV caches differ in shape ({'; '.join(odd[:2])}), and "
-                             "the engine's slots hold one shape for every layer")  # fmt: skip
+        refusal = self.facts.graph_refusal({name: i.shape for name, i in inputs.items()})
+        if refusal:
+            raise ValueError(f"{onnx_path.name}: {refusal}")
         # Most exports rotate inside the attention operator from the mask; some (HunYuan's) rotate
         # beside it and take each token's position as an input.
         self.takes_positions = "position_ids" in inputs

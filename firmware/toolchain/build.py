@@ -798,15 +798,9 @@ def check_loads(bundle_dir: Path) -> None:
             if "cuda" in str(exc).lower() or "CUDA" in str(facts):
                 continue  # a CUDA-only graph cannot be opened on a CPU builder; the daemon checks it on the box
             raise BundleError(f"{facts.onnx_file}: ONNX Runtime cannot load it: {exc}") from None
-        unfed = facts.unfed_inputs([i.name for i in session.get_inputs()])
-        if unfed:
-            raise BundleError(f"{facts.onnx_file}: the graph takes {', '.join(unfed)}, which the engine does "
-                              "not feed (it gives a model its token ids, attention mask and KV cache)")  # fmt: skip
-        odd = facts.kv_shapes_differing({i.name: i.shape for i in session.get_inputs()})
-        if odd:
-            raise BundleError(f"{facts.onnx_file}: its layers' KV caches differ in shape ({'; '.join(odd[:2])}; "
-                              f"the model's: {facts.num_kv_heads} heads of {facts.head_size}), and the engine's "
-                              "slots hold one shape for every layer")  # fmt: skip
+        refusal = facts.graph_refusal({i.name: i.shape for i in session.get_inputs()})
+        if refusal:
+            raise BundleError(f"{facts.onnx_file}: {refusal}")
         if _provider_options(graph_dir):
             continue  # a GPU graph runs where its provider is (the daemon warms it up at start), not here
         try:
