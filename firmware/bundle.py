@@ -28,6 +28,12 @@ CUDA_GRAPH_DIR = "cuda"
 REQUIRED_MODEL_FILES = (GENAI_CONFIG, "tokenizer.json", "tokenizer_config.json")
 
 
+# ONNX Runtime's names of the tensor types a model's inputs have -> numpy's (the engine's KV cache
+# and the build's load check make arrays of them). bfloat16 has no numpy type: not served.
+NUMPY_TYPES = {"tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(float)": "float32",
+               "tensor(float16)": "float16"}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class ModelFacts:
     """What the engine needs from genai_config.json."""

@@ -23,6 +23,7 @@ from appliance.engine.kv_copy import CudaCopy, read_row, write_row
 from appliance.engine.prefix_cache import KVArrays
 from appliance.engine.providers import providers_for, usable_cuda_devices, verify
 from firmware import Bundle
+from firmware.bundle import NUMPY_TYPES
 
 if TYPE_CHECKING:
     import onnx
@@ -36,13 +37,6 @@ _RELEASE = getattr(mmap, "MADV_FREE", mmap.MADV_DONTNEED)
 # A decode's attention mask is bound this many positions wider at a time (see _Bound), where the
 # graph allows it (mask_width_is_free).
 MASK_WIDTH_STEP = 64
-
-_ORT_TO_NUMPY = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(bfloat16)": np.float32,  # not bindable from numpy; refused below
-}
-
 
 def available_devices() -> list[str]:
     """'cpu' always; 'cuda:0' when a CUDA session can really be made here."""
@@ -293,9 +287,10 @@ class ModelSession:
         # beside it and take each token's position as an input.
         self.takes_positions = "position_ids" in inputs
         past0 = inputs[self.facts.past_key_name % 0]
-        if past0.type not in _ORT_TO_NUMPY or past0.type == "tensor(bfloat16)":
+        kv_type = NUMPY_TYPES.get(past0.type)
+        if kv_type not in ("float32", "float16"):
             raise ValueError(f"{onnx_path.name}: KV type {past0.type} is not supported")
-        self.kv_dtype = _ORT_TO_NUMPY[past0.type]
+        self.kv_dtype = np.dtype(kv_type).type
         logits_type = next(o.type for o in self.session.get_outputs() if o.name == "logits")
         self.logits_dtype = np.float16 if logits_type == "tensor(float16)" else np.float32
         f = self.facts

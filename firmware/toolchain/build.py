@@ -816,11 +816,6 @@ def _provider_options(graph_dir: Path) -> list[Any]:
     return [o for o in options or () if not (isinstance(o, dict) and set(o) <= {"cpu"})]
 
 
-# ONNX's tensor types as the check's inputs are made (token ids, mask, positions, KV cache).
-_NUMPY_TYPES = {"tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(float)": "float32",
-                "tensor(float16)": "float16", "tensor(bfloat16)": "float32"}  # fmt: skip
-
-
 def _run_prompt_and_one_token(session: Any, facts: Any) -> None:
     """A graph can open and still fail at its first run: GroupQueryAttention, for one, refuses a
     rotary table whose width is not a multiple of 8 only when it runs. So a three-token prompt and
@@ -828,7 +823,9 @@ def _run_prompt_and_one_token(session: Any, facts: Any) -> None:
     and values as their own tensors here, not the engine's shared buffers)."""
     import numpy as np
 
-    types = {i.name: np.dtype(_NUMPY_TYPES.get(i.type, "float32")) for i in session.get_inputs()}
+    from firmware.bundle import NUMPY_TYPES
+
+    types = {i.name: np.dtype(NUMPY_TYPES.get(i.type, "float32")) for i in session.get_inputs()}
     layers = range(facts.num_layers)
     past_names = [name % n for n in layers for name in (facts.past_key_name, facts.past_value_name)]
     present_names = [name % n for n in layers for name in (facts.present_key_name, facts.present_value_name)]
