@@ -22,6 +22,11 @@ TINY_NAME = "tiny-llama"
 # Mistral slides a window of 16 positions over every layer; Gemma 3 interleaves a sliding layer
 # (window 16, its own RoPE base) with a global one, and adds Gemma's norms and scaled embeddings.
 # The windows are far narrower than the test conversation, so every check runs past them.
+# Gemma 3's tiny language model, shared by its fixtures: a width whose square root (Gemma's embedding
+# scale) is not a round number (8.4853), a sliding layer (window 16, RoPE base 10000) and a global one.
+GEMMA3_TINY: dict[str, object] = {"hidden_size": 72, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
+                                  "layer_types": ["sliding_attention", "full_attention"]}  # fmt: skip
+GEMMA3_LOCAL_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 PIXTRAL_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                 "image_size": 32, "patch_size": 8, "head_dim": 16}  # fmt: skip
 ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
@@ -53,19 +58,13 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
                             "short_factor": [1.0 + 0.1 * i for i in range(8)],
                             "long_factor": [2.0 + 0.5 * i for i in range(8)]},
     }),
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
-        # A width whose square root (Gemma's embedding scale) is not a round number: 8.4853.
-        "hidden_size": 72, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
-    }),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {**GEMMA3_TINY, "rope_parameters": {
+        "sliding_attention": GEMMA3_LOCAL_ROPE, "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}}),
     # Gemma 3 4B, 12B and 27B are published as Gemma3ForConditionalGeneration: a vision tower
     # beside the language model, whose text part the build exports. The tiny shape is the language
     # model's (the Gemma 3 fixture's); its image tokens lie past the tokenizer's 512.
     "gemma3_vl": ("Gemma3Config", "Gemma3ForConditionalGeneration", {
-        "text_config": {"hidden_size": 72, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
-                        "layer_types": ["sliding_attention", "full_attention"], "vocab_size": 515},
+        "text_config": {**GEMMA3_TINY, "vocab_size": 515},
         "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                           "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
         "mm_tokens_per_image": 4, "boi_token_index": 512, "eoi_token_index": 513, "image_token_index": 514,
@@ -146,12 +145,9 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # Gemma 3 4B, 12B and 27B scale their global layers' RoPE linearly (factor 8), not the local ones
     # (a key head per query head here, and HunYuan's alpha 2000 below for its 1000, keep the tiny
     # answers long).
-    "gemma3_linear": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
-        "hidden_size": 72, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16, "num_key_value_heads": 4,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}},
-    }),
+    "gemma3_linear": ("Gemma3TextConfig", "Gemma3ForCausalLM", {**GEMMA3_TINY, "num_key_value_heads": 4,
+        "rope_parameters": {"sliding_attention": GEMMA3_LOCAL_ROPE,
+                            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
