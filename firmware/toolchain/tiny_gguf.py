@@ -107,6 +107,7 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
     n_head, n_head_kv = int(config["num_attention_heads"]), int(config["num_key_value_heads"])
     head_dim = int(config.get("head_dim") or n_embd // n_head)
     rope = _rope_parameters(config)
+    rope_dims = int(rope.get("partial_rotary_factor", 1.0) * n_embd) // n_head  # as llama.cpp computes it
 
     w = gguf.GGUFWriter(str(out), arch_name)
     w.add_name(MODEL_NAMES.get(arch, f"tiny {arch}"))
@@ -130,7 +131,6 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
         if config.get("sliding_window"):
             w.add_sliding_window(int(config["sliding_window"]))
     if arch_name == "phi3":
-        rope_dims = int(rope.get("partial_rotary_factor", 1.0) * n_embd) // n_head
         w.add_rope_dimension_count(rope_dims)
         original = int(rope.get("original_max_position_embeddings") or config["original_max_position_embeddings"])
         w.add_rope_scaling_orig_ctx_len(original)
@@ -138,7 +138,7 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
     if arch_name == "nemotron":
         w.add_vocab_size(int(config["vocab_size"]))
         w.add_layer_norm_eps(eps)
-        w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * n_embd) // n_head)
+        w.add_rope_dimension_count(rope_dims)
         w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
     if arch_name == "gemma2":
         w.add_attn_logit_softcapping(float(config["attn_logit_softcapping"]))

@@ -364,6 +364,18 @@ def test_an_architecture_whose_export_was_found_wrong_is_refused_before_export(t
 def test_a_graph_taking_an_input_the_engine_does_not_feed_is_refused(tmp_path: Path, trusted_keys: Path) -> None:
     """Such a graph would load, and fail at its first run (as HunYuan's, which takes position_ids,
     did before the engine fed them)."""
+    import onnx
+
+    def add_input(model: Any, facts: object) -> None:
+        model.graph.input.append(onnx.helper.make_tensor_value_info("token_type_ids", onnx.TensorProto.INT64, [1, "s"]))
+
+    _refused_at_build_and_start(tmp_path, trusted_keys, add_input,
+                                "the graph takes token_type_ids, which the engine does not feed")  # fmt: skip
+
+
+def _refused_at_build_and_start(tmp_path: Path, trusted_keys: Path, edit: Any, refusal: str) -> None:
+    """A copy of the tiny Qwen2 bundle with its graph edited by edit(model, facts) is refused by the
+    build's load check and when a session is made, with `refusal` in both messages."""
     import shutil
 
     import onnx
@@ -377,11 +389,11 @@ def test_a_graph_taking_an_input_the_engine_does_not_feed_is_refused(tmp_path: P
     shutil.copytree(bundle.root, folder)
     graph_dir, facts = bundle.graph("cpu")
     model = onnx.load(str(graph_dir / facts.onnx_file))
-    model.graph.input.append(onnx.helper.make_tensor_value_info("token_type_ids", onnx.TensorProto.INT64, [1, "s"]))
+    edit(model, facts)
     onnx.save(model, str(folder / facts.onnx_file))
-    with pytest.raises(BundleError, match="the graph takes token_type_ids, which the engine does not feed"):
+    with pytest.raises(BundleError, match=re.escape(refusal)):
         check_loads(folder)
-    with pytest.raises(ValueError, match="the graph takes token_type_ids, which the engine does not feed"):
+    with pytest.raises(ValueError, match=re.escape(refusal)):
         ModelSession(dataclasses.replace(bundle, root=folder))
 
 
@@ -389,28 +401,17 @@ def test_a_graph_whose_layers_differ_in_kv_shape_is_refused(tmp_path: Path, trus
     """The engine's KV slots are one [rows, kv_heads, capacity, head_size] buffer per layer, all
     alike; a graph with a layer of wider heads (Gemma 4's global layers) is refused at the build's
     check and when a session is made, and a Gemma 4 config before the export."""
-    import shutil
-
-    import onnx
-
-    from appliance.engine.session import ModelSession
     from firmware.errors import BundleError
-    from firmware.toolchain.build import BuildOptions, build, check_loads
+    from firmware.toolchain.build import BuildOptions, build
 
-    bundle = firmware.load(tiny_bundle("qwen2"), trusted_keys)
-    folder = tmp_path / "bundle"
-    shutil.copytree(bundle.root, folder)
-    graph_dir, facts = bundle.graph("cpu")
-    model = onnx.load(str(graph_dir / facts.onnx_file))
-    past = next(i for i in model.graph.input if i.name == facts.past_key_name % 1)
-    assert past.type.tensor_type.shape.dim[1].dim_value == facts.num_kv_heads  # stated; the width is symbolic
-    past.type.tensor_type.shape.dim[3].dim_value = 2 * facts.head_size  # as Gemma 4's export states each layer's
-    onnx.save(model, str(folder / facts.onnx_file))
+    def widen(model: Any, facts: Any) -> None:
+        past = next(i for i in model.graph.input if i.name == facts.past_key_name % 1)
+        assert past.type.tensor_type.shape.dim[1].dim_value == facts.num_kv_heads  # stated; the width is symbolic
+        past.type.tensor_type.shape.dim[3].dim_value = 2 * facts.head_size  # as Gemma 4's export states each layer's
+
+    facts = firmware.load(tiny_bundle("qwen2"), trusted_keys).model
     wider = f"{facts.past_key_name % 1}: {facts.num_kv_heads} heads of {2 * facts.head_size}"
-    with pytest.raises(BundleError, match=re.escape(f"KV caches differ in shape ({wider}")):
-        check_loads(folder)
-    with pytest.raises(ValueError, match=re.escape(f"KV caches differ in shape ({wider}")):
-        ModelSession(dataclasses.replace(bundle, root=folder))
+    _refused_at_build_and_start(tmp_path, trusted_keys, widen, f"KV caches differ in shape ({wider}")
 
     hf = tmp_path / "hf"
     hf.mkdir()
