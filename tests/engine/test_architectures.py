@@ -1,15 +1,14 @@
 """Every architecture the firmware build supports, checked as the Llama fixture is
-(tests/engine/test_engine.py): a tiny random-weight model made locally from a transformers config, built
-to fp32 firmware; our prefill logits against transformers within 1e-4, greedy tokens identical for
-32 steps, sharded prefill and a prefix reused from the pool identical to one pass, rows of
+(tests/engine/test_engine.py): a tiny random-weight model made locally from a transformers config,
+built to fp32 firmware; our prefill logits against transformers within 1e-4, greedy tokens identical
+for 32 steps, sharded prefill and a prefix reused from the pool identical to one pass, rows of
 different lengths decoded together identical to each alone, and a long prompt prefilled on the
 prefill lane beside a decoding stream identical to each alone. Mistral's sliding window and Gemma
 3's sliding layers are 16 positions wide and the conversation is several times longer, so every
 check runs past the window; Qwen3 has per-head norms, Phi-3 partial rotary, and gpt-oss experts,
-attention sinks and a clamped SwiGLU. The RoPE scaling
-kinds the build serves (build.ROPE_TYPES) each have a fixture: Llama 3.1's, linear (a Llama's, and
-Gemma 3's on its global layers only), YaRN with transformers' default blend, HunYuan's fixed-alpha
-NTK and Phi-3's LongRoPE. Each family's chat
+attention sinks and a clamped SwiGLU. The RoPE scaling kinds the build serves (build.ROPE_TYPES)
+each have a fixture: Llama 3.1's, linear (a Llama's, and Gemma 3's on its global layers only), YaRN
+with transformers' default blend, HunYuan's fixed-alpha NTK and Phi-3's LongRoPE. Each family's chat
 template renders the same token ids as transformers' apply_chat_template, system prompt and (for
 Qwen2.5's) tools included."""
 
