@@ -441,9 +441,13 @@ def test_a_model_that_loops_on_its_call_sends_it_once_and_ends_the_turn(demo: tu
 
 
 @pytest.mark.demo
-def test_anthropic_forced_tool_calls_validate_20_of_20_whole_and_streamed(demo: tuple[RunningDaemon, DevSetup]
-                                                                          ) -> None:  # fmt: skip
+def test_anthropic_forced_tool_calls_validate_whole_and_streamed(demo: tuple[RunningDaemon, DevSetup]) -> None:
+    """Every call the demo model completes validates; one cut off by max_tokens is left out of a
+    whole answer, never given half-written. Which prompts a 135M model completes in greedy decoding depends on the CPU's
+    int8 kernels: on AMD EPYC all 20, on an Intel Xeon with AMX 19 (it writes "to_email_to_user..."
+    into one address until max_tokens). So all but one must complete, whole and streamed alike."""
     client = anthropic_client(*demo)
+    cut_off: list[tuple[str, bool]] = []
 
     def ask(case: tuple[tuple[dict[str, Any], str], bool]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         (tool, prompt), streamed = case
@@ -456,6 +460,11 @@ def test_anthropic_forced_tool_calls_validate_20_of_20_whole_and_streamed(demo: 
                 message = stream.get_final_message()
         else:
             message = client.messages.create(**kw)
+        if message.stop_reason == "max_tokens":
+            cut_off.append((prompt, streamed))
+            # Whole, the unfinished call is left out (it has no input to give); streamed, its pieces went out.
+            assert streamed or message.content == [], message
+            return []
         assert message.stop_reason == "tool_use", message
         uses = [b for b in message.content if b.type == "tool_use"]  # parallel calls are allowed
         assert uses and all(u.name == tool["name"] and u.id.startswith("toolu_") for u in uses)
@@ -463,7 +472,9 @@ def test_anthropic_forced_tool_calls_validate_20_of_20_whole_and_streamed(demo: 
 
     results = _fan_out(ask, [(case, streamed) for streamed in (False, True) for case in CASES])
     for arguments, schema in (pair for uses in results for pair in uses):
-        jsonschema.validate(arguments, schema)  # 40 of 40: every call parses and validates
+        jsonschema.validate(arguments, schema)  # every call parses and validates
+    assert len({prompt for prompt, _ in cut_off}) <= 1, cut_off
+    assert sorted(p for p, streamed in cut_off if streamed) == sorted(p for p, streamed in cut_off if not streamed)
 
     # The client runs the tool and sends the result: a text answer comes back.
     tools = [{"name": "get_weather", "description": "Weather in a city", "input_schema": TOOLS[0]["schema"]}]
