@@ -33,14 +33,13 @@ _ERROR_TYPES = {
 }  # fmt: skip
 
 _KNOWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
-          "metadata", "stream", "tools", "tool_choice", "output_config", "thread"}  # fmt: skip
+          "metadata", "stream", "tools", "tool_choice", "output_config", "thread", "thinking"}  # fmt: skip
 _UNSUPPORTED = {
-    "thinking": "extended thinking is not supported by this server",
     "mcp_servers": "MCP servers are not supported by this server",
     "container": "containers are not supported by this server",
     "service_tier": "service tiers are not supported by this server",
 }
-_COUNT_KNOWN = {"model", "messages", "system", "tools", "tool_choice", "output_config"}
+_COUNT_KNOWN = {"model", "messages", "system", "tools", "tool_choice", "output_config", "thinking"}
 _TOOL_KNOWN = {"name", "description", "input_schema", "type", "cache_control", "strict"}
 
 
@@ -91,6 +90,8 @@ def _content(content: Any, role: str, where: str) -> str:
             body = block.get("content", "")
             text = "" if body == [] else text_content(body, f"{at}.content")
             results.append((text, get_bool(block, "is_error")))
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue  # an earlier thought, echoed back as the SDK keeps it: the model is not shown it again
         elif kind in ("tool_use", "tool_result"):
             owner = "assistant" if kind == "tool_use" else "user"
             raise ApiError(400, f"{at}: {kind} blocks belong in {owner} messages", param="messages")
@@ -152,6 +153,28 @@ def _output_format(raw: Any) -> dict[str, Any] | None:
     return schema_object(fmt.get("schema"), "output_config.format.schema", "output_config")
 
 
+MIN_THINKING_BUDGET = 1024  # as the Messages API requires
+
+
+def _thinking(raw: Any, max_tokens: int) -> tuple[bool | None, int | None]:
+    """`thinking`: enabled (with a budget of thought tokens below max_tokens), adaptive (the model's
+    own measure), or disabled -> (the template's switch, the budget)."""
+    if raw is None:
+        return None, None
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind not in ("enabled", "adaptive", "disabled"):
+        raise ApiError(400, "thinking.type: must be 'enabled', 'adaptive' or 'disabled'", param="thinking")
+    assert isinstance(raw, dict)
+    reject_unknown(raw, {"type", "budget_tokens", "display"}, {}, where="thinking.")
+    if kind != "enabled":
+        return kind == "adaptive", None
+    budget = get_int(raw, "budget_tokens", required=True, minimum=MIN_THINKING_BUDGET)
+    assert budget is not None
+    if budget >= max_tokens:
+        raise ApiError(400, f"thinking.budget_tokens: must be less than max_tokens ({max_tokens})", param="thinking")
+    return True, budget
+
+
 def _system(doc: dict[str, Any]) -> str | None:
     system = doc.get("system")
     return None if system is None else text_content(system, "system")
@@ -180,6 +203,7 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, Gene
     metadata = doc.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise ApiError(400, "metadata: must be an object", param="metadata")
+    thinking, budget = _thinking(doc.get("thinking"), max_tokens)
     request = GenerationRequest(
         messages=messages,
         system=_system(doc),
@@ -189,6 +213,8 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, Gene
         top_k=get_int(doc, "top_k", minimum=0),
         stop_sequences=tuple(stops),
         output=_tools(doc),
+        thinking=thinking,
+        thinking_budget=budget,
     )
     return model, request, get_bool(doc, "stream")
 
@@ -196,7 +222,10 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, Gene
 def parse_count_tokens(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, GenerationRequest]:
     reject_unknown(doc, _COUNT_KNOWN, _UNSUPPORTED)
     model = check_model(doc, served)
-    return model, GenerationRequest(messages=_messages(doc), system=_system(doc), max_tokens=1, output=_tools(doc))
+    thinking = doc.get("thinking")
+    switch = thinking.get("type") != "disabled" if isinstance(thinking, dict) else None  # as the prompt renders
+    return model, GenerationRequest(messages=_messages(doc), system=_system(doc), max_tokens=1, output=_tools(doc),
+                                    thinking=switch)  # fmt: skip
 
 
 def new_message_id() -> str:
@@ -205,7 +234,9 @@ def new_message_id() -> str:
 
 def response(message_id: str, model: str, answer: Answer, done: Finished) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
-    if answer.text or not answer.calls:
+    if answer.thought:  # no signature: nothing here checks a thought that comes back
+        content.append({"type": "thinking", "thinking": answer.thought, "signature": ""})
+    if answer.text or not (answer.calls or answer.thought):  # a stream's blocks, the same
         content.append({"type": "text", "text": answer.text})
     for call in answer.calls:
         arguments = call.input()
@@ -261,6 +292,11 @@ class StreamEncoder:
         out = b"" if self.open == "text" else self._open({"type": "text", "text": ""})
         return out + sse("content_block_delta", {"type": "content_block_delta", "index": self.block,
                                                  "delta": {"type": "text_delta", "text": text}})  # fmt: skip
+
+    def thought(self, text: str) -> bytes:
+        out = b"" if self.open == "thinking" else self._open({"type": "thinking", "thinking": "", "signature": ""})
+        return out + sse("content_block_delta", {"type": "content_block_delta", "index": self.block,
+                                                 "delta": {"type": "thinking_delta", "thinking": text}})  # fmt: skip
 
     def call_start(self, call: CallOut) -> bytes:
         return self._open({"type": "tool_use", "id": call.id, "name": call.name, "input": {}})

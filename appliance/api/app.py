@@ -36,7 +36,7 @@ from appliance.engine import (
     Stream,
     TextDelta,
 )
-from appliance.engine.request import Event, TokenLogprob
+from appliance.engine.request import Event, ThoughtDelta, TokenLogprob
 from appliance.engine.tools import CallArguments, CallStart
 from appliance.flows import DigestTable, flow_of
 from appliance.governor import Governor
@@ -432,7 +432,7 @@ class ApiApp:
         calls: dict[int, list[CallOut]] = {}
         try:
             async for index, event in choices:
-                if isinstance(event, TextDelta):
+                if isinstance(event, TextDelta | ThoughtDelta):
                     now = time.monotonic()
                     if index not in last:
                         if index == 0:
@@ -440,7 +440,10 @@ class ApiApp:
                     else:
                         self.metrics.inter_token.observe(now - last[index])
                     last[index] = now
-                    await sink.delta(index, event.text)
+                    if isinstance(event, ThoughtDelta):
+                        await sink.thought(index, event.text)
+                    else:
+                        await sink.delta(index, event.text)
                 elif isinstance(event, CallStart):
                     call_out = dialect.new_call(event.name)
                     calls.setdefault(index, []).append(call_out)
@@ -548,6 +551,8 @@ class Sink(Protocol):
 
     async def delta(self, index: int, text: str) -> None: ...
 
+    async def thought(self, index: int, text: str) -> None: ...
+
     async def call_start(self, index: int, call: CallOut) -> None: ...
 
     async def call_arguments(self, index: int, call: CallOut, piece: str) -> None: ...
@@ -569,6 +574,7 @@ class WholeSink:
         self.started = self.closing = False
         n = call.n
         self.parts: list[list[str]] = [[] for _ in range(n)]
+        self.thoughts: list[list[str]] = [[] for _ in range(n)]
         self.calls: list[list[CallOut]] = [[] for _ in range(n)]
         self.logprobs: list[list[TokenLogprob] | None] = [[] if call.request.logprobs is not None else None
                                                           for _ in range(n)]  # fmt: skip
@@ -582,6 +588,9 @@ class WholeSink:
 
     async def delta(self, index: int, text: str) -> None:
         self.parts[index].append(text)
+
+    async def thought(self, index: int, text: str) -> None:
+        self.thoughts[index].append(text)
 
     async def call_start(self, index: int, call: CallOut) -> None:
         self.calls[index].append(call)  # its arguments fill in as they arrive
@@ -603,9 +612,9 @@ class WholeSink:
     async def close(self) -> None:
         self.closing = True
         # Every choice, or with n > 1 cancelled before the others began, the first alone.
-        kept = zip(self.parts, self.calls, self.logprobs, self.done, strict=True)
-        choices = [(Answer("".join(parts), calls, logprobs), done)
-                   for parts, calls, logprobs, done in kept if done is not None]  # fmt: skip
+        kept = zip(self.parts, self.calls, self.logprobs, self.thoughts, self.done, strict=True)
+        choices = [(Answer("".join(parts), calls, logprobs, "".join(thought)), done)
+                   for parts, calls, logprobs, thought, done in kept if done is not None]  # fmt: skip
         doc = self.dialect.response(self.model, self.call, choices)
         extra = [(b"zerolayer-trace", json.dumps(choices[0][1].trace.lines()).encode())] if self.debug else []
         self.started = True
@@ -635,6 +644,9 @@ class StreamSink:
 
     async def delta(self, index: int, text: str) -> None:
         await _chunk(self.send, self.encoders[index].delta(text))
+
+    async def thought(self, index: int, text: str) -> None:
+        await _chunk(self.send, self.encoders[index].thought(text))
 
     async def call_start(self, index: int, call: CallOut) -> None:
         await _chunk(self.send, self.encoders[index].call_start(call))

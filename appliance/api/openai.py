@@ -40,7 +40,7 @@ _ERROR_KINDS: dict[int, tuple[str, str | None]] = {
 _KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
           "stream", "stream_options", "user", "frequency_penalty", "presence_penalty", "logprobs", "metadata",
           "store", "tools", "tool_choice", "parallel_tool_calls", "response_format", "top_k", "min_p",
-          "repetition_penalty", "top_logprobs"}  # fmt: skip
+          "repetition_penalty", "top_logprobs", "reasoning_effort"}  # fmt: skip
 _UNSUPPORTED = {
     "functions": "the legacy functions field is not supported by this server (use tools)",
     "function_call": "the legacy function_call field is not supported by this server (use tool_choice)",
@@ -49,7 +49,6 @@ _UNSUPPORTED = {
     "modalities": "only text output is supported by this server",
     "prediction": "predicted outputs are not supported by this server",
     "web_search_options": "web search is not supported by this server",
-    "reasoning_effort": "reasoning effort is not supported by this server",
 }
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "user"}
 DEFAULT_MAX_TOKENS = 1024
@@ -81,7 +80,9 @@ def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
             results.append((text_content(m.get("content", ""), f"{where}.content") if m.get("content") else "", False))
             continue
         if role == "assistant":
-            reject_unknown(m, {"role", "content", "name", "tool_calls", "refusal"}, {}, where=f"{where}.")
+            # An earlier thought (reasoning_content, as the SDK echoes a message back) is not shown again.
+            reject_unknown(m, {"role", "content", "name", "tool_calls", "refusal", "reasoning_content"}, {},
+                           where=f"{where}.")  # fmt: skip
             out.append(Message("assistant", _assistant_text(m, where)))
             continue
         reject_unknown(m, {"role", "content", "name"}, {}, where=f"{where}.")
@@ -122,6 +123,19 @@ def _assistant_text(m: dict[str, Any], where: str) -> str:
     if not parts and content is None:
         raise ApiError(400, f"{where}.content: field required (or tool_calls)", param="messages")
     return "\n".join(parts)
+
+
+# OpenAI's reasoning efforts: the lowest two ask a reasoning model to answer without a thought.
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def thinking_of(effort: Any, param: str) -> bool | None:
+    """A reasoning effort as the chat template's switch: think (low and up), or not; None: unset."""
+    if effort is None:
+        return None
+    if effort not in EFFORTS:
+        raise ApiError(400, f"{param}: must be one of {', '.join(EFFORTS)}", param=param)
+    return effort not in ("none", "minimal")
 
 
 def _tools(doc: dict[str, Any]) -> OutputRules:
@@ -259,6 +273,7 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[Generatio
         max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
         logprobs=(top or 0) if get_bool(doc, "logprobs") else None,
         output=_tools(doc),
+        thinking=thinking_of(doc.get("reasoning_effort"), "reasoning_effort"),
         **common.sampling,
     )
     return request, common
@@ -290,6 +305,8 @@ def response(completion_id: str, model: str, choices: Sequence[tuple[Answer, Fin
 def _choice(index: int, answer: Answer, done: Finished) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": answer.text or (None if answer.calls else ""),
                                "refusal": None}  # fmt: skip
+    if answer.thought:  # as llama.cpp's server, vLLM and DeepSeek's API return a thought
+        message["reasoning_content"] = answer.thought
     if answer.calls:
         message["tool_calls"] = [_call(c) for c in answer.calls]
     return {"index": index, "message": message, "finish_reason": finish_reason(done),
@@ -304,10 +321,12 @@ def logprob_entry(token: TokenLogprob) -> dict[str, Any]:
     return {**one(token.token, token.logprob), "top_logprobs": [one(t, lp) for t, lp in token.top]}
 
 
-def usage(*choices: Finished) -> dict[str, int]:
+def usage(*choices: Finished) -> dict[str, Any]:
     """One prompt, however many choices were sampled from it."""
     prompt, completion = choices[0].input_tokens, sum(done.output_tokens for done in choices)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    thought = sum(done.thought_tokens for done in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "completion_tokens_details": {"reasoning_tokens": thought}}  # fmt: skip
 
 
 class StreamEncoder:
@@ -338,6 +357,9 @@ class StreamEncoder:
 
     def delta(self, text: str) -> bytes:
         return self._chunk([{"index": self.index, "delta": {"content": text}, "finish_reason": None}])
+
+    def thought(self, text: str) -> bytes:
+        return self._chunk([{"index": self.index, "delta": {"reasoning_content": text}, "finish_reason": None}])
 
     def call_start(self, call: CallOut) -> bytes:
         self.calls += 1

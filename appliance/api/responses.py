@@ -11,14 +11,21 @@ import copy
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
 from appliance.api.dialect import Call
 from appliance.api.errors import ApiError
 from appliance.api.fields import get_bool, get_int, get_str, reject_unknown
-from appliance.api.openai import DEFAULT_MAX_TOKENS, OpenAIDialect, common_fields, debug_comment, tool_choice_of
+from appliance.api.openai import (
+    DEFAULT_MAX_TOKENS,
+    OpenAIDialect,
+    common_fields,
+    debug_comment,
+    thinking_of,
+    tool_choice_of,
+)
 from appliance.api.tools import Answer, CallOut, arguments_text, check_tools, make_tool, schema_object, tool_items
 from appliance.engine import Finished, GenerationRequest, Message
 from appliance.engine.request import TokenLogprob
@@ -26,12 +33,11 @@ from appliance.engine.tools import OutputRules, Tool, ToolChoice, format_call, f
 
 _KNOWN = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
           "parallel_tool_calls", "text", "stream", "stream_options", "metadata", "user", "store", "truncation",
-          "include", "service_tier", "prompt_cache_key", "safety_identifier"}  # fmt: skip
+          "include", "service_tier", "prompt_cache_key", "safety_identifier", "reasoning"}  # fmt: skip
 _UNSUPPORTED = {
     "previous_response_id": "this server stores no responses: send the whole conversation in input",
     "conversation": "this server stores no conversations: send the whole conversation in input",
     "prompt": "stored prompts are not supported by this server",
-    "reasoning": "reasoning options are not supported by this server",
     "background": "background responses are not supported by this server",
     "max_tool_calls": "max_tool_calls is not supported by this server",
     "top_logprobs": "log probabilities are not supported on /v1/responses by this server (use /v1/chat/completions)",
@@ -116,13 +122,15 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
             name = get_str(item, "name", required=True, where=f"{where}.")
             assistant.append(format_call(str(name), arguments_text(item.get("arguments", "{}"), f"{where}.arguments",
                                                                    "input")))  # fmt: skip
+        elif kind == "reasoning":
+            continue  # an earlier thought, sent back with the output items: the model is not shown it again
         elif kind == "function_call_output":
             get_str(item, "call_id", required=True, where=f"{where}.")
             output = item.get("output")
             results.append((output if isinstance(output, str) else _text(output, "user", f"{where}.output"), False))
         else:
             raise ApiError(400, f"{where}.type: items of type {kind!r} are not supported by this server (message, "
-                           "function_call, function_call_output)", param="input")  # fmt: skip
+                           "function_call, function_call_output, reasoning)", param="input")  # fmt: skip
     if assistant:
         turns.append(_assistant_turn(assistant))
     if results:
@@ -177,6 +185,19 @@ def _format(raw: Any) -> dict[str, Any] | None:
     raise ApiError(400, "text.format.type: must be 'text', 'json_object' or 'json_schema'", param="text")
 
 
+def _reasoning(raw: Any) -> tuple[bool | None, dict[str, Any] | None]:
+    """`reasoning`: its effort as the chat template's switch, and what the response echoes."""
+    if raw is None:
+        return None, None
+    if not isinstance(raw, dict):
+        raise ApiError(400, "reasoning: must be an object", param="reasoning")
+    reject_unknown(raw, {"effort", "summary", "generate_summary"}, {}, where="reasoning.")
+    for key in ("summary", "generate_summary"):  # a summary is asked for; the thought is given whole instead
+        if raw.get(key) not in (None, "auto", "concise", "detailed"):
+            raise ApiError(400, f"reasoning.{key}: must be 'auto', 'concise' or 'detailed'", param="reasoning")
+    return thinking_of(raw.get("effort"), "reasoning.effort"), {"effort": raw.get("effort"), "summary": None}
+
+
 def parse_request(doc: dict[str, Any], served: Sequence[str]) -> ResponsesCall:
     reject_unknown(doc, _KNOWN, _UNSUPPORTED)
     common = common_fields(doc, served)  # model, sampling, stream (the keys it reads beyond ours are refused above)
@@ -190,8 +211,9 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> ResponsesCall:
     get_bool(doc, "store")
     system, messages = _conversation(doc)
     max_tokens = get_int(doc, "max_output_tokens", minimum=1)
+    thinking, reasoning = _reasoning(doc.get("reasoning"))
     request = GenerationRequest(messages=messages, system=system, max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
-                                output=_tools(doc), **common.sampling)  # fmt: skip
+                                output=_tools(doc), thinking=thinking, **common.sampling)  # fmt: skip
     echo = {
         "instructions": doc.get("instructions"),
         "max_output_tokens": max_tokens,
@@ -203,6 +225,7 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> ResponsesCall:
         "tools": doc.get("tools") or [],
         "text": {"format": (doc.get("text") or {}).get("format") or {"type": "text"}},
         "truncation": doc.get("truncation") or "disabled",
+        "reasoning": reasoning,
         "store": False,
         "user": doc.get("user"),
     }
@@ -211,7 +234,7 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> ResponsesCall:
 
 def _usage(done: Finished) -> dict[str, Any]:
     return {"input_tokens": done.input_tokens, "input_tokens_details": {"cached_tokens": done.trace.reused_tokens},
-            "output_tokens": done.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": done.output_tokens, "output_tokens_details": {"reasoning_tokens": done.thought_tokens},
             "total_tokens": done.input_tokens + done.output_tokens}  # fmt: skip
 
 
@@ -222,6 +245,16 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
 
 def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _reasoning_item(item_id: str, thought: str, status: str) -> dict[str, Any]:
+    """A reasoning model's thought, whole (no summary is made of it)."""
+    content = [_thought_part(thought)] if status == "completed" or thought else []
+    return {"type": "reasoning", "id": item_id, "status": status, "summary": [], "content": content}
+
+
+def _thought_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
 
 
 def _call_item(call: CallOut, status: str) -> dict[str, Any]:
@@ -250,6 +283,22 @@ def response(response_id: str, created: int, model: str, call: ResponsesCall, ou
             **call.echo_fields}  # fmt: skip
 
 
+# The output items that carry text, by kind: their id prefix, item and content part, the prefix of
+# their delta and done events, and what those events carry beside the text.
+_TEXT_ITEMS: dict[str, tuple[str, Callable[[str, str, str], dict[str, Any]], Callable[[str], dict[str, Any]], str,
+                             dict[str, Any]]] = {
+    "message": ("msg_", _message_item, _text_part, "response.output_text", {"logprobs": []}),
+    "reasoning": ("rs_", _reasoning_item, _thought_part, "response.reasoning_text", {}),
+}  # fmt: skip
+
+
+@dataclass
+class _Writing:
+    kind: str  # of _TEXT_ITEMS
+    id: str
+    parts: list[str] = field(default_factory=list)
+
+
 class ResponseStream:
     """Engine events -> the Responses API's typed events: the response created, an output item
     (the message, then each function call) added, filled by deltas and done, then the response
@@ -260,7 +309,7 @@ class ResponseStream:
         self.created = int(time.time())
         self.sequence = 0
         self.output: list[dict[str, Any]] = []  # the items done so far, for the final event
-        self.message: tuple[str, list[str]] | None = None  # the open message item: its id and text
+        self.writing: _Writing | None = None  # the message or reasoning item being written
         self.open_call: CallOut | None = None
 
     def choice(self, index: int) -> Self:
@@ -279,32 +328,42 @@ class ResponseStream:
         return (self._event("response.created", response=snapshot)
                 + self._event("response.in_progress", response=snapshot))  # fmt: skip
 
+    def thought(self, text: str) -> bytes:
+        return self._write("reasoning", text)
+
     def delta(self, text: str) -> bytes:
+        return self._write("message", text)
+
+    def _write(self, kind: str, text: str) -> bytes:
+        """Text into the item of `kind` being written, opened first (and the item before it done)."""
+        prefix, make_item, make_part, events, extra = _TEXT_ITEMS[kind]
         out = b""
-        if self.message is None:
-            self.message = (_new_id("msg_"), [])
+        if self.writing is None or self.writing.kind != kind:
+            out += self._close()
+            self.writing = _Writing(kind, _new_id(prefix))
             out += self._event("response.output_item.added", output_index=self._index(),
-                               item=_message_item(self.message[0], "", "in_progress"))  # fmt: skip
-            out += self._event("response.content_part.added", item_id=self.message[0], output_index=self._index(),
-                               content_index=0, part=_text_part(""))  # fmt: skip
-        self.message[1].append(text)
-        return out + self._event("response.output_text.delta", item_id=self.message[0], output_index=self._index(),
-                                 content_index=0, delta=text, logprobs=[])  # fmt: skip
+                               item=make_item(self.writing.id, "", "in_progress"))  # fmt: skip
+            out += self._event("response.content_part.added", item_id=self.writing.id, output_index=self._index(),
+                               content_index=0, part=make_part(""))  # fmt: skip
+        self.writing.parts.append(text)
+        return out + self._event(f"{events}.delta", item_id=self.writing.id, output_index=self._index(),
+                                 content_index=0, delta=text, **extra)  # fmt: skip
 
     def _close(self) -> bytes:
         """The item being written, done."""
         out = b""
-        if self.message is not None:
-            item_id, text = self.message[0], "".join(self.message[1])
+        if self.writing is not None:
+            _, make_item, make_part, events, extra = _TEXT_ITEMS[self.writing.kind]
+            item_id, text = self.writing.id, "".join(self.writing.parts)
             at = self._index()
-            out += self._event("response.output_text.done", item_id=item_id, output_index=at, content_index=0,
-                               text=text, logprobs=[])  # fmt: skip
+            out += self._event(f"{events}.done", item_id=item_id, output_index=at, content_index=0, text=text,
+                               **extra)  # fmt: skip
             out += self._event("response.content_part.done", item_id=item_id, output_index=at, content_index=0,
-                               part=_text_part(text))  # fmt: skip
-            item = _message_item(item_id, text, "completed")
+                               part=make_part(text))  # fmt: skip
+            item = make_item(item_id, text, "completed")
             out += self._event("response.output_item.done", output_index=at, item=item)
             self.output.append(item)
-            self.message = None
+            self.writing = None
         if self.open_call is not None:
             item = _call_item(self.open_call, "completed")
             at = self._index()
@@ -354,7 +413,8 @@ class ResponsesDialect(OpenAIDialect):
     def response(self, model: str, call: Call, choices: Sequence[tuple[Answer, Finished]]) -> dict[str, Any]:
         assert isinstance(call, ResponsesCall)
         ((answer, done),) = choices
-        output = [_message_item(_new_id("msg_"), answer.text, "completed")] if answer.text else []
+        output = [_reasoning_item(_new_id("rs_"), answer.thought, "completed")] if answer.thought else []
+        output += [_message_item(_new_id("msg_"), answer.text, "completed")] if answer.text else []
         output += [_call_item(c, "completed") for c in answer.calls]
         return response(_new_id("resp_"), int(time.time()), model, call, output, done)
 

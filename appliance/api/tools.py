@@ -36,12 +36,13 @@ class CallOut:
 
 @dataclass
 class Answer:
-    """A whole answer: its text, the calls it made in order, and its tokens' log probabilities
-    (None when the request did not ask)."""
+    """A whole answer: its text, the calls it made in order, its tokens' log probabilities (None
+    when the request did not ask), and a reasoning model's thought before it."""
 
     text: str = ""
     calls: list[CallOut] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    thought: str = ""
 
 
 def new_call_id(prefix: str) -> str:

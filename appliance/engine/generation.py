@@ -11,7 +11,16 @@ import numpy as np
 
 from appliance.engine.chat import Prompt
 from appliance.engine.prefix_cache import DIGESTS_PER_FLOW, PrefixCache, block_digests
-from appliance.engine.request import Event, Finished, GenerationRequest, Prefilled, TextDelta, TokenLogprob
+from appliance.engine.reasoning import Kind, ThoughtSplit
+from appliance.engine.request import (
+    Event,
+    Finished,
+    GenerationRequest,
+    Prefilled,
+    TextDelta,
+    ThoughtDelta,
+    TokenLogprob,
+)
 from appliance.engine.sampling import Sampler, penalize
 from appliance.engine.session import KVCache, ModelSession
 from appliance.engine.shards import plan_shards
@@ -61,9 +70,12 @@ class Generation:
         self.tokenizer = tokenizer
         self.decoder = StreamDecoder(tokenizer)
         self.stops = StopMatcher(request.stop_sequences)
+        tags = prompt.think_tags
+        self.thought = ThoughtSplit(tags, tags is not None and tags.inside(prompt.ids), request.thinking_budget)
         self.cache: KVCache | None = None
         self.generated: list[int] = []
         self.next_token: int | None = None
+        self._answer_begun = False
         self.done = False
         self.resuming = False  # moved to another device mid-request: rebuild KV, then keep decoding
         self._prefill_started = 0.0
@@ -168,6 +180,9 @@ class Generation:
 
     def _choose(self, logits: np.ndarray) -> int:
         """The next token: penalties, then the grammar's mask, then the sampler."""
+        forced = self.thought.forced()
+        if forced is not None:
+            return forced
         req = self.request
         if req.frequency_penalty or req.presence_penalty or req.repetition_penalty != 1.0:
             logits = penalize(logits, self.generated, self.prompt.ids, req.frequency_penalty, req.presence_penalty,
@@ -195,14 +210,20 @@ class Generation:
         token = self._choose(logits)
         if token in self.eos:
             return self._finish("end_turn", None, self.decoder.flush())
+        kind = self.thought.take(token)
         top = self.request.logprobs
-        events: list[Event] = [] if top is None else [self._logprob_of(logits, token, top)]
-        return events + self._advance(token)
+        events: list[Event] = [] if top is None or kind != "answer" else [self._logprob_of(logits, token, top)]
+        return events + self._advance(token, kind)
 
-    def _advance(self, token: int) -> list[Event]:
+    def _advance(self, token: int, kind: Kind) -> list[Event]:
         self.generated.append(token)
         self.next_token = token
-        text, matched = self.stops.push(self.decoder.push(token))
+        if kind != "answer":
+            events = self._thought(token, kind)
+            if len(self.generated) >= self.request.max_tokens:
+                return events + self._finish("max_tokens", None, "")
+            return events
+        text, matched = self.stops.push(self._answer_text(self.decoder.push(token)))
         if matched is not None:
             return self._finish("stop_sequence", matched, text, flush=False)
         if self.constraint is not None and self.constraint.finished:  # only the end can follow: save a step
@@ -214,6 +235,21 @@ class Generation:
             return events + self._finish("end_turn", None, "", flush=False)
         return events
 
+    def _thought(self, token: int, kind: Kind) -> list[Event]:
+        """A thought's token: its text, or a tag, which is not shown (what was held before it ends there)."""
+        if kind == "thought":
+            text = self.decoder.push(token)
+            return [ThoughtDelta(text)] if text else []
+        held = self.decoder.flush()  # nothing where it opens: only the first token opens a thought
+        return [ThoughtDelta(held)] if held else []
+
+    def _answer_text(self, text: str) -> str:
+        """The answer's text; the blank lines a model writes after its close tag are the tag's, not the answer's."""
+        if self.thought.answered and not self._answer_begun:
+            text = text.lstrip()
+            self._answer_begun = bool(text)
+        return text
+
     def _parts(self, text: str, last: bool = False) -> list[Event]:
         """Output text as events: text deltas, or tool calls where the request allows them."""
         if self.calls is None:
@@ -224,6 +260,12 @@ class Generation:
 
     def _finish(self, reason: str, stop: str | None, text: str, flush: bool = True) -> list[Event]:
         events: list[Event] = []
+        if self.thought.thinking:  # it ended mid-thought: what was held is the thought's
+            if text:
+                events.append(ThoughtDelta(text))
+            text = ""
+        else:
+            text = self._answer_text(text)
         if flush:
             text, matched = self.stops.push(text)
             if matched is not None:
@@ -247,7 +289,7 @@ class Generation:
 
     def _finished(self, reason: str, stop: str | None) -> Finished:
         self.release()
-        return Finished(reason, stop, len(self.prompt.ids), len(self.generated), self.trace)
+        return Finished(reason, stop, len(self.prompt.ids), len(self.generated), self.trace, self.thought.tokens)
 
     def remember_prompt(self, cache: KVCache) -> None:
         """Offer the pool the whole prompt from `cache`, a row holding it (the lane's, on its own

@@ -42,6 +42,10 @@ class GenerationRequest:
     output: OutputRules = field(default_factory=OutputRules)  # tools, tool choice, a JSON schema
     logprobs: int | None = None  # None: none; k: each token's log probability and the k most likely
     raw_prompt: str | None = None  # a plain completion: this text as it is, no chat template (messages empty)
+    # A reasoning model's thought (reasoning.py): None leaves its chat template's default; True or
+    # False asks the template to think first or not (`enable_thinking`, as Qwen3's and SmolLM3's read).
+    thinking: bool | None = None
+    thinking_budget: int | None = None  # thought tokens at most; then it answers
     # Chain digests the client's flow saw last time (the kernel layer keeps them per connection).
     prior_digests: tuple[bytes, ...] = ()
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
@@ -92,6 +96,10 @@ class GenerationRequest:
         lp = self.logprobs
         if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS):
             raise InvalidRequest(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
+        budget = self.thinking_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 2):
+            raise InvalidRequest("thinking_budget must be an integer of at least 2 (the thought's tags)",
+                                 "thinking_budget")  # fmt: skip
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise InvalidRequest("seed must be an integer", "seed")
         if len(self.stop_sequences) > MAX_STOP_SEQUENCES:
@@ -127,6 +135,13 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ThoughtDelta:
+    """Text of a reasoning model's thought, before its answer (reasoning.py)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class TokenLogprob:
     """One generated token's log probability under the model (before sampling settings), and the
     most likely alternatives at that step, most likely first."""
@@ -150,7 +165,8 @@ class Finished:
     input_tokens: int
     output_tokens: int
     trace: Trace
+    thought_tokens: int = 0  # of output_tokens, those of the thought (its tags included)
 
 
 # CallStart and CallArguments (appliance/engine/tools.py): a tool call as it is generated.
-Event = TextDelta | CallStart | CallArguments | TokenLogprob | Prefilled | Finished
+Event = TextDelta | ThoughtDelta | CallStart | CallArguments | TokenLogprob | Prefilled | Finished

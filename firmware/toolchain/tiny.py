@@ -188,12 +188,29 @@ PHI3_CHAT_TEMPLATE = (
     "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
 )
+# A reasoning model's ChatML, as SmolLM3's and Qwen3's templates write it (abridged to the parts the
+# engine meets: no tools, no metadata block): `enable_thinking` false writes an empty thought in the
+# generation prompt, and an earlier answer is shown without its thought.
+THINKING_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- set content = message['content'] %}"
+    "{%- if message['role'] == 'assistant' and '</think>' in content %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\n') %}{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
 @dataclass(frozen=True)
 class ChatStyle:
     template: str
     specials: tuple[str, ...]  # the first is the unknown and padding token
     bos: str
     eos: str  # the end of an assistant turn: generation stops on it
+    added: tuple[str, ...] = ()  # tokens of their own that decode as text (not special), as `<think>` is
 
 
 CHATML = ChatStyle(TINY_CHAT_TEMPLATE, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_start|>", "<|im_end|>")
@@ -210,6 +227,8 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     # Gemma and Gemma 2 take turns as Gemma 3 does.
     "gemma": GEMMA_TURNS,
     "gemma2": GEMMA_TURNS,
+    # SmolLM3 thinks aloud between tags of its vocabulary, as Qwen3 does (appliance/engine/reasoning.py).
+    "smollm3": ChatStyle(THINKING_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>")),
 }  # fmt: skip
 
 
@@ -222,7 +241,7 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
 
     import torch
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     config_class, model_class, extra = ARCHITECTURES[arch]
@@ -235,6 +254,7 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
         vocab_size=512, special_tokens=list(style.specials), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(sorted(pydoc_data.topics.topics.values()), trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in style.added])
     unk = style.specials[0]
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=style.bos, eos_token=style.eos, unk_token=unk, pad_token=unk,

@@ -86,7 +86,8 @@ def test_openai_stream_ends_with_usage_when_asked_and_done() -> None:
     events = sse_events(raw)
     assert events[1]["choices"][0]["delta"] == {"content": "Paris"}  # type: ignore[index]
     assert events[2]["choices"][0]["finish_reason"] == "stop"  # type: ignore[index]
-    assert events[3]["usage"] == {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+    assert events[3]["usage"] == {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15,
+                                  "completion_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
     assert raw.endswith(b"data: [DONE]\n\n")
     assert sse_events(enc.error(ApiError(500, "failed")))[0]["error"]["type"] == "server_error"  # type: ignore[index]
 

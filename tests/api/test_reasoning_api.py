@@ -1,0 +1,120 @@
+"""A reasoning model's thought through each dialect, read by the official clients: Chat Completions'
+`reasoning_content` (as llama.cpp's server, vLLM and DeepSeek's API give it) and its usage's
+reasoning tokens; the Messages API's thinking blocks, with `thinking.budget_tokens` honoured; the
+Responses API's reasoning item. Streamed and whole answers agree, each API's switch reaches the
+chat template, and a client that sends an answer back with its thought is not refused. The tiny
+SmolLM3 fixture (tests/engine/test_reasoning.py says why its thoughts are opened by the prompt)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from clients import anthropic_client, openai_client, serve
+from daemon_thread import RunningDaemon
+
+from appliance.devsetup import DevSetup
+
+MODEL = "tiny-smollm3"
+QUESTION = {"role": "user", "content": "Explain the for statement and the else clause of a loop."}
+PREFILL = {"role": "assistant", "content": "<think>\n"}  # the prompt opens the thought
+
+
+@pytest.fixture(scope="module")
+def thinker(trusted_keys: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningDaemon, DevSetup]]:
+    from firmware.toolchain.tiny import tiny_bundle
+
+    running, setup = serve(tmp_path_factory.mktemp("thinker"), tiny_bundle("smollm3"), trusted_keys)
+    yield running, setup
+    running.stop()
+
+
+def test_chat_completions_give_the_thought_as_reasoning_content(thinker: tuple[RunningDaemon, DevSetup]) -> None:
+    client = openai_client(*thinker, unix=True)
+    whole = client.chat.completions.create(model=MODEL, messages=[QUESTION, PREFILL], max_tokens=16,  # type: ignore[list-item]
+                                           temperature=0)  # fmt: skip
+    message = whole.choices[0].message
+    thought = (message.model_extra or {})["reasoning_content"]
+    assert thought and message.content == "" and whole.choices[0].finish_reason == "length"
+    assert whole.usage is not None and whole.usage.completion_tokens_details is not None
+    assert whole.usage.completion_tokens_details.reasoning_tokens == 16
+    parts: list[str] = []
+    for chunk in client.chat.completions.create(model=MODEL, messages=[QUESTION, PREFILL], max_tokens=16,  # type: ignore[list-item]
+                                                temperature=0, stream=True):  # fmt: skip
+        for choice in chunk.choices:
+            parts.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
+            assert not choice.delta.content
+    assert "".join(parts) == thought
+    # The SDK's message sent back as the conversation's next turn, its thought with it.
+    again = client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
+        QUESTION, message.model_dump(exclude_none=True), {"role": "user", "content": "Go on."}])  # type: ignore[list-item]
+    assert again.choices[0].message.content is not None
+
+
+def test_reasoning_effort_is_the_template_switch(thinker: tuple[RunningDaemon, DevSetup]) -> None:
+    client = openai_client(*thinker, unix=True)
+
+    def prompt_tokens(effort: str) -> int:
+        done = client.chat.completions.create(model=MODEL, messages=[QUESTION], max_tokens=1,  # type: ignore[list-item]
+                                              reasoning_effort=effort)  # type: ignore[arg-type]
+        assert done.usage is not None
+        return done.usage.prompt_tokens
+
+    # "none" writes the template's empty thought into the prompt; the others leave the model to think.
+    assert prompt_tokens("none") > prompt_tokens("high") == prompt_tokens("low")
+    with pytest.raises(openai.BadRequestError) as err:
+        prompt_tokens("extreme")
+    assert err.value.param == "reasoning_effort"
+
+
+def _claude(thinker: tuple[RunningDaemon, DevSetup], **fields: Any) -> Any:
+    return dict(model=MODEL, max_tokens=1040, messages=[QUESTION, PREFILL],  # greedy: the firmware default
+                thinking={"type": "enabled", "budget_tokens": 1024}, **fields)  # fmt: skip
+
+
+def test_the_messages_api_gives_thinking_blocks_within_the_budget(thinker: tuple[RunningDaemon, DevSetup]) -> None:
+    client = anthropic_client(*thinker, unix=True)
+    whole = client.messages.create(**_claude(thinker))
+    assert [b.type for b in whole.content] == ["thinking", "text"]
+    thinking, text = whole.content
+    assert isinstance(thinking, anthropic.types.ThinkingBlock) and isinstance(text, anthropic.types.TextBlock)
+    assert thinking.thinking and text.text  # the budget (1024 tokens) closed the thought; 16 of answer followed
+    assert whole.stop_reason == "max_tokens" and whole.usage.output_tokens == 1040
+    with client.messages.stream(**_claude(thinker)) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.type, getattr(b, "thinking", None), getattr(b, "text", None)) for b in streamed.content] == [
+        (b.type, getattr(b, "thinking", None), getattr(b, "text", None)) for b in whole.content]
+    # The answer sent back with its thinking block, as the SDK keeps it.
+    again = client.messages.create(model=MODEL, max_tokens=4, messages=[
+        QUESTION, {"role": "assistant", "content": [b.model_dump() for b in whole.content]},
+        {"role": "user", "content": "Go on."}])  # type: ignore[list-item]
+    assert again.content[0].type == "text"
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(**{**_claude(thinker), "max_tokens": 1024})
+    assert "budget_tokens" in err.value.message
+
+
+def test_the_responses_api_gives_a_reasoning_item(thinker: tuple[RunningDaemon, DevSetup]) -> None:
+    client = openai_client(*thinker, unix=True)
+    conversation: list[Any] = [QUESTION, PREFILL]
+    whole = client.responses.create(model=MODEL, input=conversation, max_output_tokens=16, temperature=0,
+                                    reasoning={"effort": "medium"})  # fmt: skip
+    assert [item.type for item in whole.output] == ["reasoning"]
+    item = whole.output[0]
+    assert isinstance(item, openai.types.responses.ResponseReasoningItem) and item.content
+    assert item.content[0].text and whole.usage is not None
+    assert whole.usage.output_tokens_details.reasoning_tokens == 16 and whole.reasoning is not None
+    with client.responses.stream(model=MODEL, input=conversation, max_output_tokens=16, temperature=0) as stream:
+        events = list(stream)  # it ends incomplete (at max_output_tokens): the SDK's final response is for completed
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    final = next(e.response for e in events if e.type == "response.incomplete")
+    assert "".join(deltas) == item.content[0].text
+    assert [o.model_dump(exclude={"id"}) for o in final.output] == [o.model_dump(exclude={"id"}) for o in whole.output]
+    # The output items sent back as input, the reasoning item among them.
+    again = client.responses.create(model=MODEL, max_output_tokens=4, input=[
+        QUESTION, *[o.model_dump(exclude_none=True) for o in whole.output], {"role": "user", "content": "Go on."}])
+    assert again.status == "incomplete"

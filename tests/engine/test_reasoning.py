@@ -1,0 +1,132 @@
+"""A reasoning model's thought is split from its answer on the tokens of its tags: the thought comes
+as ThoughtDelta events and counts in Finished.thought_tokens, the answer as TextDelta; a budget
+closes the thought; the chat template's switch is passed through; stop sequences, log probabilities,
+grammars and plain completions belong to the answer alone. The tiny SmolLM3 fixture has `<think>`
+and `</think>` as tokens of its own and a template that writes them; its random weights never close
+a thought by themselves, so a thought is opened by the prompt (as DeepSeek-R1's distills' templates
+and an assistant prefill do) and closed by the budget."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import firmware
+from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, TextDelta
+from appliance.engine.reasoning import ThinkTags, ThoughtSplit
+from appliance.engine.request import Event, ThoughtDelta, TokenLogprob
+from appliance.engine.tools import OutputRules
+
+QUESTION = Message("user", "Explain the for statement and the else clause of a loop.")
+PREFILLED = (QUESTION, Message("assistant", "<think>\n"))  # the prompt opens the thought
+
+
+@pytest.fixture(scope="module")
+def engine(trusted_keys: Path) -> Iterator[Engine]:
+    from firmware.toolchain.tiny import tiny_bundle
+
+    eng = Engine(firmware.load(tiny_bundle("smollm3"), trusted_keys), EngineConfig(intra_op_threads=1))
+    yield eng
+    eng.close()
+
+
+def _run(engine: Engine, request: GenerationRequest) -> tuple[str, str, Finished, list[Event]]:
+    async def go() -> list[Event]:
+        return [e async for e in engine.submit(request)]
+
+    events = asyncio.run(go())
+    done = events[-1]
+    assert isinstance(done, Finished)
+    thought = "".join(e.text for e in events if isinstance(e, ThoughtDelta))
+    answer = "".join(e.text for e in events if isinstance(e, TextDelta))
+    return thought, answer, done, events
+
+
+def _ask(max_tokens: int, **fields: object) -> GenerationRequest:
+    return GenerationRequest(messages=PREFILLED, max_tokens=max_tokens, temperature=0, **fields)  # type: ignore[arg-type]
+
+
+def test_the_split_follows_the_tags_and_only_a_first_open_tag_opens_a_thought() -> None:
+    tags = ThinkTags(open_id=1, close_id=2)
+    split = ThoughtSplit(tags)
+    assert [split.take(t) for t in (1, 5, 6, 2, 7, 1, 2)] == [
+        "open", "thought", "thought", "close", "answer", "answer", "answer"]  # fmt: skip
+    assert split.tokens == 4 and not split.thinking
+    late = ThoughtSplit(tags)
+    assert [late.take(t) for t in (7, 1, 5)] == ["answer"] * 3  # an answer that writes the tag is answer
+    assert ThoughtSplit(None).take(1) == "answer"
+    inside = ThoughtSplit(tags, inside=True, budget=3)
+    assert inside.forced() is None and inside.take(5) == "thought"
+    assert inside.forced() is None and inside.take(6) == "thought"
+    assert inside.forced() == 2 and inside.take(2) == "close" and inside.forced() is None
+    assert tags.inside([9, 1, 5]) and not tags.inside([1, 5, 2, 9]) and not tags.inside([9])
+
+
+def test_the_tags_are_found_where_the_vocabulary_has_them_and_the_template_writes_them(engine: Engine) -> None:
+    tok = engine.tokenizer
+    assert engine.think_tags == ThinkTags(tok.token_id("<think>"), tok.token_id("</think>"))  # type: ignore[arg-type]
+    assert ThinkTags.of(tok, "{{ messages }}") is None  # a template that never writes them
+
+
+def test_the_template_switch_is_passed_and_left_unset_by_default(engine: Engine) -> None:
+    def prompt(thinking: bool | None) -> str:
+        return engine.prepare(GenerationRequest(messages=(QUESTION,), thinking=thinking)).text
+
+    assert prompt(False).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert prompt(True).endswith("<|im_start|>assistant\n") and prompt(None) == prompt(True)
+
+
+def test_a_prompt_that_opens_a_thought_streams_it_apart_until_max_tokens(engine: Engine) -> None:
+    thought, answer, done, _ = _run(engine, _ask(24))
+    assert thought and answer == ""
+    assert done.stop_reason == "max_tokens" and done.output_tokens == done.thought_tokens == 24
+
+
+def test_the_budget_closes_the_thought_and_the_answer_follows(engine: Engine) -> None:
+    thought, answer, done, _ = _run(engine, _ask(40, thinking_budget=10))
+    assert thought and answer
+    assert done.thought_tokens == 10 and done.output_tokens == 40  # 9 of thought, the forced close, 30 of answer
+    assert "</think>" not in thought + answer and answer == answer.lstrip()
+    alone, _, _, _ = _run(engine, _ask(9))
+    assert thought == alone  # greedy: the budget cut the same thought short, it changed none of it
+
+
+def test_stop_sequences_and_log_probabilities_belong_to_the_answer(engine: Engine) -> None:
+    thought, answer, _, _ = _run(engine, _ask(40, thinking_budget=10))
+    word = next(w for w in thought.split() if len(w) > 2 and w not in answer)
+    thought2, answer2, done, events = _run(engine, _ask(40, thinking_budget=10, stop_sequences=(word,), logprobs=0))
+    assert (thought2, answer2, done.stop_reason) == (thought, answer, "max_tokens")  # the thought does not stop it
+    assert sum(isinstance(e, TokenLogprob) for e in events) == 30  # one per answer token
+    cut = answer[5:9]
+    _, answer3, done3, _ = _run(engine, _ask(40, thinking_budget=10, stop_sequences=(cut,)))
+    assert done3.stop_reason == "stop_sequence" and answer3 == answer[: answer.index(cut)]
+
+
+def test_a_grammar_or_a_plain_completion_is_all_answer(engine: Engine) -> None:
+    schema = _ask(12, output=OutputRules(json_schema={"type": "object"}))
+    for request in (schema, GenerationRequest(messages=(), raw_prompt="<think>\nA loop", max_tokens=12, temperature=0)):
+        thought, answer, done, _ = _run(engine, request)
+        assert thought == "" and answer and done.thought_tokens == 0
+
+
+def test_a_model_without_tags_is_untouched(tiny_bundle_path: Path, trusted_keys: Path) -> None:
+    eng = Engine(firmware.load(tiny_bundle_path, trusted_keys), EngineConfig(intra_op_threads=1))
+    try:
+        assert eng.think_tags is None
+        _, answer, done, _ = _run(eng, GenerationRequest(messages=(QUESTION,), max_tokens=12, temperature=0,
+                                                         thinking=True, thinking_budget=4))  # fmt: skip
+        assert answer and done.thought_tokens == 0
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("budget", [0, 1, True, 2.5])
+def test_a_budget_below_the_tags_is_refused(engine: Engine, budget: object) -> None:
+    from appliance.engine import InvalidRequest
+
+    with pytest.raises(InvalidRequest) as err:
+        engine.prepare(_ask(8, thinking_budget=budget))
+    assert err.value.param == "thinking_budget"
