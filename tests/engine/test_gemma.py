@@ -107,10 +107,18 @@ def test_fp32_matches_transformers_past_the_window(fp32: firmware.Bundle, refere
 
 
 def test_int8_firmware_chooses_transformers_tokens_past_the_window(int8: firmware.Bundle, reference: Any) -> None:
+    """Greedy int8 decoding follows transformers' fp32 tokens, unless transformers' own choice was
+    closer than int8's error: the CPU's int8 kernels decide such a near-tie (on AMD EPYC all 32
+    tokens agreed; on an Intel Xeon with AMX the 27th, whose two best logits were that close, flipped),
+    and past it the two write different texts."""
     ids, ref_tokens, ref_logits = reference
     tokens, logits = _greedy(int8, ids, 32)
     assert np.abs(logits[0] - ref_logits[0]).max() <= 1.5  # int8 weights (measured 0.90)
-    assert tokens == ref_tokens
+    same = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens, strict=True)) if a != b), len(tokens))
+    assert same >= 16, (tokens, ref_tokens)
+    if same < len(tokens):
+        best, second = np.sort(ref_logits[same])[-2:]
+        assert best - second <= np.abs(logits[same] - ref_logits[same]).max(), (same, best - second)
 
 
 def test_sharded_across_the_window_and_prefix_reused_equal_one_pass(fp32: firmware.Bundle) -> None:
