@@ -129,13 +129,15 @@ def _assistant_text(m: dict[str, Any], where: str) -> str:
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
-def thinking_of(effort: Any, param: str) -> bool | None:
-    """A reasoning effort as the chat template's switch: think (low and up), or not; None: unset."""
+def reasoning_of(effort: Any, param: str) -> dict[str, Any]:
+    """A reasoning effort as the chat template reads it (GenerationRequest's keyword arguments):
+    `enable_thinking` (off for the lowest two), and `reasoning_effort` as gpt-oss's three levels."""
     if effort is None:
-        return None
+        return {}
     if effort not in EFFORTS:
         raise ApiError(400, f"{param}: must be one of {', '.join(EFFORTS)}", param=param)
-    return effort not in ("none", "minimal")
+    level = {"none": "low", "minimal": "low", "xhigh": "high"}.get(effort, effort)
+    return {"thinking": effort not in ("none", "minimal"), "reasoning_effort": level}
 
 
 def _tools(doc: dict[str, Any]) -> OutputRules:
@@ -273,7 +275,7 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[Generatio
         max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
         logprobs=(top or 0) if get_bool(doc, "logprobs") else None,
         output=_tools(doc),
-        thinking=thinking_of(doc.get("reasoning_effort"), "reasoning_effort"),
+        **reasoning_of(doc.get("reasoning_effort"), "reasoning_effort"),
         **common.sampling,
     )
     return request, common

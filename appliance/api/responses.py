@@ -23,7 +23,7 @@ from appliance.api.openai import (
     OpenAIDialect,
     common_fields,
     debug_comment,
-    thinking_of,
+    reasoning_of,
     tool_choice_of,
 )
 from appliance.api.tools import Answer, CallOut, arguments_text, check_tools, make_tool, schema_object, tool_items
@@ -185,17 +185,17 @@ def _format(raw: Any) -> dict[str, Any] | None:
     raise ApiError(400, "text.format.type: must be 'text', 'json_object' or 'json_schema'", param="text")
 
 
-def _reasoning(raw: Any) -> tuple[bool | None, dict[str, Any] | None]:
-    """`reasoning`: its effort as the chat template's switch, and what the response echoes."""
+def _reasoning(raw: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """`reasoning`: its effort as the chat template reads it, and what the response echoes."""
     if raw is None:
-        return None, None
+        return {}, None
     if not isinstance(raw, dict):
         raise ApiError(400, "reasoning: must be an object", param="reasoning")
     reject_unknown(raw, {"effort", "summary", "generate_summary"}, {}, where="reasoning.")
     for key in ("summary", "generate_summary"):  # a summary is asked for; the thought is given whole instead
         if raw.get(key) not in (None, "auto", "concise", "detailed"):
             raise ApiError(400, f"reasoning.{key}: must be 'auto', 'concise' or 'detailed'", param="reasoning")
-    return thinking_of(raw.get("effort"), "reasoning.effort"), {"effort": raw.get("effort"), "summary": None}
+    return reasoning_of(raw.get("effort"), "reasoning.effort"), {"effort": raw.get("effort"), "summary": None}
 
 
 def parse_request(doc: dict[str, Any], served: Sequence[str]) -> ResponsesCall:
@@ -211,9 +211,9 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> ResponsesCall:
     get_bool(doc, "store")
     system, messages = _conversation(doc)
     max_tokens = get_int(doc, "max_output_tokens", minimum=1)
-    thinking, reasoning = _reasoning(doc.get("reasoning"))
+    template, reasoning = _reasoning(doc.get("reasoning"))
     request = GenerationRequest(messages=messages, system=system, max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
-                                output=_tools(doc), thinking=thinking, **common.sampling)  # fmt: skip
+                                output=_tools(doc), **template, **common.sampling)  # fmt: skip
     echo = {
         "instructions": doc.get("instructions"),
         "max_output_tokens": max_tokens,

@@ -21,7 +21,7 @@ from appliance.engine.tools import OutputRules, schema_block, system_block
 
 if TYPE_CHECKING:
     from appliance.engine.constraint import Constraint
-    from appliance.engine.reasoning import ThinkTags
+    from appliance.engine.reasoning import ThoughtFormat
 
 
 def _raise_exception(message: str) -> None:
@@ -60,7 +60,7 @@ class Prompt:
     message_starts: list[int]  # token index where each message after the first begins
     text: str
     constraint: Constraint | None = None  # the request's output grammar, compiled (engine.prepare)
-    think_tags: ThinkTags | None = None  # where the answer's thought is split off (engine.prepare)
+    thought_format: ThoughtFormat | None = None  # how the answer's thought is split off (engine.prepare)
 
 
 class ChatTemplate:
@@ -93,13 +93,16 @@ class ChatTemplate:
             raise InvalidRequest(f"the chat template failed on these messages: {exc}", "messages") from None
 
     def prompt(self, messages: Sequence[Message], system: str | None = None, output: OutputRules | None = None,
-               thinking: bool | None = None) -> Prompt:  # fmt: skip
+               thinking: bool | None = None, effort: str | None = None) -> Prompt:  # fmt: skip
         """The rendered, tokenized conversation. A final assistant message is continued, not
         answered (the answer carries on from its last character). The output rules' tools and
         schema are shown to the model: the grammar holds it to them, but it writes better
         arguments and values when it knows what they are for. `thinking`, where given, is the
-        template's `enable_thinking` (a template that does not read it ignores it)."""
+        template's `enable_thinking`, and `effort` its `reasoning_effort` (a template that does not
+        read them ignores them)."""
         extra: dict[str, Any] = {} if thinking is None else {"enable_thinking": thinking}
+        if effort is not None:
+            extra["reasoning_effort"] = effort
         blocks = [system] if system else []
         tools = output.tools if output is not None else ()
         if tools and self.takes_tools:

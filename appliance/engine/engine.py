@@ -28,7 +28,7 @@ from appliance.engine.errors import ContextOverflow, EngineError, EngineStopped,
 from appliance.engine.generation import Generation, ShardPolicy
 from appliance.engine.lane import PrefillLane
 from appliance.engine.prefix_cache import PrefixCache
-from appliance.engine.reasoning import ThinkTags
+from appliance.engine.reasoning import thought_format
 from appliance.engine.request import Event, Finished, GenerationRequest, TextDelta
 from appliance.engine.scheduler import Scheduler, StepPlan, Ticket
 from appliance.engine.session import ModelSession
@@ -459,7 +459,7 @@ class Engine:
         self.shard_policy = ShardPolicy(shard, bundle.layer.split_algorithm)
         self.tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
         self.template = ChatTemplate(bundle.chat_template, self.tokenizer)
-        self.think_tags = ThinkTags.of(self.tokenizer, bundle.chat_template)
+        self.thought_format = thought_format(self.tokenizer, bundle.chat_template)
         self.prefix_cache = (
             PrefixCache(self.config.prefix_cache_bytes, self.config.prefix_block_tokens)
             if self.config.prefix_cache_bytes > 0
@@ -539,9 +539,9 @@ class Engine:
         if lark is not None:
             param = "tools" if request.output.tools else request.output.schema_field
             prompt = dataclasses.replace(prompt, constraint=self.grammars().constraint(lark, param))
-        elif self.think_tags is not None and request.raw_prompt is None:
+        elif self.thought_format is not None and request.raw_prompt is None:
             # A grammar holds the output from its first token: what it allows is all answer.
-            prompt = dataclasses.replace(prompt, think_tags=self.think_tags)
+            prompt = dataclasses.replace(prompt, thought_format=self.thought_format)
         return prompt
 
     def grammars(self) -> GrammarCompiler:
@@ -556,7 +556,8 @@ class Engine:
         if request.raw_prompt is not None:  # a plain completion: the text as it is, with the tokenizer's BOS
             ids, _ = self.tokenizer.encode(request.raw_prompt, add_special_tokens=True)
             return Prompt(ids=ids, message_starts=[], text=request.raw_prompt)
-        return self.template.prompt(request.messages, request.system, request.output, request.thinking)
+        return self.template.prompt(request.messages, request.system, request.output, request.thinking,
+                                    request.reasoning_effort)  # fmt: skip
 
     def count_tokens(self, request: GenerationRequest) -> int:
         """Prompt tokens as the engine would see them; no context check (counting a long prompt is no error)."""

@@ -11,7 +11,7 @@ import numpy as np
 
 from appliance.engine.chat import Prompt
 from appliance.engine.prefix_cache import DIGESTS_PER_FLOW, PrefixCache, block_digests
-from appliance.engine.reasoning import Kind, ThoughtSplit
+from appliance.engine.reasoning import Kind, NoThought, ThoughtSplit
 from appliance.engine.request import (
     Event,
     Finished,
@@ -70,8 +70,8 @@ class Generation:
         self.tokenizer = tokenizer
         self.decoder = StreamDecoder(tokenizer)
         self.stops = StopMatcher(request.stop_sequences)
-        tags = prompt.think_tags
-        self.thought = ThoughtSplit(tags, tags is not None and tags.inside(prompt.ids), request.thinking_budget)
+        fmt = prompt.thought_format
+        self.thought: ThoughtSplit = NoThought() if fmt is None else fmt.split(prompt.ids, request.thinking_budget)
         self.cache: KVCache | None = None
         self.generated: list[int] = []
         self.next_token: int | None = None
@@ -210,16 +210,17 @@ class Generation:
         token = self._choose(logits)
         if token in self.eos:
             return self._finish("end_turn", None, self.decoder.flush())
+        was_thinking = self.thought.thinking
         kind = self.thought.take(token)
         top = self.request.logprobs
         events: list[Event] = [] if top is None or kind != "answer" else [self._logprob_of(logits, token, top)]
-        return events + self._advance(token, kind)
+        return events + self._advance(token, kind, was_thinking)
 
-    def _advance(self, token: int, kind: Kind) -> list[Event]:
+    def _advance(self, token: int, kind: Kind, was_thinking: bool = False) -> list[Event]:
         self.generated.append(token)
         self.next_token = token
         if kind != "answer":
-            events = self._thought(token, kind)
+            events = self._thought(token, kind, was_thinking)
             if len(self.generated) >= self.request.max_tokens:
                 return events + self._finish("max_tokens", None, "")
             return events
@@ -235,12 +236,13 @@ class Generation:
             return events + self._finish("end_turn", None, "", flush=False)
         return events
 
-    def _thought(self, token: int, kind: Kind) -> list[Event]:
-        """A thought's token: its text, or a tag, which is not shown (what was held before it ends there)."""
+    def _thought(self, token: int, kind: Kind, was_thinking: bool) -> list[Event]:
+        """A thought's token: its text; or a tag, which is not shown. A tag after a thought ends
+        what the decoder held of it; after answer text, what is held waits for the answer's next token."""
         if kind == "thought":
             text = self.decoder.push(token)
             return [ThoughtDelta(text)] if text else []
-        held = self.decoder.flush()  # nothing where it opens: only the first token opens a thought
+        held = self.decoder.flush() if was_thinking else ""
         return [ThoughtDelta(held)] if held else []
 
     def _answer_text(self, text: str) -> str:

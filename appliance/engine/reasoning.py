@@ -1,21 +1,82 @@
 """A reasoning model's thought, told apart from its answer.
 
-Qwen3, QwQ, DeepSeek-R1's distills, SmolLM3 and Phi-4-reasoning think aloud between `<think>` and
-`</think>`, each one token of their vocabulary, before they answer. The split is made on those
-tokens, not on text: a tag never straddles two deltas, and the answer's stop sequences and tool
-calls are matched in the answer alone. Sans-IO: the generation feeds tokens, this says what each is.
+Two ways of writing a thought, each found from the model's vocabulary and chat template:
+
+- Tags: Qwen3, QwQ, DeepSeek-R1's distills, SmolLM3 and Phi-4-reasoning think between `<think>` and
+  `</think>`, each one token of their vocabulary, before they answer.
+- Channels: gpt-oss writes messages in OpenAI's harmony format, each with a header:
+  `<|channel|>analysis<|message|>` the thought `<|end|><|start|>assistant<|channel|>final<|message|>`
+  the answer. Those markers are special tokens, which decoding drops: unsplit, the answer read
+  "analysisWe need to...assistantfinalThe answer".
+
+The split is made on tokens, not on text: a marker never straddles two deltas, and the answer's stop
+sequences and tool calls are matched in the answer alone. Sans-IO: the generation feeds tokens,
+a split says what each is ("tag" tokens are markers and headers: not shown).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from appliance.engine.tokenizer import TextTokenizer
 
 OPEN_TAG, CLOSE_TAG = "<think>", "</think>"
-Kind = Literal["open", "close", "thought", "answer"]
+Kind = Literal["tag", "thought", "answer"]
+# A harmony header is a role and a channel name: a model that writes this many tokens and no
+# `<|message|>` is not writing one, and what follows is answer.
+MAX_HEADER_TOKENS = 16
+
+
+class ThoughtSplit(Protocol):
+    @property
+    def thinking(self) -> bool:
+        """The tokens now are a thought's."""
+        ...
+
+    @property
+    def tokens(self) -> int:
+        """Tokens generated that were not answer: the thought, its tags and headers."""
+        ...
+
+    @property
+    def answered(self) -> bool:
+        """A thought ended before the answer: the answer's leading blank lines are the tags'."""
+        ...
+
+    def forced(self) -> int | None:
+        """The token that must come next, whatever the model prefers (the thought's budget is spent)."""
+        ...
+
+    def take(self, token: int) -> Kind:
+        """What a generated token is, the state moved past it."""
+        ...
+
+
+class ThoughtFormat(Protocol):
+    def split(self, prompt_ids: Sequence[int], budget: int | None) -> ThoughtSplit:
+        """Where a generation starts, from its prompt's end; `budget`: thought tokens (its markers
+        included) after which the thought is closed, so the answer always gets its turn."""
+        ...
+
+
+def thought_format(tokenizer: TextTokenizer, template: str) -> ThoughtFormat | None:
+    """The model's way of writing a thought, or None where it writes none (its markers must be
+    tokens of its vocabulary and written by its chat template: some bases hold them unused)."""
+    return ThinkTags.of(tokenizer, template) or Harmony.of(tokenizer, template)
+
+
+class NoThought:
+    """A generation that is all answer."""
+
+    thinking, tokens, answered = False, 0, False
+
+    def forced(self) -> int | None:
+        return None
+
+    def take(self, token: int) -> Kind:
+        return "answer"
 
 
 @dataclass(frozen=True)
@@ -25,8 +86,6 @@ class ThinkTags:
 
     @staticmethod
     def of(tokenizer: TextTokenizer, template: str) -> ThinkTags | None:
-        """The model's tags: both single tokens of its vocabulary, and written by its chat template
-        (a vocabulary that merely holds them, as some bases do, belongs to no reasoning model)."""
         open_id, close_id = tokenizer.token_id(OPEN_TAG), tokenizer.token_id(CLOSE_TAG)
         if open_id is None or close_id is None or OPEN_TAG not in template:
             return None
@@ -42,43 +101,134 @@ class ThinkTags:
                 return False
         return False
 
+    def split(self, prompt_ids: Sequence[int], budget: int | None) -> TagSplit:
+        return TagSplit(self, self.inside(prompt_ids), budget)
 
-class ThoughtSplit:
-    """Where one generation stands: thinking or answering. `budget`: thought tokens (the tags
-    included) after which the close tag is the next token, so the answer always gets its turn."""
 
-    def __init__(self, tags: ThinkTags | None, inside: bool = False, budget: int | None = None) -> None:
+class TagSplit:
+    """A generation of a model that thinks between tags: only its first token may open a thought."""
+
+    def __init__(self, tags: ThinkTags, inside: bool = False, budget: int | None = None) -> None:
         self.tags = tags
-        self.thinking = inside and tags is not None
+        self.thinking = inside
         self.budget = budget
-        self.tokens = 0  # thought tokens generated, the tags included
-        self.answered = False  # a thought ended: the answer's leading blank lines are the tag's
-        self.started = self.thinking  # a token was generated, or the prompt opened the thought
+        self.tokens = 0
+        self.answered = False
+        self.started = inside  # a token was generated, or the prompt opened the thought
 
     def forced(self) -> int | None:
-        """The token that must come next, whatever the model prefers: the close tag once the budget is spent."""
         if self.thinking and self.budget is not None and self.tokens >= self.budget - 1:
-            assert self.tags is not None
             return self.tags.close_id
         return None
 
     def take(self, token: int) -> Kind:
-        """What a generated token is, the state moved past it."""
-        tags = self.tags
-        if tags is None:
-            return "answer"
         if not self.thinking:
             # A thought comes first: an open tag later (or a second one) is the answer's own text.
-            opens = token == tags.open_id and not self.started
+            opens = token == self.tags.open_id and not self.started
             self.started = True
             if not opens:
                 return "answer"
             self.thinking = True
             self.tokens += 1
-            return "open"
+            return "tag"
         self.tokens += 1
-        if token == tags.close_id:
+        if token == self.tags.close_id:
             self.thinking = False
             self.answered = True
-            return "close"
+            return "tag"
         return "thought"
+
+
+@dataclass(frozen=True)
+class Harmony:
+    """gpt-oss's markers, and the tokens of the names the split reads or writes."""
+
+    start: int
+    channel: int
+    message: int
+    end: int
+    analysis: tuple[int, ...]  # the thought's channel name
+    final_header: tuple[int, ...]  # <|start|>assistant<|channel|>final<|message|>: opens the answer
+
+    @staticmethod
+    def of(tokenizer: TextTokenizer, template: str) -> Harmony | None:
+        ids = [tokenizer.token_id(t) for t in ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")]
+        if None in ids or "<|channel|>" not in template:
+            return None
+        start, channel, message, end = (int(i) for i in ids if i is not None)
+
+        def words(text: str) -> tuple[int, ...]:
+            return tuple(tokenizer.encode(text, add_special_tokens=False)[0])
+
+        header = (start, *words("assistant"), channel, *words("final"), message)
+        return Harmony(start, channel, message, end, words("analysis"), header)
+
+    def split(self, prompt_ids: Sequence[int], budget: int | None) -> ChannelSplit:
+        """The prompt ends in a header (the generation prompt, `<|start|>assistant`), or inside a
+        message (a prefill): in the thought's channel or another."""
+        split = ChannelSplit(self, budget)
+        markers = (self.start, self.channel, self.message, self.end)
+        last = next((i for i in range(len(prompt_ids) - 1, -1, -1) if prompt_ids[i] in markers), None)
+        if last is not None and prompt_ids[last] == self.message:
+            opened = next((i for i in range(last - 1, -1, -1) if prompt_ids[i] in markers), None)
+            named = () if opened is None or prompt_ids[opened] != self.channel else prompt_ids[opened + 1 : last]
+            split.state = "thought" if tuple(named) == self.analysis else "answer"
+        elif last is not None and prompt_ids[last] == self.end:
+            split.state, split.role = "header", False  # between messages: `<|start|>` comes next
+        return split
+
+
+class ChannelSplit:
+    """A generation in harmony's messages: the header's tokens are tags, the analysis channel's
+    text is the thought, any other channel's the answer."""
+
+    def __init__(self, harmony: Harmony, budget: int | None) -> None:
+        self.harmony = harmony
+        self.budget = budget
+        self.state: Literal["header", "thought", "answer"] = "header"
+        self.role = True  # in a header, the role's tokens may come before its channel
+        self.name: list[int] | None = None  # the channel name read so far
+        self.header = 0  # tokens of the header so far
+        self.tokens = 0
+        self.answered = False
+        self.queue: list[int] = []  # forced: the thought's end and the answer's header
+
+    @property
+    def thinking(self) -> bool:
+        return self.state == "thought"
+
+    def forced(self) -> int | None:
+        if not self.queue and self.thinking and self.budget is not None and self.tokens >= self.budget - 1:
+            self.queue = [self.harmony.end, *self.harmony.final_header]
+        return self.queue[0] if self.queue else None
+
+    def take(self, token: int) -> Kind:
+        h = self.harmony
+        if self.queue and token == self.queue[0]:
+            self.queue.pop(0)
+        if self.state == "answer":
+            if token in (h.end, h.start):  # the message ended: another follows (a header first)
+                self.state, self.role, self.name, self.header = "header", token == h.start, None, 0
+                return "tag"
+            return "answer"
+        self.tokens += 1
+        if self.state == "thought":
+            if token in (h.end, h.start):
+                self.state, self.role, self.name, self.header = "header", token == h.start, None, 0
+                return "tag"
+            return "thought"
+        self.header += 1
+        if token == h.start:
+            self.role, self.name = True, None
+        elif token == h.channel:
+            self.name = []
+        elif token == h.message:
+            self.state = "thought" if tuple(self.name or ()) == h.analysis else "answer"
+            self.answered = self.state == "answer" and self.tokens > self.header
+        elif self.name is not None and self.header <= MAX_HEADER_TOKENS:
+            self.name.append(token)
+        elif not self.role or self.header > MAX_HEADER_TOKENS:
+            self.tokens -= 1  # no header after all: answer text
+            self.state = "answer"
+            return "answer"
+        return "tag"

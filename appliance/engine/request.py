@@ -46,6 +46,7 @@ class GenerationRequest:
     # False asks the template to think first or not (`enable_thinking`, as Qwen3's and SmolLM3's read).
     thinking: bool | None = None
     thinking_budget: int | None = None  # thought tokens at most; then it answers
+    reasoning_effort: str | None = None  # low, medium or high: the template's `reasoning_effort` (gpt-oss reads it)
     # Chain digests the client's flow saw last time (the kernel layer keeps them per connection).
     prior_digests: tuple[bytes, ...] = ()
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])

@@ -204,6 +204,21 @@ THINKING_CHAT_TEMPLATE = (
 )
 
 
+# gpt-oss's harmony format, as its template writes it (abridged: no tools, no developer message, no
+# earlier thoughts): a system message with the reasoning effort, each message with its header, and
+# an earlier answer in the final channel; the generation prompt leaves the channel to the model.
+HARMONY_CHAT_TEMPLATE = (
+    "{{- '<|start|>system<|message|>Reasoning: ' + (reasoning_effort | default('medium')) }}"
+    "{{- '\n\n# Valid channels: analysis, final. Channel must be included for every message.<|end|>' }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + message['content'] + '<|end|>' }}"
+    "{%- else %}{{- '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}"
+)
+
+
 @dataclass(frozen=True)
 class ChatStyle:
     template: str
@@ -229,6 +244,10 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "gemma2": GEMMA_TURNS,
     # SmolLM3 thinks aloud between tags of its vocabulary, as Qwen3 does (appliance/engine/reasoning.py).
     "smollm3": ChatStyle(THINKING_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>")),
+    # gpt-oss writes harmony's messages; `<|end|>` ends one, `<|return|>` the answer.
+    "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",
+                                                 "<|message|>", "<|end|>", "<|return|>"),
+                         "<|startoftext|>", "<|return|>"),
 }  # fmt: skip
 
 

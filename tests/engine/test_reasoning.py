@@ -1,14 +1,16 @@
-"""A reasoning model's thought is split from its answer on the tokens of its tags: the thought comes
-as ThoughtDelta events and counts in Finished.thought_tokens, the answer as TextDelta; a budget
-closes the thought; the chat template's switch is passed through; stop sequences, log probabilities,
-grammars and plain completions belong to the answer alone. The tiny SmolLM3 fixture has `<think>`
-and `</think>` as tokens of its own and a template that writes them; its random weights never close
-a thought by themselves, so a thought is opened by the prompt (as DeepSeek-R1's distills' templates
-and an assistant prefill do) and closed by the budget."""
+"""A reasoning model's thought is split from its answer on the tokens of its markers: the thought
+comes as ThoughtDelta events and counts in Finished.thought_tokens, the answer as TextDelta; a
+budget closes the thought; the chat template's switch is passed through; stop sequences, log
+probabilities, grammars and plain completions belong to the answer alone. The tiny SmolLM3 fixture
+has `<think>` and `</think>` as tokens of its own and a template that writes them; the tiny gpt-oss
+writes harmony's messages. Their random weights never close a thought by themselves, so a thought
+is opened by the prompt (as DeepSeek-R1's distills' templates and an assistant prefill do) and
+closed by the budget."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 
 import firmware
 from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, TextDelta
-from appliance.engine.reasoning import ThinkTags, ThoughtSplit
+from appliance.engine.reasoning import MAX_HEADER_TOKENS, ChannelSplit, Harmony, TagSplit, ThinkTags
 from appliance.engine.request import Event, ThoughtDelta, TokenLogprob
 from appliance.engine.tools import OutputRules
 
@@ -51,23 +53,57 @@ def _ask(max_tokens: int, **fields: object) -> GenerationRequest:
 
 def test_the_split_follows_the_tags_and_only_a_first_open_tag_opens_a_thought() -> None:
     tags = ThinkTags(open_id=1, close_id=2)
-    split = ThoughtSplit(tags)
+    split = TagSplit(tags)
     assert [split.take(t) for t in (1, 5, 6, 2, 7, 1, 2)] == [
-        "open", "thought", "thought", "close", "answer", "answer", "answer"]  # fmt: skip
-    assert split.tokens == 4 and not split.thinking
-    late = ThoughtSplit(tags)
+        "tag", "thought", "thought", "tag", "answer", "answer", "answer"]  # fmt: skip
+    assert split.tokens == 4 and not split.thinking and split.answered
+    late = TagSplit(tags)
     assert [late.take(t) for t in (7, 1, 5)] == ["answer"] * 3  # an answer that writes the tag is answer
-    assert ThoughtSplit(None).take(1) == "answer"
-    inside = ThoughtSplit(tags, inside=True, budget=3)
+    inside = tags.split([9, 1], budget=3)
     assert inside.forced() is None and inside.take(5) == "thought"
     assert inside.forced() is None and inside.take(6) == "thought"
-    assert inside.forced() == 2 and inside.take(2) == "close" and inside.forced() is None
+    assert inside.forced() == 2 and inside.take(2) == "tag" and inside.forced() is None
     assert tags.inside([9, 1, 5]) and not tags.inside([1, 5, 2, 9]) and not tags.inside([9])
+
+
+# Harmony's markers, and one-token names: start 1, channel 2, message 3, end 4; "analysis" 10,
+# "assistant" 11, "final" 12, "commentary" 13.
+HARMONY = Harmony(start=1, channel=2, message=3, end=4, analysis=(10,), final_header=(1, 11, 2, 12, 3))
+
+
+def test_harmony_channels_split_the_analysis_from_the_final_answer() -> None:
+    split = HARMONY.split([7, 1, 11], budget=None)  # the generation prompt: <|start|>assistant
+    tokens = [2, 10, 3, 20, 21, 4, 1, 11, 2, 12, 3, 30, 31]
+    assert [split.take(t) for t in tokens] == [
+        "tag", "tag", "tag", "thought", "thought", "tag", "tag", "tag", "tag", "tag", "tag", "answer", "answer"]
+    assert split.tokens == 11 and split.answered
+    straight = HARMONY.split([7, 1, 11], budget=None)  # no analysis: the final channel first
+    assert [straight.take(t) for t in (2, 12, 3, 30)] == ["tag"] * 3 + ["answer"] and not straight.answered
+    other = HARMONY.split([7, 1, 11], budget=None)  # any other channel is answer too
+    assert [other.take(t) for t in (2, 13, 3, 30)] == ["tag"] * 3 + ["answer"]
+    bare = HARMONY.split([7, 1, 11], budget=None)  # a model that writes no header: its text is answer
+    assert [bare.take(30) for _ in range(MAX_HEADER_TOKENS)] == ["tag"] * MAX_HEADER_TOKENS
+    assert bare.take(30) == "answer"
+    between = HARMONY.split([7, 4], budget=None)  # after a message's end, text before a <|start|> is answer
+    assert between.take(30) == "answer"
+
+
+def test_harmony_prompts_that_end_inside_a_message_and_the_budget() -> None:
+    assert HARMONY.split([1, 11, 2, 10, 3, 20], budget=None).thinking  # a prefilled analysis
+    assert not HARMONY.split([1, 11, 2, 12, 3, 20], budget=None).thinking  # a prefilled final answer
+    split = HARMONY.split([1, 11, 2, 10, 3], budget=3)
+    assert isinstance(split, ChannelSplit)
+    assert split.take(20) == "thought" and split.take(21) == "thought"
+    forced = []
+    while (token := split.forced()) is not None:
+        forced.append(token)
+        assert split.take(token) == "tag"
+    assert forced == [4, 1, 11, 2, 12, 3] and split.take(30) == "answer" and split.tokens == 8
 
 
 def test_the_tags_are_found_where_the_vocabulary_has_them_and_the_template_writes_them(engine: Engine) -> None:
     tok = engine.tokenizer
-    assert engine.think_tags == ThinkTags(tok.token_id("<think>"), tok.token_id("</think>"))  # type: ignore[arg-type]
+    assert engine.thought_format == ThinkTags(tok.token_id("<think>"), tok.token_id("</think>"))  # type: ignore[arg-type]
     assert ThinkTags.of(tok, "{{ messages }}") is None  # a template that never writes them
 
 
@@ -115,7 +151,7 @@ def test_a_grammar_or_a_plain_completion_is_all_answer(engine: Engine) -> None:
 def test_a_model_without_tags_is_untouched(tiny_bundle_path: Path, trusted_keys: Path) -> None:
     eng = Engine(firmware.load(tiny_bundle_path, trusted_keys), EngineConfig(intra_op_threads=1))
     try:
-        assert eng.think_tags is None
+        assert eng.thought_format is None
         _, answer, done, _ = _run(eng, GenerationRequest(messages=(QUESTION,), max_tokens=12, temperature=0,
                                                          thinking=True, thinking_budget=4))  # fmt: skip
         assert answer and done.thought_tokens == 0
@@ -130,3 +166,34 @@ def test_a_budget_below_the_tags_is_refused(engine: Engine, budget: object) -> N
     with pytest.raises(InvalidRequest) as err:
         engine.prepare(_ask(8, thinking_budget=budget))
     assert err.value.param == "thinking_budget"
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(trusted_keys: Path) -> Iterator[Engine]:
+    from firmware.toolchain.tiny import tiny_bundle
+
+    eng = Engine(firmware.load(tiny_bundle("gpt_oss"), trusted_keys), EngineConfig(intra_op_threads=1))
+    yield eng
+    eng.close()
+
+
+def test_gpt_oss_analysis_is_the_thought_and_the_final_channel_the_answer(gpt_oss: Engine) -> None:
+    fmt = gpt_oss.thought_format
+    assert isinstance(fmt, Harmony)
+    assert "Reasoning: high" in gpt_oss.prepare(GenerationRequest(messages=(QUESTION,), reasoning_effort="high")).text
+    analysis = Message("assistant", "<|channel|>analysis<|message|>Let me think")  # a prefilled analysis
+    request = GenerationRequest(messages=(QUESTION, analysis), max_tokens=40, temperature=0, thinking_budget=10)
+    thought, answer, done, events = _run(gpt_oss, request)
+    assert thought and answer and done.output_tokens == 40
+    # 9 of analysis, then the budget's <|end|> and the final channel's header (not shown), then the answer
+    assert done.thought_tokens == 9 + 1 + len(fmt.final_header)
+    kinds = [type(e).__name__ for e in events if isinstance(e, TextDelta | ThoughtDelta)]
+    assert kinds == sorted(kinds, key=lambda k: k != "ThoughtDelta")  # the thought, then the answer
+    alone, _, _, _ = _run(gpt_oss, dataclasses.replace(request, thinking_budget=None, max_tokens=9))
+    assert thought == alone
+
+
+def test_gpt_oss_text_with_no_header_is_answer(gpt_oss: Engine) -> None:
+    # The tiny model's random weights write no channel: after a header's length of tokens, text.
+    _, answer, done, _ = _run(gpt_oss, GenerationRequest(messages=(QUESTION,), max_tokens=24, temperature=0))
+    assert answer and done.thought_tokens == MAX_HEADER_TOKENS
