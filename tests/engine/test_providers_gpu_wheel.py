@@ -46,11 +46,12 @@ def gpu_python() -> Path:
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "onnxruntime-gpu"], check=True,
                        timeout=900)  # fmt: skip
-        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-        # After the venv's own site-packages: onnxruntime is the GPU build, the rest the project's.
-        (Path(site) / "zz-project.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
         (venv / ".ready").touch()
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    # After the venv's own site-packages: onnxruntime is the GPU build, the rest this run's project
+    # venv's (written every run: the cached venv outlives the checkout whose venv made it).
+    (Path(site) / "zz-project.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return python
 
 
