@@ -221,8 +221,8 @@ class Generation:
         self.next_token = token
         if kind != "answer":
             events = self._thought(token, kind, was_thinking)
-            if len(self.generated) >= self.request.max_tokens:
-                return events + self._finish("max_tokens", None, "")
+            if len(self.generated) >= self.request.max_tokens:  # what the decoder holds goes where it belongs
+                return events + self._finish("max_tokens", None, self.decoder.flush())
             return events
         text, matched = self.stops.push(self._answer_text(self.decoder.push(token)))
         if matched is not None:
