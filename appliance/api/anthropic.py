@@ -156,9 +156,9 @@ def _output_format(raw: Any) -> dict[str, Any] | None:
 MIN_THINKING_BUDGET = 1024  # as the Messages API requires
 
 
-def _thinking(raw: Any, max_tokens: int) -> tuple[bool | None, int | None]:
-    """`thinking`: enabled (with a budget of thought tokens below max_tokens), adaptive (the model's
-    own measure), or disabled -> (the template's switch, the budget)."""
+def _thinking(raw: Any, max_tokens: int | None) -> tuple[bool | None, int | None]:
+    """`thinking`: enabled (with a budget of thought tokens below max_tokens, where the request has
+    one), adaptive (the model's own measure), or disabled -> (the template's switch, the budget)."""
     if raw is None:
         return None, None
     kind = raw.get("type") if isinstance(raw, dict) else None
@@ -170,7 +170,7 @@ def _thinking(raw: Any, max_tokens: int) -> tuple[bool | None, int | None]:
         return kind == "adaptive", None
     budget = get_int(raw, "budget_tokens", required=True, minimum=MIN_THINKING_BUDGET)
     assert budget is not None
-    if budget >= max_tokens:
+    if max_tokens is not None and budget >= max_tokens:
         raise ApiError(400, f"thinking.budget_tokens: must be less than max_tokens ({max_tokens})", param="thinking")
     return True, budget
 
@@ -222,10 +222,9 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, Gene
 def parse_count_tokens(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, GenerationRequest]:
     reject_unknown(doc, _COUNT_KNOWN, _UNSUPPORTED)
     model = check_model(doc, served)
-    thinking = doc.get("thinking")
-    switch = thinking.get("type") != "disabled" if isinstance(thinking, dict) else None  # as the prompt renders
+    thinking, _ = _thinking(doc.get("thinking"), None)  # the prompt renders as the request's would
     return model, GenerationRequest(messages=_messages(doc), system=_system(doc), max_tokens=1, output=_tools(doc),
-                                    thinking=switch)  # fmt: skip
+                                    thinking=thinking)  # fmt: skip
 
 
 def new_message_id() -> str:

@@ -206,17 +206,14 @@ class ChannelSplit:
         h = self.harmony
         if self.queue and token == self.queue[0]:
             self.queue.pop(0)
-        if self.state == "answer":
+        if self.state != "header":
+            kind: Kind = "thought" if self.thinking else "answer"
+            self.tokens += kind == "thought"
             if token in (h.end, h.start):  # the message ended: another follows (a header first)
                 self.state, self.role, self.name, self.header = "header", token == h.start, None, 0
                 return "tag"
-            return "answer"
+            return kind
         self.tokens += 1
-        if self.state == "thought":
-            if token in (h.end, h.start):
-                self.state, self.role, self.name, self.header = "header", token == h.start, None, 0
-                return "tag"
-            return "thought"
         self.header += 1
         if token == h.start:
             self.role, self.name = True, None
