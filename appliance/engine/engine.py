@@ -536,11 +536,10 @@ class Engine:
                 "max_tokens",
             )
         lark = grammar(request.output)
-        if lark is not None:
+        if lark is not None:  # it holds the answer; a thought before it runs free (reasoning.Gate)
             param = "tools" if request.output.tools else request.output.schema_field
             prompt = dataclasses.replace(prompt, constraint=self.grammars().constraint(lark, param))
-        elif self.thought_format is not None and request.raw_prompt is None:
-            # A grammar holds the output from its first token: what it allows is all answer.
+        if self.thought_format is not None and request.raw_prompt is None:
             prompt = dataclasses.replace(prompt, thought_format=self.thought_format)
         return prompt
 

@@ -189,8 +189,18 @@ class Generation:
                               req.repetition_penalty)  # fmt: skip
         if self.constraint is None:
             return self.sampler(logits)
-        token = self.sampler(self.constraint.apply(logits))
-        self.constraint.accept(token)
+        gate = self.thought.gate()
+        if gate.free:  # a thought under a grammar: the answer the grammar holds must still come
+            free = logits.copy()
+            free[list(self.eos)] = -np.inf
+            return self.sampler(free)
+        allowed = self.constraint.apply(logits) if gate.grammar else np.full_like(logits, -np.inf)
+        if gate.also:
+            also = np.fromiter(gate.also, dtype=np.int64)
+            allowed[also] = logits[also]
+        token = self.sampler(allowed)
+        if gate.grammar and token not in gate.also:
+            self.constraint.accept(token)
         return token
 
     def _logprob_of(self, logits: np.ndarray, token: int, top: int) -> TokenLogprob:

@@ -12,12 +12,17 @@ Two ways of writing a thought, each found from the model's vocabulary and chat t
 The split is made on tokens, not on text: a marker never straddles two deltas, and the answer's stop
 sequences and tool calls are matched in the answer alone. Sans-IO: the generation feeds tokens,
 a split says what each is ("tag" tokens are markers and headers: not shown).
+
+Under an answer grammar (tools, a JSON schema) the model still thinks first, as vLLM's reasoning
+parsers let it: the grammar holds the answer only, and a split's `gate()` says what it holds the
+next token to. A thought runs free; a header is held to the markers that open a thought or the
+answer; the answer's tokens are the grammar's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from appliance.engine.tokenizer import TextTokenizer
@@ -27,6 +32,22 @@ Kind = Literal["tag", "thought", "answer"]
 # A harmony header is a role and a channel name: a model that writes this many tokens and no
 # `<|message|>` is not writing one, and what follows is answer.
 MAX_HEADER_TOKENS = 16
+# What a model writes between its close tag and its answer (one token each where the vocabulary has it).
+BLANKS = ("\n", "\n\n", "\n\n\n", " ", "  ")
+MAX_BLANK_TOKENS = 2  # under a grammar, those past it are the grammar's to allow (a model may loop on them)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What an answer grammar holds the next token to."""
+
+    grammar: bool  # the grammar's mask applies: the token is the answer's, unless it is one of `also`
+    also: frozenset[int] = frozenset()  # tokens allowed besides the grammar's (markers, blank lines), never fed to it
+    free: bool = False  # a thought's token: anything but the end of the turn (the answer must follow)
+
+
+ANSWER = Gate(grammar=True)
+THOUGHT = Gate(grammar=False, free=True)
 
 
 class ThoughtSplit(Protocol):
@@ -51,6 +72,10 @@ class ThoughtSplit(Protocol):
 
     def take(self, token: int) -> Kind:
         """What a generated token is, the state moved past it."""
+        ...
+
+    def gate(self) -> Gate:
+        """Under an answer grammar, what it holds the next token to."""
         ...
 
 
@@ -78,18 +103,23 @@ class NoThought:
     def take(self, token: int) -> Kind:
         return "answer"
 
+    def gate(self) -> Gate:
+        return ANSWER
+
 
 @dataclass(frozen=True)
 class ThinkTags:
     open_id: int
     close_id: int
+    blank_ids: frozenset[int] = field(default=frozenset(), compare=False)  # the BLANKS that are one token
 
     @staticmethod
     def of(tokenizer: TextTokenizer, template: str) -> ThinkTags | None:
         open_id, close_id = tokenizer.token_id(OPEN_TAG), tokenizer.token_id(CLOSE_TAG)
         if open_id is None or close_id is None or OPEN_TAG not in template:
             return None
-        return ThinkTags(open_id, close_id)
+        blanks = (tokenizer.encode(text)[0] for text in BLANKS)
+        return ThinkTags(open_id, close_id, frozenset(ids[0] for ids in blanks if len(ids) == 1))
 
     def inside(self, prompt_ids: Sequence[int]) -> bool:
         """Whether the prompt ends inside a thought: its last tag opens one (DeepSeek-R1's distills and
@@ -115,6 +145,8 @@ class TagSplit:
         self.tokens = 0
         self.answered = False
         self.started = inside  # a token was generated, or the prompt opened the thought
+        self.begun = False  # the answer after a thought has begun (past the blank lines)
+        self.blanks = 0  # blank tokens after the close tag
 
     def forced(self) -> int | None:
         if self.thinking and self.budget is not None and self.tokens >= self.budget - 1:
@@ -127,6 +159,8 @@ class TagSplit:
             opens = token == self.tags.open_id and not self.started
             self.started = True
             if not opens:
+                self.blanks += self.answered and token in self.tags.blank_ids
+                self.begun = self.begun or token not in self.tags.blank_ids or self.blanks >= MAX_BLANK_TOKENS
                 return "answer"
             self.thinking = True
             self.tokens += 1
@@ -137,6 +171,15 @@ class TagSplit:
             self.answered = True
             return "tag"
         return "thought"
+
+    def gate(self) -> Gate:
+        if self.thinking:
+            return THOUGHT
+        if not self.started:  # the grammar's first token, or the tag that opens a thought
+            return Gate(grammar=True, also=frozenset({self.tags.open_id}))
+        if self.answered and not self.begun:  # the blank lines after the close tag are the tag's
+            return Gate(grammar=True, also=self.tags.blank_ids)
+        return ANSWER
 
 
 @dataclass(frozen=True)
@@ -163,6 +206,12 @@ class Harmony:
         header = (start, *words("assistant"), channel, *words("final"), message)
         return Harmony(start, channel, message, end, words("analysis"), header)
 
+    @property
+    def analysis_header(self) -> tuple[int, ...]:
+        """<|start|>assistant<|channel|>analysis<|message|>: opens the thought."""
+        named = self.final_header.index(self.channel) + 1
+        return (*self.final_header[:named], *self.analysis, self.message)
+
     def split(self, prompt_ids: Sequence[int], budget: int | None) -> ChannelSplit:
         """The prompt ends in a header (the generation prompt, `<|start|>assistant`), or inside a
         message (a prefill): in the thought's channel or another."""
@@ -173,8 +222,11 @@ class Harmony:
             opened = next((i for i in range(last - 1, -1, -1) if prompt_ids[i] in markers), None)
             named = () if opened is None or prompt_ids[opened] != self.channel else prompt_ids[opened + 1 : last]
             split.state = "thought" if tuple(named) == self.analysis else "answer"
+            split.opened = split.state == "thought"
         elif last is not None and prompt_ids[last] == self.end:
             split.state, split.role = "header", False  # between messages: `<|start|>` comes next
+        elif last is not None and prompt_ids[last] == self.start:
+            split.read = list(prompt_ids[last:])
         return split
 
 
@@ -189,6 +241,8 @@ class ChannelSplit:
         self.role = True  # in a header, the role's tokens may come before its channel
         self.name: list[int] | None = None  # the channel name read so far
         self.header = 0  # tokens of the header so far
+        self.read: list[int] = []  # the header's tokens from its <|start|>, the prompt's included
+        self.opened = False  # a thought was opened: under a grammar, the next header is the answer's
         self.tokens = 0
         self.answered = False
         self.queue: list[int] = []  # forced: the thought's end and the answer's header
@@ -211,16 +265,19 @@ class ChannelSplit:
             self.tokens += kind == "thought"
             if token in (h.end, h.start):  # the message ended: another follows (a header first)
                 self.state, self.role, self.name, self.header = "header", token == h.start, None, 0
+                self.read = [token] if token == h.start else []
                 return "tag"
             return kind
         self.tokens += 1
         self.header += 1
+        self.read = [token] if token == h.start else [*self.read, token]
         if token == h.start:
             self.role, self.name = True, None
         elif token == h.channel:
             self.name = []
         elif token == h.message:
             self.state = "thought" if tuple(self.name or ()) == h.analysis else "answer"
+            self.opened = self.opened or self.thinking
             self.answered = self.state == "answer" and self.tokens > self.header
         elif self.name is not None and self.header <= MAX_HEADER_TOKENS:
             self.name.append(token)
@@ -229,3 +286,13 @@ class ChannelSplit:
             self.state = "answer"
             return "answer"
         return "tag"
+
+    def gate(self) -> Gate:
+        """A header is held to the analysis channel's or the final one's (the final one's only once a
+        thought was written); the final channel's text is the grammar's."""
+        if self.state != "header":
+            return THOUGHT if self.thinking else ANSWER
+        h, read = self.harmony, tuple(self.read)
+        heads = (h.final_header,) if self.opened else (h.final_header, h.analysis_header)
+        nexts = frozenset(head[len(read)] for head in heads if len(head) > len(read) and head[: len(read)] == read)
+        return Gate(grammar=False, also=nexts) if nexts else THOUGHT  # a header of its own: the model's

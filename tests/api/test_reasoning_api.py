@@ -98,6 +98,23 @@ def test_the_messages_api_gives_thinking_blocks_within_the_budget(thinker: tuple
     assert "budget_tokens" in err.value.message
 
 
+def test_the_messages_api_thinks_before_a_tool_call(thinker: tuple[RunningDaemon, DevSetup]) -> None:
+    # The tool grammar holds the answer, not the thought: the budget closes it, then the call comes.
+    client = anthropic_client(*thinker, unix=True)
+    verdict = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    tools = [{"name": "record", "description": "Record the verdict.", "input_schema": verdict}]
+    fields = {**_claude(thinker), "max_tokens": 1200, "tools": tools, "tool_choice": {"type": "any"}}
+    whole = client.messages.create(**fields)
+    assert [b.type for b in whole.content] == ["thinking", "tool_use"] and whole.stop_reason == "tool_use"
+    call = whole.content[1]
+    assert isinstance(call, anthropic.types.ToolUseBlock) and call.name == "record"
+    assert call.input in ({"ok": True}, {"ok": False})
+    with client.messages.stream(**fields) as stream:
+        streamed = stream.get_final_message()
+    blocks = [[b.model_dump(exclude={"id"}) for b in m.content] for m in (whole, streamed)]
+    assert blocks[0] == blocks[1]
+
+
 def test_the_responses_api_gives_a_reasoning_item(thinker: tuple[RunningDaemon, DevSetup]) -> None:
     client = openai_client(*thinker, unix=True)
     conversation: list[Any] = [QUESTION, PREFILL]

@@ -1,7 +1,8 @@
 """A reasoning model's thought is split from its answer on the tokens of its markers: the thought
 comes as ThoughtDelta events and counts in Finished.thought_tokens, the answer as TextDelta; a
 budget closes the thought; the chat template's switch is passed through; stop sequences, log
-probabilities, grammars and plain completions belong to the answer alone. The tiny SmolLM3 fixture
+probabilities, grammars and plain completions belong to the answer alone (a grammar holds the
+answer after a thought that runs free). The tiny SmolLM3 fixture
 has `<think>` and `</think>` as tokens of its own and a template that writes them; the tiny gpt-oss
 writes harmony's messages. Their random weights never close a thought by themselves, so a thought
 is opened by the prompt (as DeepSeek-R1's distills' templates and an assistant prefill do) and
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,9 +20,9 @@ import pytest
 
 import firmware
 from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, TextDelta
-from appliance.engine.reasoning import MAX_HEADER_TOKENS, ChannelSplit, Harmony, TagSplit, ThinkTags
+from appliance.engine.reasoning import MAX_HEADER_TOKENS, ChannelSplit, Gate, Harmony, TagSplit, ThinkTags
 from appliance.engine.request import Event, ThoughtDelta, TokenLogprob
-from appliance.engine.tools import OutputRules
+from appliance.engine.tools import CallArguments, CallStart, OutputRules, Tool, ToolChoice
 
 QUESTION = Message("user", "Explain the for statement and the else clause of a loop.")
 PREFILLED = (QUESTION, Message("assistant", "<think>\n"))  # the prompt opens the thought
@@ -141,11 +143,65 @@ def test_stop_sequences_and_log_probabilities_belong_to_the_answer(engine: Engin
     assert done3.stop_reason == "stop_sequence" and answer3 == answer[: answer.index(cut)]
 
 
-def test_a_grammar_or_a_plain_completion_is_all_answer(engine: Engine) -> None:
-    schema = _ask(12, output=OutputRules(json_schema={"type": "object"}))
-    for request in (schema, GenerationRequest(messages=(), raw_prompt="<think>\nA loop", max_tokens=12, temperature=0)):
-        thought, answer, done, _ = _run(engine, request)
-        assert thought == "" and answer and done.thought_tokens == 0
+# An answer the grammar leaves one choice in: {"ok": true} or {"ok": false}.
+OK = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+
+
+def test_a_plain_completion_is_all_answer(engine: Engine) -> None:
+    request = GenerationRequest(messages=(), raw_prompt="<think>\nA loop", max_tokens=12, temperature=0)
+    thought, answer, done, _ = _run(engine, request)
+    assert thought == "" and answer and done.thought_tokens == 0
+
+
+def test_under_a_grammar_the_thought_runs_free_and_the_answer_is_held(engine: Engine) -> None:
+    def free(request: GenerationRequest) -> str:
+        """The greedy text of the request's own prompt, held by nothing (a plain completion)."""
+        text = engine.prepare(request).text
+        return _run(engine, GenerationRequest(messages=(), raw_prompt=text, max_tokens=9, temperature=0))[1]
+
+    schema = _ask(40, thinking_budget=10, output=OutputRules(json_schema=OK))
+    thought, answer, done, _ = _run(engine, schema)
+    assert thought == free(schema)  # the grammar held none of the thought
+    assert json.loads(answer) in ({"ok": True}, {"ok": False}) and done.stop_reason == "end_turn"
+    assert done.thought_tokens == 10
+    tool = Tool("record", "Record the verdict.", OK)
+    rules = OutputRules(tools=(tool,), choice=ToolChoice("required"))
+    called = _ask(120, thinking_budget=10, output=rules)
+    thought, answer, done, events = _run(engine, called)
+    assert thought == free(called) and answer == "" and done.stop_reason == "tool_use"
+    assert [e.name for e in events if isinstance(e, CallStart)] == ["record"]
+    assert json.loads("".join(e.json for e in events if isinstance(e, CallArguments))) in ({"ok": True}, {"ok": False})
+
+
+def test_under_a_grammar_the_first_token_may_open_a_thought_and_blank_lines_may_follow_one() -> None:
+    split = ThinkTags(open_id=1, close_id=2, blank_ids=frozenset({8})).split([9], budget=None)
+    assert split.gate() == Gate(grammar=True, also=frozenset({1}))
+    split.take(1)
+    assert split.gate().free and not split.gate().grammar
+    split.take(5), split.take(2)
+    assert split.gate() == Gate(grammar=True, also=frozenset({8}))  # the blank lines after the close tag
+    split.take(8)
+    assert split.gate() == Gate(grammar=True, also=frozenset({8}))
+    split.take(7)
+    assert split.gate() == Gate(grammar=True)  # the answer began: all the grammar's
+    straight = ThinkTags(open_id=1, close_id=2).split([9], budget=None)
+    straight.take(7)
+    assert straight.gate() == Gate(grammar=True)
+
+
+def test_under_a_grammar_a_harmony_header_opens_the_analysis_or_the_final_answer() -> None:
+    split = HARMONY.split([7, 1, 11], budget=None)
+    gates = []
+    for token in (2, 10, 3, 20, 4, 1, 11, 2, 12, 3):
+        gates.append(split.gate())
+        split.take(token)
+    assert [sorted(g.also) for g in gates] == [[2], [10, 12], [3], [], [], [1], [11], [2], [12], [3]]
+    assert not any(g.grammar for g in gates) and gates[3].free and gates[4].free
+    assert split.gate() == Gate(grammar=True)  # the final channel's text
+    final = HARMONY.split([7, 1, 11], budget=None)
+    for token in (2, 12, 3):
+        final.take(token)
+    assert final.gate() == Gate(grammar=True) and not final.answered
 
 
 def test_a_model_without_tags_is_untouched(tiny_bundle_path: Path, trusted_keys: Path) -> None:
@@ -197,3 +253,14 @@ def test_gpt_oss_text_with_no_header_is_answer(gpt_oss: Engine) -> None:
     # The tiny model's random weights write no channel: after a header's length of tokens, text.
     _, answer, done, _ = _run(gpt_oss, GenerationRequest(messages=(QUESTION,), max_tokens=24, temperature=0))
     assert answer and done.thought_tokens == MAX_HEADER_TOKENS
+
+
+def test_gpt_oss_under_a_grammar_thinks_then_answers_in_the_final_channel(gpt_oss: Engine) -> None:
+    # The generation prompt ends in `<|start|>assistant`: the header may only open the analysis or
+    # the final channel, and after a thought only the final one; the final channel's text is the grammar's.
+    schema = OutputRules(json_schema=OK)
+    for opener in ((QUESTION,), (QUESTION, Message("assistant", "<|channel|>analysis<|message|>Let me think"))):
+        request = GenerationRequest(messages=opener, max_tokens=60, temperature=0, thinking_budget=10, output=schema)
+        thought, answer, done, _ = _run(gpt_oss, request)
+        assert json.loads(answer) in ({"ok": True}, {"ok": False}) and done.stop_reason == "end_turn"
+        assert "<|" not in thought + answer
