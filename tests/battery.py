@@ -23,20 +23,21 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
         {"model": MODEL, "max_tokens": 4, "system": [{"type": "text", "text": "be brief"}], "messages": [
             {"role": "user", "content": [{"type": "text", "text": "weather?"}]},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_w",
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "a call", "signature": ""},
+                                              {"type": "tool_use", "id": "toolu_1", "name": "get_w",
                                                "input": {"city": "Paris"}}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}],
          "tools": [{"name": "get_w", "description": "the weather", "input_schema": _TOOL_SCHEMA}],
-         "tool_choice": {"type": "tool", "name": "get_w"}},
+         "tool_choice": {"type": "tool", "name": "get_w"}, "thinking": {"type": "adaptive"}},
     ],
     "/v1/messages/count_tokens": [{"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                                    "tools": [{"name": "get_w", "input_schema": _TOOL_SCHEMA}]}],
     "/v1/chat/completions": [
         {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
-        {"model": MODEL, "max_tokens": 4, "seed": 3, "temperature": 0.7, "messages": [
+        {"model": MODEL, "max_tokens": 4, "seed": 3, "temperature": 0.7, "reasoning_effort": "low", "messages": [
             {"role": "user", "content": [{"type": "text", "text": "weather?"}]},
-            {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
-                "name": "get_w", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "assistant", "reasoning_content": "a call", "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_w", "arguments": "{\"city\": \"Paris\"}"}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
          "tools": [{"type": "function", "function": {"name": "get_w", "description": "the weather",
                                                      "parameters": _TOOL_SCHEMA}}],
@@ -47,10 +48,13 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"model": MODEL, "max_output_tokens": 4, "input": "hi"},
         {"model": MODEL, "max_output_tokens": 4, "instructions": "be brief", "input": [
             {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+            {"type": "reasoning", "id": "rs_1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "a call"}]},
             {"type": "function_call", "call_id": "call_1", "name": "get_w", "arguments": "{\"city\": \"Paris\"}"},
             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}],
          "tools": [{"type": "function", "name": "get_w", "parameters": _TOOL_SCHEMA}], "tool_choice": "auto",
-         "text": {"format": {"type": "json_schema", "name": "w", "schema": _TOOL_SCHEMA}}},
+         "text": {"format": {"type": "json_schema", "name": "w", "schema": _TOOL_SCHEMA}},
+         "reasoning": {"effort": "low"}},
     ],
 }  # fmt: skip
 # Field names a hostile or careless client might send, known and unknown to each API.
@@ -59,7 +63,8 @@ KEYS = ["model", "messages", "max_tokens", "system", "stream", "temperature", "t
         "logprobs", "top_logprobs", "prompt", "echo", "role", "content", "type", "text", "name", "input_schema",
         "parameters", "function", "tool_calls", "tool_call_id", "tool_use_id", "input", "schema", "json_schema",
         "frequency_penalty", "repetition_penalty", "min_p", "user", "thread", "suffix", "input", "instructions",
-        "max_output_tokens", "call_id", "output", "arguments", "\u0000", "a\ud800b", ""]
+        "max_output_tokens", "call_id", "output", "arguments", "thinking", "budget_tokens", "reasoning_effort",
+        "reasoning", "effort", "reasoning_content", "summary", "signature", "\u0000", "a\ud800b", ""]
 
 
 def junk(rng: random.Random, depth: int = 0) -> Any:
