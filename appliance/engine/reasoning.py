@@ -3,7 +3,8 @@
 Two ways of writing a thought, each found from the model's vocabulary and chat template:
 
 - Tags: Qwen3, QwQ, DeepSeek-R1's distills, SmolLM3 and Phi-4-reasoning think between `<think>` and
-  `</think>`, each one token of their vocabulary, before they answer.
+  `</think>`, each one token of their vocabulary, before they answer (Magistral between `[THINK]`
+  and `[/THINK]`; TAG_PAIRS).
 - Channels: gpt-oss writes messages in OpenAI's harmony format, each with a header:
   `<|channel|>analysis<|message|>` the thought `<|end|><|start|>assistant<|channel|>final<|message|>`
   the answer. Those markers are special tokens, which decoding drops: unsplit, the answer read
@@ -27,7 +28,11 @@ from typing import Literal, Protocol
 
 from appliance.engine.tokenizer import TextTokenizer
 
-OPEN_TAG, CLOSE_TAG = "<think>", "</think>"
+# The tags that thinking models write their thought between, each one token of their vocabulary:
+# most (Qwen3, QwQ, DeepSeek-R1's distills, SmolLM3, Phi-4-reasoning, GLM-4.5, ERNIE 4.5), then
+# Mistral's Magistral, ByteDance's Seed-OSS and Moonshot's Kimi.
+TAG_PAIRS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"), ("<seed:think>", "</seed:think>"),
+             ("◁think▷", "◁/think▷"))  # fmt: skip
 Kind = Literal["tag", "thought", "answer"]
 # A harmony header is a role and a channel name: a model that writes this many tokens and no
 # `<|message|>` is not writing one, and what follows is answer.
@@ -115,11 +120,12 @@ class ThinkTags:
 
     @staticmethod
     def of(tokenizer: TextTokenizer, template: str) -> ThinkTags | None:
-        open_id, close_id = tokenizer.token_id(OPEN_TAG), tokenizer.token_id(CLOSE_TAG)
-        if open_id is None or close_id is None or OPEN_TAG not in template:
-            return None
-        blanks = (tokenizer.encode(text)[0] for text in BLANKS)
-        return ThinkTags(open_id, close_id, frozenset(ids[0] for ids in blanks if len(ids) == 1))
+        for open_tag, close_tag in TAG_PAIRS:
+            open_id, close_id = tokenizer.token_id(open_tag), tokenizer.token_id(close_tag)
+            if open_id is not None and close_id is not None and open_tag in template:
+                blanks = (tokenizer.encode(text)[0] for text in BLANKS)
+                return ThinkTags(open_id, close_id, frozenset(ids[0] for ids in blanks if len(ids) == 1))
+        return None
 
     def inside(self, prompt_ids: Sequence[int]) -> bool:
         """Whether the prompt ends inside a thought: its last tag opens one (DeepSeek-R1's distills and

@@ -109,6 +109,21 @@ def test_the_tags_are_found_where_the_vocabulary_has_them_and_the_template_write
     assert ThinkTags.of(tok, "{{ messages }}") is None  # a template that never writes them
 
 
+def test_magistral_tags_are_found_as_well(engine: Engine, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    from appliance.engine.tokenizer import TextTokenizer
+
+    vocab = Tokenizer.from_file(str(engine.bundle.tokenizer_path))
+    vocab.add_special_tokens(["[THINK]", "[/THINK]"])
+    vocab.save(str(tmp_path / "tokenizer.json"))
+    tok = TextTokenizer(tmp_path / "tokenizer.json", tmp_path / "absent.json")
+    template = "{{ system }}Write your thought between [THINK] and [/THINK]."
+    tags = ThinkTags.of(tok, template)
+    assert tags is not None and (tags.open_id, tags.close_id) == (tok.token_id("[THINK]"), tok.token_id("[/THINK]"))
+    assert tok.encode("\n\n")[0][0] in tags.blank_ids
+
+
 def test_the_template_switch_is_passed_and_left_unset_by_default(engine: Engine) -> None:
     def prompt(thinking: bool | None) -> str:
         return engine.prepare(GenerationRequest(messages=(QUESTION,), thinking=thinking)).text
