@@ -137,8 +137,18 @@ class ThinkTags:
                 return False
         return False
 
+    def closed(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether the prompt ends in a closed thought, blank lines at most after it (Qwen3's and
+        SmolLM3's templates write an empty one when thinking is off): this turn opens no other."""
+        for token in reversed(prompt_ids):
+            if token not in self.blank_ids:
+                return token == self.close_id
+        return False
+
     def split(self, prompt_ids: Sequence[int], budget: int | None) -> TagSplit:
-        return TagSplit(self, self.inside(prompt_ids), budget)
+        split = TagSplit(self, self.inside(prompt_ids), budget)
+        split.started = split.started or self.closed(prompt_ids)
+        return split
 
 
 class TagSplit:

@@ -179,6 +179,10 @@ def test_under_a_grammar_the_thought_runs_free_and_the_answer_is_held(engine: En
     assert thought == free(schema)  # the grammar held none of the thought
     assert json.loads(answer) in ({"ok": True}, {"ok": False}) and done.stop_reason == "end_turn"
     assert done.thought_tokens == 10
+    off = GenerationRequest(messages=(QUESTION,), max_tokens=40, temperature=0, thinking=False,
+                            output=OutputRules(json_schema=OK))  # fmt: skip
+    thought, answer, done, _ = _run(engine, off)  # the template's empty thought: the grammar from the first token
+    assert thought == "" and done.thought_tokens == 0 and json.loads(answer) in ({"ok": True}, {"ok": False})
     tool = Tool("record", "Record the verdict.", OK)
     rules = OutputRules(tools=(tool,), choice=ToolChoice("required"))
     called = _ask(120, thinking_budget=10, output=rules)
@@ -202,6 +206,11 @@ def test_under_a_grammar_the_first_token_may_open_a_thought_and_blank_lines_may_
     straight = ThinkTags(open_id=1, close_id=2).split([9], budget=None)
     straight.take(7)
     assert straight.gate() == Gate(grammar=True)
+    # Thinking switched off: the template closed an empty thought, and the turn opens no other.
+    tags = ThinkTags(open_id=1, close_id=2, blank_ids=frozenset({8}))
+    assert tags.split([9, 1, 8, 2, 8], budget=None).gate() == Gate(grammar=True)
+    assert tags.split([9, 1, 8, 2, 8], budget=None).take(1) == "answer"
+    assert tags.split([1, 5, 2, 9], budget=None).gate() == Gate(grammar=True, also=frozenset({1}))  # an earlier turn's
 
 
 def test_under_a_grammar_a_harmony_header_opens_the_analysis_or_the_final_answer() -> None:
