@@ -23,7 +23,7 @@ from appliance.api.tools import (
 )
 from appliance.engine import Finished, GenerationRequest, Message
 from appliance.engine.request import TokenLogprob
-from appliance.engine.tools import OutputRules, Tool, ToolChoice, format_call, format_results
+from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice, format_results
 
 # status -> the Messages API's error type
 _ERROR_TYPES = {
@@ -63,16 +63,18 @@ def _messages(doc: dict[str, Any]) -> tuple[Message, ...]:
             raise ApiError(400, f"{where}.role: roles must alternate, starting with 'user'", param="messages")
         if "content" not in m:
             raise ApiError(400, f"{where}.content: field required", param="messages")
-        out.append(Message(role, _content(m["content"], role, f"{where}.content")))
+        text, calls = _content(m["content"], role, f"{where}.content")
+        out.append(Message(role, text, calls))
     return tuple(out)
 
 
-def _content(content: Any, role: str, where: str) -> str:
-    """A message's text as the model sees it: text blocks, and the assistant's earlier tool calls
-    and the user's tool results written in the model's tool format."""
+def _content(content: Any, role: str, where: str) -> tuple[str, tuple[PastCall, ...]]:
+    """A message's text as the model sees it (text blocks, and the user's tool results written as
+    Hermes' blocks), and the assistant's earlier tool calls."""
     if not isinstance(content, list):
-        return text_content(content, where)
+        return text_content(content, where), ()
     parts: list[str] = []
+    calls: list[PastCall] = []
     results: list[tuple[str, bool]] = []
     for i, block in enumerate(content):
         at = f"{where}[{i}]"
@@ -82,7 +84,7 @@ def _content(content: Any, role: str, where: str) -> str:
                            where=f"{at}.")  # what the SDK echoes back from a response
             get_str(block, "id", required=True, where=f"{at}.")
             name = get_str(block, "name", required=True, where=f"{at}.")
-            parts.append(format_call(str(name), arguments_text(block.get("input"), f"{at}.input", "messages")))
+            calls.append(PastCall(str(name), arguments_text(block.get("input"), f"{at}.input", "messages")))
         elif kind == "tool_result" and role == "user":
             reject_unknown(block, {"type", "tool_use_id", "content", "is_error", "cache_control"}, {},
                            where=f"{at}.")  # fmt: skip
@@ -99,7 +101,7 @@ def _content(content: Any, role: str, where: str) -> str:
             parts.append(block_text(block, at, param="messages"))
     if results:
         parts.insert(0, format_results(results))
-    return "\n".join(parts)
+    return "\n".join(parts), tuple(calls)
 
 
 def _tools(doc: dict[str, Any]) -> OutputRules:

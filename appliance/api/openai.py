@@ -26,7 +26,7 @@ from appliance.api.tools import (
 )
 from appliance.engine import Finished, GenerationRequest, Message
 from appliance.engine.request import TokenLogprob
-from appliance.engine.tools import OutputRules, Tool, ToolChoice, format_call, format_results
+from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice, format_results
 
 # status -> (OpenAI error type, code)
 _ERROR_KINDS: dict[int, tuple[str, str | None]] = {
@@ -83,7 +83,7 @@ def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
             # An earlier thought (reasoning_content, as the SDK echoes a message back) is not shown again.
             reject_unknown(m, {"role", "content", "name", "tool_calls", "refusal", "reasoning_content"}, {},
                            where=f"{where}.")  # fmt: skip
-            out.append(Message("assistant", _assistant_text(m, where)))
+            out.append(_assistant_turn(m, where))
             continue
         reject_unknown(m, {"role", "content", "name"}, {}, where=f"{where}.")
         get_str(m, "name", where=f"{where}.")
@@ -103,14 +103,15 @@ def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
     return ("\n\n".join(system_parts) or None), tuple(out)
 
 
-def _assistant_text(m: dict[str, Any], where: str) -> str:
-    """An assistant turn as the model wrote it: its text, then its tool calls in the model's format."""
+def _assistant_turn(m: dict[str, Any], where: str) -> Message:
+    """An assistant turn as the model wrote it: its text, then its tool calls."""
     get_str(m, "name", where=f"{where}.")
     content = m.get("content")
-    parts = [text_content(content, f"{where}.content")] if content not in (None, "", []) else []
+    text = text_content(content, f"{where}.content") if content not in (None, "", []) else ""
     calls = m.get("tool_calls") or []
     if not isinstance(calls, list):
         raise ApiError(400, f"{where}.tool_calls: must be a list", param="messages")
+    past: list[PastCall] = []
     for j, call in enumerate(calls):
         at = f"{where}.tool_calls[{j}]"
         if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
@@ -118,11 +119,11 @@ def _assistant_text(m: dict[str, Any], where: str) -> str:
         reject_unknown(call, {"id", "type", "function"}, {}, where=f"{at}.")
         fn = call["function"]
         name = get_str(fn, "name", required=True, where=f"{at}.function.")
-        parts.append(format_call(str(name), arguments_text(fn.get("arguments", "{}"), f"{at}.function.arguments",
-                                                           "messages")))  # fmt: skip
-    if not parts and content is None:
+        past.append(PastCall(str(name), arguments_text(fn.get("arguments", "{}"), f"{at}.function.arguments",
+                                                       "messages")))  # fmt: skip
+    if not past and content is None:
         raise ApiError(400, f"{where}.content: field required (or tool_calls)", param="messages")
-    return "\n".join(parts)
+    return Message("assistant", text, tuple(past))
 
 
 # OpenAI's reasoning efforts: the lowest two ask a reasoning model to answer without a thought.

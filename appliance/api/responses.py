@@ -29,7 +29,7 @@ from appliance.api.openai import (
 from appliance.api.tools import Answer, CallOut, arguments_text, check_tools, make_tool, schema_object, tool_items
 from appliance.engine import Finished, GenerationRequest, Message
 from appliance.engine.request import TokenLogprob
-from appliance.engine.tools import OutputRules, Tool, ToolChoice, format_call, format_results
+from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice, format_results
 
 _KNOWN = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
           "parallel_tool_calls", "text", "stream", "stream_options", "metadata", "user", "store", "truncation",
@@ -88,7 +88,7 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "input: must be a string or a non-empty list of items", param="input")
     turns: list[Message] = []
-    assistant: list[str] = []  # the assistant turn being built: its text, then its calls
+    assistant: list[str | PastCall] = []  # the assistant turn being built: its text, then its calls
     results: list[tuple[str, bool]] = []  # function_call_output items in a row: one user turn
     # Items are read by the keys they need, the rest let be: clients send back the output items of
     # earlier responses as their SDK dumps them (ids, status, fields newer than this server).
@@ -120,8 +120,8 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
         elif kind == "function_call":
             get_str(item, "call_id", required=True, where=f"{where}.")
             name = get_str(item, "name", required=True, where=f"{where}.")
-            assistant.append(format_call(str(name), arguments_text(item.get("arguments", "{}"), f"{where}.arguments",
-                                                                   "input")))  # fmt: skip
+            assistant.append(PastCall(str(name), arguments_text(item.get("arguments", "{}"), f"{where}.arguments",
+                                                                "input")))  # fmt: skip
         elif kind == "reasoning":
             continue  # an earlier thought, sent back with the output items: the model is not shown it again
         elif kind == "function_call_output":
@@ -140,9 +140,10 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
     return ("\n\n".join(s for s in system if s) or None), tuple(turns)
 
 
-def _assistant_turn(parts: list[str]) -> Message:
+def _assistant_turn(parts: list[str | PastCall]) -> Message:
     """An assistant's text and calls, one turn as the model writes it (an empty text is no part)."""
-    return Message("assistant", "\n".join(p for p in parts if p))
+    text = "\n".join(p for p in parts if isinstance(p, str) and p)
+    return Message("assistant", text, tuple(p for p in parts if isinstance(p, PastCall)))
 
 
 def _tools(doc: dict[str, Any]) -> OutputRules:

@@ -17,7 +17,15 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from appliance.engine.errors import InvalidRequest
 from appliance.engine.request import Message
 from appliance.engine.tokenizer import TextTokenizer
-from appliance.engine.tools import OutputRules, schema_block, system_block
+from appliance.engine.tools import (
+    HERMES,
+    CallFormat,
+    OutputRules,
+    call_format,
+    format_calls,
+    schema_block,
+    system_block,
+)
 
 if TYPE_CHECKING:
     from appliance.engine.constraint import Constraint
@@ -61,6 +69,7 @@ class Prompt:
     text: str
     constraint: Constraint | None = None  # the request's output grammar, compiled (engine.prepare)
     thought_format: ThoughtFormat | None = None  # how the answer's thought is split off (engine.prepare)
+    call_format: CallFormat = HERMES  # how the model writes a call
 
 
 class ChatTemplate:
@@ -77,8 +86,10 @@ class ChatTemplate:
             raise ValueError(f"the bundle's chat template does not compile: {exc} (line {getattr(exc, 'lineno', '?')})"
                              ) from None  # fmt: skip
         self.tokenizer = tokenizer
-        # Hugging Face templates that know tools read a `tools` variable; others get our system block.
+        # Hugging Face templates that know tools read a `tools` variable; others get our system block,
+        # which asks for the Hermes format.
         self.takes_tools = "tools" in source
+        self.call_format = call_format(source) if self.takes_tools else HERMES
 
     def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool, **extra: Any) -> str:
         try:
@@ -113,7 +124,7 @@ class ChatTemplate:
             blocks.append(schema_block(output.json_schema))
         system = "\n\n".join(blocks) or None
         docs = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": m.role, "content": m.content} for m in messages
+            {"role": m.role, "content": self._content(m)} for m in messages
         ]
         if docs[-1]["role"] == "assistant" and not docs[-1]["content"]:
             docs = docs[:-1]  # an empty final assistant message continues nothing: answer as usual
@@ -128,7 +139,15 @@ class ChatTemplate:
             if text.startswith(head):
                 # First token starting at or after the boundary character.
                 starts.append(next((i for i, off in enumerate(offsets) if off >= len(head)), len(ids)))
-        return Prompt(ids=ids, message_starts=sorted(set(starts)), text=text)
+        return Prompt(ids=ids, message_starts=sorted(set(starts)), text=text, call_format=self.call_format)
+
+
+    def _content(self, message: Message) -> str:
+        """A message's text, an assistant's calls after it in the model's own call format."""
+        if not message.calls:
+            return message.content
+        calls = format_calls(message.calls, self.call_format)
+        return f"{message.content}\n{calls}" if message.content else calls
 
 
 def _through_final(text: str, final: str) -> str:

@@ -535,7 +535,7 @@ class Engine:
                 f"model's context of {self.context_length} tokens",
                 "max_tokens",
             )
-        lark = grammar(request.output)
+        lark = grammar(request.output, prompt.call_format)
         if lark is not None:  # it holds the answer; a thought before it runs free (reasoning.Gate)
             param = "tools" if request.output.tools else request.output.schema_field
             prompt = dataclasses.replace(prompt, constraint=self.grammars().constraint(lark, param))

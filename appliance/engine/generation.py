@@ -65,7 +65,8 @@ class Generation:
         self.constraint = prompt.constraint  # the output grammar, if the request has one
         # Tool calls are parsed out of the output only where the grammar lets the model write them.
         rules = request.output
-        self.calls = CallParser(calls_only=rules.choice.mode in ("required", "tool")) if rules.calls_allowed else None
+        calls_only = rules.choice.mode in ("required", "tool")
+        self.calls = CallParser(prompt.call_format, calls_only) if rules.calls_allowed else None
         self.repeats = RepeatGuard()
         self.tokenizer = tokenizer
         self.decoder = StreamDecoder(tokenizer)

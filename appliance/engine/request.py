@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from appliance.engine.errors import InvalidRequest
-from appliance.engine.tools import CallArguments, CallStart, OutputRules
+from appliance.engine.tools import CallArguments, CallStart, OutputRules, PastCall
 from appliance.engine.trace import Trace
 
 ROLES = ("system", "user", "assistant")
@@ -21,6 +21,7 @@ MAX_TOP_LOGPROBS = 20
 class Message:
     role: str
     content: str
+    calls: tuple[PastCall, ...] = ()  # an assistant's calls after its text, written in the model's call format
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ class GenerationRequest:
         if self.output.constrained or len(self.messages) > 4:  # a render per message boundary
             return False
         text = (self.raw_prompt or "") + (self.system or "")
-        return len(text) + sum(len(m.content) for m in self.messages) <= limit_chars
+        calls = sum(len(c.name) + len(c.arguments) for m in self.messages for c in m.calls)
+        return len(text) + calls + sum(len(m.content) for m in self.messages) <= limit_chars
 
     def validate(self) -> None:
         """Check what needs no tokenizer; raise InvalidRequest naming the parameter."""
@@ -77,6 +79,11 @@ class GenerationRequest:
             if not isinstance(m.content, str):
                 raise InvalidRequest(f"messages[{i}].content must be text", "messages")
             _check_text(m.content, f"messages[{i}].content", "messages")
+            for call in m.calls:
+                if m.role != "assistant" or not isinstance(call, PastCall):
+                    raise InvalidRequest(f"messages[{i}]: only an assistant's turn has calls", "messages")
+                _check_text(call.name, f"messages[{i}] call name", "messages")
+                _check_text(call.arguments, f"messages[{i}] call arguments", "messages")
         if self.system is not None:
             _check_text(self.system, "system", "system")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:

@@ -1,32 +1,68 @@
 """Tool calls and structured output, as the model sees and writes them.
 
-One text format for every model (the Hermes format that Qwen and many fine-tunes are trained on):
+A call is written in the format the model was trained on, found from its chat template
+(`call_format`): the Hermes format that Qwen, SmolLM3 and many fine-tunes use,
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-Earlier calls and their results are rendered into the conversation in the same format, the tools
-reach the model through the chat template (when it takes `tools`) or a system block of ours, and
+or Llama 3.1-3.3's JSON, `{"name": "get_weather", "parameters": {"city": "Paris"}}`, which their
+templates ask for (a model that would write a call its own way and is held to another answers in
+text instead, in `auto`). Earlier calls are rendered into the conversation in the same format and
+their results as Hermes' `<tool_response>` blocks; the tools reach the model through the chat
+template (when it takes `tools`) or a system block of ours (which asks for the Hermes format), and
 the output is held to a grammar built from the request: free text, a JSON schema, or calls whose
-names and arguments are those the tools allow. So a parser that expects exactly this format
+names and arguments are those the tools allow. So a parser that expects exactly that format
 (`CallParser`) is enough to turn the output back into calls, even on a 135M model.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-CALL_OPEN = "<tool_call>\n"
-CALL_CLOSE = "}\n</tool_call>"
-CALL_SEPARATOR = "\n"
-_NAME_OPEN = '{"name": "'
-_ARGS_OPEN = '", "arguments": '
-_HEAD = CALL_OPEN + _NAME_OPEN
 MAX_PARALLEL_CALLS = 8  # calls in one turn when parallel calls are allowed: a small model may otherwise loop
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    """How a model writes one call: `head` + name + `args_open` + the arguments' JSON + `close`."""
+
+    name: str
+    opening: str  # what text never begins with, as a call does (a call is never half-written as text)
+    head: str
+    args_open: str
+    close: str
+    separator: str  # between two calls of a turn
+    parallel: bool = True  # the model writes more than one call in a turn
+
+    def format(self, name: str, arguments: str) -> str:
+        """A call as the model would have written it (`arguments`: JSON text)."""
+        return f"{self.head}{name}{self.args_open}{arguments}{self.close}"
+
+
+HERMES = CallFormat("hermes", "<tool_call>", '<tool_call>\n{"name": "', '", "arguments": ', "}\n</tool_call>", "\n")
+# Their templates refuse more than one call in a turn ("This model only supports single tool-calls at once").
+LLAMA3_JSON = CallFormat("llama3_json", '{"name"', '{"name": "', '", "parameters": ', "}", "; ", parallel=False)
+
+
+def call_format(template: str) -> CallFormat:
+    """The call format a chat template that takes `tools` asks its model for."""
+    if '"parameters": dictionary of argument name' in template:  # Llama 3.1, 3.2 and 3.3, as published
+        return LLAMA3_JSON
+    return HERMES
+
+
+@dataclass(frozen=True)
+class PastCall:
+    """An earlier call of the conversation, as a client sends it back."""
+
+    name: str
+    arguments: str  # JSON text
 
 
 @dataclass(frozen=True)
@@ -66,10 +102,9 @@ class OutputRules:
         return bool(self.tools) and self.choice.mode != "none"
 
 
-def format_call(name: str, arguments: Mapping[str, Any] | str) -> str:
-    """An earlier call as the model would have written it (a string is already JSON)."""
-    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return f"{CALL_OPEN}{_NAME_OPEN}{name}{_ARGS_OPEN}{args}{CALL_CLOSE}"
+def format_calls(calls: Sequence[PastCall], fmt: CallFormat) -> str:
+    """A turn's earlier calls as the model would have written them."""
+    return fmt.separator.join(fmt.format(c.name, c.arguments) for c in calls)
 
 
 def format_results(results: Sequence[tuple[str, bool]]) -> str:
@@ -98,7 +133,7 @@ def schema_block(schema: Mapping[str, Any]) -> str:
     return "Answer with JSON only, matching this JSON schema:\n" + json.dumps(schema, ensure_ascii=False)
 
 
-def grammar(rules: OutputRules) -> str | None:
+def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
     """The Lark grammar (llguidance's dialect, with %json for schemas) the answer must match; None:
     unconstrained."""
     if not rules.constrained:
@@ -106,7 +141,7 @@ def grammar(rules: OutputRules) -> str | None:
     if rules.json_schema is not None:
         text = "text: %json " + json.dumps(_compact(rules.json_schema), ensure_ascii=False)
     else:  # free text that does not begin as a call would (so a call is never half-written as text)
-        text = "text: TEXT\nTEXT: /(.|\\n)*/ & ~/<tool_call>(.|\\n)*/"
+        text = f"text: TEXT\nTEXT: /(.|\\n)*/ & ~/{re.escape(fmt.opening)}(.|\\n)*/"
     if not rules.calls_allowed:
         return f"start: text\n{text}\n"
     tools = rules.tools
@@ -114,10 +149,11 @@ def grammar(rules: OutputRules) -> str | None:
         tools = tuple(t for t in tools if t.name == rules.choice.name)
     lines = []
     for i, tool in enumerate(tools):
-        head = json.dumps(_HEAD + tool.name + _ARGS_OPEN, ensure_ascii=False)
-        lines.append(f"call_{i}: {head} args_{i} {json.dumps(CALL_CLOSE)}")
+        head = json.dumps(fmt.head + tool.name + fmt.args_open, ensure_ascii=False)
+        lines.append(f"call_{i}: {head} args_{i} {json.dumps(fmt.close)}")
         lines.append(f"args_{i}: %json " + json.dumps(_compact(_object_schema(tool.schema)), ensure_ascii=False))
-    more = f'("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if rules.choice.parallel else ""
+    parallel = rules.choice.parallel and fmt.parallel
+    more = f"({json.dumps(fmt.separator)} call){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else ""
     start = "calls" if rules.choice.mode in ("required", "tool") else "text | calls"
     return "\n".join([f"start: {start}", text, f"calls: call {more}",
                       "call: " + " | ".join(f"call_{i}" for i in range(len(tools))), *lines]) + "\n"  # fmt: skip
@@ -244,7 +280,8 @@ class CallParser:
     answer (the grammar allows text or calls, not both), so the first characters decide; inside a
     call the arguments are passed on as they arrive, ending where their JSON value ends."""
 
-    def __init__(self, calls_only: bool = False) -> None:
+    def __init__(self, fmt: CallFormat = HERMES, calls_only: bool = False) -> None:
+        self.fmt = fmt
         self.calls_only = calls_only  # the grammar allows no text (tool choice required or named)
         self.mode = "start"  # start | text | head | args | tail
         self.buf = ""
@@ -269,7 +306,8 @@ class CallParser:
             out.append(TextPart(self.buf))
             self.buf = ""
         elif self.mode in ("start", "head"):
-            expect = _HEAD if self.mode == "head" or self.calls == 0 else CALL_SEPARATOR + _HEAD
+            fmt = self.fmt
+            expect = fmt.head if self.mode == "head" or self.calls == 0 else fmt.separator + fmt.head
             if len(self.buf) < len(expect):
                 if not expect.startswith(self.buf):
                     self.mode = "text"
@@ -280,14 +318,14 @@ class CallParser:
             end = self.buf.find('"', len(expect))
             if end < 0:
                 return
-            if not self.buf.startswith(_ARGS_OPEN, end):
-                if len(self.buf) - end < len(_ARGS_OPEN):
+            if not self.buf.startswith(fmt.args_open, end):
+                if len(self.buf) - end < len(fmt.args_open):
                     return
                 self.mode = "text"
                 return
             out.append(CallStart(self.calls, self.buf[len(expect) : end]))
             self.calls += 1
-            self.buf = self.buf[end + len(_ARGS_OPEN) :]
+            self.buf = self.buf[end + len(fmt.args_open) :]
             self.mode, self._depth, self._in_string, self._escape = "args", 0, False, False
         elif self.mode == "args":
             n = self._value_end(self.buf)
@@ -298,11 +336,12 @@ class CallParser:
             if n is not None:
                 self.mode = "tail"
         elif self.mode == "tail":
-            if len(self.buf) < len(CALL_CLOSE):
+            close = self.fmt.close
+            if len(self.buf) < len(close):
                 return
-            if self.buf.startswith(CALL_CLOSE):
+            if self.buf.startswith(close):
                 self.complete += 1
-                self.buf = self.buf[len(CALL_CLOSE) :]
+                self.buf = self.buf[len(close) :]
                 self.mode = "start"
             else:
                 self.mode = "text"

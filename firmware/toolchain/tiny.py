@@ -204,6 +204,32 @@ THINKING_CHAT_TEMPLATE = (
 )
 
 
+# Llama 3.1's and 3.2's template, abridged (no dates, no built-in tools): a template that takes
+# `tools` writes them into the first user turn and asks for calls in Llama's own JSON.
+LLAMA3_CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] | trim %}"
+    "{%- set messages = messages[1:] %}{%- else %}{%- set system_message = '' %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\n\n' }}"
+    "{%- if tools is not none and tools is defined %}{{- 'Environment: ipython\n' }}{%- endif %}"
+    "{{- system_message + '<|eot_id|>' }}"
+    "{%- if tools is not none and tools is defined and messages | length > 0 %}"
+    "{%- set first_user_message = messages[0]['content'] | trim %}{%- set messages = messages[1:] %}"
+    "{{- '<|start_header_id|>user<|end_header_id|>\n\n' }}"
+    "{{- 'Given the following functions, please respond with a JSON for a function call with its proper '"
+    " 'arguments that best answers the given prompt.\n\n' }}"
+    "{{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its "
+    "value}.Do not use variables.\n\n' }}"
+    "{%- for t in tools %}{{- t | tojson(indent=4) }}{{- '\n\n' }}{%- endfor %}"
+    "{{- first_user_message + '<|eot_id|>' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
+)
+
+
 # gpt-oss's harmony format, as its template writes it (abridged: no tools, no developer message, no
 # earlier thoughts): a system message with the reasoning effort, each message with its header, and
 # an earlier answer in the final channel; the generation prompt leaves the channel to the model.
@@ -244,6 +270,10 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "gemma2": GEMMA_TURNS,
     # SmolLM3 thinks aloud between tags of its vocabulary, as Qwen3 does (appliance/engine/reasoning.py).
     "smollm3": ChatStyle(THINKING_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>")),
+    # Llama 3's headers, and its own JSON for tool calls (appliance/engine/tools.py).
+    "llama_rope_llama3": ChatStyle(LLAMA3_CHAT_TEMPLATE, ("<|finetune_right_pad_id|>", "<|begin_of_text|>",
+                                                          "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+                                   "<|begin_of_text|>", "<|eot_id|>"),
     # gpt-oss writes harmony's messages; `<|end|>` ends one, `<|return|>` the answer.
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",
                                                  "<|message|>", "<|end|>", "<|return|>"),

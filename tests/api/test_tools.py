@@ -30,15 +30,18 @@ from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, 
 from appliance.engine.constraint import GrammarCompiler
 from appliance.engine.sampling import Sampler, penalize
 from appliance.engine.tools import (
+    HERMES,
+    LLAMA3_JSON,
     CallArguments,
+    CallFormat,
     CallParser,
     CallStart,
     OutputRules,
+    PastCall,
     RepeatGuard,
     TextPart,
     Tool,
     ToolChoice,
-    format_call,
     grammar,
     schema_block,
 )
@@ -51,8 +54,13 @@ CLOCK = Tool("get_time", "The time", {})
 # --- the format, the grammar and the parser, without a model ----------------------------------
 
 
-def _parse(output: str, chunk: int, calls_only: bool = False) -> tuple[str, list[tuple[str, str]], int]:
-    parser, text, calls = CallParser(calls_only), "", []
+def format_call(name: str, arguments: dict[str, Any] | str, fmt: CallFormat = HERMES) -> str:
+    return fmt.format(name, arguments if isinstance(arguments, str) else json.dumps(arguments))
+
+
+def _parse(output: str, chunk: int, calls_only: bool = False,
+           fmt: CallFormat = HERMES) -> tuple[str, list[tuple[str, str]], int]:  # fmt: skip
+    parser, text, calls = CallParser(fmt, calls_only), "", []
     pieces = [output[i : i + chunk] for i in range(0, len(output), chunk)]
     for part in [p for piece in pieces for p in parser.push(piece)] + parser.flush():
         if isinstance(part, TextPart):
@@ -77,6 +85,16 @@ def test_the_call_parser_splits_text_and_calls_however_the_output_is_chunked(chu
     cut = format_call("get_weather", {"city": "Paris"}).split("is")[0]  # max_tokens inside the arguments
     text, calls, complete = _parse(cut, chunk)
     assert text == "" and calls == [("get_weather", '{"city": "Par')] and complete == 0
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_llama_3_calls_are_parsed_in_its_own_json(chunk: int) -> None:
+    call = format_call("get_weather", {"city": "Paris", "unit": "c"}, LLAMA3_JSON)
+    assert call == '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "c"}}'
+    assert _parse(call, chunk, fmt=LLAMA3_JSON) == ("", [("get_weather", '{"city": "Paris", "unit": "c"}')], 1)
+    assert _parse("Hello {not a call}", chunk, fmt=LLAMA3_JSON) == ("Hello {not a call}", [], 0)
+    assert _parse('{"nam', chunk, fmt=LLAMA3_JSON) == ('{"nam', [], 0)
+    assert _parse(format_call("get_weather", {"city": "Paris"}), chunk, fmt=LLAMA3_JSON)[1] == []  # Hermes: text
 
 
 def _guarded(output: str, chunk: int, last: bool = True) -> tuple[list[tuple[str, str]], bool]:
@@ -126,8 +144,8 @@ def compiler(tiny_bundle_path: Path, trusted_keys: Path) -> GrammarCompiler:
     return GrammarCompiler(bundle.tokenizer_path, bundle.model.vocab_size, bundle.model.eos_token_ids)
 
 
-def _accepts(compiler: GrammarCompiler, rules: OutputRules, output: str) -> bool:
-    lark = grammar(rules)
+def _accepts(compiler: GrammarCompiler, rules: OutputRules, output: str, fmt: CallFormat = HERMES) -> bool:
+    lark = grammar(rules, fmt)
     assert lark is not None
     constraint = compiler.constraint(lark, "tools")
     return all(constraint.matcher.consume_token(t) for t in compiler.tokenizer.tokenize_str(output)) and bool(
@@ -148,12 +166,22 @@ def test_the_grammar_allows_what_the_tool_choice_allows_and_nothing_else(compile
     assert not _accepts(compiler, required, call + "\n" + clock)  # parallel calls disabled
     named = OutputRules((WEATHER, CLOCK), ToolChoice("tool", "get_time"))
     assert _accepts(compiler, named, clock) and not _accepts(compiler, named, call)
+
     none = OutputRules((WEATHER,), ToolChoice("none"))
     assert _accepts(compiler, none, "It is sunny.") and not _accepts(compiler, none, call)
     schema = OutputRules(json_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
     assert _accepts(compiler, schema, '{"n": 3}')
     assert not _accepts(compiler, schema, '{"n": 3, "extra": 1}')  # closed: no invented keys
     assert not _accepts(compiler, schema, "three")
+
+
+def test_a_llama_3_grammar_holds_its_calls_and_allows_one_a_turn(compiler: GrammarCompiler) -> None:
+    call = format_call("get_weather", {"city": "Paris", "unit": "c"}, LLAMA3_JSON)
+    clock = format_call("get_time", {}, LLAMA3_JSON)
+    auto = OutputRules((WEATHER, CLOCK))
+    assert _accepts(compiler, auto, "It is sunny.", LLAMA3_JSON) and _accepts(compiler, auto, call, LLAMA3_JSON)
+    assert not _accepts(compiler, auto, call + "; " + clock, LLAMA3_JSON)  # its templates refuse parallel calls
+    assert not _accepts(compiler, auto, '{"name": "get_weather", "arguments": {}}', LLAMA3_JSON)  # not as text
 
 
 def test_any_json_object_is_asked_for_in_words_a_schema_as_itself() -> None:
@@ -241,7 +269,7 @@ def test_anthropic_tool_turns_reach_the_model_in_its_tool_format() -> None:
             {"type": "text", "text": "18 C"}]}, {"type": "tool_result", "tool_use_id": "toolu_2", "content": "down",
                                                  "is_error": True}]}]}, ["m"])  # fmt: skip
     msgs = call.request.messages
-    assert msgs[1].content == "Let me look.\n" + format_call("get_weather", {"city": "Paris"})
+    assert msgs[1].content == "Let me look." and msgs[1].calls == (PastCall("get_weather", '{"city": "Paris"}'),)
     assert msgs[2].content == "<tool_response>\n18 C\n</tool_response>\n<tool_response>\nError: down\n</tool_response>"
     assert call.request.output.tools[0].name == "get_weather" and call.request.output.choice.mode == "auto"
     with pytest.raises(ApiError, match=r"tool_choice\.name"):
@@ -261,8 +289,8 @@ def test_openai_tool_turns_reach_the_model_in_its_tool_format() -> None:
         {"role": "tool", "tool_call_id": "call_2", "content": "25 C"}]}, ["m"])  # fmt: skip
     msgs = call.request.messages
     assert [m.role for m in msgs] == ["user", "assistant", "user"]  # the two results are one turn
-    assert msgs[1].content == format_call("get_weather", {"city": "Paris"}) + "\n" + format_call(
-        "get_weather", {"city": "Rome"})
+    assert msgs[1].content == "" and msgs[1].calls == (PastCall("get_weather", '{"city": "Paris"}'),
+                                                       PastCall("get_weather", '{"city": "Rome"}'))  # fmt: skip
     assert msgs[2].content == "<tool_response>\n18 C\n</tool_response>\n<tool_response>\n25 C\n</tool_response>"
     assert call.request.output.choice == ToolChoice("required", None, parallel=False)
     fmt = OPENAI.parse({"model": "m", "messages": [{"role": "user", "content": "x"}],
@@ -401,6 +429,36 @@ def test_a_final_assistant_message_is_continued_not_answered(tiny_bundle_path: P
         assert text.endswith("The capital of France is")
         fresh = engine.prepare(GenerationRequest((user,))).text
         assert engine.prepare(GenerationRequest((user, Message("assistant", "")))).text == fresh
+    finally:
+        engine.close()
+
+
+def test_a_llama_3_model_is_shown_its_calls_and_held_to_them_in_its_own_json(trusted_keys: Path) -> None:
+    from firmware.toolchain.tiny import tiny_bundle
+
+    engine = Engine(firmware.load(tiny_bundle("llama_rope_llama3"), trusted_keys), EngineConfig(intra_op_threads=1))
+    try:
+        assert engine.template.call_format is LLAMA3_JSON
+        called = PastCall("get_weather", '{"city": "Paris", "unit": "c"}')
+        turns = (Message("user", "Weather in Paris?"), Message("assistant", "", (called,)),
+                 Message("user", "<tool_response>\n18 C\n</tool_response>"))  # fmt: skip
+        cities = Tool("get_weather", "Weather in a city", {"type": "object", "properties": {  # a short call
+            "city": {"enum": ["Paris", "Rome"]}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]})
+        request = GenerationRequest(turns, max_tokens=120, temperature=0,
+                                    output=OutputRules((cities,), ToolChoice("required")))  # fmt: skip
+        text = engine.prepare(request).text
+        assert '"parameters": dictionary of argument name' in text and '"name": "get_weather"' in text  # its tools
+        assert ('<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": '
+                '{"city": "Paris", "unit": "c"}}<|eot_id|>') in text  # the earlier call, as it would write it
+
+        async def run() -> list[Any]:
+            return [e async for e in engine.submit(request)]
+
+        events = asyncio.run(run())
+        assert [e.name for e in events if isinstance(e, CallStart)] == ["get_weather"]
+        arguments = "".join(e.json for e in events if isinstance(e, CallArguments))
+        jsonschema.validate(json.loads(arguments), cities.schema)
+        assert isinstance(events[-1], Finished) and events[-1].stop_reason == "tool_use"
     finally:
         engine.close()
 
