@@ -89,7 +89,7 @@ class ChatTemplate:
         # Hugging Face templates that know tools read a `tools` variable; others get our system block,
         # which asks for the Hermes format.
         self.takes_tools = "tools" in source
-        self.call_format = call_format(source) if self.takes_tools else HERMES
+        self.call_format = call_format(source, tokenizer.token_id) if self.takes_tools else HERMES
 
     def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool, **extra: Any) -> str:
         try:

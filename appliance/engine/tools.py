@@ -7,13 +7,14 @@ A call is written in the format the model was trained on, found from its chat te
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-or Llama 3.1-3.3's JSON, `{"name": "get_weather", "parameters": {"city": "Paris"}}`, which their
-templates ask for (a model that would write a call its own way and is held to another answers in
-text instead, in `auto`). Earlier calls are rendered into the conversation in the same format and
-their results as Hermes' `<tool_response>` blocks; the tools reach the model through the chat
-template (when it takes `tools`) or a system block of ours (which asks for the Hermes format), and
-the output is held to a grammar built from the request: free text, a JSON schema, or calls whose
-names and arguments are those the tools allow. So a parser that expects exactly that format
+Llama 3.1-3.3's JSON, `{"name": "get_weather", "parameters": {"city": "Paris"}}`, which their
+templates ask for, or Mistral's `[TOOL_CALLS] [{"name": ..., "arguments": ...}]` (a model that would
+write a call its own way and is held to another answers in text instead, in `auto`). Earlier
+calls are rendered into the conversation in the same format and their results as Hermes'
+`<tool_response>` blocks; the tools reach the model through the chat template (when it takes
+`tools`) or a system block of ours (which asks for the Hermes format), and the output is held to
+a grammar built from the request: free text, a JSON schema, or calls whose names and arguments are
+those the tools allow. So a parser that expects exactly that format
 (`CallParser`) is enough to turn the output back into calls, even on a 135M model.
 """
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,9 @@ MAX_PARALLEL_CALLS = 8  # calls in one turn when parallel calls are allowed: a s
 
 @dataclass(frozen=True)
 class CallFormat:
-    """How a model writes one call: `head` + name + `args_open` + the arguments' JSON + `close`."""
+    """How a model writes a turn's calls: `marker` (a special token, which decoding drops), `open`,
+    then each call as `head` + name + `args_open` + the arguments' JSON + `close`, `separator`
+    between two, and `end` after the last."""
 
     name: str
     opening: str  # what text never begins with, as a call does (a call is never half-written as text)
@@ -39,6 +42,10 @@ class CallFormat:
     close: str
     separator: str  # between two calls of a turn
     parallel: bool = True  # the model writes more than one call in a turn
+    open: str = ""
+    end: str = ""
+    marker: str = ""  # a special token before the calls, as the model writes it
+    marker_id: int | None = None  # its id in the model's vocabulary
 
     def format(self, name: str, arguments: str) -> str:
         """A call as the model would have written it (`arguments`: JSON text)."""
@@ -48,12 +55,20 @@ class CallFormat:
 HERMES = CallFormat("hermes", "<tool_call>", '<tool_call>\n{"name": "', '", "arguments": ', "}\n</tool_call>", "\n")
 # Their templates refuse more than one call in a turn ("This model only supports single tool-calls at once").
 LLAMA3_JSON = CallFormat("llama3_json", '{"name"', '{"name": "', '", "parameters": ', "}", "; ", parallel=False)
+# Mistral 7B v0.3's, Mistral NeMo's and Ministral's: [TOOL_CALLS] [{"name": ..., "arguments": ...}, ...]
+MISTRAL_MARKER = "[TOOL_CALLS]"
 
 
-def call_format(template: str) -> CallFormat:
-    """The call format a chat template that takes `tools` asks its model for."""
+def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFormat:
+    """The call format a chat template that takes `tools` asks its model for (`token_id`: the
+    vocabulary's id of a token, or None)."""
     if '"parameters": dictionary of argument name' in template:  # Llama 3.1, 3.2 and 3.3, as published
         return LLAMA3_JSON
+    marker = token_id(MISTRAL_MARKER)
+    # Mistral's later templates write a call as [TOOL_CALLS]name[ARGS]{...}: not this format (Hermes stays).
+    if marker is not None and MISTRAL_MARKER in template and "[ARGS]" not in template:
+        return CallFormat("mistral", '[{"name"', '{"name": "', '", "arguments": ', "}", ", ", open=" [", end="]",
+                          marker=MISTRAL_MARKER, marker_id=marker)  # fmt: skip
     return HERMES
 
 
@@ -104,7 +119,7 @@ class OutputRules:
 
 def format_calls(calls: Sequence[PastCall], fmt: CallFormat) -> str:
     """A turn's earlier calls as the model would have written them."""
-    return fmt.separator.join(fmt.format(c.name, c.arguments) for c in calls)
+    return fmt.marker + fmt.open + fmt.separator.join(fmt.format(c.name, c.arguments) for c in calls) + fmt.end
 
 
 def format_results(results: Sequence[tuple[str, bool]]) -> str:
@@ -141,7 +156,7 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
     if rules.json_schema is not None:
         text = "text: %json " + json.dumps(_compact(rules.json_schema), ensure_ascii=False)
     else:  # free text that does not begin as a call would (so a call is never half-written as text)
-        text = f"text: TEXT\nTEXT: /(.|\\n)*/ & ~/{re.escape(fmt.opening)}(.|\\n)*/"
+        text = f"text: TEXT\nTEXT: /(.|\\n)*/ & ~/ ?{re.escape(fmt.opening)}(.|\\n)*/"
     if not rules.calls_allowed:
         return f"start: text\n{text}\n"
     tools = rules.tools
@@ -154,8 +169,11 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
         lines.append(f"args_{i}: %json " + json.dumps(_compact(_object_schema(tool.schema)), ensure_ascii=False))
     parallel = rules.choice.parallel and fmt.parallel
     more = f"({json.dumps(fmt.separator)} call){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else ""
+    marker = f"<[{fmt.marker_id}]>" if fmt.marker_id is not None else ""
+    calls = " ".join(p for p in (marker, json.dumps(fmt.open) if fmt.open else "", "call", more,
+                                 json.dumps(fmt.end) if fmt.end else "") if p)  # fmt: skip
     start = "calls" if rules.choice.mode in ("required", "tool") else "text | calls"
-    return "\n".join([f"start: {start}", text, f"calls: call {more}",
+    return "\n".join([f"start: {start}", text, f"calls: {calls}",
                       "call: " + " | ".join(f"call_{i}" for i in range(len(tools))), *lines]) + "\n"  # fmt: skip
 
 
@@ -283,7 +301,7 @@ class CallParser:
     def __init__(self, fmt: CallFormat = HERMES, calls_only: bool = False) -> None:
         self.fmt = fmt
         self.calls_only = calls_only  # the grammar allows no text (tool choice required or named)
-        self.mode = "start"  # start | text | head | args | tail
+        self.mode = "start"  # start | text | args | tail | done
         self.buf = ""
         self.calls = 0  # calls begun
         self.complete = 0  # calls whose closing tag arrived
@@ -305,9 +323,18 @@ class CallParser:
         if self.mode == "text":
             out.append(TextPart(self.buf))
             self.buf = ""
-        elif self.mode in ("start", "head"):
+        elif self.mode == "start" and self.calls and self._ending():
+            if len(self.buf) < len(self.fmt.end):
+                return
+            self.buf = self.buf[len(self.fmt.end) :]  # the turn's calls are closed: nothing follows
+            self.mode = "done"
+        elif self.mode == "done":
+            self.buf = ""
+        elif self.mode == "start":
             fmt = self.fmt
-            expect = fmt.head if self.mode == "head" or self.calls == 0 else fmt.separator + fmt.head
+            expect = fmt.open + fmt.head if self.calls == 0 else fmt.separator + fmt.head
+            if self.calls == 0 and expect.startswith(" ") and not self.buf.startswith(" "):
+                expect = expect[1:]  # decoding dropped the space of the answer's first token
             if len(self.buf) < len(expect):
                 if not expect.startswith(self.buf):
                     self.mode = "text"
@@ -345,6 +372,11 @@ class CallParser:
                 self.mode = "start"
             else:
                 self.mode = "text"
+
+    def _ending(self) -> bool:
+        """What is held after a call is (the start of) the text that ends the turn's calls."""
+        end = self.fmt.end
+        return bool(end) and end.startswith(self.buf[: len(end)])
 
     def _value_end(self, text: str) -> int | None:
         """Where the arguments' JSON value ends in `text`, tracking nesting across pushes."""

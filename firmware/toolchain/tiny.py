@@ -165,7 +165,9 @@ TINY_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-# Mistral's instruct style: no system role; a system prompt is folded into the first user turn.
+# Mistral's instruct style: no system role; a system prompt is folded into the first user turn. As
+# Mistral 7B v0.3's template (abridged), one that takes `tools` lists them before the last user
+# turn, and the model calls them after its [TOOL_CALLS] token.
 MISTRAL_CHAT_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
     "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}"
@@ -173,7 +175,11 @@ MISTRAL_CHAT_TEMPLATE = (
     "{%- for message in loop_messages %}"
     "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
     "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}"
-    "{%- if message['role'] == 'user' %}"
+    "{%- if message['role'] == 'user' and tools is defined and tools and loop.revindex <= 2 %}"
+    "{{- '[AVAILABLE_TOOLS] ' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}{%- endif %}"
+    "{%- if message.tool_calls is defined and message.tool_calls %}"
+    "{{- '[TOOL_CALLS] ' + (message.tool_calls | tojson) + eos_token }}"
+    "{%- elif message['role'] == 'user' %}"
     "{%- if loop.first and system_message is defined %}"
     "{{- '[INST] ' + system_message + '\n\n' + message['content'] + '[/INST]' }}"
     "{%- else %}{{- '[INST] ' + message['content'] + '[/INST]' }}{%- endif %}"
@@ -262,7 +268,8 @@ GEMMA_TURNS = ChatStyle(GEMMA3_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<star
 # Gemma 3's as published; the Gemma 3 270M firmware ships the latter too).
 CHAT_STYLES: dict[str, ChatStyle] = {
     "qwen2": ChatStyle(QWEN25_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos),  # takes tools
-    "mistral": ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]"), "<s>", "</s>"),
+    "mistral": ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]",
+                                                 "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"), "<s>", "</s>"),
     "phi3": ChatStyle(PHI3_CHAT_TEMPLATE, ("<unk>", "<s>", "<|endoftext|>", "<|system|>", "<|user|>",
                                            "<|assistant|>", "<|end|>"), "<s>", "<|end|>"),
     "gemma3": GEMMA_TURNS,  # and Gemma 3's other fixtures (chat_style reads the family before "_")

@@ -42,6 +42,8 @@ from appliance.engine.tools import (
     TextPart,
     Tool,
     ToolChoice,
+    call_format,
+    format_calls,
     grammar,
     schema_block,
 )
@@ -85,6 +87,22 @@ def test_the_call_parser_splits_text_and_calls_however_the_output_is_chunked(chu
     cut = format_call("get_weather", {"city": "Paris"}).split("is")[0]  # max_tokens inside the arguments
     text, calls, complete = _parse(cut, chunk)
     assert text == "" and calls == [("get_weather", '{"city": "Par')] and complete == 0
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_mistral_calls_are_parsed_after_its_marker(chunk: int) -> None:
+    mistral = call_format("[TOOL_CALLS]", {"[TOOL_CALLS]": 7}.get)
+    paris, tricky = '{"city": "Paris", "unit": "c"}', '{"q": "a ] b", "list": [1, "}"]}'
+    calls = [PastCall("get_weather", paris), PastCall("search", tricky)]
+    written = format_calls(calls, mistral)
+    assert written == f'[TOOL_CALLS] [{{"name": "get_weather", "arguments": {paris}}}, {{"name": "search", ' \
+                      f'"arguments": {tricky}}}]'
+    decoded = written.removeprefix(mistral.marker)  # decoding drops the special token
+    assert _parse(decoded, chunk, fmt=mistral) == ("", [("get_weather", paris), ("search", tricky)], 2)
+    assert _parse(decoded.lstrip(), chunk, fmt=mistral)[1:] == ([("get_weather", paris), ("search", tricky)], 2)
+    assert _parse("[1, 2] are numbers", chunk, fmt=mistral) == ("[1, 2] are numbers", [], 0)
+    assert call_format("[TOOL_CALLS]name[ARGS]", {"[TOOL_CALLS]": 7}.get) is HERMES  # the later format: not this
+    assert call_format("[TOOL_CALLS]", {}.get) is HERMES  # no such token
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
@@ -433,12 +451,20 @@ def test_a_final_assistant_message_is_continued_not_answered(tiny_bundle_path: P
         engine.close()
 
 
-def test_a_llama_3_model_is_shown_its_calls_and_held_to_them_in_its_own_json(trusted_keys: Path) -> None:
+@pytest.mark.parametrize(("fixture", "fmt", "listed", "earlier"), [
+    ("llama_rope_llama3", "llama3_json", '"parameters": dictionary of argument name',
+     '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": {"city": "Paris", '
+     '"unit": "c"}}<|eot_id|>'),
+    ("mistral", "mistral", "[AVAILABLE_TOOLS] [{",
+     '[/INST] [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]</s>'),
+])  # fmt: skip
+def test_a_model_is_shown_its_calls_and_held_to_them_in_its_own_format(trusted_keys: Path, fixture: str, fmt: str,
+                                                                       listed: str, earlier: str) -> None:
     from firmware.toolchain.tiny import tiny_bundle
 
-    engine = Engine(firmware.load(tiny_bundle("llama_rope_llama3"), trusted_keys), EngineConfig(intra_op_threads=1))
+    engine = Engine(firmware.load(tiny_bundle(fixture), trusted_keys), EngineConfig(intra_op_threads=1))
     try:
-        assert engine.template.call_format is LLAMA3_JSON
+        assert engine.template.call_format.name == fmt
         called = PastCall("get_weather", '{"city": "Paris", "unit": "c"}')
         turns = (Message("user", "Weather in Paris?"), Message("assistant", "", (called,)),
                  Message("user", "<tool_response>\n18 C\n</tool_response>"))  # fmt: skip
@@ -447,9 +473,7 @@ def test_a_llama_3_model_is_shown_its_calls_and_held_to_them_in_its_own_json(tru
         request = GenerationRequest(turns, max_tokens=120, temperature=0,
                                     output=OutputRules((cities,), ToolChoice("required")))  # fmt: skip
         text = engine.prepare(request).text
-        assert '"parameters": dictionary of argument name' in text and '"name": "get_weather"' in text  # its tools
-        assert ('<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": '
-                '{"city": "Paris", "unit": "c"}}<|eot_id|>') in text  # the earlier call, as it would write it
+        assert listed in text and earlier in text  # its tools, and the earlier call as it would write it
 
         async def run() -> list[Any]:
             return [e async for e in engine.submit(request)]
@@ -459,6 +483,7 @@ def test_a_llama_3_model_is_shown_its_calls_and_held_to_them_in_its_own_json(tru
         arguments = "".join(e.json for e in events if isinstance(e, CallArguments))
         jsonschema.validate(json.loads(arguments), cities.schema)
         assert isinstance(events[-1], Finished) and events[-1].stop_reason == "tool_use"
+        assert "".join(e.text for e in events if isinstance(e, TextDelta)) == ""
     finally:
         engine.close()
 
