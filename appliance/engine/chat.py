@@ -57,6 +57,7 @@ class _GenerationBlock(Extension):
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
+TOOL_PROBE = "zerolayer_probe_tool"  # a tool name no conversation has: found in the output, the tools were shown
 # Message boundaries come from rendering each prefix of the conversation: only the last this many
 # are found, so a long conversation costs a bounded number of renders (linear, not quadratic).
 BOUNDARY_MESSAGES = 64
@@ -88,8 +89,19 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         # Hugging Face templates that know tools read a `tools` variable; others get our system block,
         # which asks for the Hermes format.
-        self.takes_tools = "tools" in source
+        self.takes_tools = self._shows_tools()
         self.call_format = call_format(source, tokenizer.token_id) if self.takes_tools else HERMES
+
+    def _shows_tools(self) -> bool:
+        """Whether the template writes a `tools` variable's tools into the prompt: that it names
+        `tools` is not enough (Phi-4-mini's reads them from a field of its system message, and
+        ignores the variable, so its model would never see them)."""
+        probe = {"type": "function", "function": {"name": TOOL_PROBE, "description": "A probe.",
+                                                  "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
+        try:
+            return TOOL_PROBE in self.render([{"role": "user", "content": "Hi."}], True, tools=[probe])
+        except Exception:  # the template refused or failed on the probe: the tools go in our system block
+            return False
 
     def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool, **extra: Any) -> str:
         try:

@@ -267,6 +267,23 @@ def test_a_template_that_takes_tools_gets_them_as_transformers_passes_them() -> 
         assert '"name": "get_weather"' in prompt.text and "<tools>" in prompt.text
 
 
+# Phi-4-mini-instruct's way (abridged): the tools ride on the system message, not the `tools` variable.
+TOOLS_ON_THE_SYSTEM_MESSAGE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and "
+    "message['tools'] is not none %}{{ '<|system|>' + message['content'] + '<|tool|>' + message['tools'] + "
+    "'<|/tool|><|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def test_a_template_takes_tools_where_it_shows_them_not_where_it_names_them() -> None:
+    shown = {name: _folder_template(name).takes_tools for name in ("qwen2", "llama_rope_llama3", "mistral", "llama")}
+    assert shown == {"qwen2": True, "llama_rope_llama3": True, "mistral": True, "llama": False}
+    tok = _folder_template("llama").tokenizer
+    assert not ChatTemplate(TOOLS_ON_THE_SYSTEM_MESSAGE, tok).takes_tools  # its model would never see them
+    assert not ChatTemplate("{# no tools here #}{{ messages[0]['content'] }}{{ tools | length / 0 }}", tok).takes_tools
+
+
 # What newer templates use of transformers' environment beyond the families' own templates.
 RICH_TEMPLATE = """{{ bos_token }}{% set today = strftime_now('%d %b %Y') %}
 {% for m in messages %}
