@@ -138,7 +138,7 @@ class ChatTemplate:
         docs = ([{"role": "system", "content": system}] if system else []) + [
             {"role": m.role, "content": self._content(m)} for m in messages
         ]
-        if docs[-1]["role"] == "assistant" and not docs[-1]["content"]:
+        if docs[-1]["role"] == "assistant" and not docs[-1]["content"].strip():
             docs = docs[:-1]  # an empty final assistant message continues nothing: answer as usual
         if docs[-1]["role"] == "assistant":
             text = _through_final(self.render(docs, add_generation_prompt=False, **extra), docs[-1]["content"])
@@ -165,9 +165,14 @@ class ChatTemplate:
 def _through_final(text: str, final: str) -> str:
     """The rendered conversation cut right after the final message's text, so the model continues
     it (the end-of-turn the template writes after it is dropped), as transformers'
-    continue_final_message does."""
+    continue_final_message does. A template that trims messages (Llama 3's) loses the final one's
+    trailing whitespace, a prefill's "<think>\n" say: it is put back after the trimmed text."""
     end = text.rfind(final)
+    if end >= 0:
+        return text[: end + len(final)]
+    trimmed = final.strip()
+    end = text.rfind(trimmed)
     if end < 0:
         raise InvalidRequest("messages: the chat template does not render the final assistant message verbatim, "
                              "so it cannot be continued", "messages")  # fmt: skip
-    return text[: end + len(final)]
+    return text[: end + len(trimmed)] + final[len(final.rstrip()) :]

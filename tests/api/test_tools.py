@@ -447,6 +447,19 @@ def test_a_final_assistant_message_is_continued_not_answered(tiny_bundle_path: P
         assert text.endswith("The capital of France is")
         fresh = engine.prepare(GenerationRequest((user,))).text
         assert engine.prepare(GenerationRequest((user, Message("assistant", "")))).text == fresh
+        assert engine.prepare(GenerationRequest((user, Message("assistant", " \n")))).text == fresh
+    finally:
+        engine.close()
+
+
+def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(trusted_keys: Path) -> None:
+    from firmware.toolchain.tiny import tiny_bundle
+
+    engine = Engine(firmware.load(tiny_bundle("llama_rope_llama3"), trusted_keys), EngineConfig(intra_op_threads=1))
+    try:  # Llama 3's template trims every message: the prefill's newline is put back
+        user = Message("user", "What is the capital of France?")
+        text = engine.prepare(GenerationRequest((user, Message("assistant", "<think>\n")))).text
+        assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n<think>\n")
     finally:
         engine.close()
 
