@@ -8,8 +8,9 @@ A call is written in the format the model was trained on, found from its chat te
     </tool_call>
 
 Llama 3.1-3.3's JSON, `{"name": "get_weather", "parameters": {"city": "Paris"}}`, which their
-templates ask for, or Mistral's `[TOOL_CALLS] [{"name": ..., "arguments": ...}]` (a model that would
-write a call its own way and is held to another answers in text instead, in `auto`). Earlier
+templates ask for, or Mistral's `[TOOL_CALLS] [{"name": ..., "arguments": ...}]` (Granite's alike
+after `<|tool_call|>`; a model that would write a call its own way and is held to another answers
+in text instead, in `auto`). Earlier
 calls are rendered into the conversation in the same format and their results as Hermes'
 `<tool_response>` blocks; the tools reach the model through the chat template (when it takes
 `tools`) or a system block of ours (which asks for the Hermes format), and the output is held to
@@ -57,6 +58,8 @@ HERMES = CallFormat("hermes", "<tool_call>", '<tool_call>\n{"name": "', '", "arg
 LLAMA3_JSON = CallFormat("llama3_json", '{"name"', '{"name": "', '", "parameters": ', "}", "; ", parallel=False)
 # Mistral 7B v0.3's, Mistral NeMo's and Ministral's: [TOOL_CALLS] [{"name": ..., "arguments": ...}, ...]
 MISTRAL_MARKER = "[TOOL_CALLS]"
+# IBM Granite 3.x's: <|tool_call|>[{...}, ...]
+GRANITE_MARKER = "<|tool_call|>"
 
 
 def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFormat:
@@ -69,6 +72,10 @@ def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFor
     if marker is not None and MISTRAL_MARKER in template and "[ARGS]" not in template:
         return CallFormat("mistral", '[{"name"', '{"name": "', '", "arguments": ', "}", ", ", open=" [", end="]",
                           marker=MISTRAL_MARKER, marker_id=marker)  # fmt: skip
+    marker = token_id(GRANITE_MARKER)
+    if marker is not None and GRANITE_MARKER in template:
+        return CallFormat("granite", '[{"name"', '{"name": "', '", "arguments": ', "}", ", ", open="[", end="]",
+                          marker=GRANITE_MARKER, marker_id=marker)  # fmt: skip
     return HERMES
 
 

@@ -103,6 +103,12 @@ def test_mistral_calls_are_parsed_after_its_marker(chunk: int) -> None:
     assert _parse("[1, 2] are numbers", chunk, fmt=mistral) == ("[1, 2] are numbers", [], 0)
     assert call_format("[TOOL_CALLS]name[ARGS]", {"[TOOL_CALLS]": 7}.get) is HERMES  # the later format: not this
     assert call_format("[TOOL_CALLS]", {}.get) is HERMES  # no such token
+    granite = call_format("{{ '<|tool_call|>' }}", {"<|tool_call|>": 9}.get)  # IBM Granite 3.x's
+    assert (granite.name, granite.marker_id) == ("granite", 9)
+    written = format_calls(calls, granite)
+    assert written.startswith('<|tool_call|>[{"name": "get_weather"') and written.endswith("}]")
+    assert _parse(written.removeprefix(granite.marker), chunk, fmt=granite)[1:] == (
+        [("get_weather", paris), ("search", tricky)], 2)
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
