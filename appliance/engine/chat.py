@@ -153,7 +153,6 @@ class ChatTemplate:
                 starts.append(next((i for i, off in enumerate(offsets) if off >= len(head)), len(ids)))
         return Prompt(ids=ids, message_starts=sorted(set(starts)), text=text, call_format=self.call_format)
 
-
     def _content(self, message: Message) -> str:
         """A message's text, an assistant's calls after it in the model's own call format."""
         if not message.calls:
