@@ -208,6 +208,29 @@ def test_a_llama_3_grammar_holds_its_calls_and_allows_one_a_turn(compiler: Gramm
     assert not _accepts(compiler, auto, '{"name": "get_weather", "arguments": {}}', LLAMA3_JSON)  # not as text
 
 
+def test_a_mistral_grammar_holds_its_calls_to_its_marker_token(trusted_keys: Path) -> None:
+    from appliance.engine.tokenizer import TextTokenizer
+    from firmware.toolchain.tiny import tiny_bundle
+
+    bundle = firmware.load(tiny_bundle("mistral"), trusted_keys)
+    compiler = GrammarCompiler(bundle.tokenizer_path, bundle.model.vocab_size, bundle.model.eos_token_ids)
+    fmt = call_format(bundle.chat_template, TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path).token_id)
+    assert fmt.marker_id is not None
+    call = fmt.open + fmt.format("get_weather", '{"city": "Paris", "unit": "c"}') + fmt.end
+
+    def accepts(rules: OutputRules, ids: list[int]) -> bool:
+        lark = grammar(rules, fmt)
+        assert lark is not None
+        matcher = compiler.constraint(lark, "tools").matcher
+        return all(matcher.consume_token(t) for t in ids) and bool(matcher.is_accepting())
+
+    text = compiler.tokenizer.tokenize_str
+    for rules in (OutputRules((WEATHER,)), OutputRules((WEATHER,), ToolChoice("required"))):
+        assert accepts(rules, [fmt.marker_id, *text(call)])
+        assert not accepts(rules, text(call))  # the calls' text without the token the model writes first
+    assert accepts(OutputRules((WEATHER,)), text("It is sunny."))
+
+
 def test_any_json_object_is_asked_for_in_words_a_schema_as_itself() -> None:
     # Shown {"type": "object"} (OpenAI's json_object), the demo model answered with that very object.
     assert schema_block({"type": "object"}) == "Answer with a JSON object only."
