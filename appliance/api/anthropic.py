@@ -23,7 +23,7 @@ from appliance.api.tools import (
 )
 from appliance.engine import Finished, GenerationRequest, Message
 from appliance.engine.request import TokenLogprob
-from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice, format_results
+from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
 
 # status -> the Messages API's error type
 _ERROR_TYPES = {
@@ -63,16 +63,16 @@ def _messages(doc: dict[str, Any]) -> tuple[Message, ...]:
             raise ApiError(400, f"{where}.role: roles must alternate, starting with 'user'", param="messages")
         if "content" not in m:
             raise ApiError(400, f"{where}.content: field required", param="messages")
-        text, calls = _content(m["content"], role, f"{where}.content")
-        out.append(Message(role, text, calls))
+        text, calls, results = _content(m["content"], role, f"{where}.content")
+        out.append(Message(role, text, calls, results))
     return tuple(out)
 
 
-def _content(content: Any, role: str, where: str) -> tuple[str, tuple[PastCall, ...]]:
-    """A message's text as the model sees it (text blocks, and the user's tool results written as
-    Hermes' blocks), and the assistant's earlier tool calls."""
+def _content(content: Any, role: str, where: str) -> tuple[str, tuple[PastCall, ...], tuple[tuple[str, bool], ...]]:
+    """A message's text (its text blocks), the assistant's earlier tool calls, and the user's tool
+    results (text, is_error)."""
     if not isinstance(content, list):
-        return text_content(content, where), ()
+        return text_content(content, where), (), ()
     parts: list[str] = []
     calls: list[PastCall] = []
     results: list[tuple[str, bool]] = []
@@ -99,9 +99,7 @@ def _content(content: Any, role: str, where: str) -> tuple[str, tuple[PastCall, 
             raise ApiError(400, f"{at}: {kind} blocks belong in {owner} messages", param="messages")
         else:
             parts.append(block_text(block, at, param="messages"))
-    if results:
-        parts.insert(0, format_results(results))
-    return "\n".join(parts), tuple(calls)
+    return "\n".join(parts), tuple(calls), tuple(results)
 
 
 def _tools(doc: dict[str, Any]) -> OutputRules:

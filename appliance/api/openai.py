@@ -26,7 +26,7 @@ from appliance.api.tools import (
 )
 from appliance.engine import Finished, GenerationRequest, Message
 from appliance.engine.request import TokenLogprob
-from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice, format_results
+from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
 
 # status -> (OpenAI error type, code)
 _ERROR_KINDS: dict[int, tuple[str, str | None]] = {
@@ -72,7 +72,7 @@ def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
         if not isinstance(role, str) or role not in _ROLES:
             raise ApiError(400, f"{where}.role: must be one of {', '.join(_ROLES)}", param="messages")
         if role != "tool" and results:
-            out.append(Message("user", format_results(results)))
+            out.append(Message("user", "", results=tuple(results)))
             results = []
         if role == "tool":
             reject_unknown(m, {"role", "content", "tool_call_id"}, {}, where=f"{where}.")
@@ -97,7 +97,7 @@ def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
         else:
             out.append(Message(_ROLES[role], text))
     if results:
-        out.append(Message("user", format_results(results)))
+        out.append(Message("user", "", results=tuple(results)))
     if not out:
         raise ApiError(400, "messages: needs at least one user message", param="messages")
     return ("\n\n".join(system_parts) or None), tuple(out)

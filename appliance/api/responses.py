@@ -29,7 +29,7 @@ from appliance.api.openai import (
 from appliance.api.tools import Answer, CallOut, arguments_text, check_tools, make_tool, schema_object, tool_items
 from appliance.engine import Finished, GenerationRequest, Message
 from appliance.engine.request import TokenLogprob
-from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice, format_results
+from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
 
 _KNOWN = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
           "parallel_tool_calls", "text", "stream", "stream_options", "metadata", "user", "store", "truncation",
@@ -101,7 +101,7 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
             turns.append(_assistant_turn(assistant))
             assistant = []
         if kind != "function_call_output" and results:
-            turns.append(Message("user", format_results(results)))
+            turns.append(Message("user", "", results=tuple(results)))
             results = []
         if kind == "message":
             role = item.get("role")
@@ -134,7 +134,7 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
     if assistant:
         turns.append(_assistant_turn(assistant))
     if results:
-        turns.append(Message("user", format_results(results)))
+        turns.append(Message("user", "", results=tuple(results)))
     if not turns:
         raise ApiError(400, "input: needs at least one user message", param="input")
     return ("\n\n".join(s for s in system if s) or None), tuple(turns)

@@ -23,6 +23,7 @@ from appliance.engine.tools import (
     OutputRules,
     call_format,
     format_calls,
+    format_results,
     schema_block,
     system_block,
 )
@@ -91,6 +92,9 @@ class ChatTemplate:
         # which asks for the Hermes format.
         self.takes_tools = self._shows_tools()
         self.call_format = call_format(source, tokenizer.token_id) if self.takes_tools else HERMES
+        # Tool results go in `tool` messages where the template renders them (Llama 3's ipython
+        # turn), else in a user turn of Hermes' <tool_response> blocks.
+        self.takes_tool_role = self.takes_tools and self._shows_tool_results()
 
     def _shows_tools(self) -> bool:
         """Whether the template writes a `tools` variable's tools into the prompt: that it names
@@ -101,6 +105,15 @@ class ChatTemplate:
         try:
             return TOOL_PROBE in self.render([{"role": "user", "content": "Hi."}], True, tools=[probe])
         except Exception:  # the template refused or failed on the probe: the tools go in our system block
+            return False
+
+    def _shows_tool_results(self) -> bool:
+        """Whether the template writes a `tool` message's result into the prompt after a call."""
+        turns = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Calling."},
+                 {"role": "tool", "content": TOOL_PROBE}]  # fmt: skip
+        try:
+            return TOOL_PROBE in self.render(turns, True)
+        except Exception:  # the template refused a tool role: results go in a user turn
             return False
 
     def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool, **extra: Any) -> str:
@@ -136,7 +149,7 @@ class ChatTemplate:
             blocks.append(schema_block(output.json_schema))
         system = "\n\n".join(blocks) or None
         docs = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": m.role, "content": self._content(m)} for m in messages
+            doc for m in messages for doc in self._docs(m)
         ]
         if docs[-1]["role"] == "assistant" and not docs[-1]["content"].strip():
             docs = docs[:-1]  # an empty final assistant message continues nothing: answer as usual
@@ -153,12 +166,20 @@ class ChatTemplate:
                 starts.append(next((i for i, off in enumerate(offsets) if off >= len(head)), len(ids)))
         return Prompt(ids=ids, message_starts=sorted(set(starts)), text=text, call_format=self.call_format)
 
-    def _content(self, message: Message) -> str:
-        """A message's text, an assistant's calls after it in the model's own call format."""
-        if not message.calls:
-            return message.content
-        calls = format_calls(message.calls, self.call_format)
-        return f"{message.content}\n{calls}" if message.content else calls
+    def _docs(self, message: Message) -> list[dict[str, str]]:
+        """A message as the template takes it: an assistant's calls after its text in the model's
+        own call format; a user's tool results before its text, as `tool` messages or blocks."""
+        text = message.content
+        if message.calls:
+            calls = format_calls(message.calls, self.call_format)
+            text = f"{text}\n{calls}" if text else calls
+        if not message.results:
+            return [{"role": message.role, "content": text}]
+        if not self.takes_tool_role:
+            blocks = format_results(message.results)
+            return [{"role": message.role, "content": f"{blocks}\n{text}" if text else blocks}]
+        results = [{"role": "tool", "content": f"Error: {r}" if error else r} for r, error in message.results]
+        return results + ([{"role": message.role, "content": text}] if text else [])
 
 
 def _through_final(text: str, final: str) -> str:

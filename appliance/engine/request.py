@@ -22,6 +22,7 @@ class Message:
     role: str
     content: str
     calls: tuple[PastCall, ...] = ()  # an assistant's calls after its text, written in the model's call format
+    results: tuple[tuple[str, bool], ...] = ()  # a user's tool results (text, is_error), before its text
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class GenerationRequest:
             return False
         text = (self.raw_prompt or "") + (self.system or "")
         calls = sum(len(c.name) + len(c.arguments) for m in self.messages for c in m.calls)
+        calls += sum(len(r) for m in self.messages for r, _ in m.results)
         return len(text) + calls + sum(len(m.content) for m in self.messages) <= limit_chars
 
     def validate(self) -> None:
@@ -84,6 +86,10 @@ class GenerationRequest:
                     raise InvalidRequest(f"messages[{i}]: only an assistant's turn has calls", "messages")
                 _check_text(call.name, f"messages[{i}] call name", "messages")
                 _check_text(call.arguments, f"messages[{i}] call arguments", "messages")
+            for result, _ in m.results:
+                if m.role != "user":
+                    raise InvalidRequest(f"messages[{i}]: only a user's turn has tool results", "messages")
+                _check_text(result, f"messages[{i}] tool result", "messages")
         if self.system is not None:
             _check_text(self.system, "system", "system")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:

@@ -10,13 +10,13 @@ A call is written in the format the model was trained on, found from its chat te
 Llama 3.1-3.3's JSON, `{"name": "get_weather", "parameters": {"city": "Paris"}}`, which their
 templates ask for, or Mistral's `[TOOL_CALLS] [{"name": ..., "arguments": ...}]` (Granite's alike
 after `<|tool_call|>`; a model that would write a call its own way and is held to another answers
-in text instead, in `auto`). Earlier
-calls are rendered into the conversation in the same format and their results as Hermes'
-`<tool_response>` blocks; the tools reach the model through the chat template (when it takes
-`tools`) or a system block of ours (which asks for the Hermes format), and the output is held to
-a grammar built from the request: free text, a JSON schema, or calls whose names and arguments are
-those the tools allow. So a parser that expects exactly that format
-(`CallParser`) is enough to turn the output back into calls, even on a 135M model.
+in text instead, in `auto`). Earlier calls are rendered into the conversation in the same format,
+their results in the template's tool turn or as Hermes' `<tool_response>` blocks (chat.py). The
+tools reach the model through the chat template (when it takes `tools`) or a system block of ours
+(which asks for the Hermes format), and the output is held to a grammar built from the request:
+free text, a JSON schema, or calls whose names and arguments are those the tools allow. So a
+parser that expects exactly that format (`CallParser`) is enough to turn the output back into
+calls, even on a 135M model.
 """
 
 from __future__ import annotations

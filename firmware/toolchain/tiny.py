@@ -211,7 +211,8 @@ THINKING_CHAT_TEMPLATE = (
 
 
 # Llama 3.1's and 3.2's template, abridged (no dates, no built-in tools): a template that takes
-# `tools` writes them into the first user turn and asks for calls in Llama's own JSON.
+# `tools` writes them into the first user turn and asks for calls in Llama's own JSON; a tool's
+# result is an ipython turn.
 LLAMA3_CHAT_TEMPLATE = (
     "{{- bos_token }}"
     "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] | trim %}"
@@ -230,8 +231,12 @@ LLAMA3_CHAT_TEMPLATE = (
     "{{- first_user_message + '<|eot_id|>' }}"
     "{%- endif %}"
     "{%- for message in messages %}"
+    "{%- if message['role'] in ['tool', 'ipython'] %}"
+    "{{- '<|start_header_id|>ipython<|end_header_id|>\n\n' + message['content'] + '<|eot_id|>' }}"
+    "{%- else %}"
     "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim"
     " + '<|eot_id|>' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
 )

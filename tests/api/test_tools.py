@@ -317,7 +317,7 @@ def test_anthropic_tool_turns_reach_the_model_in_its_tool_format() -> None:
                                                  "is_error": True}]}]}, ["m"])  # fmt: skip
     msgs = call.request.messages
     assert msgs[1].content == "Let me look." and msgs[1].calls == (PastCall("get_weather", '{"city": "Paris"}'),)
-    assert msgs[2].content == "<tool_response>\n18 C\n</tool_response>\n<tool_response>\nError: down\n</tool_response>"
+    assert msgs[2].content == "" and msgs[2].results == (("18 C", False), ("down", True))
     assert call.request.output.tools[0].name == "get_weather" and call.request.output.choice.mode == "auto"
     with pytest.raises(ApiError, match=r"tool_choice\.name"):
         ANTHROPIC.parse({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
@@ -338,7 +338,7 @@ def test_openai_tool_turns_reach_the_model_in_its_tool_format() -> None:
     assert [m.role for m in msgs] == ["user", "assistant", "user"]  # the two results are one turn
     assert msgs[1].content == "" and msgs[1].calls == (PastCall("get_weather", '{"city": "Paris"}'),
                                                        PastCall("get_weather", '{"city": "Rome"}'))  # fmt: skip
-    assert msgs[2].content == "<tool_response>\n18 C\n</tool_response>\n<tool_response>\n25 C\n</tool_response>"
+    assert msgs[2].content == "" and msgs[2].results == (("18 C", False), ("25 C", False))
     assert call.request.output.choice == ToolChoice("required", None, parallel=False)
     fmt = OPENAI.parse({"model": "m", "messages": [{"role": "user", "content": "x"}],
                         "response_format": {"type": "json_object"}}, ["m"])  # fmt: skip
@@ -493,15 +493,16 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
         engine.close()
 
 
-@pytest.mark.parametrize(("fixture", "fmt", "listed", "earlier"), [
+@pytest.mark.parametrize(("fixture", "fmt", "listed", "earlier", "result"), [
     ("llama_rope_llama3", "llama3_json", '"parameters": dictionary of argument name',
      '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": {"city": "Paris", '
-     '"unit": "c"}}<|eot_id|>'),
+     '"unit": "c"}}<|eot_id|>', "<|start_header_id|>ipython<|end_header_id|>\n\n18 C<|eot_id|>"),
     ("mistral", "mistral", "[AVAILABLE_TOOLS] [{",
-     '[/INST] [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]</s>'),
+     '[/INST] [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]</s>',
+     "[INST] <tool_response>\n18 C\n</tool_response>[/INST]"),  # its template takes no tool role: a user turn
 ])  # fmt: skip
 def test_a_model_is_shown_its_calls_and_held_to_them_in_its_own_format(trusted_keys: Path, fixture: str, fmt: str,
-                                                                       listed: str, earlier: str) -> None:
+                                                                       listed: str, earlier: str, result: str) -> None:
     from firmware.toolchain.tiny import tiny_bundle
 
     engine = Engine(firmware.load(tiny_bundle(fixture), trusted_keys), EngineConfig(intra_op_threads=1))
@@ -509,13 +510,14 @@ def test_a_model_is_shown_its_calls_and_held_to_them_in_its_own_format(trusted_k
         assert engine.template.call_format.name == fmt
         called = PastCall("get_weather", '{"city": "Paris", "unit": "c"}')
         turns = (Message("user", "Weather in Paris?"), Message("assistant", "", (called,)),
-                 Message("user", "<tool_response>\n18 C\n</tool_response>"))  # fmt: skip
+                 Message("user", "", results=(("18 C", False),)))  # fmt: skip
         cities = Tool("get_weather", "Weather in a city", {"type": "object", "properties": {  # a short call
             "city": {"enum": ["Paris", "Rome"]}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]})
         request = GenerationRequest(turns, max_tokens=120, temperature=0,
                                     output=OutputRules((cities,), ToolChoice("required")))  # fmt: skip
         text = engine.prepare(request).text
         assert listed in text and earlier in text  # its tools, and the earlier call as it would write it
+        assert result in text  # the call's result, in the template's tool turn where it has one
 
         async def run() -> list[Any]:
             return [e async for e in engine.submit(request)]

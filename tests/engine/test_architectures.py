@@ -267,6 +267,27 @@ def test_a_template_that_takes_tools_gets_them_as_transformers_passes_them() -> 
         assert '"name": "get_weather"' in prompt.text and "<tools>" in prompt.text
 
 
+def test_earlier_calls_and_results_reach_qwen_as_its_template_writes_tool_calls_and_tool_messages() -> None:
+    from transformers import AutoTokenizer
+
+    from appliance.engine.tools import OutputRules, PastCall, Tool
+
+    weather = Tool("get_weather", "The weather in a city now.",
+                   {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})  # fmt: skip
+    turns = (Message("user", "Weather in Paris and Rome?"),
+             Message("assistant", "", (PastCall("get_weather", '{"city": "Paris"}'),
+                                       PastCall("get_weather", '{"city": "Rome"}'))),
+             Message("user", "", results=(("18 C", False), ("down", True))))  # fmt: skip
+    prompt = _folder_template("qwen2").prompt(turns, output=OutputRules(tools=(weather,)))
+    calls = [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
+             for city in ("Paris", "Rome")]  # fmt: skip
+    docs = [{"role": "user", "content": "Weather in Paris and Rome?"},
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "content": "18 C"}, {"role": "tool", "content": "Error: down"}]  # fmt: skip
+    hf = AutoTokenizer.from_pretrained(tiny_hf_dir("qwen2"))
+    assert prompt.ids == hf_chat_ids(hf, docs, tools=[weather.as_function()])
+
+
 # Phi-4-mini-instruct's way (abridged): the tools ride on the system message, not the `tools` variable.
 TOOLS_ON_THE_SYSTEM_MESSAGE = (
     "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and "
@@ -277,8 +298,10 @@ TOOLS_ON_THE_SYSTEM_MESSAGE = (
 
 
 def test_a_template_takes_tools_where_it_shows_them_not_where_it_names_them() -> None:
-    shown = {name: _folder_template(name).takes_tools for name in ("qwen2", "llama_rope_llama3", "mistral", "llama")}
-    assert shown == {"qwen2": True, "llama_rope_llama3": True, "mistral": True, "llama": False}
+    names = ("qwen2", "llama_rope_llama3", "mistral", "llama")
+    shown = {name: (_folder_template(name).takes_tools, _folder_template(name).takes_tool_role) for name in names}
+    assert shown == {"qwen2": (True, True), "llama_rope_llama3": (True, True), "mistral": (True, False),
+                     "llama": (False, False)}  # fmt: skip
     tok = _folder_template("llama").tokenizer
     assert not ChatTemplate(TOOLS_ON_THE_SYSTEM_MESSAGE, tok).takes_tools  # its model would never see them
     assert not ChatTemplate("{# no tools here #}{{ messages[0]['content'] }}{{ tools | length / 0 }}", tok).takes_tools
