@@ -89,31 +89,25 @@ class ChatTemplate:
                              ) from None  # fmt: skip
         self.tokenizer = tokenizer
         # Hugging Face templates that know tools read a `tools` variable; others get our system block,
-        # which asks for the Hermes format.
-        self.takes_tools = self._shows_tools()
+        # which asks for the Hermes format. That a template names `tools` is not enough: Phi-4-mini's
+        # reads them from a field of its system message and ignores the variable, so its model
+        # would never see them. A probe tool's name in the output decides.
+        probe = {"type": "function", "function": {"name": TOOL_PROBE, "description": "A probe.",
+                                                  "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
+        self.takes_tools = self._shows_probe([{"role": "user", "content": "Hi."}], tools=[probe])
         self.call_format = call_format(source, tokenizer.token_id) if self.takes_tools else HERMES
         # Tool results go in `tool` messages where the template renders them (Llama 3's ipython
         # turn), else in a user turn of Hermes' <tool_response> blocks.
-        self.takes_tool_role = self.takes_tools and self._shows_tool_results()
+        self.takes_tool_role = self.takes_tools and self._shows_probe([
+            {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Calling."},
+            {"role": "tool", "content": TOOL_PROBE}])  # fmt: skip
 
-    def _shows_tools(self) -> bool:
-        """Whether the template writes a `tools` variable's tools into the prompt: that it names
-        `tools` is not enough (Phi-4-mini's reads them from a field of its system message, and
-        ignores the variable, so its model would never see them)."""
-        probe = {"type": "function", "function": {"name": TOOL_PROBE, "description": "A probe.",
-                                                  "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
+    def _shows_probe(self, turns: list[dict[str, Any]], **extra: Any) -> bool:
+        """Whether the template writes TOOL_PROBE into the prompt it renders of `turns`; a template
+        that refuses or fails on them does not (what they try goes our own way instead)."""
         try:
-            return TOOL_PROBE in self.render([{"role": "user", "content": "Hi."}], True, tools=[probe])
-        except Exception:  # the template refused or failed on the probe: the tools go in our system block
-            return False
-
-    def _shows_tool_results(self) -> bool:
-        """Whether the template writes a `tool` message's result into the prompt after a call."""
-        turns = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Calling."},
-                 {"role": "tool", "content": TOOL_PROBE}]  # fmt: skip
-        try:
-            return TOOL_PROBE in self.render(turns, True)
-        except Exception:  # the template refused a tool role: results go in a user turn
+            return TOOL_PROBE in self.render(turns, True, **extra)
+        except Exception:
             return False
 
     def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool, **extra: Any) -> str:

@@ -56,10 +56,11 @@ class CallFormat:
 HERMES = CallFormat("hermes", "<tool_call>", '<tool_call>\n{"name": "', '", "arguments": ', "}\n</tool_call>", "\n")
 # Their templates refuse more than one call in a turn ("This model only supports single tool-calls at once").
 LLAMA3_JSON = CallFormat("llama3_json", '{"name"', '{"name": "', '", "parameters": ', "}", "; ", parallel=False)
-# Mistral 7B v0.3's, Mistral NeMo's and Ministral's: [TOOL_CALLS] [{"name": ..., "arguments": ...}, ...]
-MISTRAL_MARKER = "[TOOL_CALLS]"
-# IBM Granite 3.x's: <|tool_call|>[{...}, ...]
-GRANITE_MARKER = "<|tool_call|>"
+# Formats that list a turn's calls after a special token, [{"name": ..., "arguments": ...}, ...]:
+# (name, the token, what opens the list, what in a template says it writes calls otherwise).
+# Mistral 7B v0.3's, NeMo's and Ministral's; Mistral's later templates write [TOOL_CALLS]name[ARGS]{...}
+# (Hermes stays). IBM Granite 3.x's.
+LISTED_CALLS = (("mistral", "[TOOL_CALLS]", " [", "[ARGS]"), ("granite", "<|tool_call|>", "[", ""))
 
 
 def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFormat:
@@ -67,15 +68,11 @@ def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFor
     vocabulary's id of a token, or None)."""
     if '"parameters": dictionary of argument name' in template:  # Llama 3.1, 3.2 and 3.3, as published
         return LLAMA3_JSON
-    marker = token_id(MISTRAL_MARKER)
-    # Mistral's later templates write a call as [TOOL_CALLS]name[ARGS]{...}: not this format (Hermes stays).
-    if marker is not None and MISTRAL_MARKER in template and "[ARGS]" not in template:
-        return CallFormat("mistral", '[{"name"', '{"name": "', '", "arguments": ', "}", ", ", open=" [", end="]",
-                          marker=MISTRAL_MARKER, marker_id=marker)  # fmt: skip
-    marker = token_id(GRANITE_MARKER)
-    if marker is not None and GRANITE_MARKER in template:
-        return CallFormat("granite", '[{"name"', '{"name": "', '", "arguments": ', "}", ", ", open="[", end="]",
-                          marker=GRANITE_MARKER, marker_id=marker)  # fmt: skip
+    for name, marker, open_, unlike in LISTED_CALLS:
+        marker_id = token_id(marker)
+        if marker_id is not None and marker in template and not (unlike and unlike in template):
+            return CallFormat(name, '[{"name"', '{"name": "', '", "arguments": ', "}", ", ", open=open_, end="]",
+                              marker=marker, marker_id=marker_id)  # fmt: skip
     return HERMES
 
 

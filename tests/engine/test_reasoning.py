@@ -197,7 +197,8 @@ def test_under_a_grammar_the_first_token_may_open_a_thought_and_blank_lines_may_
     assert split.gate() == Gate(grammar=True, also=frozenset({1}))
     split.take(1)
     assert split.gate().free and not split.gate().grammar
-    split.take(5), split.take(2)
+    split.take(5)
+    split.take(2)
     assert split.gate() == Gate(grammar=True, also=frozenset({8}))  # the blank lines after the close tag
     split.take(8)
     assert split.gate() == Gate(grammar=True, also=frozenset({8}))
