@@ -235,6 +235,8 @@ class Generation:
             if len(self.generated) >= self.request.max_tokens:  # what the decoder holds goes where it belongs
                 return events + self._finish("max_tokens", None, self.decoder.flush())
             return events
+        if self.calls is not None and token == self.prompt.call_format.marker_id:
+            self.calls.mark()  # the token that calls begin with (decoding drops it)
         text, matched = self.stops.push(self._answer_text(self.decoder.push(token)))
         if matched is not None:
             return self._finish("stop_sequence", matched, text, flush=False)

@@ -8,9 +8,10 @@ A call is written in the format the model was trained on, found from its chat te
     </tool_call>
 
 Llama 3.1-3.3's JSON, `{"name": "get_weather", "parameters": {"city": "Paris"}}`, which their
-templates ask for, or Mistral's `[TOOL_CALLS] [{"name": ..., "arguments": ...}]` (Granite's alike
-after `<|tool_call|>`; a model that would write a call its own way and is held to another answers
-in text instead, in `auto`). Earlier calls are rendered into the conversation in the same format,
+templates ask for, Mistral's `[TOOL_CALLS] [{"name": ..., "arguments": ...}]` (Granite's alike
+after `<|tool_call|>`), or Mistral's later `[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}` (a
+model that would write a call its own way and is held to another answers in text instead, in
+`auto`). Earlier calls are rendered into the conversation in the same format,
 their results in the template's tool turn or as Hermes' `<tool_response>` blocks (chat.py). The
 tools reach the model through the chat template (when it takes `tools`) or a system block of ours
 (which asks for the Hermes format), and the output is held to a grammar built from the request:
@@ -32,9 +33,10 @@ MAX_PARALLEL_CALLS = 8  # calls in one turn when parallel calls are allowed: a s
 
 @dataclass(frozen=True)
 class CallFormat:
-    """How a model writes a turn's calls: `marker` (a special token, which decoding drops), `open`,
-    then each call as `head` + name + `args_open` + the arguments' JSON + `close`, `separator`
-    between two, and `end` after the last."""
+    """How a model writes a turn's calls: `marker` (a special token) and `open`, then each call as
+    `head` + name + `args_open` + the arguments' JSON + `close`, `separator` between two, and `end`
+    after the last. Any of these may hold the format's `specials`, tokens of the vocabulary that
+    decoding drops: the grammar names them by id, and the parser reads the text without them."""
 
     name: str
     opening: str  # what text never begins with, as a call does (a call is never half-written as text)
@@ -46,11 +48,27 @@ class CallFormat:
     open: str = ""
     end: str = ""
     marker: str = ""  # a special token before the calls, as the model writes it
-    marker_id: int | None = None  # its id in the model's vocabulary
+    specials: tuple[tuple[str, int], ...] = ()  # (text, id in the model's vocabulary) of each special token
 
     def format(self, name: str, arguments: str) -> str:
         """A call as the model would have written it (`arguments`: JSON text)."""
         return f"{self.head}{name}{self.args_open}{arguments}{self.close}"
+
+    @property
+    def marker_id(self) -> int | None:
+        return dict(self.specials).get(self.marker) if self.marker else None
+
+    def visible(self, text: str) -> str:
+        """`text` as decoding gives it back: without the special tokens."""
+        for special, _ in self.specials:
+            text = text.replace(special, "")
+        return text
+
+    def lark(self, text: str) -> str:
+        """`text` as a sequence of the grammar: its special tokens by id, the rest as strings."""
+        ids = dict(self.specials)
+        pieces = re.split("(" + "|".join(map(re.escape, ids)) + ")", text) if ids else [text]
+        return " ".join(f"<[{ids[p]}]>" if p in ids else json.dumps(p, ensure_ascii=False) for p in pieces if p)
 
 
 HERMES = CallFormat("hermes", "<tool_call>", '<tool_call>\n{"name": "', '", "arguments": ', "}\n</tool_call>", "\n")
@@ -58,9 +76,11 @@ HERMES = CallFormat("hermes", "<tool_call>", '<tool_call>\n{"name": "', '", "arg
 LLAMA3_JSON = CallFormat("llama3_json", '{"name"', '{"name": "', '", "parameters": ', "}", "; ", parallel=False)
 # Formats that list a turn's calls after a special token, [{"name": ..., "arguments": ...}, ...]:
 # (name, the token, what opens the list, what in a template says it writes calls otherwise).
-# Mistral 7B v0.3's, NeMo's and Ministral's; Mistral's later templates write [TOOL_CALLS]name[ARGS]{...}
-# (Hermes stays). IBM Granite 3.x's.
+# Mistral 7B v0.3's, NeMo's and Ministral's; IBM Granite 3.x's.
 LISTED_CALLS = (("mistral", "[TOOL_CALLS]", " [", "[ARGS]"), ("granite", "<|tool_call|>", "[", ""))
+# Mistral's later templates (Mistral Small 3.x, Magistral, Devstral) write each call after its own
+# marker, with a special token between the name and the arguments: [TOOL_CALLS]name[ARGS]{...}.
+MISTRAL_ARGS = ("[TOOL_CALLS]", "[ARGS]")
 
 
 def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFormat:
@@ -68,11 +88,16 @@ def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFor
     vocabulary's id of a token, or None)."""
     if '"parameters": dictionary of argument name' in template:  # Llama 3.1, 3.2 and 3.3, as published
         return LLAMA3_JSON
+    marker, args = MISTRAL_ARGS
+    marker_id, args_id = token_id(marker), token_id(args)
+    if marker_id is not None and args_id is not None and marker in template and args in template:
+        return CallFormat("mistral_args", marker, "", args, "", marker, marker=marker,
+                          specials=((marker, marker_id), (args, args_id)))  # fmt: skip
     for name, marker, open_, unlike in LISTED_CALLS:
         marker_id = token_id(marker)
         if marker_id is not None and marker in template and not (unlike and unlike in template):
             return CallFormat(name, '[{"name"', '{"name": "', '", "arguments": ', "}", ", ", open=open_, end="]",
-                              marker=marker, marker_id=marker_id)  # fmt: skip
+                              marker=marker, specials=((marker, marker_id),))  # fmt: skip
     return HERMES
 
 
@@ -168,14 +193,12 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
         tools = tuple(t for t in tools if t.name == rules.choice.name)
     lines = []
     for i, tool in enumerate(tools):
-        head = json.dumps(fmt.head + tool.name + fmt.args_open, ensure_ascii=False)
-        lines.append(f"call_{i}: {head} args_{i} {json.dumps(fmt.close)}")
+        parts = (fmt.lark(fmt.head + tool.name + fmt.args_open), f"args_{i}", fmt.lark(fmt.close))
+        lines.append(f"call_{i}: " + " ".join(p for p in parts if p))
         lines.append(f"args_{i}: %json " + json.dumps(_compact(_object_schema(tool.schema)), ensure_ascii=False))
     parallel = rules.choice.parallel and fmt.parallel
-    more = f"({json.dumps(fmt.separator)} call){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else ""
-    marker = f"<[{fmt.marker_id}]>" if fmt.marker_id is not None else ""
-    calls = " ".join(p for p in (marker, json.dumps(fmt.open) if fmt.open else "", "call", more,
-                                 json.dumps(fmt.end) if fmt.end else "") if p)  # fmt: skip
+    more = f"({fmt.lark(fmt.separator)} call){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else ""
+    calls = " ".join(p for p in (fmt.lark(fmt.marker + fmt.open), "call", more, fmt.lark(fmt.end)) if p)
     start = "calls" if rules.choice.mode in ("required", "tool") else "text | calls"
     return "\n".join([f"start: {start}", text, f"calls: {calls}",
                       "call: " + " | ".join(f"call_{i}" for i in range(len(tools))), *lines]) + "\n"  # fmt: skip
@@ -299,12 +322,18 @@ class RepeatGuard:
 
 class CallParser:
     """Splits the model's output into text and calls as it streams. Calls can only begin the
-    answer (the grammar allows text or calls, not both), so the first characters decide; inside a
-    call the arguments are passed on as they arrive, ending where their JSON value ends."""
+    answer (the grammar allows text or calls, not both), so the first characters decide (or, in a
+    format with a marker, whether the marker came first: `mark`); inside a call the arguments are
+    passed on as they arrive, ending where their JSON value ends. It reads the text as decoding
+    gives it, without the format's special tokens."""
 
     def __init__(self, fmt: CallFormat = HERMES, calls_only: bool = False) -> None:
         self.fmt = fmt
         self.calls_only = calls_only  # the grammar allows no text (tool choice required or named)
+        see = fmt.visible
+        self._first, self._next = see(fmt.open + fmt.head), see(fmt.separator + fmt.head)
+        self._args_open, self._close, self._end = see(fmt.args_open), see(fmt.close), see(fmt.end)
+        self.marked = False  # the format's marker token came
         self.mode = "start"  # start | text | args | tail | done
         self.buf = ""
         self.calls = 0  # calls begun
@@ -312,6 +341,10 @@ class CallParser:
         self._depth = 0
         self._in_string = False
         self._escape = False
+
+    def mark(self) -> None:
+        """The model wrote the format's marker token (which decoding drops): calls follow it."""
+        self.marked = True
 
     def push(self, text: str) -> list[Part]:
         out: list[Part] = []
@@ -328,15 +361,16 @@ class CallParser:
             out.append(TextPart(self.buf))
             self.buf = ""
         elif self.mode == "start" and self.calls and self._ending():
-            if len(self.buf) < len(self.fmt.end):
+            if len(self.buf) < len(self._end):
                 return
-            self.buf = self.buf[len(self.fmt.end) :]  # the turn's calls are closed: nothing follows
+            self.buf = self.buf[len(self._end) :]  # the turn's calls are closed: nothing follows
             self.mode = "done"
         elif self.mode == "done":
             self.buf = ""
+        elif self.mode == "start" and self.calls == 0 and self.fmt.marker and not self.marked:
+            self.mode = "text"  # the answer began without the marker that calls begin with
         elif self.mode == "start":
-            fmt = self.fmt
-            expect = fmt.open + fmt.head if self.calls == 0 else fmt.separator + fmt.head
+            expect = self._first if self.calls == 0 else self._next
             if self.calls == 0 and expect.startswith(" ") and not self.buf.startswith(" "):
                 expect = expect[1:]  # decoding dropped the space of the answer's first token
             if len(self.buf) < len(expect):
@@ -346,17 +380,19 @@ class CallParser:
             if not self.buf.startswith(expect):
                 self.mode = "text"
                 return
-            end = self.buf.find('"', len(expect))
+            # The name ends where what opens the arguments does, or (where that is all special
+            # tokens) where the arguments' object begins.
+            end = self.buf.find(self._args_open[:1] or "{", len(expect))
             if end < 0:
                 return
-            if not self.buf.startswith(fmt.args_open, end):
-                if len(self.buf) - end < len(fmt.args_open):
+            if not self.buf.startswith(self._args_open, end):
+                if len(self.buf) - end < len(self._args_open):
                     return
                 self.mode = "text"
                 return
             out.append(CallStart(self.calls, self.buf[len(expect) : end]))
             self.calls += 1
-            self.buf = self.buf[end + len(fmt.args_open) :]
+            self.buf = self.buf[end + len(self._args_open) :]
             self.mode, self._depth, self._in_string, self._escape = "args", 0, False, False
         elif self.mode == "args":
             n = self._value_end(self.buf)
@@ -366,20 +402,24 @@ class CallParser:
             self.buf = "" if n is None else self.buf[n:]
             if n is not None:
                 self.mode = "tail"
+                self._tail()  # (a format that closes nothing after the arguments closes the call now)
         elif self.mode == "tail":
-            close = self.fmt.close
-            if len(self.buf) < len(close):
-                return
-            if self.buf.startswith(close):
-                self.complete += 1
-                self.buf = self.buf[len(close) :]
-                self.mode = "start"
-            else:
-                self.mode = "text"
+            self._tail()
+
+    def _tail(self) -> None:
+        close = self._close
+        if len(self.buf) < len(close):
+            return
+        if self.buf.startswith(close):
+            self.complete += 1
+            self.buf = self.buf[len(close) :]
+            self.mode = "start"
+        else:
+            self.mode = "text"
 
     def _ending(self) -> bool:
         """What is held after a call is (the start of) the text that ends the turn's calls."""
-        end = self.fmt.end
+        end = self._end
         return bool(end) and end.startswith(self.buf[: len(end)])
 
     def _value_end(self, text: str) -> int | None:

@@ -186,6 +186,27 @@ MISTRAL_CHAT_TEMPLATE = (
     "{%- else %}{{- ' ' + message['content'] + eos_token }}{%- endif %}"
     "{%- endfor %}"
 )
+# Mistral Small 3.1's and 3.2's template, abridged (no default system prompt, no images): a system
+# role of its own, the tools listed after it, and each call after its own [TOOL_CALLS] token with
+# [ARGS] between its name and its arguments; a tool's result in a [TOOL_RESULTS] block.
+MISTRAL_SMALL_CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '[SYSTEM_PROMPT]' + messages[0]['content'] + '[/SYSTEM_PROMPT]' }}"
+    "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}"
+    "{%- if tools is defined and tools is not none and tools | length > 0 %}"
+    "{{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}{%- endif %}"
+    "{%- for message in loop_messages %}"
+    "{%- if message['role'] == 'user' %}{{- '[INST]' + message['content'] + '[/INST]' }}"
+    "{%- elif message['role'] == 'assistant' %}{{- message['content'] }}"
+    "{%- if message['tool_calls'] is defined and message['tool_calls'] is not none %}"
+    "{%- for tool in message['tool_calls'] %}{%- set arguments = tool['function']['arguments'] %}"
+    "{%- if arguments is not string %}{%- set arguments = arguments | tojson %}{%- endif %}"
+    "{{- '[TOOL_CALLS]' + tool['function']['name'] + '[ARGS]' + arguments }}{%- endfor %}{%- endif %}"
+    "{{- eos_token }}"
+    "{%- elif message['role'] == 'tool' %}{{- '[TOOL_RESULTS]' + message['content'] + '[/TOOL_RESULTS]' }}"
+    "{%- endif %}{%- endfor %}"
+)
 # Phi-3.5-mini-instruct's template, as published.
 PHI3_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
@@ -275,6 +296,11 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "qwen2": ChatStyle(QWEN25_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos),  # takes tools
     "mistral": ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]",
                                                  "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"), "<s>", "</s>"),
+    # Mistral Small 3.x (the mistral3_vl fixture): its own call format (appliance/engine/tools.py).
+    "mistral3": ChatStyle(MISTRAL_SMALL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]",
+                                                        "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                                                        "[TOOL_CALLS]", "[ARGS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
+                          "<s>", "</s>"),
     "phi3": ChatStyle(PHI3_CHAT_TEMPLATE, ("<unk>", "<s>", "<|endoftext|>", "<|system|>", "<|user|>",
                                            "<|assistant|>", "<|end|>"), "<s>", "<|end|>"),
     "gemma3": GEMMA_TURNS,  # and Gemma 3's other fixtures (chat_style reads the family before "_")

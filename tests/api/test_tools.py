@@ -62,7 +62,13 @@ def format_call(name: str, arguments: dict[str, Any] | str, fmt: CallFormat = HE
 
 def _parse(output: str, chunk: int, calls_only: bool = False,
            fmt: CallFormat = HERMES) -> tuple[str, list[tuple[str, str]], int]:  # fmt: skip
+    """`output` as the model writes it, through the parser as the engine feeds it: a format's
+    marker token, where the output begins with it, is told (`mark`), and decoding drops its
+    special tokens."""
     parser, text, calls = CallParser(fmt, calls_only), "", []
+    if fmt.marker and output.startswith(fmt.marker):
+        parser.mark()
+    output = fmt.visible(output)
     pieces = [output[i : i + chunk] for i in range(0, len(output), chunk)]
     for part in [p for piece in pieces for p in parser.push(piece)] + parser.flush():
         if isinstance(part, TextPart):
@@ -97,18 +103,40 @@ def test_mistral_calls_are_parsed_after_its_marker(chunk: int) -> None:
     written = format_calls(calls, mistral)
     assert written == f'[TOOL_CALLS] [{{"name": "get_weather", "arguments": {paris}}}, {{"name": "search", ' \
                       f'"arguments": {tricky}}}]'
-    decoded = written.removeprefix(mistral.marker)  # decoding drops the special token
-    assert _parse(decoded, chunk, fmt=mistral) == ("", [("get_weather", paris), ("search", tricky)], 2)
-    assert _parse(decoded.lstrip(), chunk, fmt=mistral)[1:] == ([("get_weather", paris), ("search", tricky)], 2)
+    two = [("get_weather", paris), ("search", tricky)]
+    assert _parse(written, chunk, fmt=mistral) == ("", two, 2)
+    assert _parse(written.replace("] [", "]["), chunk, fmt=mistral)[1:] == (two, 2)  # the first space dropped
     assert _parse("[1, 2] are numbers", chunk, fmt=mistral) == ("[1, 2] are numbers", [], 0)
-    assert call_format("[TOOL_CALLS]name[ARGS]", {"[TOOL_CALLS]": 7}.get) is HERMES  # the later format: not this
+    # Without the marker, what looks like calls is text (the grammar allows no such text anyway).
+    assert _parse(mistral.visible(written), chunk, fmt=mistral) == (mistral.visible(written), [], 0)
     assert call_format("[TOOL_CALLS]", {}.get) is HERMES  # no such token
     granite = call_format("{{ '<|tool_call|>' }}", {"<|tool_call|>": 9}.get)  # IBM Granite 3.x's
     assert (granite.name, granite.marker_id) == ("granite", 9)
     written = format_calls(calls, granite)
     assert written.startswith('<|tool_call|>[{"name": "get_weather"') and written.endswith("}]")
-    assert _parse(written.removeprefix(granite.marker), chunk, fmt=granite)[1:] == (
-        [("get_weather", paris), ("search", tricky)], 2)
+    assert _parse(written, chunk, fmt=granite)[1:] == (two, 2)
+
+
+MISTRAL_SMALL_CALLS = "{{- '[TOOL_CALLS]' + tool['function']['name'] + '[ARGS]' + arguments }}"
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_later_mistral_calls_are_parsed_from_their_markers_and_names(chunk: int) -> None:
+    """Mistral Small 3.x, Magistral and Devstral write [TOOL_CALLS]name[ARGS]{...} for each call;
+    decoding drops both special tokens, so the parser sees the name run into the arguments."""
+    fmt = call_format(MISTRAL_SMALL_CALLS, {"[TOOL_CALLS]": 7, "[ARGS]": 8}.get)
+    assert (fmt.name, fmt.marker_id) == ("mistral_args", 7)
+    paris, tricky = '{"city": "Paris", "unit": "c"}', '{"q": "a ] b {", "list": [1, "}"]}'
+    written = format_calls([PastCall("get_weather", paris), PastCall("search", tricky)], fmt)
+    assert written == f"[TOOL_CALLS]get_weather[ARGS]{paris}[TOOL_CALLS]search[ARGS]{tricky}"
+    assert _parse(written, chunk, fmt=fmt) == ("", [("get_weather", paris), ("search", tricky)], 2)
+    assert _parse("get_weather{} is a call's text", chunk, fmt=fmt) == ("get_weather{} is a call's text", [], 0)
+    cut = written[: written.index("Par")]  # max_tokens inside the first call's arguments
+    assert _parse(cut, chunk, fmt=fmt) == ("", [("get_weather", '{"city": "')], 0)
+    assert _parse(cut, chunk, calls_only=True, fmt=fmt)[1] == [("get_weather", '{"city": "')]
+    # Without the [ARGS] token a template's [TOOL_CALLS] is v0.3's list, or (with no token) Hermes.
+    assert call_format(MISTRAL_SMALL_CALLS, {"[TOOL_CALLS]": 7}.get) is HERMES
+    assert call_format("[TOOL_CALLS] [ARGS]", {"[ARGS]": 8}.get) is HERMES
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
@@ -500,6 +528,8 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
     ("mistral", "mistral", "[AVAILABLE_TOOLS] [{",
      '[/INST] [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]</s>',
      "[INST] <tool_response>\n18 C\n</tool_response>[/INST]"),  # its template takes no tool role: a user turn
+    ("mistral3_vl", "mistral_args", "[AVAILABLE_TOOLS][{",  # Mistral Small 3.x
+     '[/INST][TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "c"}</s>', "[TOOL_RESULTS]18 C[/TOOL_RESULTS]"),
 ])  # fmt: skip
 def test_a_model_is_shown_its_calls_and_held_to_them_in_its_own_format(trusted_keys: Path, fixture: str, fmt: str,
                                                                        listed: str, earlier: str, result: str) -> None:

@@ -267,7 +267,8 @@ def test_a_template_that_takes_tools_gets_them_as_transformers_passes_them() -> 
         assert '"name": "get_weather"' in prompt.text and "<tools>" in prompt.text
 
 
-def test_earlier_calls_and_results_reach_qwen_as_its_template_writes_tool_calls_and_tool_messages() -> None:
+@pytest.mark.parametrize("name", ["qwen2", "mistral3_vl"])  # Hermes' calls; Mistral Small's [TOOL_CALLS]name[ARGS]
+def test_earlier_calls_and_results_reach_a_model_as_its_template_writes_calls_and_tool_messages(name: str) -> None:
     from transformers import AutoTokenizer
 
     from appliance.engine.tools import OutputRules, PastCall, Tool
@@ -278,13 +279,13 @@ def test_earlier_calls_and_results_reach_qwen_as_its_template_writes_tool_calls_
              Message("assistant", "", (PastCall("get_weather", '{"city": "Paris"}'),
                                        PastCall("get_weather", '{"city": "Rome"}'))),
              Message("user", "", results=(("18 C", False), ("down", True))))  # fmt: skip
-    prompt = _folder_template("qwen2").prompt(turns, output=OutputRules(tools=(weather,)))
+    prompt = _folder_template(name).prompt(turns, output=OutputRules(tools=(weather,)))
     calls = [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
              for city in ("Paris", "Rome")]  # fmt: skip
     docs = [{"role": "user", "content": "Weather in Paris and Rome?"},
             {"role": "assistant", "content": "", "tool_calls": calls},
             {"role": "tool", "content": "18 C"}, {"role": "tool", "content": "Error: down"}]  # fmt: skip
-    hf = AutoTokenizer.from_pretrained(tiny_hf_dir("qwen2"))
+    hf = AutoTokenizer.from_pretrained(tiny_hf_dir(name))
     assert prompt.ids == hf_chat_ids(hf, docs, tools=[weather.as_function()])
 
 
