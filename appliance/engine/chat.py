@@ -59,6 +59,7 @@ class _GenerationBlock(Extension):
 
 
 TOOL_PROBE = "zerolayer_probe_tool"  # a tool name no conversation has: found in the output, the tools were shown
+CALL_PROBE = "zerolayer_probe_call"  # likewise, an earlier call's name
 # Message boundaries come from rendering each prefix of the conversation: only the last this many
 # are found, so a long conversation costs a bounded number of renders (linear, not quadratic).
 BOUNDARY_MESSAGES = 64
@@ -70,6 +71,7 @@ class Prompt:
     message_starts: list[int]  # token index where each message after the first begins
     text: str
     constraint: Constraint | None = None  # the request's output grammar, compiled (engine.prepare)
+    call_constraint: Constraint | None = None  # a call's, where calls are messages of their own (harmony)
     thought_format: ThoughtFormat | None = None  # how the answer's thought is split off (engine.prepare)
     call_format: CallFormat = HERMES  # how the model writes a call
 
@@ -96,21 +98,29 @@ class ChatTemplate:
                                                   "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
         self.takes_tools = self._shows_probe([{"role": "user", "content": "Hi."}], tools=[probe])
         self.call_format = call_format(source, tokenizer.token_id) if self.takes_tools else HERMES
+        # Earlier calls go to the template as `tool_calls`, as transformers passes them, where it
+        # renders them (gpt-oss's are messages of their own); else as text in the call format.
+        # A template that wants what we do not keep (Mistral v0.3's 9-character call ids) refuses
+        # the probe and gets the text.
+        called = {"role": "assistant", "content": "Calling.", "tool_calls": [_tool_call(CALL_PROBE, "{}")]}
+        self.takes_tool_calls = self.takes_tools and self._shows_probe([{"role": "user", "content": "Hi."}, called],
+                                                                       CALL_PROBE)  # fmt: skip
         # Tool results go in `tool` messages where the template renders them (Llama 3's ipython
         # turn), else in a user turn of Hermes' <tool_response> blocks.
+        if not self.takes_tool_calls:
+            called = {"role": "assistant", "content": "Calling."}
         self.takes_tool_role = self.takes_tools and self._shows_probe([
-            {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Calling."},
-            {"role": "tool", "content": TOOL_PROBE}])  # fmt: skip
+            {"role": "user", "content": "Hi."}, called, {"role": "tool", "content": TOOL_PROBE}])  # fmt: skip
 
-    def _shows_probe(self, turns: list[dict[str, Any]], **extra: Any) -> bool:
-        """Whether the template writes TOOL_PROBE into the prompt it renders of `turns`; a template
+    def _shows_probe(self, turns: list[dict[str, Any]], probe: str = TOOL_PROBE, **extra: Any) -> bool:
+        """Whether the template writes `probe` into the prompt it renders of `turns`; a template
         that refuses or fails on them does not (what they try goes our own way instead)."""
         try:
-            return TOOL_PROBE in self.render(turns, True, **extra)
+            return probe in self.render(turns, True, **extra)
         except Exception:
             return False
 
-    def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool, **extra: Any) -> str:
+    def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool, **extra: Any) -> str:
         try:
             return self.template.render(
                 messages=list(messages),
@@ -145,9 +155,9 @@ class ChatTemplate:
         docs = ([{"role": "system", "content": system}] if system else []) + [
             doc for m in messages for doc in self._docs(m)
         ]
-        if docs[-1]["role"] == "assistant" and not docs[-1]["content"].strip():
+        if docs[-1]["role"] == "assistant" and not docs[-1]["content"].strip() and "tool_calls" not in docs[-1]:
             docs = docs[:-1]  # an empty final assistant message continues nothing: answer as usual
-        if docs[-1]["role"] == "assistant":
+        if docs[-1]["role"] == "assistant" and "tool_calls" not in docs[-1]:  # (a turn of calls is whole)
             text = _through_final(self.render(docs, add_generation_prompt=False, **extra), docs[-1]["content"])
         else:
             text = self.render(docs, add_generation_prompt=True, **extra)
@@ -160,10 +170,14 @@ class ChatTemplate:
                 starts.append(next((i for i, off in enumerate(offsets) if off >= len(head)), len(ids)))
         return Prompt(ids=ids, message_starts=sorted(set(starts)), text=text, call_format=self.call_format)
 
-    def _docs(self, message: Message) -> list[dict[str, str]]:
-        """A message as the template takes it: an assistant's calls after its text in the model's
-        own call format; a user's tool results before its text, as `tool` messages or blocks."""
+    def _docs(self, message: Message) -> list[dict[str, Any]]:
+        """A message as the template takes it: an assistant's calls as its `tool_calls`, or after
+        its text in the model's own call format; a user's tool results before its text, as `tool`
+        messages or blocks."""
         text = message.content
+        if message.calls and self.takes_tool_calls:
+            return [{"role": message.role, "content": text,
+                     "tool_calls": [_tool_call(c.name, c.arguments) for c in message.calls]}]  # fmt: skip
         if message.calls:
             calls = format_calls(message.calls, self.call_format)
             text = f"{text}\n{calls}" if text else calls
@@ -174,6 +188,16 @@ class ChatTemplate:
             return [{"role": message.role, "content": f"{blocks}\n{text}" if text else blocks}]
         results = [{"role": "tool", "content": f"Error: {r}" if error else r} for r, error in message.results]
         return results + ([{"role": message.role, "content": text}] if text else [])
+
+
+def _tool_call(name: str, arguments: str) -> dict[str, Any]:
+    """A call as transformers passes it to a template: its arguments an object (templates write
+    them with `tojson`), unless they are not JSON."""
+    try:
+        parsed: Any = json.loads(arguments)
+    except ValueError:
+        parsed = arguments
+    return {"type": "function", "function": {"name": name, "arguments": parsed}}
 
 
 def _through_final(text: str, final: str) -> str:

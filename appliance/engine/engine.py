@@ -33,7 +33,7 @@ from appliance.engine.request import Event, Finished, GenerationRequest, TextDel
 from appliance.engine.scheduler import Scheduler, StepPlan, Ticket
 from appliance.engine.session import ModelSession
 from appliance.engine.tokenizer import TextTokenizer
-from appliance.engine.tools import grammar
+from appliance.engine.tools import CallFormat, OutputRules, ToolChoice, grammar
 from appliance.engine.trace import Trace
 from firmware import Bundle
 
@@ -535,13 +535,23 @@ class Engine:
                 f"model's context of {self.context_length} tokens",
                 "max_tokens",
             )
-        lark = grammar(request.output, prompt.call_format)
-        if lark is not None:  # it holds the answer; a thought before it runs free (reasoning.Gate)
-            param = "tools" if request.output.tools else request.output.schema_field
-            prompt = dataclasses.replace(prompt, constraint=self.grammars().constraint(lark, param))
+        rules, fmt = request.output, prompt.call_format
+        if fmt.channel and rules.calls_allowed:  # harmony: a call is a message of its own, the text answer another
+            only = "tool" if rules.choice.mode == "tool" else "required"
+            calls = dataclasses.replace(rules, choice=ToolChoice(only, rules.choice.name, False), json_schema=None)
+            prompt = dataclasses.replace(prompt, call_constraint=self._constraint(calls, fmt))
+            rules = dataclasses.replace(rules, tools=())
+        # It holds the answer; a thought before it runs free (reasoning.Gate).
+        prompt = dataclasses.replace(prompt, constraint=self._constraint(rules, fmt))
         if self.thought_format is not None and request.raw_prompt is None:
             prompt = dataclasses.replace(prompt, thought_format=self.thought_format)
         return prompt
+
+    def _constraint(self, rules: OutputRules, fmt: CallFormat) -> Constraint | None:
+        lark = grammar(rules, fmt)
+        if lark is None:
+            return None
+        return self.grammars().constraint(lark, "tools" if rules.tools else rules.schema_field)
 
     def grammars(self) -> GrammarCompiler:
         """The bundle's grammar compiler (its tokenizer trie), made by the first request that needs it."""

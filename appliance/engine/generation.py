@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from appliance.engine.chat import Prompt
+from appliance.engine.constraint import Constraint
 from appliance.engine.prefix_cache import DIGESTS_PER_FLOW, PrefixCache, block_digests
-from appliance.engine.reasoning import Kind, NoThought, ThoughtSplit
+from appliance.engine.reasoning import Calls, Kind, NoThought, ThoughtSplit
 from appliance.engine.request import (
     Event,
     Finished,
@@ -62,17 +63,22 @@ class Generation:
             request.seed,
             request.min_p,
         )
-        self.constraint = prompt.constraint  # the output grammar, if the request has one
+        self.answer_constraint = prompt.constraint  # the output grammar, if the request has one
+        # Where a call is a message of its own (harmony's), its grammar, and the parser reads only it.
+        self.call_constraint = prompt.call_constraint
         # Tool calls are parsed out of the output only where the grammar lets the model write them.
         rules = request.output
         calls_only = rules.choice.mode in ("required", "tool")
-        self.calls = CallParser(prompt.call_format, calls_only) if rules.calls_allowed else None
+        own_message = self.call_constraint is not None
+        self.calls = CallParser(prompt.call_format, calls_only or own_message) if rules.calls_allowed else None
         self.repeats = RepeatGuard()
         self.tokenizer = tokenizer
         self.decoder = StreamDecoder(tokenizer)
         self.stops = StopMatcher(request.stop_sequences)
         fmt = prompt.thought_format
-        self.thought: ThoughtSplit = NoThought() if fmt is None else fmt.split(prompt.ids, request.thinking_budget)
+        calls: Calls = "none" if not own_message else "required" if calls_only else "auto"
+        self.thought: ThoughtSplit = NoThought() if fmt is None else fmt.split(prompt.ids, request.thinking_budget,
+                                                                                calls)  # fmt: skip
         self.cache: KVCache | None = None
         self.generated: list[int] = []
         self.next_token: int | None = None
@@ -83,6 +89,11 @@ class Generation:
         block = prefix_cache.block_tokens if prefix_cache is not None else 0
         self.digests = block_digests(prompt.ids, block) if block else []
         trace.digests = self.digests[-DIGESTS_PER_FLOW:]
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """The grammar that holds the next answer token: a call's in a call's own message, else the answer's."""
+        return self.call_constraint if self.thought.calling else self.answer_constraint
 
     @property
     def kv_tokens(self) -> int:
@@ -188,20 +199,24 @@ class Generation:
         if req.frequency_penalty or req.presence_penalty or req.repetition_penalty != 1.0:
             logits = penalize(logits, self.generated, self.prompt.ids, req.frequency_penalty, req.presence_penalty,
                               req.repetition_penalty)  # fmt: skip
-        if self.constraint is None:
+        if self.answer_constraint is None and self.call_constraint is None:
             return self.sampler(logits)
         gate = self.thought.gate()
         if gate.free:  # a thought under a grammar: the answer the grammar holds must still come
             free = logits.copy()
             free[list(self.eos)] = -np.inf
             return self.sampler(free)
-        allowed = self.constraint.apply(logits) if gate.grammar else np.full_like(logits, -np.inf)
+        constraint = self.constraint if gate.grammar else None
+        if constraint is not None:
+            allowed = constraint.apply(logits)
+        else:  # a header's tokens; or a text answer no grammar holds, beside calls that one does
+            allowed = logits.copy() if gate.grammar else np.full_like(logits, -np.inf)
         if gate.also:
             also = np.fromiter(gate.also, dtype=np.int64)
             allowed[also] = logits[also]
         token = self.sampler(allowed)
-        if gate.grammar and token not in gate.also:
-            self.constraint.accept(token)
+        if constraint is not None and token not in gate.also:
+            constraint.accept(token)
         return token
 
     def _logprob_of(self, logits: np.ndarray, token: int, top: int) -> TokenLogprob:
@@ -240,7 +255,8 @@ class Generation:
         text, matched = self.stops.push(self._answer_text(self.decoder.push(token)))
         if matched is not None:
             return self._finish("stop_sequence", matched, text, flush=False)
-        if self.constraint is not None and self.constraint.finished:  # only the end can follow: save a step
+        constraint = self.constraint
+        if constraint is not None and constraint.finished:  # only the end can follow: save a step
             return self._finish("end_turn", None, text + self.decoder.flush())
         if len(self.generated) >= self.request.max_tokens:
             return self._finish("max_tokens", None, text + self.decoder.flush())
@@ -267,7 +283,7 @@ class Generation:
 
     def _parts(self, text: str, last: bool = False) -> list[Event]:
         """Output text as events: text deltas, or tool calls where the request allows them."""
-        if self.calls is None:
+        if self.calls is None or (self.call_constraint is not None and not self.thought.calling):
             return [TextDelta(text)] if text else []
         parts = self.calls.push(text) + (self.calls.flush() if last else [])
         parts = self.repeats.admit(parts, self.calls.complete) + (self.repeats.rest() if last else [])

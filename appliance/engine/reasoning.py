@@ -17,7 +17,10 @@ a split says what each is ("tag" tokens are markers and headers: not shown).
 Under an answer grammar (tools, a JSON schema) the model still thinks first, as vLLM's reasoning
 parsers let it: the grammar holds the answer only, and a split's `gate()` says what it holds the
 next token to. A thought runs free; a header is held to the markers that open a thought or the
-answer; the answer's tokens are the grammar's.
+answer; the answer's tokens are the grammar's. gpt-oss calls a tool in a message of its own, on
+the commentary channel (`<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>`
+and the arguments): where calls are allowed its header may open that channel, and from there the
+call's grammar holds the rest (`calling`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from appliance.engine.tokenizer import TextTokenizer
 TAG_PAIRS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"), ("<seed:think>", "</seed:think>"),
              ("◁think▷", "◁/think▷"))  # fmt: skip
 Kind = Literal["tag", "thought", "answer"]
+Calls = Literal["none", "auto", "required"]  # what a request allows of calls: none, calls or text, calls only
 # A harmony header is a role and a channel name: a model that writes this many tokens and no
 # `<|message|>` is not writing one, and what follows is answer.
 MAX_HEADER_TOKENS = 16
@@ -71,6 +75,11 @@ class ThoughtSplit(Protocol):
         """A thought ended before the answer: the answer's leading blank lines are the tags'."""
         ...
 
+    @property
+    def calling(self) -> bool:
+        """The answer now is a call in a message of its own (harmony's): the calls' grammar holds it."""
+        ...
+
     def forced(self) -> int | None:
         """The token that must come next, whatever the model prefers (the thought's budget is spent)."""
         ...
@@ -85,9 +94,10 @@ class ThoughtSplit(Protocol):
 
 
 class ThoughtFormat(Protocol):
-    def split(self, prompt_ids: Sequence[int], budget: int | None) -> ThoughtSplit:
+    def split(self, prompt_ids: Sequence[int], budget: int | None, calls: Calls = "none") -> ThoughtSplit:
         """Where a generation starts, from its prompt's end; `budget`: thought tokens (its markers
-        included) after which the thought is closed, so the answer always gets its turn."""
+        included) after which the thought is closed, so the answer always gets its turn; `calls`:
+        whether a header may open a call (formats that call in a message of their own)."""
         ...
 
 
@@ -100,7 +110,7 @@ def thought_format(tokenizer: TextTokenizer, template: str) -> ThoughtFormat | N
 class NoThought:
     """A generation that is all answer."""
 
-    thinking, tokens, answered = False, 0, False
+    thinking, tokens, answered, calling = False, 0, False, False
 
     def forced(self) -> int | None:
         return None
@@ -145,7 +155,7 @@ class ThinkTags:
                 return token == self.close_id
         return False
 
-    def split(self, prompt_ids: Sequence[int], budget: int | None) -> TagSplit:
+    def split(self, prompt_ids: Sequence[int], budget: int | None, calls: Calls = "none") -> TagSplit:
         split = TagSplit(self, self.inside(prompt_ids), budget)
         split.started = split.started or self.closed(prompt_ids)
         return split
@@ -153,6 +163,8 @@ class ThinkTags:
 
 class TagSplit:
     """A generation of a model that thinks between tags: only its first token may open a thought."""
+
+    calling = False  # its calls are answer text
 
     def __init__(self, tags: ThinkTags, inside: bool = False, budget: int | None = None) -> None:
         self.tags = tags
@@ -208,6 +220,7 @@ class Harmony:
     end: int
     analysis: tuple[int, ...]  # the thought's channel name
     final_header: tuple[int, ...]  # <|start|>assistant<|channel|>final<|message|>: opens the answer
+    commentary: tuple[int, ...] = ()  # the channel name calls are written on
 
     @staticmethod
     def of(tokenizer: TextTokenizer, template: str) -> Harmony | None:
@@ -220,7 +233,7 @@ class Harmony:
             return tuple(tokenizer.encode(text, add_special_tokens=False)[0])
 
         header = (start, *words("assistant"), channel, *words("final"), message)
-        return Harmony(start, channel, message, end, words("analysis"), header)
+        return Harmony(start, channel, message, end, words("analysis"), header, words("commentary"))
 
     @property
     def analysis_header(self) -> tuple[int, ...]:
@@ -228,10 +241,17 @@ class Harmony:
         named = self.final_header.index(self.channel) + 1
         return (*self.final_header[:named], *self.analysis, self.message)
 
-    def split(self, prompt_ids: Sequence[int], budget: int | None) -> ChannelSplit:
+    @property
+    def call_header(self) -> tuple[int, ...]:
+        """<|start|>assistant<|channel|>commentary: opens a call (the recipient and the rest are the
+        calls' grammar's, tools.HARMONY_CALLS)."""
+        named = self.final_header.index(self.channel) + 1
+        return (*self.final_header[:named], *self.commentary)
+
+    def split(self, prompt_ids: Sequence[int], budget: int | None, calls: Calls = "none") -> ChannelSplit:
         """The prompt ends in a header (the generation prompt, `<|start|>assistant`), or inside a
         message (a prefill): in the thought's channel or another."""
-        split = ChannelSplit(self, budget)
+        split = ChannelSplit(self, budget, calls)
         markers = (self.start, self.channel, self.message, self.end)
         last = next((i for i in range(len(prompt_ids) - 1, -1, -1) if prompt_ids[i] in markers), None)
         if last is not None and prompt_ids[last] == self.message:
@@ -250,9 +270,11 @@ class ChannelSplit:
     """A generation in harmony's messages: the header's tokens are tags, the analysis channel's
     text is the thought, any other channel's the answer."""
 
-    def __init__(self, harmony: Harmony, budget: int | None) -> None:
+    def __init__(self, harmony: Harmony, budget: int | None, calls: Calls = "none") -> None:
         self.harmony = harmony
         self.budget = budget
+        self.calls = calls  # under a grammar: whether a header may open a call, or must
+        self.calling = False  # the message now is a call (its header opened the commentary channel)
         self.state: Literal["header", "thought", "answer"] = "header"
         self.role = True  # in a header, the role's tokens may come before its channel
         self.name: list[int] | None = None  # the channel name read so far
@@ -269,7 +291,8 @@ class ChannelSplit:
 
     def forced(self) -> int | None:
         if not self.queue and self.thinking and self.budget is not None and self.tokens >= self.budget - 1:
-            self.queue = [self.harmony.end, *self.harmony.final_header]
+            h = self.harmony
+            self.queue = [h.end, *(h.call_header if self.calls == "required" else h.final_header)]
         return self.queue[0] if self.queue else None
 
     def take(self, token: int) -> Kind:
@@ -287,7 +310,10 @@ class ChannelSplit:
         self.tokens += 1
         self.header += 1
         self.read = [token] if token == h.start else [*self.read, token]
-        if token == h.start:
+        if self.calls != "none" and tuple(self.read) == h.call_header:  # a call: the rest is the calls' grammar's
+            self.state, self.calling = "answer", True
+            self.answered = self.tokens > self.header
+        elif token == h.start:
             self.role, self.name = True, None
         elif token == h.channel:
             self.name = []
@@ -304,11 +330,14 @@ class ChannelSplit:
         return "tag"
 
     def gate(self) -> Gate:
-        """A header is held to the analysis channel's or the final one's (the final one's only once a
-        thought was written); the final channel's text is the grammar's."""
+        """A header is held to the analysis channel's (until a thought was written), the final
+        one's (unless only calls are allowed) or, where calls are, a call's; what follows is the
+        grammar's."""
         if self.state != "header":
             return THOUGHT if self.thinking else ANSWER
         h, read = self.harmony, tuple(self.read)
-        heads = (h.final_header,) if self.opened else (h.final_header, h.analysis_header)
+        heads = [h.final_header] if self.calls != "required" else []
+        heads += [] if self.opened else [h.analysis_header]
+        heads += [h.call_header] if self.calls != "none" else []
         nexts = frozenset(head[len(read)] for head in heads if len(head) > len(read) and head[: len(read)] == read)
         return Gate(grammar=False, also=nexts) if nexts else THOUGHT  # a header of its own: the model's

@@ -9,10 +9,13 @@ A call is written in the format the model was trained on, found from its chat te
 
 Llama 3.1-3.3's JSON, `{"name": "get_weather", "parameters": {"city": "Paris"}}`, which their
 templates ask for, Mistral's `[TOOL_CALLS] [{"name": ..., "arguments": ...}]` (Granite's alike
-after `<|tool_call|>`), or Mistral's later `[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}` (a
-model that would write a call its own way and is held to another answers in text instead, in
-`auto`). Earlier calls are rendered into the conversation in the same format,
-their results in the template's tool turn or as Hermes' `<tool_response>` blocks (chat.py). The
+after `<|tool_call|>`), Mistral's later `[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`, or
+gpt-oss's message of its own on the commentary channel, ` to=functions.get_weather
+<|constrain|>json<|message|>{...}` after the channel's name (its header is the thought split's:
+reasoning.py). A model that would write a call its own way and is held to another answers in text
+instead, in `auto`. Earlier calls reach the template as `tool_calls` where it renders them, else
+as text in the same format; their results in the template's tool turn or as Hermes'
+`<tool_response>` blocks (chat.py). The
 tools reach the model through the chat template (when it takes `tools`) or a system block of ours
 (which asks for the Hermes format), and the output is held to a grammar built from the request:
 free text, a JSON schema, or calls whose names and arguments are those the tools allow. So a
@@ -49,6 +52,10 @@ class CallFormat:
     end: str = ""
     marker: str = ""  # a special token before the calls, as the model writes it
     specials: tuple[tuple[str, int], ...] = ()  # (text, id in the model's vocabulary) of each special token
+    # Harmony's (gpt-oss): a call is a message of its own on this channel, whose header opens it
+    # (reasoning.ChannelSplit); the format is what follows the channel's name, and the text answer
+    # is another message, on the final channel.
+    channel: str = ""
 
     def format(self, name: str, arguments: str) -> str:
         """A call as the model would have written it (`arguments`: JSON text)."""
@@ -81,6 +88,9 @@ LISTED_CALLS = (("mistral", "[TOOL_CALLS]", " [", "[ARGS]"), ("granite", "<|tool
 # Mistral's later templates (Mistral Small 3.x, Magistral, Devstral) write each call after its own
 # marker, with a special token between the name and the arguments: [TOOL_CALLS]name[ARGS]{...}.
 MISTRAL_ARGS = ("[TOOL_CALLS]", "[ARGS]")
+# gpt-oss writes `<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{...}`,
+# one call a turn (<|call|> ends the turn: the caller runs it and sends its result back).
+HARMONY_MARKERS = ("<|channel|>", "<|constrain|>", "<|message|>")
 
 
 def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFormat:
@@ -88,6 +98,12 @@ def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFor
     vocabulary's id of a token, or None)."""
     if '"parameters": dictionary of argument name' in template:  # Llama 3.1, 3.2 and 3.3, as published
         return LLAMA3_JSON
+    channel, constrain, message = (token_id(t) for t in HARMONY_MARKERS)
+    if channel is not None and message is not None and HARMONY_MARKERS[0] in template and "functions." in template:
+        specials = ((HARMONY_MARKERS[2], message),) + (() if constrain is None else ((HARMONY_MARKERS[1], constrain),))
+        args_open = (" <|constrain|>json" if constrain is not None else " json") + "<|message|>"
+        return CallFormat("harmony", " to=functions.", " to=functions.", args_open, "", "", parallel=False,
+                          specials=specials, channel="commentary")  # fmt: skip
     marker, args = MISTRAL_ARGS
     marker_id, args_id = token_id(marker), token_id(args)
     if marker_id is not None and args_id is not None and marker in template and args in template:

@@ -167,7 +167,8 @@ TINY_CHAT_TEMPLATE = (
 )
 # Mistral's instruct style: no system role; a system prompt is folded into the first user turn. As
 # Mistral 7B v0.3's template (abridged), one that takes `tools` lists them before the last user
-# turn, and the model calls them after its [TOOL_CALLS] token.
+# turn, and the model calls them after its [TOOL_CALLS] token (an earlier call's `tool_calls` must
+# carry 9-character ids).
 MISTRAL_CHAT_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
     "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}"
@@ -177,8 +178,12 @@ MISTRAL_CHAT_TEMPLATE = (
     "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}"
     "{%- if message['role'] == 'user' and tools is defined and tools and loop.revindex <= 2 %}"
     "{{- '[AVAILABLE_TOOLS] ' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}{%- endif %}"
-    "{%- if message.tool_calls is defined and message.tool_calls %}"
-    "{{- '[TOOL_CALLS] ' + (message.tool_calls | tojson) + eos_token }}"
+    "{%- if message.tool_calls is defined and message.tool_calls %}{{- '[TOOL_CALLS] [' }}"
+    "{%- for call in message.tool_calls %}{%- if call.id is not defined or call.id | length != 9 %}"
+    "{{- raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{%- endif %}"
+    "{{- (call.function | tojson)[:-1] + ', \"id\": \"' + call.id + '\"}' }}"
+    "{%- if not loop.last %}{{- ', ' }}{%- endif %}"
+    "{%- endfor %}{{- ']' + eos_token }}"
     "{%- elif message['role'] == 'user' %}"
     "{%- if loop.first and system_message is defined %}"
     "{{- '[INST] ' + system_message + '\n\n' + message['content'] + '[/INST]' }}"
@@ -263,15 +268,34 @@ LLAMA3_CHAT_TEMPLATE = (
 )
 
 
-# gpt-oss's harmony format, as its template writes it (abridged: no tools, no developer message, no
-# earlier thoughts): a system message with the reasoning effort, each message with its header, and
-# an earlier answer in the final channel; the generation prompt leaves the channel to the model.
+# gpt-oss's harmony format, as its template writes it (abridged: no developer message, no earlier
+# thoughts, the tools' parameters as JSON rather than TypeScript): a system message with the
+# reasoning effort, the tools in a developer message's `functions` namespace, each message with
+# its header, an earlier answer in the final channel, an earlier call as a message to its
+# function on the commentary channel and its result as the function's message back; the
+# generation prompt leaves the channel to the model.
 HARMONY_CHAT_TEMPLATE = (
     "{{- '<|start|>system<|message|>Reasoning: ' + (reasoning_effort | default('medium')) }}"
-    "{{- '\n\n# Valid channels: analysis, final. Channel must be included for every message.<|end|>' }}"
+    "{{- '\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.' }}"
+    "{%- if tools %}{{- \"\nCalls to these tools must go to the commentary channel: 'functions'.\" }}{%- endif %}"
+    "{{- '<|end|>' }}"
+    "{%- if tools %}{{- '<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {\n' }}"
+    "{%- for tool in tools %}{{- '\n// ' + tool.function.description + '\ntype ' + tool.function.name + ' = (_: '"
+    " + (tool.function.parameters | tojson) + ') => any;\n' }}{%- endfor %}"
+    "{{- '\n} // namespace functions<|end|>' }}{%- endif %}"
+    "{%- set last_call = namespace(name=none) %}"
     "{%- for message in messages %}"
-    "{%- if message['role'] == 'assistant' %}"
+    "{%- if message['role'] == 'assistant' and message.tool_calls %}"
+    "{%- set call = message.tool_calls[0].function %}"
+    "{{- '<|start|>assistant to=functions.' + call.name + '<|channel|>commentary json<|message|>'"
+    " + (call.arguments | tojson) + '<|call|>' }}"
+    "{%- set last_call.name = call.name %}"
+    "{%- elif message['role'] == 'assistant' %}"
     "{{- '<|start|>assistant<|channel|>final<|message|>' + message['content'] + '<|end|>' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if last_call.name is none %}{{- raise_exception('A tool message needs an earlier call.') }}{%- endif %}"
+    "{{- '<|start|>functions.' + last_call.name + ' to=assistant<|channel|>commentary<|message|>'"
+    " + (message['content'] | tojson) + '<|end|>' }}"
     "{%- else %}{{- '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' }}{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}"
@@ -315,7 +339,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
                                    "<|begin_of_text|>", "<|eot_id|>"),
     # gpt-oss writes harmony's messages; `<|end|>` ends one, `<|return|>` the answer.
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",
-                                                 "<|message|>", "<|end|>", "<|return|>"),
+                                                 "<|message|>", "<|end|>", "<|return|>", "<|constrain|>", "<|call|>"),
                          "<|startoftext|>", "<|return|>"),
 }  # fmt: skip
 

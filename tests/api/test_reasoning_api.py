@@ -7,6 +7,7 @@ SmolLM3 fixture (tests/engine/test_reasoning.py says why its thoughts are opened
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -135,3 +136,48 @@ def test_the_responses_api_gives_a_reasoning_item(thinker: tuple[RunningDaemon, 
     again = client.responses.create(model=MODEL, max_output_tokens=4, input=[
         QUESTION, *[o.model_dump(exclude_none=True) for o in whole.output], {"role": "user", "content": "Go on."}])
     assert again.status == "incomplete"
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(trusted_keys: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningDaemon, DevSetup]]:
+    from firmware.toolchain.tiny import tiny_bundle
+
+    running, setup = serve(tmp_path_factory.mktemp("gpt-oss"), tiny_bundle("gpt_oss"), trusted_keys)
+    yield running, setup
+    running.stop()
+
+
+def test_gpt_oss_calls_in_its_own_messages_through_both_clients_and_reads_the_result(
+        gpt_oss: tuple[RunningDaemon, DevSetup]) -> None:  # fmt: skip
+    """gpt-oss writes a call as a commentary message to its function (tests/engine/test_reasoning.py
+    checks the tokens): a client gets a plain call, and sends it back with its result, which the
+    template renders as gpt-oss's own messages."""
+    claude = anthropic_client(*gpt_oss, unix=True)
+    city = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
+    tools = [{"name": "get_weather", "description": "The weather in a city now.", "input_schema": city}]
+    fields: dict[str, Any] = {"model": "tiny-gpt_oss", "max_tokens": 1100, "tools": tools,  # greedy by default
+                              "tool_choice": {"type": "any"}, "thinking": {"type": "enabled", "budget_tokens": 1024},
+                              "messages": [{"role": "user", "content": "Weather in Paris?"}]}  # fmt: skip
+    whole = claude.messages.create(**fields)
+    assert whole.stop_reason == "tool_use" and whole.content[-1].type == "tool_use"
+    call = whole.content[-1]
+    assert isinstance(call, anthropic.types.ToolUseBlock) and call.name == "get_weather"
+    assert call.input in ({"city": "Paris"}, {"city": "Rome"})
+    with claude.messages.stream(**fields) as stream:
+        streamed = stream.get_final_message()
+    blocks = [[b.model_dump(exclude={"id"}) for b in m.content] for m in (whole, streamed)]
+    assert blocks[0] == blocks[1]
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "18 C"}]}
+    again = claude.messages.create(**{**fields, "tool_choice": {"type": "auto"}, "messages": [
+        *fields["messages"], {"role": "assistant", "content": whole.content}, result]})
+    assert again.stop_reason in ("tool_use", "end_turn", "max_tokens")
+    # OpenAI's shapes of the same turns: its tool_calls and tool message reach the template as such.
+    chat = openai_client(*gpt_oss, unix=True)
+    function = {"type": "function", "function": {"name": "get_weather", "parameters": city}}
+    called = {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": json.dumps(call.input)}}]}
+    turns = [{"role": "user", "content": "Weather in Paris?"}, called,
+             {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]  # fmt: skip
+    answer = chat.chat.completions.create(model="tiny-gpt_oss", max_tokens=20, temperature=0, tools=[function],
+                                          messages=turns)  # type: ignore[arg-type]
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")

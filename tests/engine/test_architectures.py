@@ -267,7 +267,8 @@ def test_a_template_that_takes_tools_gets_them_as_transformers_passes_them() -> 
         assert '"name": "get_weather"' in prompt.text and "<tools>" in prompt.text
 
 
-@pytest.mark.parametrize("name", ["qwen2", "mistral3_vl"])  # Hermes' calls; Mistral Small's [TOOL_CALLS]name[ARGS]
+# Hermes' calls; Mistral Small's [TOOL_CALLS]name[ARGS]; gpt-oss's messages to a function and back
+@pytest.mark.parametrize("name", ["qwen2", "mistral3_vl", "gpt_oss"])
 def test_earlier_calls_and_results_reach_a_model_as_its_template_writes_calls_and_tool_messages(name: str) -> None:
     from transformers import AutoTokenizer
 

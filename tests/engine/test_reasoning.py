@@ -70,7 +70,8 @@ def test_the_split_follows_the_tags_and_only_a_first_open_tag_opens_a_thought() 
 
 # Harmony's markers, and one-token names: start 1, channel 2, message 3, end 4; "analysis" 10,
 # "assistant" 11, "final" 12, "commentary" 13.
-HARMONY = Harmony(start=1, channel=2, message=3, end=4, analysis=(10,), final_header=(1, 11, 2, 12, 3))
+HARMONY = Harmony(start=1, channel=2, message=3, end=4, analysis=(10,), final_header=(1, 11, 2, 12, 3),
+                  commentary=(13,))
 
 
 def test_harmony_channels_split_the_analysis_from_the_final_answer() -> None:
@@ -229,6 +230,30 @@ def test_under_a_grammar_a_harmony_header_opens_the_analysis_or_the_final_answer
     assert final.gate() == Gate(grammar=True) and not final.answered
 
 
+def test_where_calls_are_allowed_a_harmony_header_may_open_one_and_the_calls_grammar_holds_the_rest() -> None:
+    auto = HARMONY.split([7, 1, 11], budget=None, calls="auto")
+    assert auto.take(2) == "tag" and auto.gate().also == {10, 12, 13}  # analysis, final or commentary
+    assert auto.take(13) == "tag" and auto.calling and auto.gate() == Gate(grammar=True)
+    assert auto.take(40) == "answer" and auto.take(3) == "answer"  # " to=functions.x", <|message|>: the call's
+    required = HARMONY.split([7, 1, 11], budget=None, calls="required")
+    assert required.take(2) == "tag" and required.gate().also == {10, 13}  # no final answer: think, or call
+    for token in (10, 3, 20):
+        required.take(token)
+    assert required.thinking and required.gate().free and not required.calling
+    after = HARMONY.split([7, 1, 11], budget=None, calls="required")
+    for token in (2, 10, 3, 20, 4, 1, 11, 2):  # a thought, then the next header: only a call may follow
+        after.take(token)
+    assert after.gate() == Gate(grammar=False, also=frozenset({13}))
+    spent = HARMONY.split([1, 11, 2, 10, 3], budget=2, calls="required")
+    assert spent.take(20) == "thought"
+    forced = []
+    while (token := spent.forced()) is not None:  # the budget closes the thought and opens a call
+        forced.append(token)
+        spent.take(token)
+    assert forced == [4, 1, 11, 2, 13] and spent.calling
+    assert not HARMONY.split([7, 1, 11], budget=None).calling  # (calls not allowed: none is opened)
+
+
 def test_a_model_without_tags_is_untouched(tiny_bundle_path: Path, trusted_keys: Path) -> None:
     eng = Engine(firmware.load(tiny_bundle_path, trusted_keys), EngineConfig(intra_op_threads=1))
     try:
@@ -289,3 +314,30 @@ def test_gpt_oss_under_a_grammar_thinks_then_answers_in_the_final_channel(gpt_os
         thought, answer, done, _ = _run(gpt_oss, request)
         assert json.loads(answer) in ({"ok": True}, {"ok": False}) and done.stop_reason == "end_turn"
         assert "<|" not in thought + answer
+
+
+CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
+CITIES = Tool("get_weather", "The weather in a city now.", CITY)
+ANALYSIS = Message("assistant", "<|channel|>analysis<|message|>Let me think")  # a prefilled analysis
+
+
+@pytest.mark.parametrize("choice", [ToolChoice("required"), ToolChoice("tool", "get_weather"), ToolChoice("auto")])
+def test_gpt_oss_calls_a_tool_in_a_commentary_message_of_its_own(gpt_oss: Engine, choice: ToolChoice) -> None:
+    """As gpt-oss was trained to: `<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>`
+    and the arguments, after a thought or without one; the header and markers never reach the client."""
+    rules = OutputRules((CITIES, Tool("get_time", "The time now.", {"type": "object", "properties": {}})), choice)
+    for opener in ((QUESTION,), (QUESTION, ANALYSIS)):
+        request = GenerationRequest(messages=opener, max_tokens=60, temperature=0, thinking_budget=10, output=rules,
+                                    logprobs=0)  # fmt: skip
+        thought, answer, done, events = _run(gpt_oss, request)
+        calls = [e.name for e in events if isinstance(e, CallStart)]
+        if choice.mode == "auto" and not calls:  # a text answer in the final channel
+            assert answer and done.stop_reason in ("end_turn", "max_tokens")
+            continue
+        assert calls == ["get_weather"] if choice.mode == "tool" else len(calls) == 1
+        arguments = json.loads("".join(e.json for e in events if isinstance(e, CallArguments)))
+        assert arguments in ({"city": "Paris"}, {"city": "Rome"}) if calls == ["get_weather"] else arguments == {}
+        assert done.stop_reason == "tool_use" and answer == "" and "<|" not in thought
+        # The answer's tokens are the call's message after its channel's name (decoding drops the markers).
+        written = "".join(e.token for e in events if isinstance(e, TokenLogprob))
+        assert written.lstrip().startswith(f"to=functions.{calls[0]} json{{")
