@@ -63,17 +63,17 @@ def _messages(doc: dict[str, Any]) -> tuple[Message, ...]:
             raise ApiError(400, f"{where}.role: roles must alternate, starting with 'user'", param="messages")
         if "content" not in m:
             raise ApiError(400, f"{where}.content: field required", param="messages")
-        text, calls, results = _content(m["content"], role, f"{where}.content")
-        out.append(Message(role, text, calls, results))
+        out.append(_message(m["content"], role, f"{where}.content"))
     return tuple(out)
 
 
-def _content(content: Any, role: str, where: str) -> tuple[str, tuple[PastCall, ...], tuple[tuple[str, bool], ...]]:
-    """A message's text (its text blocks), the assistant's earlier tool calls, and the user's tool
-    results (text, is_error)."""
+def _message(content: Any, role: str, where: str) -> Message:
+    """A message's text (its text blocks), the assistant's thought and earlier tool calls, and the
+    user's tool results (text, is_error)."""
     if not isinstance(content, list):
-        return text_content(content, where), (), ()
+        return Message(role, text_content(content, where))
     parts: list[str] = []
+    thoughts: list[str] = []
     calls: list[PastCall] = []
     results: list[tuple[str, bool]] = []
     for i, block in enumerate(content):
@@ -92,14 +92,16 @@ def _content(content: Any, role: str, where: str) -> tuple[str, tuple[PastCall, 
             body = block.get("content", "")
             text = "" if body == [] else text_content(body, f"{at}.content")
             results.append((text, get_bool(block, "is_error")))
-        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-            continue  # an earlier thought, echoed back as the SDK keeps it: the model is not shown it again
+        elif kind == "thinking" and role == "assistant":  # an earlier thought, echoed back as the SDK keeps it
+            thoughts.append(str(get_str(block, "thinking", where=f"{at}.") or ""))
+        elif kind == "redacted_thinking" and role == "assistant":
+            continue  # (another server's thought, encrypted: nothing a template could show)
         elif kind in ("tool_use", "tool_result"):
             owner = "assistant" if kind == "tool_use" else "user"
             raise ApiError(400, f"{at}: {kind} blocks belong in {owner} messages", param="messages")
         else:
             parts.append(block_text(block, at, param="messages"))
-    return "\n".join(parts), tuple(calls), tuple(results)
+    return Message(role, "\n".join(parts), tuple(calls), tuple(results), "\n".join(t for t in thoughts if t))
 
 
 def _tools(doc: dict[str, Any]) -> OutputRules:

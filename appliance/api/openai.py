@@ -80,7 +80,7 @@ def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
             results.append((text_content(m.get("content", ""), f"{where}.content") if m.get("content") else "", False))
             continue
         if role == "assistant":
-            # An earlier thought (reasoning_content, as the SDK echoes a message back) is not shown again.
+            # An earlier thought (reasoning_content, as the SDK echoes a message back) goes to the template.
             reject_unknown(m, {"role", "content", "name", "tool_calls", "refusal", "reasoning_content"}, {},
                            where=f"{where}.")  # fmt: skip
             out.append(_assistant_turn(m, where))
@@ -123,7 +123,8 @@ def _assistant_turn(m: dict[str, Any], where: str) -> Message:
                                                        "messages")))  # fmt: skip
     if not past and content is None:
         raise ApiError(400, f"{where}.content: field required (or tool_calls)", param="messages")
-    return Message("assistant", text, tuple(past))
+    thought = get_str(m, "reasoning_content", where=f"{where}.") or ""
+    return Message("assistant", text, tuple(past), thought=str(thought))
 
 
 # OpenAI's reasoning efforts: the lowest two ask a reasoning model to answer without a thought.

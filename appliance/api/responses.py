@@ -89,6 +89,7 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
         raise ApiError(400, "input: must be a string or a non-empty list of items", param="input")
     turns: list[Message] = []
     assistant: list[str | PastCall] = []  # the assistant turn being built: its text, then its calls
+    thought: list[str] = []  # the reasoning items before it
     results: list[tuple[str, bool]] = []  # function_call_output items in a row: one user turn
     # Items are read by the keys they need, the rest let be: clients send back the output items of
     # earlier responses as their SDK dumps them (ids, status, fields newer than this server).
@@ -98,8 +99,8 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
             raise ApiError(400, f"{where}: must be an object", param="input")
         kind = item.get("type", "message")
         if kind != "function_call" and assistant:
-            turns.append(_assistant_turn(assistant))
-            assistant = []
+            turns.append(_assistant_turn(assistant, thought))
+            assistant, thought = [], []
         if kind != "function_call_output" and results:
             turns.append(Message("user", "", results=tuple(results)))
             results = []
@@ -117,13 +118,16 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
                 assistant.append(text)
             else:
                 turns.append(Message("user", text))
+                thought = []  # (a thought no assistant turn followed)
         elif kind == "function_call":
             get_str(item, "call_id", required=True, where=f"{where}.")
             name = get_str(item, "name", required=True, where=f"{where}.")
             assistant.append(PastCall(str(name), arguments_text(item.get("arguments", "{}"), f"{where}.arguments",
                                                                 "input")))  # fmt: skip
-        elif kind == "reasoning":
-            continue  # an earlier thought, sent back with the output items: the model is not shown it again
+        elif kind == "reasoning":  # an earlier thought, sent back with the output items: the template decides
+            parts = item["content"] if isinstance(item.get("content"), list) else []
+            texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") == "reasoning_text"]
+            thought.extend(t for t in texts if isinstance(t, str))
         elif kind == "function_call_output":
             get_str(item, "call_id", required=True, where=f"{where}.")
             output = item.get("output")
@@ -132,7 +136,7 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
             raise ApiError(400, f"{where}.type: items of type {kind!r} are not supported by this server (message, "
                            "function_call, function_call_output, reasoning)", param="input")  # fmt: skip
     if assistant:
-        turns.append(_assistant_turn(assistant))
+        turns.append(_assistant_turn(assistant, thought))
     if results:
         turns.append(Message("user", "", results=tuple(results)))
     if not turns:
@@ -140,10 +144,12 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
     return ("\n\n".join(s for s in system if s) or None), tuple(turns)
 
 
-def _assistant_turn(parts: list[str | PastCall]) -> Message:
-    """An assistant's text and calls, one turn as the model writes it (an empty text is no part)."""
+def _assistant_turn(parts: list[str | PastCall], thought: list[str]) -> Message:
+    """An assistant's text and calls, one turn as the model writes it (an empty text is no part),
+    and the thought before them."""
     text = "\n".join(p for p in parts if isinstance(p, str) and p)
-    return Message("assistant", text, tuple(p for p in parts if isinstance(p, PastCall)))
+    return Message("assistant", text, tuple(p for p in parts if isinstance(p, PastCall)),
+                   thought="\n".join(t for t in thought if t))  # fmt: skip
 
 
 def _tools(doc: dict[str, Any]) -> OutputRules:

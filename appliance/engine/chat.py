@@ -60,6 +60,8 @@ class _GenerationBlock(Extension):
 
 TOOL_PROBE = "zerolayer_probe_tool"  # a tool name no conversation has: found in the output, the tools were shown
 CALL_PROBE = "zerolayer_probe_call"  # likewise, an earlier call's name
+# Where templates read an assistant message's thought: Qwen3's (and vLLM's) key, and gpt-oss's.
+THOUGHT_KEYS = ("reasoning_content", "thinking")
 # Message boundaries come from rendering each prefix of the conversation: only the last this many
 # are found, so a long conversation costs a bounded number of renders (linear, not quadratic).
 BOUNDARY_MESSAGES = 64
@@ -157,10 +159,15 @@ class ChatTemplate:
         ]
         if docs[-1]["role"] == "assistant" and not docs[-1]["content"].strip() and "tool_calls" not in docs[-1]:
             docs = docs[:-1]  # an empty final assistant message continues nothing: answer as usual
-        if docs[-1]["role"] == "assistant" and "tool_calls" not in docs[-1]:  # (a turn of calls is whole)
-            text = _through_final(self.render(docs, add_generation_prompt=False, **extra), docs[-1]["content"])
-        else:
-            text = self.render(docs, add_generation_prompt=True, **extra)
+        try:
+            text = self._conversation(docs, extra)
+        except InvalidRequest:
+            if not any(THOUGHT_KEYS[0] in d for d in docs):
+                raise
+            # A template may refuse a thought beside some messages (gpt-oss's, beside both text and a
+            # call): the conversation without the thoughts, as before they were passed.
+            docs = [{k: v for k, v in d.items() if k not in THOUGHT_KEYS} for d in docs]
+            text = self._conversation(docs, extra)
         ids, offsets = self.tokenizer.encode(text)
         starts = []
         for k in range(max(1, len(docs) - BOUNDARY_MESSAGES), len(docs)):
@@ -170,19 +177,27 @@ class ChatTemplate:
                 starts.append(next((i for i, off in enumerate(offsets) if off >= len(head)), len(ids)))
         return Prompt(ids=ids, message_starts=sorted(set(starts)), text=text, call_format=self.call_format)
 
+    def _conversation(self, docs: list[dict[str, Any]], extra: dict[str, Any]) -> str:
+        """The rendered conversation, ending in the generation prompt, or in a final assistant
+        message that is continued."""
+        if docs[-1]["role"] == "assistant" and "tool_calls" not in docs[-1]:  # (a turn of calls is whole)
+            return _through_final(self.render(docs, add_generation_prompt=False, **extra), docs[-1]["content"])
+        return self.render(docs, add_generation_prompt=True, **extra)
+
     def _docs(self, message: Message) -> list[dict[str, Any]]:
         """A message as the template takes it: an assistant's calls as its `tool_calls`, or after
         its text in the model's own call format; a user's tool results before its text, as `tool`
-        messages or blocks."""
+        messages or blocks; an assistant's thought under the keys templates read it from."""
         text = message.content
+        thought = dict.fromkeys(THOUGHT_KEYS, message.thought) if message.thought else {}
         if message.calls and self.takes_tool_calls:
-            return [{"role": message.role, "content": text,
+            return [{"role": message.role, "content": text, **thought,
                      "tool_calls": [_tool_call(c.name, c.arguments) for c in message.calls]}]  # fmt: skip
         if message.calls:
             calls = format_calls(message.calls, self.call_format)
             text = f"{text}\n{calls}" if text else calls
         if not message.results:
-            return [{"role": message.role, "content": text}]
+            return [{"role": message.role, "content": text, **thought}]
         if not self.takes_tool_role:
             blocks = format_results(message.results)
             return [{"role": message.role, "content": f"{blocks}\n{text}" if text else blocks}]

@@ -23,6 +23,10 @@ class Message:
     content: str
     calls: tuple[PastCall, ...] = ()  # an assistant's calls after its text, written in the model's call format
     results: tuple[tuple[str, bool], ...] = ()  # a user's tool results (text, is_error), before its text
+    # An assistant's thought before its text and calls, as a client sends it back: the chat template
+    # decides whether the model sees it again (Qwen3's shows those of the turn's tool calls, gpt-oss's
+    # the analysis before a call).
+    thought: str = ""
 
 
 @dataclass(frozen=True)

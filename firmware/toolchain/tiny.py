@@ -268,12 +268,12 @@ LLAMA3_CHAT_TEMPLATE = (
 )
 
 
-# gpt-oss's harmony format, as its template writes it (abridged: no developer message, no earlier
-# thoughts, the tools' parameters as JSON rather than TypeScript): a system message with the
-# reasoning effort, the tools in a developer message's `functions` namespace, each message with
-# its header, an earlier answer in the final channel, an earlier call as a message to its
-# function on the commentary channel and its result as the function's message back; the
-# generation prompt leaves the channel to the model.
+# gpt-oss's harmony format, as its template writes it (abridged: no developer message, the tools'
+# parameters as JSON rather than TypeScript): a system message with the reasoning effort, the
+# tools in a developer message's `functions` namespace, each message with its header, an earlier
+# answer in the final channel, an earlier call as a message to its function on the commentary
+# channel (the thought before it in the analysis channel) and its result as the function's
+# message back; the generation prompt leaves the channel to the model.
 HARMONY_CHAT_TEMPLATE = (
     "{{- '<|start|>system<|message|>Reasoning: ' + (reasoning_effort | default('medium')) }}"
     "{{- '\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.' }}"
@@ -286,6 +286,11 @@ HARMONY_CHAT_TEMPLATE = (
     "{%- set last_call = namespace(name=none) %}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'assistant' and message.tool_calls %}"
+    "{%- if message.content and message.thinking %}"
+    "{{- raise_exception('Cannot pass both content and thinking in an assistant message with tool calls!') }}"
+    "{%- elif message.content or message.thinking %}"
+    "{{- '<|start|>assistant<|channel|>analysis<|message|>' + (message.content or message.thinking) + '<|end|>' }}"
+    "{%- endif %}"
     "{%- set call = message.tool_calls[0].function %}"
     "{{- '<|start|>assistant to=functions.' + call.name + '<|channel|>commentary json<|message|>'"
     " + (call.arguments | tojson) + '<|call|>' }}"

@@ -181,3 +181,44 @@ def test_gpt_oss_calls_in_its_own_messages_through_both_clients_and_reads_the_re
     answer = chat.chat.completions.create(model="tiny-gpt_oss", max_tokens=20, temperature=0, tools=[function],
                                           messages=turns)  # type: ignore[arg-type]
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_an_earlier_thought_reaches_a_template_that_shows_it_from_each_dialect(
+        gpt_oss: tuple[RunningDaemon, DevSetup]) -> None:  # fmt: skip
+    """gpt-oss's template shows the thought before an earlier call (its analysis message): sent
+    back in each dialect's shape, it is there, and the prompt is longer by the same tokens."""
+    model, thought, args = "tiny-gpt_oss", "The user asks for Paris.", '{"city": "Paris"}'
+    params = {"type": "object", "properties": {"city": {"type": "string"}}}
+    question = {"role": "user", "content": "Weather in Paris?"}
+    claude, chat = anthropic_client(*gpt_oss, unix=True), openai_client(*gpt_oss, unix=True)
+
+    def claude_tokens(*thinking: dict[str, Any]) -> int:
+        use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": json.loads(args)}
+        result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"}
+        turns: Any = [question, {"role": "assistant", "content": [*thinking, use]},
+                      {"role": "user", "content": [result]}]  # fmt: skip
+        tools: Any = [{"name": "get_weather", "input_schema": params}]
+        return claude.messages.count_tokens(model=model, tools=tools, messages=turns).input_tokens
+
+    def chat_tokens(**reasoning: str) -> int:
+        call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": args}}
+        turns: Any = [question, {"role": "assistant", "content": None, **reasoning, "tool_calls": [call]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]  # fmt: skip
+        tools: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": params}}]
+        usage = chat.chat.completions.create(model=model, max_tokens=1, tools=tools, messages=turns).usage
+        assert usage is not None
+        return usage.prompt_tokens
+
+    def responses_tokens(*reasoning: dict[str, Any]) -> int:
+        items: Any = [question, *reasoning,
+                      {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": args},
+                      {"type": "function_call_output", "call_id": "call_1", "output": "18 C"}]  # fmt: skip
+        tools: Any = [{"type": "function", "name": "get_weather", "parameters": params}]
+        usage = chat.responses.create(model=model, max_output_tokens=16, tools=tools, input=items).usage
+        assert usage is not None
+        return usage.input_tokens
+
+    item = {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": thought}]}
+    shown = (claude_tokens({"type": "thinking", "thinking": thought, "signature": ""}) - claude_tokens(),
+             chat_tokens(reasoning_content=thought) - chat_tokens(), responses_tokens(item) - responses_tokens())
+    assert shown[0] > len(thought.split()) and len(set(shown)) == 1, shown
