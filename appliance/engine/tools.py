@@ -90,7 +90,7 @@ LISTED_CALLS = (("mistral", "[TOOL_CALLS]", " [", "[ARGS]"), ("granite", "<|tool
 MISTRAL_ARGS = ("[TOOL_CALLS]", "[ARGS]")
 # gpt-oss writes `<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{...}`,
 # one call a turn (<|call|> ends the turn: the caller runs it and sends its result back).
-HARMONY_MARKERS = ("<|channel|>", "<|constrain|>", "<|message|>")
+HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>")
 
 
 def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFormat:
@@ -98,9 +98,11 @@ def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFor
     vocabulary's id of a token, or None)."""
     if '"parameters": dictionary of argument name' in template:  # Llama 3.1, 3.2 and 3.3, as published
         return LLAMA3_JSON
-    channel, constrain, message = (token_id(t) for t in HARMONY_MARKERS)
-    if channel is not None and message is not None and HARMONY_MARKERS[0] in template and "functions." in template:
-        specials = ((HARMONY_MARKERS[2], message),) + (() if constrain is None else ((HARMONY_MARKERS[1], constrain),))
+    # (Its header is read by reasoning.Harmony, which needs <|start|> and <|end|> as well.)
+    start, channel, constrain, message, end = (token_id(t) for t in HARMONY_MARKERS)
+    header = None not in (start, channel, end)
+    if header and message is not None and "<|channel|>" in template and "functions." in template:
+        specials = (("<|message|>", message),) + (() if constrain is None else (("<|constrain|>", constrain),))
         args_open = (" <|constrain|>json" if constrain is not None else " json") + "<|message|>"
         return CallFormat("harmony", " to=functions.", " to=functions.", args_open, "", "", parallel=False,
                           specials=specials, channel="commentary")  # fmt: skip

@@ -139,6 +139,25 @@ def test_later_mistral_calls_are_parsed_from_their_markers_and_names(chunk: int)
     assert call_format("[TOOL_CALLS] [ARGS]", {"[ARGS]": 8}.get) is HERMES
 
 
+HARMONY_IDS = {"<|start|>": 1, "<|channel|>": 2, "<|message|>": 3, "<|end|>": 4, "<|constrain|>": 5}
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_gpt_oss_calls_are_read_from_the_message_after_their_channel_name(chunk: int) -> None:
+    """What follows `<|channel|>commentary` (reasoning.ChannelSplit reads the header up to there):
+    the recipient, then `<|constrain|>json<|message|>` and the arguments, one call a turn."""
+    template = "{{ '<|start|>assistant to=functions.' + name + '<|channel|>commentary json<|message|>' }}"
+    fmt = call_format(template, HARMONY_IDS.get)
+    assert (fmt.name, fmt.channel, fmt.parallel) == ("harmony", "commentary", False)
+    written = fmt.format("get_weather", '{"city": "Paris"}')
+    assert written == ' to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+    assert _parse(written, chunk, calls_only=True, fmt=fmt) == ("", [("get_weather", '{"city": "Paris"}')], 1)
+    assert _parse(written.lstrip(), chunk, calls_only=True, fmt=fmt)[1:] == ([("get_weather", '{"city": "Paris"}')], 1)
+    lark = grammar(OutputRules((WEATHER,), ToolChoice("required")), fmt)
+    assert lark is not None and '" to=functions.get_weather " <[5]> "json" <[3]> args_0' in lark
+    assert call_format(template, {**HARMONY_IDS, "<|end|>": None}.get) is HERMES  # no harmony without its markers
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
 def test_llama_3_calls_are_parsed_in_its_own_json(chunk: int) -> None:
     call = format_call("get_weather", {"city": "Paris", "unit": "c"}, LLAMA3_JSON)
