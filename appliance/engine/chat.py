@@ -154,20 +154,20 @@ class ChatTemplate:
         if output is not None and output.json_schema is not None:
             blocks.append(schema_block(output.json_schema))
         system = "\n\n".join(blocks) or None
-        docs = ([{"role": "system", "content": system}] if system else []) + [
-            doc for m in messages for doc in self._docs(m)
-        ]
-        if docs[-1]["role"] == "assistant" and not docs[-1]["content"].strip() and "tool_calls" not in docs[-1]:
-            docs = docs[:-1]  # an empty final assistant message continues nothing: answer as usual
-        try:
-            text = self._conversation(docs, extra)
-        except InvalidRequest:
-            if not any(THOUGHT_KEYS[0] in d for d in docs):
-                raise
-            # A template may refuse a thought beside some messages (gpt-oss's, beside both text and a
-            # call): the conversation without the thoughts, as before they were passed.
-            docs = [{k: v for k, v in d.items() if k not in THOUGHT_KEYS} for d in docs]
-            text = self._conversation(docs, extra)
+        opening: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+        # Earlier calls as `tool_calls` and thoughts, as the template takes them; where it refuses
+        # them (Llama 3.1's more than one call a turn, gpt-oss's a thought beside both text and a
+        # call), without the thoughts, then with the calls as text in the model's call format.
+        for native, thoughts in ((True, True), (True, False), (False, False)):
+            docs = opening + [doc for m in messages for doc in self._docs(m, native, thoughts)]
+            if docs[-1]["role"] == "assistant" and not docs[-1]["content"].strip() and "tool_calls" not in docs[-1]:
+                docs = docs[:-1]  # an empty final assistant message continues nothing: answer as usual
+            try:
+                text = self._conversation(docs, extra)
+                break
+            except InvalidRequest:
+                if native is False or not any(m.calls or m.thought for m in messages):
+                    raise
         ids, offsets = self.tokenizer.encode(text)
         starts = []
         for k in range(max(1, len(docs) - BOUNDARY_MESSAGES), len(docs)):
@@ -184,13 +184,14 @@ class ChatTemplate:
             return _through_final(self.render(docs, add_generation_prompt=False, **extra), docs[-1]["content"])
         return self.render(docs, add_generation_prompt=True, **extra)
 
-    def _docs(self, message: Message) -> list[dict[str, Any]]:
-        """A message as the template takes it: an assistant's calls as its `tool_calls`, or after
-        its text in the model's own call format; a user's tool results before its text, as `tool`
-        messages or blocks; an assistant's thought under the keys templates read it from."""
+    def _docs(self, message: Message, native: bool = True, thoughts: bool = True) -> list[dict[str, Any]]:
+        """A message as the template takes it: an assistant's calls as its `tool_calls` (`native`,
+        where the template renders them), or after its text in the model's own call format; a
+        user's tool results before its text, as `tool` messages or blocks; an assistant's thought
+        under the keys templates read it from (`thoughts`)."""
         text = message.content
-        thought = dict.fromkeys(THOUGHT_KEYS, message.thought) if message.thought else {}
-        if message.calls and self.takes_tool_calls:
+        thought = dict.fromkeys(THOUGHT_KEYS, message.thought) if message.thought and thoughts else {}
+        if message.calls and native and self.takes_tool_calls:
             return [{"role": message.role, "content": text, **thought,
                      "tool_calls": [_tool_call(c.name, c.arguments) for c in message.calls]}]  # fmt: skip
         if message.calls:

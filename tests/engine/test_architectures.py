@@ -315,6 +315,34 @@ def test_a_template_takes_tools_where_it_shows_them_not_where_it_names_them() ->
     assert not ChatTemplate("{# no tools here #}{{ messages[0]['content'] }}{{ tools | length / 0 }}", tok).takes_tools
 
 
+# Llama 3.1's way with earlier calls (abridged): one a turn, or the template refuses the conversation.
+ONE_CALL_A_TURN = (
+    "{%- if tools %}{{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary of argument "
+    "name and its value}.' }}{%- for t in tools %}{{- t | tojson }}{%- endfor %}{%- endif %}"
+    "{%- for message in messages %}{%- if message.tool_calls %}"
+    "{%- if not message.tool_calls | length == 1 %}"
+    "{{- raise_exception('This model only supports single tool-calls at once!') }}{%- endif %}"
+    "{%- set call = message.tool_calls[0].function %}"
+    "{{- '<|assistant|>{\"name\": \"' + call.name + '\", \"parameters\": ' + (call.arguments | tojson) + '}<|end|>' }}"
+    "{%- else %}{{- '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>' }}{%- endif %}"
+)
+
+
+def test_earlier_calls_a_template_refuses_as_tool_calls_reach_it_as_text_in_its_format() -> None:
+    from appliance.engine.tools import LLAMA3_JSON, OutputRules, PastCall, Tool
+
+    template = ChatTemplate(ONE_CALL_A_TURN, _folder_template("llama").tokenizer)
+    assert template.takes_tool_calls and template.call_format is LLAMA3_JSON
+    weather = Tool("get_weather", "The weather in a city now.", {"type": "object"})
+    paris, rome = PastCall("get_weather", '{"city": "Paris"}'), PastCall("get_weather", '{"city": "Rome"}')
+    for calls, written in (((paris,), '<|assistant|>{"name": "get_weather", "parameters": {"city": "Paris"}}<|end|>'),
+                           ((paris, rome), '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                                           '{"name": "get_weather", "parameters": {"city": "Rome"}}')):  # fmt: skip
+        turns = (Message("user", "Weather?"), Message("assistant", "", calls, thought="Two cities."))
+        assert written in template.prompt((*turns, Message("user", "And?")), output=OutputRules((weather,))).text
+
+
 # What newer templates use of transformers' environment beyond the families' own templates.
 RICH_TEMPLATE = """{{ bos_token }}{% set today = strftime_now('%d %b %Y') %}
 {% for m in messages %}
