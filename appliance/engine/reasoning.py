@@ -244,7 +244,7 @@ class Harmony:
     @property
     def call_header(self) -> tuple[int, ...]:
         """<|start|>assistant<|channel|>commentary: opens a call (the recipient and the rest are the
-        calls' grammar's, tools.HARMONY_CALLS)."""
+        calls' grammar's: tools.call_format's harmony format)."""
         named = self.final_header.index(self.channel) + 1
         return (*self.final_header[:named], *self.commentary)
 
@@ -304,6 +304,7 @@ class ChannelSplit:
             self.tokens += kind == "thought"
             if token in (h.end, h.start):  # the message ended: another follows (a header first)
                 self.state, self.role, self.name, self.header = "header", token == h.start, None, 0
+                self.calling = False
                 self.read = [token] if token == h.start else []
                 return "tag"
             return kind

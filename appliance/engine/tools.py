@@ -15,12 +15,11 @@ gpt-oss's message of its own on the commentary channel, ` to=functions.get_weath
 reasoning.py). A model that would write a call its own way and is held to another answers in text
 instead, in `auto`. Earlier calls reach the template as `tool_calls` where it renders them, else
 as text in the same format; their results in the template's tool turn or as Hermes'
-`<tool_response>` blocks (chat.py). The
-tools reach the model through the chat template (when it takes `tools`) or a system block of ours
-(which asks for the Hermes format), and the output is held to a grammar built from the request:
-free text, a JSON schema, or calls whose names and arguments are those the tools allow. So a
-parser that expects exactly that format (`CallParser`) is enough to turn the output back into
-calls, even on a 135M model.
+`<tool_response>` blocks (chat.py). The tools reach the model through the chat template (when it
+takes `tools`) or a system block of ours (which asks for the Hermes format), and the output is
+held to a grammar built from the request: free text, a JSON schema, or calls whose names and
+arguments are those the tools allow. So a parser that expects exactly that format (`CallParser`)
+is enough to turn the output back into calls, even on a 135M model.
 """
 
 from __future__ import annotations
