@@ -102,9 +102,9 @@ class ChatTemplate:
         self.call_format = call_format(source, tokenizer.token_id) if self.takes_tools else HERMES
         # Earlier calls go to the template as `tool_calls`, as transformers passes them, where it
         # renders them (gpt-oss's are messages of their own); else as text in the call format.
-        # A template that wants what we do not keep (Mistral v0.3's 9-character call ids) refuses
-        # the probe and gets the text.
-        called = {"role": "assistant", "content": "Calling.", "tool_calls": [_tool_call(CALL_PROBE, "{}")]}
+        # Their ids, and their results', are ours (`_call_id`): Mistral's templates want 9 characters.
+        probe_id = _call_id(0)
+        called = {"role": "assistant", "content": "Calling.", "tool_calls": [_tool_call(CALL_PROBE, "{}", probe_id)]}
         self.takes_tool_calls = self.takes_tools and self._shows_probe([{"role": "user", "content": "Hi."}, called],
                                                                        CALL_PROBE)  # fmt: skip
         # Tool results go in `tool` messages where the template renders them (Llama 3's ipython
@@ -112,7 +112,8 @@ class ChatTemplate:
         if not self.takes_tool_calls:
             called = {"role": "assistant", "content": "Calling."}
         self.takes_tool_role = self.takes_tools and self._shows_probe([
-            {"role": "user", "content": "Hi."}, called, {"role": "tool", "content": TOOL_PROBE}])  # fmt: skip
+            {"role": "user", "content": "Hi."}, called,
+            {"role": "tool", "content": TOOL_PROBE, "tool_call_id": probe_id}])  # fmt: skip
 
     def _shows_probe(self, turns: list[dict[str, Any]], probe: str = TOOL_PROBE, **extra: Any) -> bool:
         """Whether the template writes `probe` into the prompt it renders of `turns`; a template
@@ -159,7 +160,7 @@ class ChatTemplate:
         # them (Llama 3.1's more than one call a turn, gpt-oss's a thought beside both text and a
         # call), without the thoughts, then with the calls as text in the model's call format.
         for native, thoughts in ((True, True), (True, False), (False, False)):
-            docs = opening + [doc for m in messages for doc in self._docs(m, native, thoughts)]
+            docs = opening + self._conversation_docs(messages, native, thoughts)
             if docs[-1]["role"] == "assistant" and not docs[-1]["content"].strip() and "tool_calls" not in docs[-1]:
                 docs = docs[:-1]  # an empty final assistant message continues nothing: answer as usual
             try:
@@ -184,16 +185,29 @@ class ChatTemplate:
             return _through_final(self.render(docs, add_generation_prompt=False, **extra), docs[-1]["content"])
         return self.render(docs, add_generation_prompt=True, **extra)
 
-    def _docs(self, message: Message, native: bool = True, thoughts: bool = True) -> list[dict[str, Any]]:
+    def _conversation_docs(self, messages: Sequence[Message], native: bool, thoughts: bool) -> list[dict[str, Any]]:
+        """The messages as the template takes them; each call gets an id, and the results after
+        it answer the turn's calls in order."""
+        docs: list[dict[str, Any]] = []
+        made, ids = 0, []  # calls so far, and the ids of the last turn's
+        for message in messages:
+            if message.calls:
+                ids = [_call_id(made + i) for i in range(len(message.calls))]
+                made += len(message.calls)
+            docs += self._docs(message, native, thoughts, ids)
+        return docs
+
+    def _docs(self, message: Message, native: bool, thoughts: bool, ids: list[str]) -> list[dict[str, Any]]:
         """A message as the template takes it: an assistant's calls as its `tool_calls` (`native`,
         where the template renders them), or after its text in the model's own call format; a
-        user's tool results before its text, as `tool` messages or blocks; an assistant's thought
-        under the keys templates read it from (`thoughts`)."""
+        user's tool results before its text, as `tool` messages (answering the calls of `ids`) or
+        blocks; an assistant's thought under the keys templates read it from (`thoughts`)."""
         text = message.content
         thought = dict.fromkeys(THOUGHT_KEYS, message.thought) if message.thought and thoughts else {}
         if message.calls and native and self.takes_tool_calls:
             return [{"role": message.role, "content": text, **thought,
-                     "tool_calls": [_tool_call(c.name, c.arguments) for c in message.calls]}]  # fmt: skip
+                     "tool_calls": [_tool_call(c.name, c.arguments, id_) for c, id_ in zip(message.calls, ids,
+                                                                                          strict=True)]}]  # fmt: skip
         if message.calls:
             calls = format_calls(message.calls, self.call_format)
             text = f"{text}\n{calls}" if text else calls
@@ -202,18 +216,27 @@ class ChatTemplate:
         if not self.takes_tool_role:
             blocks = format_results(message.results)
             return [{"role": message.role, "content": f"{blocks}\n{text}" if text else blocks}]
-        results = [{"role": "tool", "content": f"Error: {r}" if error else r} for r, error in message.results]
+        results = [{"role": "tool", "content": f"Error: {r}" if error else r,
+                    "tool_call_id": ids[i] if i < len(ids) else f"result{i:03d}"}
+                   for i, (r, error) in enumerate(message.results)]  # fmt: skip
         return results + ([{"role": message.role, "content": text}] if text else [])
 
 
-def _tool_call(name: str, arguments: str) -> dict[str, Any]:
+def _tool_call(name: str, arguments: str, call_id: str) -> dict[str, Any]:
     """A call as transformers passes it to a template: its arguments an object (templates write
     them with `tojson`), unless they are not JSON."""
     try:
         parsed: Any = json.loads(arguments)
     except ValueError:
         parsed = arguments
-    return {"type": "function", "function": {"name": name, "arguments": parsed}}
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": parsed}}
+
+
+def _call_id(n: int) -> str:
+    """The id of a conversation's n-th call: nine letters and digits, as Mistral's templates
+    require; the same from one turn to the next, so a conversation's prompt stays a prefix of the
+    next one's."""
+    return f"call{n:05d}"
 
 
 def _through_final(text: str, final: str) -> str:

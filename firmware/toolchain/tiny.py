@@ -167,29 +167,38 @@ TINY_CHAT_TEMPLATE = (
 )
 # Mistral's instruct style: no system role; a system prompt is folded into the first user turn. As
 # Mistral 7B v0.3's template (abridged), one that takes `tools` lists them before the last user
-# turn, and the model calls them after its [TOOL_CALLS] token (an earlier call's `tool_calls` must
-# carry 9-character ids).
+# message, the model calls them after its [TOOL_CALLS] token, and a result comes back in a
+# [TOOL_RESULTS] block; an earlier call and its result must carry the same 9-character id.
 MISTRAL_CHAT_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
     "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}"
+    "{%- set user_messages = loop_messages | selectattr('role', 'equalto', 'user') | list %}"
+    "{%- set ns = namespace(index=0) %}{%- for message in loop_messages %}"
+    "{%- if not (message['role'] == 'tool' or (message.tool_calls is defined and message.tool_calls)) %}"
+    "{%- if (message['role'] == 'user') != (ns.index % 2 == 0) %}"
+    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}"
+    "{%- set ns.index = ns.index + 1 %}{%- endif %}{%- endfor %}"
     "{{- bos_token }}"
     "{%- for message in loop_messages %}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}"
-    "{%- if message['role'] == 'user' and tools is defined and tools and loop.revindex <= 2 %}"
+    "{%- if message['role'] == 'user' %}"
+    "{%- if tools is defined and tools and message == user_messages[-1] %}"
     "{{- '[AVAILABLE_TOOLS] ' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}{%- endif %}"
-    "{%- if message.tool_calls is defined and message.tool_calls %}{{- '[TOOL_CALLS] [' }}"
+    "{%- if loop.first and system_message is defined %}"
+    "{{- '[INST] ' + system_message + '\n\n' + message['content'] + '[/INST]' }}"
+    "{%- else %}{{- '[INST] ' + message['content'] + '[/INST]' }}{%- endif %}"
+    "{%- elif message.tool_calls is defined and message.tool_calls %}{{- '[TOOL_CALLS] [' }}"
     "{%- for call in message.tool_calls %}{%- if call.id is not defined or call.id | length != 9 %}"
     "{{- raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{%- endif %}"
     "{{- (call.function | tojson)[:-1] + ', \"id\": \"' + call.id + '\"}' }}"
     "{%- if not loop.last %}{{- ', ' }}{%- endif %}"
     "{%- endfor %}{{- ']' + eos_token }}"
-    "{%- elif message['role'] == 'user' %}"
-    "{%- if loop.first and system_message is defined %}"
-    "{{- '[INST] ' + system_message + '\n\n' + message['content'] + '[/INST]' }}"
-    "{%- else %}{{- '[INST] ' + message['content'] + '[/INST]' }}{%- endif %}"
-    "{%- else %}{{- ' ' + message['content'] + eos_token }}{%- endif %}"
-    "{%- endfor %}"
+    "{%- elif message['role'] == 'assistant' %}{{- ' ' + message['content'] + eos_token }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if message.tool_call_id is not defined or message.tool_call_id | length != 9 %}"
+    "{{- raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{%- endif %}"
+    "{{- '[TOOL_RESULTS] {\"content\": ' + message['content'] | string + ', \"call_id\": \"' + message.tool_call_id"
+    " + '\"}[/TOOL_RESULTS]' }}"
+    "{%- endif %}{%- endfor %}"
 )
 # Mistral Small 3.1's and 3.2's template, abridged (no default system prompt, no images): a system
 # role of its own, the tools listed after it, and each call after its own [TOOL_CALLS] token with
@@ -324,7 +333,8 @@ GEMMA_TURNS = ChatStyle(GEMMA3_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<star
 CHAT_STYLES: dict[str, ChatStyle] = {
     "qwen2": ChatStyle(QWEN25_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos),  # takes tools
     "mistral": ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]",
-                                                 "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"), "<s>", "</s>"),
+                                                 "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+                                                 "[/TOOL_RESULTS]"), "<s>", "</s>"),
     # Mistral Small 3.x (the mistral3_vl fixture): its own call format (appliance/engine/tools.py).
     "mistral3": ChatStyle(MISTRAL_SMALL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]",
                                                         "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",

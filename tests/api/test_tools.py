@@ -544,9 +544,10 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
     ("llama_rope_llama3", "llama3_json", '"parameters": dictionary of argument name',
      '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": {"city": "Paris", '
      '"unit": "c"}}<|eot_id|>', "<|start_header_id|>ipython<|end_header_id|>\n\n18 C<|eot_id|>"),
-    ("mistral", "mistral", "[AVAILABLE_TOOLS] [{",
-     '[/INST] [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]</s>',
-     "[INST] <tool_response>\n18 C\n</tool_response>[/INST]"),  # its template takes no tool role: a user turn
+    ("mistral", "mistral", "[AVAILABLE_TOOLS] [{",  # its template wants 9-character ids, ours (chat._call_id)
+     '[/INST][TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}, '
+     '"id": "call00000"}]</s>',
+     '[TOOL_RESULTS] {"content": 18 C, "call_id": "call00000"}[/TOOL_RESULTS]'),
     ("mistral3_vl", "mistral_args", "[AVAILABLE_TOOLS][{",  # Mistral Small 3.x
      '[/INST][TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "c"}</s>', "[TOOL_RESULTS]18 C[/TOOL_RESULTS]"),
 ])  # fmt: skip

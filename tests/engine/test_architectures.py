@@ -308,7 +308,7 @@ TOOLS_ON_THE_SYSTEM_MESSAGE = (
 def test_a_template_takes_tools_where_it_shows_them_not_where_it_names_them() -> None:
     names = ("qwen2", "llama_rope_llama3", "mistral", "llama")
     shown = {name: (_folder_template(name).takes_tools, _folder_template(name).takes_tool_role) for name in names}
-    assert shown == {"qwen2": (True, True), "llama_rope_llama3": (True, True), "mistral": (True, False),
+    assert shown == {"qwen2": (True, True), "llama_rope_llama3": (True, True), "mistral": (True, True),
                      "llama": (False, False)}  # fmt: skip
     tok = _folder_template("llama").tokenizer
     assert not ChatTemplate(TOOLS_ON_THE_SYSTEM_MESSAGE, tok).takes_tools  # its model would never see them
