@@ -93,7 +93,7 @@ def _message(content: Any, role: str, where: str) -> Message:
             text = "" if body == [] else text_content(body, f"{at}.content")
             results.append((text, get_bool(block, "is_error")))
         elif kind == "thinking" and role == "assistant":  # an earlier thought, echoed back as the SDK keeps it
-            thoughts.append(str(get_str(block, "thinking", where=f"{at}.") or ""))
+            thoughts.append(get_str(block, "thinking", where=f"{at}.") or "")
         elif kind == "redacted_thinking" and role == "assistant":
             continue  # (another server's thought, encrypted: nothing a template could show)
         elif kind in ("tool_use", "tool_result"):

@@ -123,8 +123,7 @@ def _assistant_turn(m: dict[str, Any], where: str) -> Message:
                                                        "messages")))  # fmt: skip
     if not past and content is None:
         raise ApiError(400, f"{where}.content: field required (or tool_calls)", param="messages")
-    thought = get_str(m, "reasoning_content", where=f"{where}.") or ""
-    return Message("assistant", text, tuple(past), thought=str(thought))
+    return Message("assistant", text, tuple(past), thought=get_str(m, "reasoning_content", where=f"{where}.") or "")
 
 
 # OpenAI's reasoning efforts: the lowest two ask a reasoning model to answer without a thought.

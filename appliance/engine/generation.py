@@ -71,6 +71,7 @@ class Generation:
         calls_only = rules.choice.mode in ("required", "tool")
         own_message = self.call_constraint is not None
         self.calls = CallParser(prompt.call_format, calls_only or own_message) if rules.calls_allowed else None
+        self.marker_id = prompt.call_format.marker_id  # the token calls begin with, where the format has one
         self.repeats = RepeatGuard()
         self.tokenizer = tokenizer
         self.decoder = StreamDecoder(tokenizer)
@@ -250,7 +251,7 @@ class Generation:
             if len(self.generated) >= self.request.max_tokens:  # what the decoder holds goes where it belongs
                 return events + self._finish("max_tokens", None, self.decoder.flush())
             return events
-        if self.calls is not None and token == self.prompt.call_format.marker_id:
+        if self.calls is not None and token == self.marker_id:
             self.calls.mark()  # the token that calls begin with (decoding drops it)
         text, matched = self.stops.push(self._answer_text(self.decoder.push(token)))
         if matched is not None:
