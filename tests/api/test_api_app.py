@@ -113,8 +113,9 @@ def test_n_choices_that_do_not_fit_the_queue_are_429_and_a_client_gone_early_is_
 
     async def run() -> list[tuple[int, bytes]]:
         out = []
-        for stream in (False, True):
-            status, _, body = await _call(app, "POST", "/v1/chat/completions", {**chat, "n": 3, "stream": stream})
+        for stream in (False, True):  # long enough that the first choice still runs when the third is queued
+            status, _, body = await _call(app, "POST", "/v1/chat/completions",
+                                          {**chat, "n": 3, "stream": stream, "max_tokens": 512})  # fmt: skip
             out.append((status, body))
             await idle()
         status, _, body = await _call(app, "POST", "/v1/chat/completions", {**chat, "n": 2, "stream": True})
