@@ -19,6 +19,7 @@ from appliance.api.tools import (
     make_tool,
     new_call_id,
     schema_object,
+    strict_flag,
     tool_items,
 )
 from appliance.engine import Finished, GenerationRequest, Message
@@ -114,10 +115,12 @@ def _tools(doc: dict[str, Any]) -> OutputRules:
         reject_unknown(t, _TOOL_KNOWN, {}, where=f"{where}.")
         if "input_schema" not in t:
             raise ApiError(400, f"{where}.input_schema: field required", param="tools")
-        tools.append(make_tool(t.get("name"), t.get("description"), t["input_schema"], where, "tools"))
+        tools.append(make_tool(t.get("name"), t.get("description"), t["input_schema"], where, "tools",
+                               strict_flag(t, f"{where}.", "tools")))  # fmt: skip
     choice = _tool_choice(doc.get("tool_choice"), {t.name for t in tools})
+    # Structured outputs are always enforced in the Messages API: a schema it cannot hold is refused.
     return OutputRules(check_tools(tools, "tools"), choice, _output_format(doc.get("output_config")),
-                       schema_field="output_config")  # fmt: skip
+                       schema_field="output_config", schema_strict=True)  # fmt: skip
 
 
 def _tool_choice(raw: Any, names: set[str]) -> ToolChoice:

@@ -22,6 +22,7 @@ from appliance.api.tools import (
     make_tool,
     new_call_id,
     schema_object,
+    strict_flag,
     tool_items,
 )
 from appliance.engine import Finished, GenerationRequest, Message
@@ -151,11 +152,12 @@ def _tools(doc: dict[str, Any]) -> OutputRules:
         fn = t["function"]
         reject_unknown(fn, {"name", "description", "parameters", "strict"}, {}, where=f"{where}.function.")
         tools.append(make_tool(fn.get("name"), fn.get("description"), fn.get("parameters"), f"{where}.function",
-                               "tools"))  # fmt: skip
+                               "tools", strict_flag(fn, f"{where}.function.", "tools")))  # fmt: skip
     names = {t.name for t in tools}
     parallel = doc.get("parallel_tool_calls") is None or get_bool(doc, "parallel_tool_calls")  # default: allowed
     choice = _tool_choice(doc.get("tool_choice"), names, parallel)
-    return OutputRules(check_tools(tools, "tools"), choice, _response_format(doc.get("response_format")))
+    schema, strict = _response_format(doc.get("response_format"))
+    return OutputRules(check_tools(tools, "tools"), choice, schema, schema_strict=strict)
 
 
 def _tool_choice(raw: Any, names: set[str], parallel: bool) -> ToolChoice:
@@ -181,21 +183,24 @@ def tool_choice_of(raw: Any, names: set[str], parallel: bool, name: Any, shape: 
     return ToolChoice("tool", name, parallel=parallel)
 
 
-def _response_format(raw: Any) -> dict[str, Any] | None:
+def _response_format(raw: Any) -> tuple[dict[str, Any] | None, bool]:
+    """The answer's JSON schema (None: free text) and whether it is strict."""
     if raw is None:
-        return None
+        return None, False
     kind = raw.get("type") if isinstance(raw, dict) else None
     if kind == "text":
-        return None
+        return None, False
     if kind == "json_object":
-        return {"type": "object"}
+        return {"type": "object"}, False
     if kind == "json_schema":
         spec = raw.get("json_schema")
         if not isinstance(spec, dict):
             raise ApiError(400, "response_format.json_schema: must be an object", param="response_format")
-        reject_unknown(spec, {"name", "description", "schema", "strict"}, {}, where="response_format.json_schema.")
-        get_str(spec, "name", required=True, where="response_format.json_schema.")
-        return schema_object(spec.get("schema", {}), "response_format.json_schema.schema", "response_format")
+        where = "response_format.json_schema."
+        reject_unknown(spec, {"name", "description", "schema", "strict"}, {}, where=where)
+        get_str(spec, "name", required=True, where=where)
+        return (schema_object(spec.get("schema", {}), f"{where}schema", "response_format"),
+                strict_flag(spec, where, "response_format"))  # fmt: skip
     raise ApiError(400, "response_format.type: must be 'text', 'json_object' or 'json_schema'",
                    param="response_format")  # fmt: skip
 

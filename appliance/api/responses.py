@@ -26,7 +26,16 @@ from appliance.api.openai import (
     reasoning_of,
     tool_choice_of,
 )
-from appliance.api.tools import Answer, CallOut, arguments_text, check_tools, make_tool, schema_object, tool_items
+from appliance.api.tools import (
+    Answer,
+    CallOut,
+    arguments_text,
+    check_tools,
+    make_tool,
+    schema_object,
+    strict_flag,
+    tool_items,
+)
 from appliance.engine import Finished, GenerationRequest, Message
 from appliance.engine.request import TokenLogprob
 from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
@@ -159,11 +168,13 @@ def _tools(doc: dict[str, Any]) -> OutputRules:
             raise ApiError(400, f"{where}.type: only function tools are supported by this server (not "
                            f"{t.get('type')!r})", param="tools")  # fmt: skip
         reject_unknown(t, {"type", "name", "description", "parameters", "strict"}, {}, where=f"{where}.")
-        tools.append(make_tool(t.get("name"), t.get("description"), t.get("parameters"), where, "tools"))
+        tools.append(make_tool(t.get("name"), t.get("description"), t.get("parameters"), where, "tools",
+                               strict_flag(t, f"{where}.", "tools")))  # fmt: skip
     names = {t.name for t in tools}
     parallel = doc.get("parallel_tool_calls") is None or get_bool(doc, "parallel_tool_calls")
+    schema, strict = _format(doc.get("text"))
     return OutputRules(check_tools(tools, "tools"), _tool_choice(doc.get("tool_choice"), names, parallel),
-                       _format(doc.get("text")), schema_field="text")  # fmt: skip
+                       schema, schema_field="text", schema_strict=strict)  # fmt: skip
 
 
 def _tool_choice(raw: Any, names: set[str], parallel: bool) -> ToolChoice:
@@ -171,24 +182,25 @@ def _tool_choice(raw: Any, names: set[str], parallel: bool) -> ToolChoice:
     return tool_choice_of(raw, names, parallel, name, "{type: 'function', name: ...}", "tool_choice.name")
 
 
-def _format(raw: Any) -> dict[str, Any] | None:
-    """`text.format`: plain text, any JSON object, or JSON matching a schema."""
+def _format(raw: Any) -> tuple[dict[str, Any] | None, bool]:
+    """`text.format`: plain text (None), any JSON object, or JSON matching a schema; and whether
+    it is strict."""
     if raw is None:
-        return None
+        return None, False
     if not isinstance(raw, dict):
         raise ApiError(400, "text: must be an object", param="text")
     reject_unknown(raw, {"format", "verbosity"}, {}, where="text.")
     fmt = raw.get("format")
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if fmt is None or kind == "text":
-        return None
+        return None, False
     if kind == "json_object":
-        return {"type": "object"}
+        return {"type": "object"}, False
     if kind == "json_schema":
         assert isinstance(fmt, dict)
         reject_unknown(fmt, {"type", "name", "description", "schema", "strict"}, {}, where="text.format.")
         get_str(fmt, "name", required=True, where="text.format.")
-        return schema_object(fmt.get("schema"), "text.format.schema", "text")
+        return schema_object(fmt.get("schema"), "text.format.schema", "text"), strict_flag(fmt, "text.format.", "text")
     raise ApiError(400, "text.format.type: must be 'text', 'json_object' or 'json_schema'", param="text")
 
 

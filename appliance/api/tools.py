@@ -56,7 +56,16 @@ def schema_object(value: Any, where: str, param: str) -> dict[str, Any]:
     return value
 
 
-def make_tool(name: Any, description: Any, schema: Any, where: str, param: str) -> Tool:
+def strict_flag(doc: dict[str, Any], where: str, param: str) -> bool:
+    """A tool's or a format's `strict`: absent or null is False (the schema is followed where the
+    grammar can express it, see engine.tools.grammar)."""
+    value = doc.get("strict")
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"{where}strict: must be true or false", param=param)
+    return bool(value)
+
+
+def make_tool(name: Any, description: Any, schema: Any, where: str, param: str, strict: bool = False) -> Tool:
     if not isinstance(name, str) or not _NAME.match(name):
         raise ApiError(400, f"{where}.name: must be 1 to 128 letters, digits, '_' or '-'", param=param)
     if description is not None and not isinstance(description, str):
@@ -66,7 +75,7 @@ def make_tool(name: Any, description: Any, schema: Any, where: str, param: str) 
     if kind != "object":
         raise ApiError(400, f"{where} schema: a tool's arguments must be an object (type 'object', not {kind!r})",
                        param=param)  # fmt: skip
-    return Tool(name, description or "", schema)
+    return Tool(name, description or "", schema, strict)
 
 
 def tool_items(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

@@ -9,6 +9,7 @@ The measurement is in bench/results/engine.md.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,8 +31,9 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.tokenizer = LLTokenizer(tokenizer_json.read_text(), n_vocab=vocab_size, eos_token=list(eos_token_ids))
 
-    def constraint(self, lark: str, param: str) -> Constraint:
-        """Compile a Lark grammar for one request; InvalidRequest (naming `param`) if it cannot be."""
+    def constraint(self, lark: str, param: str, subject: str = "the schema") -> Constraint:
+        """Compile a Lark grammar for one request; InvalidRequest (naming `param` and `subject`, what
+        the grammar came from) if it cannot be."""
         try:
             grammar = _unpanicked(LLMatcher.grammar_from_lark, lark)
             is_error, messages = _unpanicked(LLMatcher.validate_grammar_with_warnings, grammar, self.tokenizer,
@@ -39,15 +41,35 @@ class GrammarCompiler:
         except GrammarPanic as exc:
             # Seen on schemas that break JSON Schema's own rules ("required" a string, not a list).
             log.warning("llguidance panicked compiling a grammar for %s: %s", param, exc)
-            raise InvalidRequest(f"{param}: the schema cannot be used to constrain output (the grammar "
+            raise InvalidRequest(f"{param}: {subject} cannot be used to constrain output (the grammar "
                                  "compiler failed on it: check it is valid JSON Schema)", param) from None  # fmt: skip
         if is_error:
-            raise InvalidRequest(f"{param}: the schema cannot be used to constrain output: {messages[0]}", param)
+            raise InvalidRequest(f"{param}: {subject} cannot be used to constrain output: {schema_error(messages[0])}",
+                                 param)  # fmt: skip
+        if messages:  # a lenient schema's keywords left unenforced: the client's choice, not the operator's concern
+            log.debug("%s: not enforced: %s", param, "; ".join(messages))
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
         if matcher.is_error():
-            raise InvalidRequest(f"{param}: the schema cannot be used to constrain output: {matcher.get_error()}",
-                                 param)  # fmt: skip
+            raise InvalidRequest(f"{param}: {subject} cannot be used to constrain output: "
+                                 f"{schema_error(matcher.get_error())}", param)  # fmt: skip
         return Constraint(matcher, self.vocab_size, param)
+
+
+# llguidance quotes the grammar around an error, line by line ("   2 | text: %json {...}"): our
+# rules and our JSON style, not what the client sent.
+_LISTING = re.compile(r"^\s*\d+ \| ")
+
+
+def schema_error(message: str) -> str:
+    """llguidance's message about a grammar, as the client's: without its position in our grammar
+    and the lines of it that it quotes (a regex error's own caret lines stay)."""
+    lines = []
+    for line in message.splitlines():
+        if _LISTING.match(line):
+            break
+        lines.append(line)
+    text = re.sub(r"^at \d+\(\d+\): ", "", "\n".join(lines).strip())
+    return text.removeprefix("failed to compile JSON schema: ") or message.strip()
 
 
 class GrammarPanic(RuntimeError):

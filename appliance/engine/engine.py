@@ -551,7 +551,24 @@ class Engine:
         lark = grammar(rules, fmt)
         if lark is None:
             return None
-        return self.grammars().constraint(lark, "tools" if rules.tools else rules.schema_field)
+        try:
+            return self.grammars().constraint(lark, "tools" if rules.tools else rules.schema_field)
+        except InvalidRequest:
+            if rules.tools:
+                self._blame(rules, fmt)
+            raise
+
+    def _blame(self, rules: OutputRules, fmt: CallFormat) -> None:
+        """Raise the error of the schema at fault in a grammar of several that did not compile,
+        named as the client knows it (a tool's, or the answer's format). Only on that error path:
+        each schema is compiled alone."""
+        grammars = self.grammars()
+        if rules.json_schema is not None:
+            answer = OutputRules(json_schema=rules.json_schema, schema_strict=rules.schema_strict)
+            grammars.constraint(grammar(answer, fmt) or "", rules.schema_field)
+        for tool in rules.tools:
+            alone = grammar(OutputRules((tool,), ToolChoice("tool", tool.name)), fmt)
+            grammars.constraint(alone or "", "tools", f"the schema of tool {tool.name!r}")
 
     def grammars(self) -> GrammarCompiler:
         """The bundle's grammar compiler (its tokenizer trie), made by the first request that needs it."""

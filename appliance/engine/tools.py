@@ -131,6 +131,7 @@ class Tool:
     name: str
     description: str
     schema: Mapping[str, Any]  # JSON schema of the arguments (an object)
+    strict: bool = False  # every keyword of the schema enforced, or the request refused (see `grammar`)
 
     def as_function(self) -> dict[str, Any]:
         """The OpenAI/Hugging Face shape that chat templates take in `tools`."""
@@ -153,6 +154,7 @@ class OutputRules:
     choice: ToolChoice = field(default_factory=ToolChoice)
     json_schema: Mapping[str, Any] | None = None  # the text answer must be JSON valid against it
     schema_field: str = "response_format"  # what the client called it, for errors
+    schema_strict: bool = False  # json_schema's every keyword enforced, or the request refused
 
     @property
     def constrained(self) -> bool:
@@ -196,11 +198,16 @@ def schema_block(schema: Mapping[str, Any]) -> str:
 
 def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
     """The Lark grammar (llguidance's dialect, with %json for schemas) the answer must match; None:
-    unconstrained."""
+    unconstrained.
+
+    A schema is enforced in full where the client asked for strict output; otherwise leniently:
+    keywords the grammar cannot express (uniqueItems, not, if/then, contains...) are left
+    unenforced rather than refusing the request, as OpenAI and Anthropic do not constrain a
+    non-strict schema at all (an agent's tool list often carries such keywords)."""
     if not rules.constrained:
         return None
     if rules.json_schema is not None:
-        text = "text: %json " + json.dumps(_compact(rules.json_schema), ensure_ascii=False)
+        text = "text: " + schema_rule(rules.json_schema, rules.schema_strict)
     else:  # free text that does not begin as a call would (so a call is never half-written as text)
         text = f"text: TEXT\nTEXT: /(.|\\n)*/ & ~/ ?{re.escape(fmt.opening)}(.|\\n)*/"
     if not rules.calls_allowed:
@@ -212,7 +219,7 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
     for i, tool in enumerate(tools):
         parts = (fmt.lark(fmt.head + tool.name + fmt.args_open), f"args_{i}", fmt.lark(fmt.close))
         lines.append(f"call_{i}: " + " ".join(p for p in parts if p))
-        lines.append(f"args_{i}: %json " + json.dumps(_compact(_object_schema(tool.schema)), ensure_ascii=False))
+        lines.append(f"args_{i}: " + schema_rule(_object_schema(tool.schema), tool.strict))
     parallel = rules.choice.parallel and fmt.parallel
     more = f"({fmt.lark(fmt.separator)} call){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else ""
     calls = " ".join(p for p in (fmt.lark(fmt.marker + fmt.open), "call", more, fmt.lark(fmt.end)) if p)
@@ -226,14 +233,15 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def _compact(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """The schema as the grammar uses it: our JSON style, and objects that list their properties
-    closed to others unless the schema says otherwise. Output still validates against the
-    original; it just cannot wander into invented keys until max_tokens cuts it off."""
+def schema_rule(schema: Mapping[str, Any], strict: bool) -> str:
+    """The grammar's rule body for JSON valid against `schema`: our JSON style, and objects that
+    list their properties closed to others unless the schema says otherwise (output still
+    validates against the original; it just cannot wander into invented keys until max_tokens
+    cuts it off); `strict` False leaves what the grammar cannot express unenforced."""
     out = _closed(schema)
     assert isinstance(out, dict)
-    out["x-guidance"] = dict(_JSON_STYLE)
-    return out
+    out["x-guidance"] = {**_JSON_STYLE, "lenient": not strict}
+    return "%json " + json.dumps(out, ensure_ascii=False)
 
 
 _SCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}  # name -> schema

@@ -33,7 +33,8 @@ def test_a_conversation_reaches_the_model_as_it_does_through_chat_completions() 
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ARGS}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
         {"role": "user", "content": "Thanks. And tomorrow?"}],
-        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA}}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA,
+                                                    "strict": True}}],
         "tool_choice": "required", "parallel_tool_calls": False}, ["m"])  # fmt: skip
     responses = RESPONSES.parse({"model": "m", "max_output_tokens": 50, "temperature": 0.3,
                                  "instructions": "Be brief.", "input": [

@@ -218,7 +218,7 @@ def compiler(tiny_bundle_path: Path, trusted_keys: Path) -> GrammarCompiler:
 def _accepts(compiler: GrammarCompiler, rules: OutputRules, output: str, fmt: CallFormat = HERMES) -> bool:
     lark = grammar(rules, fmt)
     assert lark is not None
-    constraint = compiler.constraint(lark, "tools")
+    constraint = compiler.constraint(lark, "tools" if rules.tools else rules.schema_field)
     return all(constraint.matcher.consume_token(t) for t in compiler.tokenizer.tokenize_str(output)) and bool(
         constraint.matcher.is_accepting())
 
@@ -299,6 +299,33 @@ def test_a_schema_that_cannot_be_compiled_is_a_client_error_naming_the_field(com
     assert lark is not None
     with pytest.raises(InvalidRequest, match=r"response_format: .* compiler failed on it"):
         compiler.constraint(lark, rules.schema_field)
+
+
+def test_a_keyword_the_grammar_cannot_hold_is_left_unenforced_unless_strict(compiler: GrammarCompiler) -> None:
+    """OpenAI and Anthropic do not constrain a schema that is not strict at all, and agents' tool
+    lists carry keywords like uniqueItems: refusing the request for them broke the agent. Strict
+    schemas are still held in full, or refused in the client's terms (not our grammar's text)."""
+    from appliance.engine import InvalidRequest
+
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+
+    def accepts(rules: OutputRules, text: str) -> bool:
+        return _accepts(compiler, rules, text)
+
+    lenient = OutputRules(json_schema=unique)
+    assert accepts(lenient, "[1, 1]")  # what it cannot hold, it lets through
+    assert not accepts(lenient, '["a"]')  # what it can, it holds
+    strict = OutputRules(json_schema=unique, schema_strict=True)
+    with pytest.raises(InvalidRequest) as refused:
+        accepts(strict, "[1, 2]")
+    assert str(refused.value) == ('response_format: the schema cannot be used to constrain output: '
+                                  'Unimplemented keys: ["uniqueItems"]')
+    # What no leniency can save is refused either way: here an unclosed character class.
+    for strict_flag in (False, True):
+        broken = OutputRules(json_schema={"type": "string", "pattern": "(["}, schema_strict=strict_flag)
+        with pytest.raises(InvalidRequest) as refused:
+            accepts(broken, '"a"')
+        assert str(refused.value).endswith("regex parse error:\n    ([\n     ^\nerror: unclosed character class")
 
 
 def test_a_grammar_failing_mid_batch_ends_its_own_request_and_the_worker_serves_on(
@@ -699,6 +726,52 @@ def test_anthropic_prefill_structured_output_and_model_retrieve(demo: tuple[Runn
         "type": "json_schema", "schema": schema}}, messages=[{"role": "user", "content": CASES[2][1]}])  # fmt: skip
     jsonschema.validate(json.loads(out.content[0].text), schema)  # type: ignore[union-attr]
     assert client.models.retrieve(MODEL).id == MODEL
+
+
+@pytest.mark.demo
+def test_a_tool_whose_schema_the_grammar_cannot_hold_in_full_is_called_unless_strict(
+        demo: tuple[RunningDaemon, DevSetup]) -> None:  # fmt: skip
+    """Each dialect, through its official client: a tool with uniqueItems (which the grammar cannot
+    express) beside a plain one is called as usual; marked strict, the request is refused with a
+    400 that names the tool and the keyword (and not our grammar's rules)."""
+    import openai
+
+    tags = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "integer"},
+                                                      "uniqueItems": True}}, "required": ["tags"]}  # fmt: skip
+    plain = {"type": "object", "properties": {"city": {"type": "string"}}}
+    gpt, claude = openai_client(*demo), anthropic_client(*demo)
+    ask = [{"role": "user", "content": "Tag it with 1, 2 and 3."}]
+
+    def chat(strict: bool) -> Any:
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": plain}},
+                 {"type": "function", "function": {"name": "tag", "parameters": tags, "strict": strict}}]
+        return gpt.chat.completions.create(model=MODEL, max_tokens=60, messages=ask, tools=tools,  # type: ignore[arg-type]
+                                           tool_choice={"type": "function", "function": {"name": "tag"}})  # fmt: skip
+
+    def responses(strict: bool) -> Any:
+        tools = [{"type": "function", "name": "tag", "parameters": tags, "strict": strict}]
+        return gpt.responses.create(model=MODEL, max_output_tokens=60, input=ask, tools=tools,  # type: ignore[arg-type]
+                                    tool_choice="required")  # fmt: skip
+
+    def messages(strict: bool) -> Any:
+        return claude.messages.create(model=MODEL, max_tokens=60, messages=ask,  # type: ignore[arg-type]
+                                      tools=[{"name": "tag", "input_schema": tags, "strict": strict}],
+                                      tool_choice={"type": "any"})  # fmt: skip
+
+    called = chat(False).choices[0].message.tool_calls[0].function
+    assert called.name == "tag"
+    assert all(isinstance(t, int) for t in json.loads(called.arguments)["tags"])
+    (item,) = [o for o in responses(False).output if o.type == "function_call"]
+    assert isinstance(json.loads(item.arguments)["tags"], list)
+    (use,) = [b for b in messages(False).content if b.type == "tool_use"]
+    assert isinstance(use.input["tags"], list)
+    for send, refused in ((chat, openai.BadRequestError), (responses, openai.BadRequestError),
+                          (messages, anthropic.BadRequestError)):  # fmt: skip
+        with pytest.raises(refused) as error:
+            send(True)
+        message = str(error.value)
+        assert "tools: the schema of tool 'tag' cannot be used to constrain output" in message, message
+        assert "uniqueItems" in message and "%json" not in message and "x-guidance" not in message, message
 
 
 @pytest.mark.demo
