@@ -55,6 +55,10 @@ class ModelFacts:
     present_key_name: str
     present_value_name: str
     share_buffer: bool
+    # A hybrid model's recurrent layers (Qwen3.5's linear attention): per kind of state, the
+    # patterns of its past input and present output names ("past.%d.conv", "present.%d.conv").
+    # Each such layer carries these states instead of keys and values.
+    state_names: tuple[tuple[str, str], ...] = ()
     # The model's own sampling defaults (genai_config.json "search"): used when a request sets none.
     default_temperature: float = 0.0
     default_top_p: float = 1.0
@@ -70,13 +74,19 @@ class ModelFacts:
         - A layer's past key or value whose heads or head width, where the graph fixes them,
           differ from the model's: the engine's KV slots hold [rows, kv_heads, capacity,
           head_size] for every layer (Gemma 4's global layers have wider heads than its others).
+        - A recurrent state whose shape is not fixed past its batch dimension (the slots hold one
+          of a fixed size per row).
         """
         layers = range(self.num_layers)
         kv = [name % layer for layer in layers for name in (self.past_key_name, self.past_value_name)]
-        unfed = [name for name in inputs if name not in {"input_ids", "attention_mask", "position_ids", *kv}]
+        states = [past % layer for layer in layers for past, _ in self.state_names]
+        unfed = [name for name in inputs if name not in {"input_ids", "attention_mask", "position_ids", *kv, *states}]
         if unfed:
             return (f"the graph takes {', '.join(unfed)}, which the engine does not feed (it gives a model its "
-                    "token ids, attention mask, positions and KV cache)")  # fmt: skip
+                    "token ids, attention mask, positions, KV cache and recurrent states)")  # fmt: skip
+        loose = [name for name in states if name in inputs and not all(isinstance(d, int) for d in inputs[name][1:])]
+        if loose:
+            return f"its recurrent state {loose[0]} has no fixed shape ({list(inputs[loose[0]])})"
         odd = []
         for name in kv:
             shape = list(inputs.get(name) or ())
@@ -182,6 +192,10 @@ def verify(path: Path | str, trusted_keys: TrustedKeys) -> tuple[Manifest, str]:
     return manifest, signer
 
 
+# The recurrent states a hybrid model's genai_config.json names (onnxruntime-genai's builder).
+STATE_KINDS = ("conv", "recurrent")
+
+
 def read_model_facts(root: Path) -> ModelFacts:
     try:
         doc = json.loads((root / GENAI_CONFIG).read_text())
@@ -207,6 +221,8 @@ def read_model_facts(root: Path) -> ModelFacts:
             present_key_name=str(dec["outputs"]["present_key_names"]),
             present_value_name=str(dec["outputs"]["present_value_names"]),
             share_buffer=bool(search.get("past_present_share_buffer", False)),
+            state_names=tuple((str(dec["inputs"][f"past_{kind}_names"]), str(dec["outputs"][f"present_{kind}_names"]))
+                              for kind in STATE_KINDS if f"past_{kind}_names" in dec["inputs"]),
             default_temperature=float(search.get("temperature", 1.0)) if search.get("do_sample") else 0.0,
             default_top_p=float(search.get("top_p", 1.0)),
             default_top_k=int(search.get("top_k", 0)) if search.get("do_sample") else 0,

@@ -369,11 +369,14 @@ class DeviceWorker:
         for t in decode:
             assert t.slot is not None
             tokens[t.slot] = t.job.generation.decode_input
+        # A recurrent state advances in any run over its row: a row padded along keeps its own.
+        keep = [t.slot for t in self.scheduler.running[: plan.rows]
+                if t is not None and t.slot is not None and t not in decode] if self.kv.state_specs else []  # fmt: skip
         t0 = time.perf_counter()
         masks = self._fill_masks([t.job.generation.constraint for t in decode])
         self._deliver()
         try:
-            logits = session.decode(self.kv, tokens, lengths)
+            logits = session.decode(self.kv, tokens, lengths, keep)
         except Exception as exc:  # the whole batch failed: each request ends or moves
             self._fail([t.job for t in decode], exc)
             return
@@ -453,6 +456,13 @@ class Engine:
         self.bundle = bundle
         self.model_name, self.model_version = bundle.name, bundle.version
         self.config = config or EngineConfig()
+        if any(f is not None and f.state_names for f in (bundle.model, bundle.cuda_model)):
+            # A recurrent layer's state sums up the whole sequence: it cannot be cut at a block of
+            # positions (the pool) nor copied position by position from a staging row (the lane).
+            if self.config.prefix_cache_bytes or self.config.prefill_lane:
+                log.info("%s is a hybrid model (recurrent layers): no prefix pool and no prefill lane for it",
+                         bundle.name)  # fmt: skip
+            self.config = dataclasses.replace(self.config, prefix_cache_bytes=0, prefill_lane=False)
         shard = self.config.max_tokens_per_shard or bundle.layer.max_tokens_per_shard
         if shard < 1:
             raise ValueError("max_tokens_per_shard must be at least 1")

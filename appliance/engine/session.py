@@ -5,6 +5,11 @@ present output (the GroupQueryAttention share-buffer mode), so a step writes its
 place instead of copying the growing cache. A prompt is prefilled through its own row (a pointer
 into the buffer); every decoding row then advances together in one run whose attention mask gives
 each row its own length, and the operator writes each row's new key at that row's position.
+
+A hybrid model's recurrent layers (Qwen3.5's linear attention) hold a fixed-size state per row
+instead of keys and values: bound in place the same way, zeroed when a row is taken for a new
+request, and advanced by every run over the row, so a decode run keeps the states of the rows it
+only pads along (`keep`).
 """
 
 from __future__ import annotations
@@ -100,6 +105,21 @@ def mask_width_is_free(graph: onnx.GraphProto) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class StateSpec:
+    """One recurrent state of a hybrid model's layer: its past input and present output, and its
+    shape past the batch dimension."""
+
+    past: str
+    present: str
+    shape: tuple[int, ...]
+    dtype: type[np.generic]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+
 class KVSlots:
     """The KV cache of one device: per layer a key and a value buffer [rows, kv_heads, capacity,
     head_size], bound as both past input and present output (GroupQueryAttention's share-buffer
@@ -122,15 +142,26 @@ class KVSlots:
         self._maps: list[mmap.mmap] = []
         self.host: list[tuple[np.ndarray, np.ndarray]] | None = None  # the arrays behind CPU buffers
         self._values: list[tuple[ort.OrtValue, ort.OrtValue]] = []  # device buffers (not CPU)
+        layers = session.kv_layers
+        self.state_specs = session.states
+        self._state_host: list[np.ndarray] = []  # CPU: the state buffers [rows, *shape]
+        self._state_values: list[ort.OrtValue] = []  # device state buffers (not CPU)
         if self.device == "cpu":
-            self.host = [(self._mapped(), self._mapped()) for _ in range(f.num_layers)]
+            self.host = [(self._mapped(), self._mapped()) for _ in range(layers)]
             self.pointers = [(k.ctypes.data, v.ctypes.data) for k, v in self.host]
+            self._state_host = [np.zeros((rows, *spec.shape), dtype=spec.dtype) for spec in self.state_specs]
+            self.state_pointers = [a.ctypes.data for a in self._state_host]
         else:
             alloc = ort.OrtValue.ortvalue_from_shape_and_type
             self._values = [(alloc(self.shape, self.dtype, self.device, self.device_id),
                              alloc(self.shape, self.dtype, self.device, self.device_id))
-                            for _ in range(f.num_layers)]  # fmt: skip
+                            for _ in range(layers)]  # fmt: skip
             self.pointers = [(k.data_ptr(), v.data_ptr()) for k, v in self._values]
+            self._state_values = [alloc([rows, *spec.shape], spec.dtype, self.device, self.device_id)
+                                  for spec in self.state_specs]  # fmt: skip
+            self.state_pointers = [v.data_ptr() for v in self._state_values]
+            for index in range(rows):
+                self.reset_states(index)
         # (session, first row, rows) -> KV bound once; two sessions may run on one device's slots (lane.py)
         self.bindings: dict[tuple[ModelSession, int, int], _Bound] = {}
         self._cuda: CudaCopy | None = None  # partial copies to and from device rows, made on first use
@@ -142,10 +173,35 @@ class KVSlots:
         return np.frombuffer(mapping, dtype=self.dtype, count=int(np.prod(self.shape))).reshape(self.shape)
 
     def row(self, index: int) -> KVCache:
-        """Row `index` as an empty cache (what a slot's new request fills)."""
+        """Row `index` as an empty cache (what a slot's new request fills): its recurrent states
+        zeroed, as a sequence's first run finds them."""
         if not 0 <= index < self.rows:
             raise IndexError(f"KV row {index} of {self.rows}")
+        self.reset_states(index)
         return KVCache(self, index)
+
+    def reset_states(self, row: int) -> None:
+        if self.state_specs:
+            self.write_states(row, [np.zeros(spec.shape, dtype=spec.dtype) for spec in self.state_specs])
+
+    def read_states(self, row: int) -> list[np.ndarray]:
+        """Copies of a row's recurrent states (none for a model without)."""
+        if self._state_host:
+            return [a[row].copy() for a in self._state_host]
+        return [read_row(ptr, self._state_shape(spec), np.dtype(spec.dtype), row, 1, self._copy()).reshape(spec.shape)
+                for spec, ptr in zip(self.state_specs, self.state_pointers, strict=True)]  # fmt: skip
+
+    def write_states(self, row: int, values: Sequence[np.ndarray]) -> None:
+        if self._state_host:
+            for array, value in zip(self._state_host, values, strict=True):
+                array[row] = value
+            return
+        for spec, ptr, value in zip(self.state_specs, self.state_pointers, values, strict=True):
+            write_row(ptr, self._state_shape(spec), row, value.reshape(1, 1, -1), self._copy())
+
+    def _state_shape(self, spec: StateSpec) -> list[int]:
+        """A state buffer as kv_copy sees a layer's: one "position" of the whole row's state."""
+        return [self.rows, 1, 1, int(np.prod(spec.shape))]
 
     def release(self, index: int) -> None:
         """Give a freed row's committed pages back (CPU), lazily where the kernel can (MADV_FREE);
@@ -286,20 +342,25 @@ class ModelSession:
         # Most exports rotate inside the attention operator from the mask; some (HunYuan's) rotate
         # beside it and take each token's position as an input.
         self.takes_positions = "position_ids" in inputs
-        past0 = inputs[self.facts.past_key_name % 0]
+        f = self.facts
+        # A hybrid model's recurrent layers have no keys and values, but states (StateSpec).
+        layers = [i for i in range(f.num_layers) if f.past_key_name % i in inputs]
+        self.kv_layers = len(layers)
+        self.states = [StateSpec(past % i, present % i, tuple(int(d) for d in inputs[past % i].shape[1:]),
+                                 np.dtype(NUMPY_TYPES.get(inputs[past % i].type, "float32")).type)
+                       for i in range(f.num_layers)
+                       for past, present in f.state_names if past % i in inputs]  # fmt: skip
+        past0 = inputs[self.facts.past_key_name % layers[0]]
         kv_type = NUMPY_TYPES.get(past0.type)
         if kv_type not in ("float32", "float16"):
             raise ValueError(f"{onnx_path.name}: KV type {past0.type} is not supported")
         self.kv_dtype = np.dtype(kv_type).type
         logits_type = next(o.type for o in self.session.get_outputs() if o.name == "logits")
         self.logits_dtype = np.float16 if logits_type == "tensor(float16)" else np.float32
-        f = self.facts
-        self.kv_bytes_per_token = 2 * f.num_layers * f.num_kv_heads * f.head_size * np.dtype(self.kv_dtype).itemsize
-        self._names = [
-            (f.past_key_name % i, f.past_value_name % i, f.present_key_name % i, f.present_value_name % i)
-            for f in (self.facts,)
-            for i in range(self.facts.num_layers)
-        ]
+        self.kv_bytes_per_token = 2 * self.kv_layers * f.num_kv_heads * f.head_size * np.dtype(self.kv_dtype).itemsize
+        self.state_bytes = sum(spec.row_bytes for spec in self.states)  # per row, whatever its length
+        self._names = [(f.past_key_name % i, f.past_value_name % i, f.present_key_name % i, f.present_value_name % i)
+                       for i in layers]  # fmt: skip
         self.ort_device = "cuda" if device.startswith("cuda") else "cpu"
         self.device_id = int(device.partition(":")[2] or 0) if device.startswith("cuda") else 0
         self._positions = np.arange(self.facts.context_length, dtype=np.int64)
@@ -324,12 +385,13 @@ class ModelSession:
         cache.length = total
         return np.array(logits[0, -1], dtype=np.float32)  # a copy: the buffer is the next run's
 
-    def decode(self, slots: KVSlots, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def decode(self, slots: KVSlots, tokens: np.ndarray, lengths: np.ndarray, keep: Sequence[int] = ()) -> np.ndarray:
         """One token for each of rows 0..len(tokens)-1 in one run, row i after lengths[i] cached
         positions (its new key lands at position lengths[i]); returns float32 logits [rows, vocab].
         The caller advances the lengths of the rows it decodes; rows it only pads along (a slot
         still prefilling, a free one) get a write at their next position, which their own next
-        run overwrites. The logits are a view, valid until the next decode of the same rows."""
+        run overwrites, and their recurrent states advance: those of the rows in `keep` are put
+        back after the run. The logits are a view, valid until the next decode of the same rows."""
         rows = int(tokens.shape[0])
         width = int(lengths.max()) + 1
         if width > slots.capacity:
@@ -350,7 +412,10 @@ class ModelSession:
         bound.ids[:, 0] = tokens
         if self.takes_positions:
             bound.positions[:, 0] = lengths
+        kept = [(row, slots.read_states(row)) for row in keep] if slots.state_specs else []
         self._launch(bound)
+        for row, states in kept:
+            slots.write_states(row, states)
         last = bound.logits[:, -1]
         return last if last.dtype == np.float32 else last.astype(np.float32)
 
@@ -407,6 +472,10 @@ class ModelSession:
                 binding.bind_input(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
             for name, ptr in ((ok, k), (ov, v)):
                 binding.bind_output(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
+        for spec, ptr in zip(self.states, slots.state_pointers, strict=True):
+            shape, at = [rows, *spec.shape], ptr + first * spec.row_bytes
+            binding.bind_input(spec.past, slots.device, slots.device_id, spec.dtype, shape, at)
+            binding.bind_output(spec.present, slots.device, slots.device_id, spec.dtype, shape, at)
         logits = np.empty((rows, 1, self.facts.vocab_size), dtype=self.logits_dtype)
         ids, mask = np.zeros((rows, 1), dtype=np.int64), np.zeros(rows * slots.capacity, dtype=np.int64)
         return _Bound(binding, logits, ids, np.zeros((rows, 1), dtype=np.int64), mask, mask[:0].reshape(rows, 0))
@@ -414,7 +483,7 @@ class ModelSession:
     def export_span(self, cache: KVCache, start: int, end: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """KV of positions [start, end), per layer as host arrays [kv_heads, end - start, head_size]
         (views on the CPU)."""
-        return [cache.slots.read(layer, cache.row, start, end) for layer in range(self.facts.num_layers)]
+        return [cache.slots.read(layer, cache.row, start, end) for layer in range(self.kv_layers)]
 
     def import_prefix(self, cache: KVCache, segments: Sequence[tuple[int, KVArrays]], tokens: int) -> None:
         """Fill a row's first `tokens` positions from segments of per-layer arrays, each with the

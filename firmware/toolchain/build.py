@@ -581,6 +581,10 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
 # Attention layer kinds whose export the engine runs as transformers does (checked past the window:
 # tests/engine/test_architectures.py). Others (chunked, linear, convolution) are not checked.
 ATTENTION_KINDS = ("full_attention", "sliding_attention")
+# Recurrent layer kinds, each with the architectures whose export of it was checked against
+# transformers (a tiny model in the architecture matrix): their layers carry a fixed-size state per
+# request instead of keys and values (session.KVSlots). Qwen3.5's gated delta-net layers.
+RECURRENT_KINDS = {"linear_attention": ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")}
 
 
 # RoPE scaling whose export rotates as transformers does, each checked on a tiny model
@@ -650,7 +654,8 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     them (windowed_kv_cache=false), and the attention operator masks what lies outside the window.
     Still refused:
 
-    - layers of another kind than full or sliding attention (`layer_types`): not checked;
+    - layers of another kind than full or sliding attention (`layer_types`), but for the
+      recurrent layers of the architectures in RECURRENT_KINDS: not checked;
     - `clip_qkv` (OLMo's clamped queries, keys and values): the builder leaves the clamp out, so
       the export answers differently from the model;
     - global layers whose heads differ in number or width from the others' (Gemma 4's
@@ -678,7 +683,9 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
         return
     config = json.loads(config_file.read_text())
     config = config.get("text_config", config)  # multimodal configs nest the language model's
-    kinds = sorted(set(config.get("layer_types") or ()) - set(ATTENTION_KINDS))
+    arch = architecture(model_dir)
+    supported = {*ATTENTION_KINDS, *(kind for kind, archs in RECURRENT_KINDS.items() if arch in archs)}
+    kinds = sorted(set(config.get("layer_types") or ()) - supported)
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip
@@ -825,11 +832,17 @@ def _run_prompt_and_one_token(session: Any, facts: Any) -> None:
 
     from firmware.bundle import NUMPY_TYPES
 
-    types = {i.name: np.dtype(NUMPY_TYPES.get(i.type, "float32")) for i in session.get_inputs()}
+    inputs = {i.name: i for i in session.get_inputs()}
+    types = {name: np.dtype(NUMPY_TYPES.get(i.type, "float32")) for name, i in inputs.items()}
     layers = range(facts.num_layers)
-    past_names = [name % n for n in layers for name in (facts.past_key_name, facts.past_value_name)]
-    present_names = [name % n for n in layers for name in (facts.present_key_name, facts.present_value_name)]
-    past = [np.zeros((1, facts.num_kv_heads, 0, facts.head_size), types[name]) for name in past_names]
+    kv = [(past % n, present % n) for n in layers
+          for past, present in ((facts.past_key_name, facts.present_key_name),
+                                (facts.past_value_name, facts.present_value_name)) if past % n in inputs]  # fmt: skip
+    states = [(past % n, present % n) for n in layers for past, present in facts.state_names if past % n in inputs]
+    past_names = [p for p, _ in kv + states]
+    present_names = [p for _, p in kv + states]
+    past = [np.zeros((1, facts.num_kv_heads, 0, facts.head_size), types[name]) for name, _ in kv]
+    past += [np.zeros((1, *inputs[name].shape[1:]), types[name]) for name, _ in states]  # a sequence's first state
     done, ids = 0, [1, 2, 3]
     for _ in range(2):
         feed: dict[str, Any] = {"input_ids": np.array([ids], types["input_ids"]),

@@ -75,6 +75,17 @@ And one to how the builder finds the LM head:
   vocabulary (512 both) had its logits computed from a layer's MLP input, 3.1 off transformers
   from the first position. Only the model's own `lm_head` is taken.
 
+And two to Qwen3.5:
+
+- `qwen35_text_positions`: the builder gives Qwen3.5 a position input of three rows (multimodal
+  RoPE: time, height and width), then hands it to RoPE operators that take one: no Qwen3.5 export
+  could run a single token. Text has the same position on all three, which is plain RoPE, so the
+  input is the usual one row per sequence.
+- `qwen35_l2norm_epsilon`: its linear-attention layers normalize queries and keys as
+  x / sqrt(sum(x^2) + 1e-6); the builder's LpNormalization has no epsilon, and a tiny Qwen3.5 was
+  4e-3 off transformers' logits from the first position (1.4e-6 with transformers' epsilon set to
+  0). The norm is spelt out with the epsilon.
+
 The builder is also asked (build.py) for `windowed_kv_cache=false`: the engine binds one buffer of
 the whole capacity per layer, so local layers keep full-length caches and the attention operator
 masks positions outside the window (`local_window_size`).
@@ -291,6 +302,32 @@ def gemma3_plain_local_rope() -> None:
     _replace(Gemma3Model, "make_rotary_embedding_multi_cache", lambda _builders: multi_cache)
 
 
+def qwen35_text_positions() -> None:
+    from builders.base import Model
+    from builders.qwen import Qwen35TextModel
+
+    _replace(Qwen35TextModel, "make_inputs_and_outputs", lambda _three_rows: Model.make_inputs_and_outputs)
+
+
+def qwen35_l2norm_epsilon() -> None:
+    from builders.qwen import Qwen35TextModel
+
+    def l2norm(self: Any, name: str, root_input: str, dtype: Any, shape: list[Any], axis: int = -1,
+               p: int = 2) -> None:  # fmt: skip
+        """x * rsqrt(sum(x^2) + 1e-6) over `axis`, into f"{name}/output_0" as the builder's LpNormalization."""
+        assert p == 2
+        summed = [*shape[:-1], 1]
+        self.make_mul(f"{name}/Square", [root_input, root_input], dtype, shape)
+        self.make_reduce_sum(f"{name}/ReduceSum", [f"{name}/Square/output_0", f"/model/constants/INT64/[{axis}]"],
+                             dtype, summed, keepdims=True)  # fmt: skip
+        epsilon = f"/model/constants/{self.to_str_dtype(dtype)}/1e-06"
+        self.make_add(f"{name}/Epsilon", [f"{name}/ReduceSum/output_0", epsilon], dtype, summed)
+        self.make_rsqrt(f"{name}/Rsqrt", [f"{name}/Epsilon/output_0"], dtype, summed)
+        self.make_mul(name, [root_input, f"{name}/Rsqrt/output_0"], dtype, shape)
+
+    _replace(Qwen35TextModel, "make_lp_normalization", lambda _no_epsilon: l2norm)
+
+
 def _fix_config(config: Any) -> Any:
     text = getattr(config, "text_config", None)
     for c in (config, text) if text is not None else (config,):
@@ -318,6 +355,8 @@ def install() -> None:
     yarn_as_transformers()
     gemma3_plain_local_rope()
     lm_head_is_the_model_s()
+    qwen35_text_positions()
+    qwen35_l2norm_epsilon()
 
     transformers = sys.modules["transformers"]
     base = transformers.AutoConfig

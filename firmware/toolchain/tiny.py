@@ -148,6 +148,16 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "gemma3_linear": ("Gemma3TextConfig", "Gemma3ForCausalLM", {**GEMMA3_TINY, "num_key_value_heads": 4,
         "rope_parameters": {"sliding_attention": GEMMA3_LOCAL_ROPE,
                             "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}}),
+    # Qwen3.5: a hybrid of gated delta-net layers (linear attention, a recurrent state per sequence)
+    # and gated full attention with query and key norms and partial rotary; its checkpoints are the
+    # multimodal class (the vision tower is left out of the export).
+    "qwen3_5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", {
+        "text_config": {"head_dim": 32, "layer_types": ["linear_attention", "full_attention"],
+                        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                        "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4},
+        "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                          "out_hidden_size": 64, "num_position_embeddings": 64},
+        "image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -156,7 +166,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
-               "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha")
+               "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (

@@ -389,9 +389,9 @@ def _batch_sizes(engine: Engine) -> list[int]:
     session, sizes = engine.workers["cpu"].session, []
     real_decode = session.decode
 
-    def counting_decode(slots, tokens, lengths):  # type: ignore[no-untyped-def]
+    def counting_decode(slots, tokens, lengths, *rest):  # type: ignore[no-untyped-def]
         sizes.append(int(tokens.shape[0]))
-        return real_decode(slots, tokens, lengths)
+        return real_decode(slots, tokens, lengths, *rest)
 
     session.decode = counting_decode  # type: ignore[method-assign]
     return sizes
