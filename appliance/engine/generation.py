@@ -27,7 +27,7 @@ from appliance.engine.session import KVCache, ModelSession
 from appliance.engine.shards import plan_shards
 from appliance.engine.stops import StopMatcher
 from appliance.engine.tokenizer import StreamDecoder, TextTokenizer
-from appliance.engine.tools import CallParser, RepeatGuard, TextPart
+from appliance.engine.tools import RepeatGuard, TextPart, call_parser
 from appliance.engine.trace import Trace
 
 
@@ -70,7 +70,8 @@ class Generation:
         rules = request.output
         calls_only = rules.choice.mode in ("required", "tool")
         own_message = self.call_constraint is not None
-        self.calls = CallParser(prompt.call_format, calls_only or own_message) if rules.calls_allowed else None
+        self.calls = (call_parser(prompt.call_format, calls_only or own_message, rules.tools)
+                      if rules.calls_allowed else None)  # fmt: skip
         self.marker_id = prompt.call_format.marker_id  # the token calls begin with, where the format has one
         self.repeats = RepeatGuard()
         self.tokenizer = tokenizer

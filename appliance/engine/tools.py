@@ -12,7 +12,8 @@ templates ask for, Mistral's `[TOOL_CALLS] [{"name": ..., "arguments": ...}]` (G
 after `<|tool_call|>`), Mistral's later `[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`, or
 gpt-oss's message of its own on the commentary channel, ` to=functions.get_weather
 <|constrain|>json<|message|>{...}` after the channel's name (its header is the thought split's:
-reasoning.py). A model that would write a call its own way and is held to another answers in text
+reasoning.py), or Qwen3.5's and Qwen3-Coder's XML, each argument an element whose text is its value
+(`QWEN_XML`). A model that would write a call its own way and is held to another answers in text
 instead, in `auto`. Earlier calls reach the template as `tool_calls` where it renders them, else
 as text in the same format; their results in the template's tool turn or as Hermes'
 `<tool_response>` blocks (chat.py). The tools reach the model through the chat template (when it
@@ -55,9 +56,13 @@ class CallFormat:
     # (reasoning.ChannelSplit); the format is what follows the channel's name, and the text answer
     # is another message, on the final channel.
     channel: str = ""
+    # The arguments are written as parameters (QWEN_XML), not as a JSON object.
+    params: bool = False
 
     def format(self, name: str, arguments: str) -> str:
         """A call as the model would have written it (`arguments`: JSON text)."""
+        if self.params:
+            arguments = xml_params(arguments)
         return f"{self.head}{name}{self.args_open}{arguments}{self.close}"
 
     @property
@@ -87,6 +92,12 @@ LISTED_CALLS = (("mistral", "[TOOL_CALLS]", " [", "[ARGS]"), ("granite", "<|tool
 # Mistral's later templates (Mistral Small 3.x, Magistral, Devstral) write each call after its own
 # marker, with a special token between the name and the arguments: [TOOL_CALLS]name[ARGS]{...}.
 MISTRAL_ARGS = ("[TOOL_CALLS]", "[ARGS]")
+# Qwen3.5's and Qwen3-Coder's templates write each argument as an element of the call, its value as
+# text: a string as it is, an object or a list as JSON, anything else as Python's str() of it.
+#   <tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>
+QWEN_XML = CallFormat("qwen_xml", "<tool_call>", "<tool_call>\n<function=", ">\n", "</function>\n</tool_call>", "\n",
+                      params=True)  # fmt: skip
+PARAM_OPEN, PARAM_CLOSE = "<parameter=", "\n</parameter>\n"
 # gpt-oss writes `<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{...}`,
 # one call a turn (<|call|> ends the turn: the caller runs it and sends its result back).
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>")
@@ -97,6 +108,8 @@ def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFor
     vocabulary's id of a token, or None)."""
     if '"parameters": dictionary of argument name' in template:  # Llama 3.1, 3.2 and 3.3, as published
         return LLAMA3_JSON
+    if "<function=" in template and PARAM_OPEN in template:
+        return QWEN_XML
     # (Its header is read by reasoning.Harmony, which needs <|start|> and <|end|> as well.)
     start, channel, constrain, message, end = (token_id(t) for t in HARMONY_MARKERS)
     header = None not in (start, channel, end)
@@ -165,6 +178,40 @@ class OutputRules:
         return bool(self.tools) and self.choice.mode != "none"
 
 
+def xml_params(arguments: str) -> str:
+    """A call's arguments (JSON text of an object) as QWEN_XML's parameters, as its templates write
+    them."""
+    try:
+        values = json.loads(arguments)
+    except ValueError:
+        values = None
+    if not isinstance(values, dict):
+        return ""
+    return "".join(f"{PARAM_OPEN}{key}>\n{_param_text(value)}{PARAM_CLOSE}" for key, value in values.items())
+
+
+def _param_text(value: Any) -> str:
+    """A value as Jinja writes it in those templates: `tojson` for an object or a list, else
+    `string` (Python's str: True, None, 1.5)."""
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else str(value)
+
+
+def param_json(text: str, schema: Mapping[str, Any] | None) -> str:
+    """A parameter's text as the JSON value its schema's type reads it as (what a client expects
+    of the call's arguments): a string's text as it is; a boolean, a number, null, an object or a
+    list from what the model wrote (JSON, or Python's spelling of it); a string where it is
+    neither."""
+    kinds = _kinds(schema or {})
+    word = text.strip()
+    if _is_text(kinds) or (not kinds and all(isinstance(v, str) for v in (schema or {}).get("enum", [0]))):
+        return "null" if "null" in kinds and word in ("None", "null") else json.dumps(text, ensure_ascii=False)
+    python = {"True": "true", "False": "false", "None": "null"}
+    try:
+        return json.dumps(json.loads(python.get(word, word)), ensure_ascii=False)
+    except ValueError:
+        return json.dumps(text, ensure_ascii=False)
+
+
 def format_calls(calls: Sequence[PastCall], fmt: CallFormat) -> str:
     """A turn's earlier calls as the model would have written them."""
     return fmt.marker + fmt.open + fmt.separator.join(fmt.format(c.name, c.arguments) for c in calls) + fmt.end
@@ -219,13 +266,64 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
     for i, tool in enumerate(tools):
         parts = (fmt.lark(fmt.head + tool.name + fmt.args_open), f"args_{i}", fmt.lark(fmt.close))
         lines.append(f"call_{i}: " + " ".join(p for p in parts if p))
-        lines.append(f"args_{i}: " + schema_rule(_object_schema(tool.schema), tool.strict))
+        if fmt.params:
+            lines += _param_rules(f"args_{i}", _object_schema(tool.schema), tool.strict)
+        else:
+            lines.append(f"args_{i}: " + schema_rule(_object_schema(tool.schema), tool.strict))
     parallel = rules.choice.parallel and fmt.parallel
     more = f"({fmt.lark(fmt.separator)} call){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else ""
     calls = " ".join(p for p in (fmt.lark(fmt.marker + fmt.open), "call", more, fmt.lark(fmt.end)) if p)
     start = "calls" if rules.choice.mode in ("required", "tool") else "text | calls"
     return "\n".join([f"start: {start}", text, f"calls: {calls}",
                       "call: " + " | ".join(f"call_{i}" for i in range(len(tools))), *lines]) + "\n"  # fmt: skip
+
+
+def _param_rules(name: str, schema: Mapping[str, Any], strict: bool) -> list[str]:
+    """Rules for a call's arguments as parameters (QWEN_XML): the schema's properties in its order,
+    each optional unless required; a string's value is text that ends where its element closes
+    (an enum's, one of its values), any other value JSON held to its schema (a boolean also in
+    Python's spelling, as the templates write it). A schema that lists no properties takes any
+    parameters of text."""
+    close = json.dumps(PARAM_CLOSE)
+    text = f"[stop={close}]: /(.|\\n)*/"  # lazy: the text ends where the element's close is written
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping) or not properties:
+        return [f'{name}: ({json.dumps(PARAM_OPEN)} /[A-Za-z0-9_.-]+/ ">\\n" {name}_text)*', f"{name}_text{text}"]
+    required = set(schema.get("required") or ())
+    rules, parts = [], []
+    for k, (key, sub) in enumerate(properties.items()):
+        value, opening = f"{name}_v{k}", json.dumps(f"{PARAM_OPEN}{key}>\n", ensure_ascii=False)
+        parts.append(f"{name}_p{k}" + ("" if key in required else "?"))
+        body = _param_value(sub if isinstance(sub, Mapping) else {}, strict)
+        if body is None:  # text
+            rules += [f"{name}_p{k}: {opening} {value}", f"{value}{text}"]
+        else:
+            rules += [f"{name}_p{k}: {opening} {value} {close}", f"{value}: {body}"]
+    return [f"{name}: " + " ".join(parts), *rules]
+
+
+def _kinds(schema: Mapping[str, Any]) -> set[str]:
+    """A schema's `type`, as a set (empty where it names none)."""
+    kinds = schema.get("type")
+    return {str(k) for k in kinds} if isinstance(kinds, list) else {kinds} if isinstance(kinds, str) else set()
+
+
+def _is_text(kinds: set[str]) -> bool:
+    """A string (or a string or null, which the templates write as None): the model writes text."""
+    return "string" in kinds and kinds <= {"string", "null"}
+
+
+def _param_value(schema: Mapping[str, Any], strict: bool) -> str | None:
+    """The grammar of a parameter's value (None: text up to the element's close)."""
+    kinds = _kinds(schema)
+    choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
+        return " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+    if _is_text(kinds) or (not kinds and not isinstance(choices, list)):
+        return None
+    if kinds == {"boolean"}:
+        return '"true" | "false" | "True" | "False"'
+    return schema_rule(schema, strict)
 
 
 # JSON as the model writes it under a grammar: one line with the usual separators. Flexible
@@ -478,3 +576,46 @@ class CallParser:
             self.buf = ""
             return out
         return []
+
+
+class ParamCallParser(CallParser):
+    """QWEN_XML's calls (`CallFormat.params`): each call's parameters become its arguments' JSON
+    object, streamed a parameter at a time as each element closes, every value read as its tool's
+    schema types it (`param_json`)."""
+
+    def __init__(self, fmt: CallFormat, calls_only: bool = False, tools: Sequence[Tool] = ()) -> None:
+        super().__init__(fmt, calls_only)
+        self.properties = {t.name: t.schema.get("properties") or {} for t in tools}
+        self._tool = ""  # the call in progress
+        self._written = 0  # its parameters so far
+
+    def _step(self, out: list[Part]) -> None:
+        if self.mode != "args":
+            begun = self.calls
+            super()._step(out)
+            if self.calls != begun:  # a call's name came: its arguments' object opens
+                start = out[-1]
+                assert isinstance(start, CallStart)
+                self._tool, self._written = start.name, 0
+                out.append(CallArguments(start.index, "{"))
+            return
+        if self.buf.startswith(PARAM_OPEN):
+            head_end = self.buf.find(">\n", len(PARAM_OPEN))
+            value_end = self.buf.find(PARAM_CLOSE, head_end + 2) if head_end >= 0 else -1
+            if value_end < 0:
+                return  # the element is not closed yet
+            key, text = self.buf[len(PARAM_OPEN) : head_end], self.buf[head_end + 2 : value_end]
+            schema = self.properties.get(self._tool, {}).get(key)
+            value = param_json(text, schema if isinstance(schema, Mapping) else None)
+            out.append(CallArguments(self.calls - 1, (", " if self._written else "") + json.dumps(key) + ": " + value))
+            self._written += 1
+            self.buf = self.buf[value_end + len(PARAM_CLOSE) :]
+        elif not PARAM_OPEN.startswith(self.buf):  # no more parameters: the call closes
+            out.append(CallArguments(self.calls - 1, "}"))
+            self.mode = "tail"
+            self._tail()
+
+
+def call_parser(fmt: CallFormat, calls_only: bool = False, tools: Sequence[Tool] = ()) -> CallParser:
+    """The parser of `fmt`'s calls (`tools`: the request's, whose schemas type a parameter's text)."""
+    return ParamCallParser(fmt, calls_only, tools) if fmt.params else CallParser(fmt, calls_only)

@@ -231,6 +231,46 @@ MISTRAL_SMALL_CHAT_TEMPLATE = (
     "{%- elif message['role'] == 'tool' %}{{- '[TOOL_RESULTS]' + message['content'] + '[/TOOL_RESULTS]' }}"
     "{%- endif %}{%- endfor %}"
 )
+# Qwen3.5's template, abridged (no images, no earlier thoughts): the tools listed as JSON with the
+# call format shown; each call's arguments as parameters, a string's as it is, anything else as
+# JSON or Python's str(), as published; results as <tool_response> blocks in a user turn; and the
+# answer opening with an empty thought unless thinking is asked for.
+QWEN35_CHAT_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}"
+    "{{- '# Tools\n\nYou have access to the following functions:\n\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
+    "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+    "</function>\n</tool_call><|im_end|>\n' }}"
+    "{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}{%- set content = message.content if message.content is string else '' %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant\n' + content }}"
+    "{%- if message.tool_calls and message.tool_calls is iterable and message.tool_calls is not mapping %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{%- if loop.first %}{%- if content|trim %}{{- '\n\n<tool_call>\n<function=' + tool_call.name + '>\n' }}"
+    "{%- else %}{{- '<tool_call>\n<function=' + tool_call.name + '>\n' }}{%- endif %}"
+    "{%- else %}{{- '\n<tool_call>\n<function=' + tool_call.name + '>\n' }}{%- endif %}"
+    "{%- if tool_call.arguments is defined %}{%- for args_name, args_value in tool_call.arguments|items %}"
+    "{{- '<parameter=' + args_name + '>\n' }}"
+    "{%- set args_value = args_value | tojson | safe if args_value is mapping or (args_value is sequence and "
+    "args_value is not string) else args_value | string %}"
+    "{{- args_value }}{{- '\n</parameter>\n' }}{%- endfor %}{%- endif %}"
+    "{{- '</function>\n</tool_call>' }}{%- endfor %}{%- endif %}{{- '<|im_end|>\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.previtem and loop.previtem.role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\n<tool_response>\n' }}{{- content }}{{- '\n</tool_response>' }}"
+    "{%- if not loop.last and loop.nextitem.role != 'tool' %}{{- '<|im_end|>\n' }}"
+    "{%- elif loop.last %}{{- '<|im_end|>\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is true %}{{- '<think>\n' }}"
+    "{%- else %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}{%- endif %}"
+)
 # Phi-3.5-mini-instruct's template, as published.
 PHI3_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
@@ -363,6 +403,8 @@ CHAT_STYLES: dict[str, ChatStyle] = {
                                                           "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
                                    "<|begin_of_text|>", "<|eot_id|>"),
     # gpt-oss writes harmony's messages; `<|end|>` ends one, `<|return|>` the answer.
+    # Qwen3.5 writes each argument of a call as an element of its own (appliance/engine/tools.py).
+    "qwen3_5": ChatStyle(QWEN35_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>")),
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",
                                                  "<|message|>", "<|end|>", "<|return|>", "<|constrain|>", "<|call|>"),
                          "<|startoftext|>", "<|return|>"),

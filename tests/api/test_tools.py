@@ -32,6 +32,7 @@ from appliance.engine.sampling import Sampler, penalize
 from appliance.engine.tools import (
     HERMES,
     LLAMA3_JSON,
+    QWEN_XML,
     CallArguments,
     CallFormat,
     CallParser,
@@ -43,6 +44,7 @@ from appliance.engine.tools import (
     Tool,
     ToolChoice,
     call_format,
+    call_parser,
     format_calls,
     grammar,
     schema_block,
@@ -60,12 +62,12 @@ def format_call(name: str, arguments: dict[str, Any] | str, fmt: CallFormat = HE
     return fmt.format(name, arguments if isinstance(arguments, str) else json.dumps(arguments))
 
 
-def _parse(output: str, chunk: int, calls_only: bool = False,
-           fmt: CallFormat = HERMES) -> tuple[str, list[tuple[str, str]], int]:  # fmt: skip
+def _parse(output: str, chunk: int, calls_only: bool = False, fmt: CallFormat = HERMES,
+           tools: tuple[Tool, ...] = ()) -> tuple[str, list[tuple[str, str]], int]:  # fmt: skip
     """`output` as the model writes it, through the parser as the engine feeds it: a format's
     marker token, where the output begins with it, is told (`mark`), and decoding drops its
     special tokens."""
-    parser, text, calls = CallParser(fmt, calls_only), "", []
+    parser, text, calls = call_parser(fmt, calls_only, tools), "", []
     if fmt.marker and output.startswith(fmt.marker):
         parser.mark()
     output = fmt.visible(output)
@@ -137,6 +139,38 @@ def test_later_mistral_calls_are_parsed_from_their_markers_and_names(chunk: int)
     # Without the [ARGS] token a template's [TOOL_CALLS] is v0.3's list, or (with no token) Hermes.
     assert call_format(MISTRAL_SMALL_CALLS, {"[TOOL_CALLS]": 7}.get) is HERMES
     assert call_format("[TOOL_CALLS] [ARGS]", {"[ARGS]": 8}.get) is HERMES
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_qwen35_calls_are_read_from_their_parameters_as_their_schema_types_them(
+        chunk: int, compiler: GrammarCompiler) -> None:  # fmt: skip
+    """Qwen3.5 and Qwen3-Coder write each argument as an element whose text is its value: a string
+    as it is (quotes and newlines too), anything else as JSON or Python's str(). The arguments come
+    back as the JSON object a client expects, typed by the tool's schema; the grammar holds each
+    value to its property's schema and lets a string run until its element closes."""
+    from firmware.toolchain.tiny import QWEN35_CHAT_TEMPLATE
+
+    fmt = call_format(QWEN35_CHAT_TEMPLATE, {}.get)
+    assert fmt is QWEN_XML
+    book = Tool("book", "", {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string"}, "nights": {"type": "integer"}, "pets": {"type": "boolean"},
+        "rooms": {"type": "array", "items": {"type": "string"}}, "note": {}}})  # fmt: skip
+    args = {"city": 'Paris "centre"\n</x>', "nights": 3, "pets": True, "rooms": ["a", "b"], "note": "1.5"}
+    written = format_calls([PastCall("book", json.dumps(args)), PastCall("book", '{"city": "Rome"}')], fmt)
+    assert written.startswith('<tool_call>\n<function=book>\n<parameter=city>\nParis "centre"\n</x>\n</parameter>\n'
+                              "<parameter=nights>\n3\n</parameter>\n<parameter=pets>\nTrue\n</parameter>\n"
+                              '<parameter=rooms>\n["a", "b"]\n</parameter>\n')  # fmt: skip
+    text, calls, complete = _parse(written, chunk, fmt=fmt, tools=(book,))
+    assert (text, complete) == ("", 2)
+    assert [json.loads(a) for _, a in calls] == [{**args, "note": 1.5}, {"city": "Rome"}]  # untyped: JSON where it is
+    first = written[: written.index("\n<tool_call>")]
+    required = OutputRules((book,), ToolChoice("required"))
+    assert _accepts(compiler, required, first, fmt) and _accepts(compiler, required, written, fmt)
+    assert _accepts(compiler, OutputRules((book,)), "It is sunny.", fmt)
+    for wrong in ('{"nights": 3}', '{"city": "P", "nights": "three"}', '{"city": "P", "pets": "maybe"}'):
+        assert not _accepts(compiler, required, fmt.format("book", wrong), fmt), wrong
+    cut = written[: written.index("centre")]  # max_tokens inside the first value
+    assert _parse(cut, chunk, fmt=fmt, tools=(book,)) == ("", [("book", "{")], 0)
 
 
 HARMONY_IDS = {"<|start|>": 1, "<|channel|>": 2, "<|message|>": 3, "<|end|>": 4, "<|constrain|>": 5}
@@ -577,6 +611,10 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
      '[TOOL_RESULTS] {"content": 18 C, "call_id": "call00000"}[/TOOL_RESULTS]'),
     ("mistral3_vl", "mistral_args", "[AVAILABLE_TOOLS][{",  # Mistral Small 3.x
      '[/INST][TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "c"}</s>', "[TOOL_RESULTS]18 C[/TOOL_RESULTS]"),
+    ("qwen3_5", "qwen_xml", "<tools>\n{",
+     "<|im_start|>assistant\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+     "<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call><|im_end|>",
+     "<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>"),
 ])  # fmt: skip
 def test_a_model_is_shown_its_calls_and_held_to_them_in_its_own_format(trusted_keys: Path, fixture: str, fmt: str,
                                                                        listed: str, earlier: str, result: str) -> None:

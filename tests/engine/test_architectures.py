@@ -333,8 +333,9 @@ def test_a_template_that_takes_tools_gets_them_as_transformers_passes_them() -> 
         assert '"name": "get_weather"' in prompt.text and "<tools>" in prompt.text
 
 
-# Hermes' calls; Mistral Small's [TOOL_CALLS]name[ARGS]; gpt-oss's messages to a function and back
-@pytest.mark.parametrize("name", ["qwen2", "mistral3_vl", "gpt_oss"])
+# Hermes' calls; Mistral Small's [TOOL_CALLS]name[ARGS]; gpt-oss's messages to a function and back;
+# Qwen3.5's parameters
+@pytest.mark.parametrize("name", ["qwen2", "mistral3_vl", "gpt_oss", "qwen3_5"])
 def test_earlier_calls_and_results_reach_a_model_as_its_template_writes_calls_and_tool_messages(name: str) -> None:
     from transformers import AutoTokenizer
 
