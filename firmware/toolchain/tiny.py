@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from firmware.manifest import LayerConstants
 from firmware.toolchain.build import BuildOptions, build
@@ -27,6 +28,14 @@ TINY_NAME = "tiny-llama"
 GEMMA3_TINY: dict[str, object] = {"hidden_size": 72, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
                                   "layer_types": ["sliding_attention", "full_attention"]}  # fmt: skip
 GEMMA3_LOCAL_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+# Qwen3.5's tiny checkpoint: a gated delta-net layer and a gated full-attention one, a vision tower.
+QWEN35_TINY: dict[str, Any] = {
+    "text_config": {"head_dim": 32, "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
+                    "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                    "linear_conv_kernel_dim": 4},
+    "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                      "num_position_embeddings": 64},
+    "image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}
 PIXTRAL_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                 "image_size": 32, "patch_size": 8, "head_dim": 16}  # fmt: skip
 ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
@@ -151,13 +160,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # Qwen3.5: a hybrid of gated delta-net layers (linear attention, a recurrent state per sequence)
     # and gated full attention with query and key norms and partial rotary; its checkpoints are the
     # multimodal class (the vision tower is left out of the export).
-    "qwen3_5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", {
-        "text_config": {"head_dim": 32, "layer_types": ["linear_attention", "full_attention"],
-                        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
-                        "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4},
-        "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-                          "out_hidden_size": 64, "num_position_embeddings": 64},
-        "image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}),
+    "qwen3_5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", QWEN35_TINY),
+    # Qwen3.5's mixture-of-experts models: the same layers, experts (top 2 of 4) and a shared expert.
+    "qwen3_5_moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration", {**QWEN35_TINY, "text_config": {
+        **QWEN35_TINY["text_config"], "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+        "num_experts_per_tok": 2, "num_experts": 4}}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -166,7 +173,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
-               "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5")
+               "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
+               "qwen3_5_moe")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -378,6 +386,7 @@ class ChatStyle:
 CHATML = ChatStyle(TINY_CHAT_TEMPLATE, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_start|>", "<|im_end|>")
 GEMMA_TURNS = ChatStyle(GEMMA3_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
                         "<bos>", "<end_of_turn>")
+QWEN35_TURNS = ChatStyle(QWEN35_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>"))
 # Each family's template, with its special tokens, where it is not plain ChatML (Qwen2.5's and
 # Gemma 3's as published; the Gemma 3 270M firmware ships the latter too).
 CHAT_STYLES: dict[str, ChatStyle] = {
@@ -404,7 +413,8 @@ CHAT_STYLES: dict[str, ChatStyle] = {
                                    "<|begin_of_text|>", "<|eot_id|>"),
     # gpt-oss writes harmony's messages; `<|end|>` ends one, `<|return|>` the answer.
     # Qwen3.5 writes each argument of a call as an element of its own (appliance/engine/tools.py).
-    "qwen3_5": ChatStyle(QWEN35_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>")),
+    "qwen3_5": QWEN35_TURNS,
+    "qwen3_5_moe": QWEN35_TURNS,
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",
                                                  "<|message|>", "<|end|>", "<|return|>", "<|constrain|>", "<|call|>"),
                          "<|startoftext|>", "<|return|>"),
