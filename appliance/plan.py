@@ -11,7 +11,7 @@ import firmware
 from appliance.api import ApiSettings, KeyStore
 from appliance.config import Config, ConfigError
 from appliance.engine import EngineConfig
-from appliance.engine.engine import kv_positions, sessions_on
+from appliance.engine.engine import config_for, kv_positions, sessions_on
 from appliance.governor import GovernorConfig, cuda_memory_limit
 from firmware.bundle import CUDA_GRAPH_DIR
 
@@ -131,6 +131,7 @@ class MemoryNeed:
 
 
 def memory_need(bundle: firmware.Bundle, engine: EngineConfig, device: str = "cpu") -> MemoryNeed:
+    engine = config_for(bundle, engine)
     graph_dir, f = bundle.graph("cuda" if device != "cpu" else "cpu")
     # CUDA graphs keep their KV in fp16; the CPU graphs (int8 and fp32) in fp32.
     itemsize = 2 if device != "cpu" or bundle.manifest.source.get("precision") in ("fp16", "bf16") else 4

@@ -53,6 +53,15 @@ class EngineConfig:
     prefill_lane: bool = True  # CPU, 2+ threads: a long prompt prefills beside the decode steps (lane.py)
 
 
+def config_for(bundle: Bundle, config: EngineConfig) -> EngineConfig:
+    """The engine config as it applies to `bundle`: a hybrid model (recurrent layers) has no prefix
+    pool and no prefill lane, since a recurrent state sums up the whole sequence: it cannot be cut
+    at a block of positions (the pool) nor copied position by position from a staging row (the lane)."""
+    if any(f is not None and f.state_names for f in (bundle.model, bundle.cuda_model)):
+        return dataclasses.replace(config, prefix_cache_bytes=0, prefill_lane=False)
+    return config
+
+
 def lane_threads(config: EngineConfig, device: str) -> tuple[int, int] | None:
     """The threads of a device's decode steps and of its prefill lane while the lane runs (half
     the cores each), or None where the device has no lane."""
@@ -455,14 +464,9 @@ class Engine:
         """`admitting(device)` False holds new requests for that device in its queue (the shed policy)."""
         self.bundle = bundle
         self.model_name, self.model_version = bundle.name, bundle.version
-        self.config = config or EngineConfig()
-        if any(f is not None and f.state_names for f in (bundle.model, bundle.cuda_model)):
-            # A recurrent layer's state sums up the whole sequence: it cannot be cut at a block of
-            # positions (the pool) nor copied position by position from a staging row (the lane).
-            if self.config.prefix_cache_bytes or self.config.prefill_lane:
-                log.info("%s is a hybrid model (recurrent layers): no prefix pool and no prefill lane for it",
-                         bundle.name)  # fmt: skip
-            self.config = dataclasses.replace(self.config, prefix_cache_bytes=0, prefill_lane=False)
+        self.config = config_for(bundle, config or EngineConfig())
+        if self.config != (config or EngineConfig()):
+            log.info("%s is a hybrid model (recurrent layers): no prefix pool and no prefill lane for it", bundle.name)
         shard = self.config.max_tokens_per_shard or bundle.layer.max_tokens_per_shard
         if shard < 1:
             raise ValueError("max_tokens_per_shard must be at least 1")

@@ -181,6 +181,7 @@ class KVSlots:
         return KVCache(self, index)
 
     def reset_states(self, row: int) -> None:
+        """Zero a row's recurrent states (none for a model without)."""
         if self.state_specs:
             self.write_states(row, [np.zeros(spec.shape, dtype=spec.dtype) for spec in self.state_specs])
 
@@ -358,7 +359,6 @@ class ModelSession:
         logits_type = next(o.type for o in self.session.get_outputs() if o.name == "logits")
         self.logits_dtype = np.float16 if logits_type == "tensor(float16)" else np.float32
         self.kv_bytes_per_token = 2 * self.kv_layers * f.num_kv_heads * f.head_size * np.dtype(self.kv_dtype).itemsize
-        self.state_bytes = sum(spec.row_bytes for spec in self.states)  # per row, whatever its length
         self._names = [(f.past_key_name % i, f.past_value_name % i, f.present_key_name % i, f.present_value_name % i)
                        for i in layers]  # fmt: skip
         self.ort_device = "cuda" if device.startswith("cuda") else "cpu"

@@ -262,8 +262,14 @@ def test_a_hybrid_model_s_prompt_chunked_beside_a_decoding_stream_answers_as_alo
     along the newcomer's row while its prompt runs in chunks between them: the row must keep the
     state its own chunks made. Both answers are what each gives alone, to each token's log
     probability."""
+    from appliance.plan import memory_need
+
     bundle = firmware.load(tiny_bundle("qwen3_5"), trusted_keys)
-    engine = Engine(bundle, EngineConfig(intra_op_threads=2, max_active_per_device=2))
+    config = EngineConfig(intra_op_threads=2, max_active_per_device=2)
+    # The daemon's memory plan counts what the engine holds: the weights once (no lane), no pool.
+    planned, without = memory_need(bundle, config), memory_need(bundle, dataclasses.replace(config, prefill_lane=False))
+    assert planned.prefix == 0 and planned.weights == without.weights
+    engine = Engine(bundle, config)
     worker = engine.workers["cpu"]
     assert worker.lane is None and engine.prefix_cache is None
     budget = worker.scheduler.budget
