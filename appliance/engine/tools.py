@@ -580,8 +580,8 @@ class CallParser:
 
 class ParamCallParser(CallParser):
     """QWEN_XML's calls (`CallFormat.params`): each call's parameters become its arguments' JSON
-    object, streamed a parameter at a time as each element closes, every value read as its tool's
-    schema types it (`param_json`)."""
+    object, every value read as its tool's schema types it (`param_json`). A string's text streams
+    as it comes (a file's content an agent writes, say); any other value once its element closes."""
 
     def __init__(self, fmt: CallFormat, calls_only: bool = False, tools: Sequence[Tool] = ()) -> None:
         super().__init__(fmt, calls_only)
@@ -590,7 +590,9 @@ class ParamCallParser(CallParser):
         self._written = 0  # its parameters so far
 
     def _step(self, out: list[Part]) -> None:
-        if self.mode != "args":
+        if self.mode == "string":
+            self._string(out)
+        elif self.mode != "args":
             begun = self.calls
             super()._step(out)
             if self.calls != begun:  # a call's name came: its arguments' object opens
@@ -598,22 +600,45 @@ class ParamCallParser(CallParser):
                 assert isinstance(start, CallStart)
                 self._tool, self._written = start.name, 0
                 out.append(CallArguments(start.index, "{"))
-            return
-        if self.buf.startswith(PARAM_OPEN):
+        elif self.buf.startswith(PARAM_OPEN):
             head_end = self.buf.find(">\n", len(PARAM_OPEN))
-            value_end = self.buf.find(PARAM_CLOSE, head_end + 2) if head_end >= 0 else -1
+            if head_end < 0:
+                return  # the parameter's name is not whole yet
+            key = self.buf[len(PARAM_OPEN) : head_end]
+            schema = self.properties.get(self._tool, {}).get(key)
+            schema = schema if isinstance(schema, Mapping) else None
+            named = (", " if self._written else "") + json.dumps(key) + ": "
+            if schema is not None and _kinds(schema) == {"string"} and "enum" not in schema:
+                out.append(CallArguments(self.calls - 1, named + '"'))
+                self.buf, self.mode = self.buf[head_end + 2 :], "string"
+                return
+            value_end = self.buf.find(PARAM_CLOSE, head_end + 2)
             if value_end < 0:
                 return  # the element is not closed yet
-            key, text = self.buf[len(PARAM_OPEN) : head_end], self.buf[head_end + 2 : value_end]
-            schema = self.properties.get(self._tool, {}).get(key)
-            value = param_json(text, schema if isinstance(schema, Mapping) else None)
-            out.append(CallArguments(self.calls - 1, (", " if self._written else "") + json.dumps(key) + ": " + value))
+            value = param_json(self.buf[head_end + 2 : value_end], schema)
+            out.append(CallArguments(self.calls - 1, named + value))
             self._written += 1
             self.buf = self.buf[value_end + len(PARAM_CLOSE) :]
         elif not PARAM_OPEN.startswith(self.buf):  # no more parameters: the call closes
             out.append(CallArguments(self.calls - 1, "}"))
             self.mode = "tail"
             self._tail()
+
+    def _string(self, out: list[Part]) -> None:
+        """A string parameter's text, escaped as JSON, up to its element's close; what could be
+        the start of the close is held until the next text says."""
+        end = self.buf.find(PARAM_CLOSE)
+        if end >= 0:
+            text, self.buf = self.buf[:end], self.buf[end + len(PARAM_CLOSE) :]
+            out.append(CallArguments(self.calls - 1, json.dumps(text, ensure_ascii=False)[1:-1] + '"'))
+            self.mode = "args"
+            self._written += 1
+            return
+        held = next((n for n in range(min(len(self.buf), len(PARAM_CLOSE) - 1), 0, -1)
+                     if PARAM_CLOSE.startswith(self.buf[-n:])), 0)  # fmt: skip
+        text, self.buf = self.buf[: len(self.buf) - held], self.buf[len(self.buf) - held :]
+        if text:
+            out.append(CallArguments(self.calls - 1, json.dumps(text, ensure_ascii=False)[1:-1]))
 
 
 def call_parser(fmt: CallFormat, calls_only: bool = False, tools: Sequence[Tool] = ()) -> CallParser:

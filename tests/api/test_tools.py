@@ -146,8 +146,9 @@ def test_qwen35_calls_are_read_from_their_parameters_as_their_schema_types_them(
         chunk: int, compiler: GrammarCompiler) -> None:  # fmt: skip
     """Qwen3.5 and Qwen3-Coder write each argument as an element whose text is its value: a string
     as it is (quotes and newlines too), anything else as JSON or Python's str(). The arguments come
-    back as the JSON object a client expects, typed by the tool's schema; the grammar holds each
-    value to its property's schema and lets a string run until its element closes."""
+    back as the JSON object a client expects, typed by the tool's schema, a string's text streaming
+    as it comes; the grammar holds each value to its property's schema and lets a string run until
+    its element closes."""
     from firmware.toolchain.tiny import QWEN35_CHAT_TEMPLATE
 
     fmt = call_format(QWEN35_CHAT_TEMPLATE, {}.get)
@@ -169,8 +170,10 @@ def test_qwen35_calls_are_read_from_their_parameters_as_their_schema_types_them(
     assert _accepts(compiler, OutputRules((book,)), "It is sunny.", fmt)
     for wrong in ('{"nights": 3}', '{"city": "P", "nights": "three"}', '{"city": "P", "pets": "maybe"}'):
         assert not _accepts(compiler, required, fmt.format("book", wrong), fmt), wrong
-    cut = written[: written.index("centre")]  # max_tokens inside the first value
-    assert _parse(cut, chunk, fmt=fmt, tools=(book,)) == ("", [("book", "{")], 0)
+    # A string streams as it comes (max_tokens here, inside it), all but what may begin its close.
+    cut = written[: written.index("centre")]
+    assert _parse(cut, chunk, fmt=fmt, tools=(book,)) == ("", [("book", '{"city": "Paris \\"')], 0)
+    assert _parse(cut + "\n</par", chunk, fmt=fmt, tools=(book,))[1] == [("book", '{"city": "Paris \\"')]
 
 
 HARMONY_IDS = {"<|start|>": 1, "<|channel|>": 2, "<|message|>": 3, "<|end|>": 4, "<|constrain|>": 5}
