@@ -7,8 +7,9 @@ providers (asked for, and kept with their options), node placement from a one-st
 profile (attention and matmuls on the device), the device's logits against the CPU's on a
 64-token prompt, greedy decode with end-of-sequence ignored against the memory-bandwidth bound,
 aggregate tokens/s at 1, 4 and 16 concurrent streams, time to first token at two prompt sizes,
-prefix reuse, a memory hog moving placement to the CPU and back, and a real out-of-memory
-continued on the CPU with the same text as a CPU run.
+prefix reuse, a memory hog moving placement to the CPU and back, a real out-of-memory
+continued on the CPU with the same text as a CPU run, and a hybrid model's recurrent states in
+device buffers (the tiny Qwen3.5: zeroed, kept for a padded row, two rows as each alone).
 
 `--dry-run` runs the same steps on the CPU provider with the tiny fixture and smaller sizes (the
 hog is a probe whose readings the check sets; the out-of-memory step needs a GPU arena and says so),
@@ -36,7 +37,7 @@ import onnxruntime as ort
 
 import firmware
 from appliance.engine import Engine, EngineConfig, GenerationRequest, Message
-from appliance.engine.session import ModelSession
+from appliance.engine.session import KVSlots, ModelSession
 from appliance.governor import Governor, GovernorConfig, MemoryReading, cuda_memory_limit
 from bench.step_profile import read_profile
 from firmware.toolchain.devkit import dev_trusted_keys
@@ -160,6 +161,55 @@ class DeviceCheck:
         return {"ok": rate > 0, "tokens_per_s": round(rate, 1), "steps": steps,
                 "bandwidth_bound_tokens_per_s": round(bound, 1) if bound else None,
                 "fraction_of_bound": round(rate / bound, 3) if bound else None}  # fmt: skip
+
+    def hybrid(self) -> dict[str, Any]:
+        """A hybrid model (the tiny Qwen3.5: a recurrent layer beside an attention one) on the device:
+        its states in device buffers, zeroed when a row is taken, kept for a row a decode pads
+        along while its prompt is half in; two rows decoded together answer as each alone, and the
+        first prompt's logits are the CPU provider's."""
+        from firmware.toolchain.tiny import tiny_bundle
+
+        bundle = firmware.load(tiny_bundle("qwen3_5"), dev_trusted_keys())
+        options = self.cuda_options if self.device.startswith("cuda") else None
+        session = ModelSession(bundle, self.device, cuda_options=options)
+        rng = np.random.default_rng(3)
+        prompts = [rng.integers(3, 500, size=n).astype(np.int64) for n in (40, 17)]
+        steps = 8
+
+        def greedy(slots: KVSlots, row: int, ids: np.ndarray) -> tuple[list[int], np.ndarray]:
+            """A prompt's greedy answer alone, and the logits its prompt ends with."""
+            cache = slots.row(row)
+            last = session.forward(cache, ids)
+            tokens = [int(last.argmax())]
+            for _ in range(steps - 1):
+                tokens.append(int(session.forward(cache, np.array(tokens[-1:], dtype=np.int64)).argmax()))
+            return tokens, last
+
+        alone = [greedy(session.new_slots(1, 64), 0, ids) for ids in prompts]
+        slots = session.new_slots(2, 64)
+        first = session.forward(slots.row(0), prompts[0])
+        cpu = ModelSession(bundle, "cpu")
+        diff = float(np.abs(first - cpu.forward(cpu.new_cache(64), prompts[0])).max())
+        half = slots.row(1)
+        session.forward(half, prompts[1][:9])  # row 1's prompt half in: the decode pads along it
+        together, length = [int(first.argmax())], len(prompts[0])
+        for _ in range(steps - 1):
+            lengths = np.array([length, half.length], dtype=np.int64)
+            logits = session.decode(slots, np.array([together[-1], 0], dtype=np.int64), lengths, keep=[1])
+            together.append(int(logits[0].argmax()))
+            length += 1
+        last = session.forward(half, prompts[1][9:])
+        # The padded row's prompt ends on the logits it ends on alone (a random tiny model keeps its
+        # greedy tokens through a stale state; its logits show it).
+        kept = float(np.abs(last - alone[1][1]).max())
+        second = [int(last.argmax())]
+        for _ in range(steps - 1):
+            second.append(int(session.forward(half, np.array(second[-1:], dtype=np.int64)).argmax()))
+        same = [together, second] == [tokens for tokens, _ in alone]
+        tolerance = 0.05 if self.device.startswith("cuda") else 1e-5
+        return {"ok": same and kept <= 1e-3 and diff <= tolerance, "answers_as_alone": same,
+                "padded_row_logits_vs_alone": kept, "logits_vs_cpu": diff, "states": len(session.states),
+                "kv_layers": session.kv_layers}  # fmt: skip
 
     def engine(self, **config: Any) -> Engine:
         devices = (self.device,) if self.device == "cpu" else (self.device, "cpu")
@@ -301,7 +351,7 @@ class DeviceCheck:
 
     def run(self) -> dict[str, Any]:
         for name in ("providers", "placement", "logits", "decode", "streams", "ttft", "prefix_reuse", "governor",
-                     "out_of_memory"):  # fmt: skip
+                     "out_of_memory", "hybrid"):  # fmt: skip
             self.step(name, getattr(self, name))
         return {"device": self.device, "dry_run": self.dry_run, "onnxruntime": ort.__version__,
                 "bundle": {"name": self.bundle.name, "version": self.bundle.version,
