@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +63,16 @@ class ModelFacts:
     default_temperature: float = 0.0
     default_top_p: float = 1.0
     default_top_k: int = 0
+
+    def caches(self, inputs: Container[str]) -> tuple[list[tuple[str, str, str, str]], list[tuple[str, str]]]:
+        """The caches of a graph with these inputs, in layer order: each attention layer's (past
+        key, past value, present key, present value) names, and each recurrent state's (past,
+        present): a hybrid model's recurrent layers carry states instead of keys and values."""
+        layers = range(self.num_layers)
+        kv = [(self.past_key_name % i, self.past_value_name % i, self.present_key_name % i, self.present_value_name % i)
+              for i in layers if self.past_key_name % i in inputs]  # fmt: skip
+        states = [(past % i, present % i) for i in layers for past, present in self.state_names if past % i in inputs]
+        return kv, states
 
     def graph_refusal(self, inputs: Mapping[str, Sequence[object]]) -> str | None:
         """Why the engine cannot run a graph with these inputs (name -> shape), or None. The build's

@@ -464,8 +464,9 @@ class Engine:
         """`admitting(device)` False holds new requests for that device in its queue (the shed policy)."""
         self.bundle = bundle
         self.model_name, self.model_version = bundle.name, bundle.version
-        self.config = config_for(bundle, config or EngineConfig())
-        if self.config != (config or EngineConfig()):
+        config = config or EngineConfig()
+        self.config = config_for(bundle, config)
+        if self.config != config:
             log.info("%s is a hybrid model (recurrent layers): no prefix pool and no prefill lane for it", bundle.name)
         shard = self.config.max_tokens_per_shard or bundle.layer.max_tokens_per_shard
         if shard < 1:

@@ -345,13 +345,12 @@ class ModelSession:
         self.takes_positions = "position_ids" in inputs
         f = self.facts
         # A hybrid model's recurrent layers have no keys and values, but states (StateSpec).
-        layers = [i for i in range(f.num_layers) if f.past_key_name % i in inputs]
-        self.kv_layers = len(layers)
-        self.states = [StateSpec(past % i, present % i, tuple(int(d) for d in inputs[past % i].shape[1:]),
-                                 np.dtype(NUMPY_TYPES.get(inputs[past % i].type, "float32")).type)
-                       for i in range(f.num_layers)
-                       for past, present in f.state_names if past % i in inputs]  # fmt: skip
-        past0 = inputs[self.facts.past_key_name % layers[0]]
+        self._names, states = f.caches(inputs)
+        self.kv_layers = len(self._names)
+        self.states = [StateSpec(past, present, tuple(int(d) for d in inputs[past].shape[1:]),
+                                 np.dtype(NUMPY_TYPES.get(inputs[past].type, "float32")).type)
+                       for past, present in states]  # fmt: skip
+        past0 = inputs[self._names[0][0]]
         kv_type = NUMPY_TYPES.get(past0.type)
         if kv_type not in ("float32", "float16"):
             raise ValueError(f"{onnx_path.name}: KV type {past0.type} is not supported")
@@ -359,8 +358,6 @@ class ModelSession:
         logits_type = next(o.type for o in self.session.get_outputs() if o.name == "logits")
         self.logits_dtype = np.float16 if logits_type == "tensor(float16)" else np.float32
         self.kv_bytes_per_token = 2 * self.kv_layers * f.num_kv_heads * f.head_size * np.dtype(self.kv_dtype).itemsize
-        self._names = [(f.past_key_name % i, f.past_value_name % i, f.present_key_name % i, f.present_value_name % i)
-                       for i in layers]  # fmt: skip
         self.ort_device = "cuda" if device.startswith("cuda") else "cpu"
         self.device_id = int(device.partition(":")[2] or 0) if device.startswith("cuda") else 0
         self._positions = np.arange(self.facts.context_length, dtype=np.int64)

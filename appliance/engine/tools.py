@@ -608,7 +608,7 @@ class ParamCallParser(CallParser):
             schema = self.properties.get(self._tool, {}).get(key)
             schema = schema if isinstance(schema, Mapping) else None
             named = (", " if self._written else "") + json.dumps(key) + ": "
-            if schema is not None and _kinds(schema) == {"string"} and "enum" not in schema:
+            if schema is not None and _kinds(schema) == {"string"}:
                 out.append(CallArguments(self.calls - 1, named + '"'))
                 self.buf, self.mode = self.buf[head_end + 2 :], "string"
                 return

@@ -834,11 +834,8 @@ def _run_prompt_and_one_token(session: Any, facts: Any) -> None:
 
     inputs = {i.name: i for i in session.get_inputs()}
     types = {name: np.dtype(NUMPY_TYPES.get(i.type, "float32")) for name, i in inputs.items()}
-    layers = range(facts.num_layers)
-    kv = [(past % n, present % n) for n in layers
-          for past, present in ((facts.past_key_name, facts.present_key_name),
-                                (facts.past_value_name, facts.present_value_name)) if past % n in inputs]  # fmt: skip
-    states = [(past % n, present % n) for n in layers for past, present in facts.state_names if past % n in inputs]
+    layers, states = facts.caches(inputs)
+    kv = [pair for pk, pv, ok, ov in layers for pair in ((pk, ok), (pv, ov))]
     past_names = [p for p, _ in kv + states]
     present_names = [p for _, p in kv + states]
     past = [np.zeros((1, facts.num_kv_heads, 0, facts.head_size), types[name]) for name, _ in kv]
