@@ -581,10 +581,15 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
 # Attention layer kinds whose export the engine runs as transformers does (checked past the window:
 # tests/engine/test_architectures.py). Others (chunked, linear, convolution) are not checked.
 ATTENTION_KINDS = ("full_attention", "sliding_attention")
+# What transformers 4's configs call full attention (Granite 4's published configs: "attention" or
+# "mamba" per layer); transformers 5 reads them as full_attention and linear_attention.
+KIND_ALIASES = {"attention": "full_attention", "mamba": "mamba (linear_attention)"}
 # Recurrent layer kinds, each with the architectures whose export of it was checked against
 # transformers (a tiny model in the architecture matrix): their layers carry a fixed-size state per
-# request instead of keys and values (session.KVSlots). Qwen3.5's gated delta-net layers.
-RECURRENT_KINDS = {"linear_attention": ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")}
+# request instead of keys and values (session.KVSlots): Qwen3.5's gated delta-net layers, LFM2's
+# short convolutions. (The model builder exports no Mamba layers: Granite 4's hybrids are refused.)
+RECURRENT_KINDS = {"linear_attention": ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"),
+                   "conv": ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM")}
 
 
 # RoPE scaling whose export rotates as transformers does, each checked on a tiny model
@@ -685,7 +690,7 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     config = config.get("text_config", config)  # multimodal configs nest the language model's
     arch = architecture(model_dir)
     supported = {*ATTENTION_KINDS, *(kind for kind, archs in RECURRENT_KINDS.items() if arch in archs)}
-    kinds = sorted(set(config.get("layer_types") or ()) - supported)
+    kinds = sorted({KIND_ALIASES.get(k, k) for k in config.get("layer_types") or ()} - supported)
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip

@@ -165,6 +165,17 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "qwen3_5_moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration", {**QWEN35_TINY, "text_config": {
         **QWEN35_TINY["text_config"], "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
         "num_experts_per_tok": 2, "num_experts": 4}}),
+    # LFM2 (Liquid's models for devices): short gated convolutions (a state of the last inputs per
+    # sequence) between attention layers with query and key norms.
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1],
+                                              "block_multiple_of": 32, "conv_L_cache": 3}),
+    # LFM2's mixture-of-experts models: a dense first layer, then experts (top 2 of 4) with biased routing.
+    "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", {"layer_types": ["conv", "full_attention"],
+        "num_dense_layers": 1, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}),
+    "granite4": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
+        "layer_types": ["attention", "attention"], "num_key_value_heads": 1, "num_local_experts": 0,
+        "shared_intermediate_size": 128, "position_embedding_type": "rope", "embedding_multiplier": 12.0,
+        "logits_scaling": 4.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -174,7 +185,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
-               "qwen3_5_moe")
+               "qwen3_5_moe", "lfm2", "lfm2_moe", "granite4")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -278,6 +289,27 @@ QWEN35_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
     "{%- if enable_thinking is defined and enable_thinking is true %}{{- '<think>\n' }}"
     "{%- else %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}{%- endif %}"
+)
+# LFM2's template, as published: the tools as a JSON list in the system turn between special tokens;
+# a call is the assistant's text (Python calls between <|tool_call_start|> and <|tool_call_end|>),
+# a result a tool turn between <|tool_response_start|> and <|tool_response_end|>.
+LFM2_CHAT_TEMPLATE = (
+    '{{- bos_token -}}{%- set system_prompt = "" -%}{%- set ns = namespace(system_prompt="") -%}'
+    '{%- if messages[0]["role"] == "system" -%}{%- set ns.system_prompt = messages[0]["content"] -%}'
+    '{%- set messages = messages[1:] -%}{%- endif -%}'
+    '{%- if tools -%}{%- set ns.system_prompt = ns.system_prompt + ("\n" if ns.system_prompt else "") + '
+    '"List of tools: <|tool_list_start|>[" -%}{%- for tool in tools -%}'
+    '{%- if tool is not string -%}{%- set tool = tool | tojson -%}{%- endif -%}'
+    '{%- set ns.system_prompt = ns.system_prompt + tool -%}'
+    '{%- if not loop.last -%}{%- set ns.system_prompt = ns.system_prompt + ", " -%}{%- endif -%}{%- endfor -%}'
+    '{%- set ns.system_prompt = ns.system_prompt + "]<|tool_list_end|>" -%}{%- endif -%}'
+    '{%- if ns.system_prompt -%}{{- "<|im_start|>system\n" + ns.system_prompt + "<|im_end|>\n" -}}{%- endif -%}'
+    '{%- for message in messages -%}{{- "<|im_start|>" + message["role"] + "\n" -}}'
+    '{%- set content = message["content"] -%}{%- if content is not string -%}{%- set content = content | tojson -%}'
+    '{%- endif -%}{%- if message["role"] == "tool" -%}'
+    '{%- set content = "<|tool_response_start|>" + content + "<|tool_response_end|>" -%}{%- endif -%}'
+    '{{- content + "<|im_end|>\n" -}}{%- endfor -%}'
+    '{%- if add_generation_prompt -%}{{- "<|im_start|>assistant\n" -}}{%- endif -%}'
 )
 # Phi-3.5-mini-instruct's template, as published.
 PHI3_CHAT_TEMPLATE = (
@@ -415,6 +447,11 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     # Qwen3.5 writes each argument of a call as an element of its own (appliance/engine/tools.py).
     "qwen3_5": QWEN35_TURNS,
     "qwen3_5_moe": QWEN35_TURNS,
+    # LFM2 (and its mixture-of-experts fixture): ChatML within its own special tokens.
+    "lfm2": ChatStyle(LFM2_CHAT_TEMPLATE, ("<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+                                           "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
+                                           "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>"),
+                      "<|startoftext|>", "<|im_end|>"),
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",
                                                  "<|message|>", "<|end|>", "<|return|>", "<|constrain|>", "<|call|>"),
                          "<|startoftext|>", "<|return|>"),

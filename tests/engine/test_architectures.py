@@ -486,6 +486,12 @@ def test_a_model_with_layers_of_another_kind_is_refused_before_export(tmp_path: 
                                                 "layer_types": ["linear_attention", "full_attention"]}))  # fmt: skip
     with pytest.raises(BundleError, match="layers of kind linear_attention are not supported"):
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+    # Granite 4's hybrids, as published (transformers 4's names): Mamba layers, which the builder does
+    # not export; its dense models ("attention" only) are the granite4 fixture.
+    (hf / "config.json").write_text(json.dumps({"model_type": "granitemoehybrid", "layer_types": [
+        "mamba", "attention"], "architectures": ["GraniteMoeHybridForCausalLM"]}))  # fmt: skip
+    with pytest.raises(BundleError, match=r"layers of kind mamba \(linear_attention\) are not supported"):
+        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
 
 
 def test_olmo_with_clamped_attention_inputs_is_refused_before_export(tmp_path: Path) -> None:
