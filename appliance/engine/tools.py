@@ -12,8 +12,9 @@ templates ask for, Mistral's `[TOOL_CALLS] [{"name": ..., "arguments": ...}]` (G
 after `<|tool_call|>`), Mistral's later `[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`, or
 gpt-oss's message of its own on the commentary channel, ` to=functions.get_weather
 <|constrain|>json<|message|>{...}` after the channel's name (its header is the thought split's:
-reasoning.py), or Qwen3.5's and Qwen3-Coder's XML, each argument an element whose text is its value
-(`QWEN_XML`). A model that would write a call its own way and is held to another answers in text
+reasoning.py), Qwen3.5's and Qwen3-Coder's XML, each argument an element whose text is its value
+(`QWEN_XML`), or LFM2's Python calls, `<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>`
+(`CallFormat.python`). A model that would write a call its own way and is held to another answers in text
 instead, in `auto`. Earlier calls reach the template as `tool_calls` where it renders them, else
 as text in the same format; their results in the template's tool turn or as Hermes'
 `<tool_response>` blocks (chat.py). The tools reach the model through the chat template (when it
@@ -25,6 +26,7 @@ is enough to turn the output back into calls, even on a 135M model.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -58,11 +60,15 @@ class CallFormat:
     channel: str = ""
     # The arguments are written as parameters (QWEN_XML), not as a JSON object.
     params: bool = False
+    # The arguments are written as Python's keyword arguments (LFM2's calls), not as a JSON object.
+    python: bool = False
 
     def format(self, name: str, arguments: str) -> str:
         """A call as the model would have written it (`arguments`: JSON text)."""
         if self.params:
             arguments = xml_params(arguments)
+        elif self.python:
+            arguments = python_kwargs(arguments)
         return f"{self.head}{name}{self.args_open}{arguments}{self.close}"
 
     @property
@@ -98,6 +104,10 @@ MISTRAL_ARGS = ("[TOOL_CALLS]", "[ARGS]")
 QWEN_XML = CallFormat("qwen_xml", "<tool_call>", "<tool_call>\n<function=", ">\n", "</function>\n</tool_call>", "\n",
                       params=True)  # fmt: skip
 PARAM_OPEN, PARAM_CLOSE = "<parameter=", "\n</parameter>\n"
+# LFM2's templates list the tools between special tokens; its models write a turn's calls as a
+# Python list of calls between two more: <|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>.
+PYTHON_CALLS = ("<|tool_call_start|>", "<|tool_call_end|>")
+PYTHON_TOOL_LIST = "<|tool_list_start|>"
 # gpt-oss writes `<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{...}`,
 # one call a turn (<|call|> ends the turn: the caller runs it and sends its result back).
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>")
@@ -118,6 +128,10 @@ def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFor
         args_open = (" <|constrain|>json" if constrain is not None else " json") + "<|message|>"
         return CallFormat("harmony", " to=functions.", " to=functions.", args_open, "", "", parallel=False,
                           specials=specials, channel="commentary")  # fmt: skip
+    (opens, closes), (open_id, close_id) = PYTHON_CALLS, (token_id(t) for t in PYTHON_CALLS)
+    if open_id is not None and close_id is not None and (opens in template or PYTHON_TOOL_LIST in template):
+        return CallFormat("python", opens, "", "(", ")", ", ", open="[", end="]" + closes, marker=opens,
+                          specials=((opens, open_id), (closes, close_id)), python=True)  # fmt: skip
     marker, args = MISTRAL_ARGS
     marker_id, args_id = token_id(marker), token_id(args)
     if marker_id is not None and args_id is not None and marker in template and args in template:
@@ -178,15 +192,19 @@ class OutputRules:
         return bool(self.tools) and self.choice.mode != "none"
 
 
-def xml_params(arguments: str) -> str:
-    """A call's arguments (JSON text of an object) as QWEN_XML's parameters, as its templates write
-    them."""
+def _argument_values(arguments: str) -> dict[str, Any]:
+    """A call's arguments (JSON text of an object) as a mapping; empty where they are not an object."""
     try:
         values = json.loads(arguments)
     except ValueError:
-        values = None
-    if not isinstance(values, dict):
-        return ""
+        return {}
+    return values if isinstance(values, dict) else {}
+
+
+def xml_params(arguments: str) -> str:
+    """A call's arguments (JSON text of an object) as QWEN_XML's parameters, as its templates write
+    them."""
+    values = _argument_values(arguments)
     return "".join(f"{PARAM_OPEN}{key}>\n{_param_text(value)}{PARAM_CLOSE}" for key, value in values.items())
 
 
@@ -210,6 +228,58 @@ def param_json(text: str, schema: Mapping[str, Any] | None) -> str:
         return json.dumps(json.loads(python.get(word, word)), ensure_ascii=False)
     except ValueError:
         return json.dumps(text, ensure_ascii=False)
+
+
+def python_kwargs(arguments: str) -> str:
+    """A call's arguments (JSON text of an object) as Python's keyword arguments, as LFM2 writes
+    them: `city="Paris", nights=3, pets=True`."""
+    values = _argument_values(arguments)
+    return ", ".join(f"{key}={_python_literal(value)}" for key, value in values.items())
+
+
+def _python_literal(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_python_literal(str(k))}: {_python_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_python_literal, value)) + "]"
+    return json.dumps(value, ensure_ascii=False)  # a string in double quotes, as JSON escapes it; a number
+
+
+_JSON_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
+
+
+def python_arguments(text: str, properties: Sequence[str] = ()) -> str | None:
+    """The JSON object of a call's Python arguments (`text`, what is between its parentheses), or
+    None where they are not Python's literals: keyword arguments by name, positional ones by the
+    schema's `properties` in order; JSON's spellings of true, false and null are read too."""
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+        assert isinstance(call, ast.Call)
+        if len(call.args) > len(properties) or any(k.arg is None for k in call.keywords):
+            return None
+        values = {name: _literal(node) for name, node in zip(properties, call.args, strict=False)}
+        values.update((str(k.arg), _literal(k.value)) for k in call.keywords)
+        return json.dumps(values, ensure_ascii=False)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _literal(node: ast.expr) -> Any:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str | int | float | bool | type(None)):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        number = _literal(node.operand)
+        if isinstance(number, int | float) and not isinstance(number, bool):
+            return -number if isinstance(node.op, ast.USub) else number
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Dict) and all(k is not None for k in node.keys):
+        return {str(_literal(k)): _literal(v) for k, v in zip(node.keys, node.values, strict=True) if k is not None}
+    raise ValueError(f"not a literal: {ast.dump(node)[:80]}")
 
 
 def format_calls(calls: Sequence[PastCall], fmt: CallFormat) -> str:
@@ -268,6 +338,8 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
         lines.append(f"call_{i}: " + " ".join(p for p in parts if p))
         if fmt.params:
             lines += _param_rules(f"args_{i}", _object_schema(tool.schema), tool.strict)
+        elif fmt.python:
+            lines += _kwarg_rules(f"args_{i}", _object_schema(tool.schema), tool.strict)
         else:
             lines.append(f"args_{i}: " + schema_rule(_object_schema(tool.schema), tool.strict))
     parallel = rules.choice.parallel and fmt.parallel
@@ -300,6 +372,50 @@ def _param_rules(name: str, schema: Mapping[str, Any], strict: bool) -> list[str
         else:
             rules += [f"{name}_p{k}: {opening} {value} {close}", f"{value}: {body}"]
     return [f"{name}: " + " ".join(parts), *rules]
+
+
+def _kwarg_rules(name: str, schema: Mapping[str, Any], strict: bool) -> list[str]:
+    """Rules for a call's arguments as Python's keyword arguments (`CallFormat.python`): the
+    schema's properties in its order, each optional unless required, ", " between two; each value
+    JSON held to its property's schema (a string in double quotes is Python's too), a boolean and
+    null in Python's spelling. A schema that lists no properties takes any keyword arguments.
+
+    `{name}_f{k}` is the arguments from property k on where none came before, `{name}_m{k}` where
+    some did (each rule only what is not empty: a rule that may be empty is used as `rule?`)."""
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping) or not properties:
+        return [f'{name}: ({name}_kw (", " {name}_kw)*)?', f'{name}_kw: /[A-Za-z_][A-Za-z0-9_]*/ "=" {name}_any',
+                *_kwarg_value(f"{name}_any", {}, strict)]  # fmt: skip
+    keys, required = list(properties), set(schema.get("required") or ())
+    n = len(keys)
+    optional_from = [all(key not in required for key in keys[k:]) for k in range(n + 1)]
+
+    def rest(k: int) -> str:  # the arguments from property k on, after some
+        return "" if k == n else f" {name}_m{k}" + ("?" if optional_from[k] else "")
+
+    rules = [f"{name}: {name}_f0" + ("?" if optional_from[0] else "")]
+    for k, key in enumerate(keys):
+        sub = properties[key]
+        rules += [f"{name}_i{k}: {json.dumps(key + '=', ensure_ascii=False)} {name}_v{k}",
+                  *_kwarg_value(f"{name}_v{k}", sub if isinstance(sub, Mapping) else {}, strict)]  # fmt: skip
+        skip = key not in required and k + 1 < n
+        rules.append(f'{name}_m{k}: ", " {name}_i{k}{rest(k + 1)}' + (f" | {name}_m{k + 1}" if skip else ""))
+        rules.append(f"{name}_f{k}: {name}_i{k}{rest(k + 1)}" + (f" | {name}_f{k + 1}" if skip else ""))
+    return rules
+
+
+def _kwarg_value(rule: str, schema: Mapping[str, Any], strict: bool) -> list[str]:
+    """The rules of a keyword argument's value: JSON held to `schema`, with Python's True, False
+    and None where it is a boolean or may be null."""
+    kinds = _kinds(schema)
+    if kinds == {"boolean"}:
+        return [f'{rule}: "True" | "False"']
+    if "null" not in kinds:
+        return [f"{rule}: {schema_rule(schema, strict)}"]
+    if kinds == {"null"}:
+        return [f'{rule}: "None"']
+    other = schema_rule({**schema, "type": sorted(kinds - {"null"})}, strict)
+    return [f'{rule}: {rule}_json | "None"', f"{rule}_json: {other}"]
 
 
 def _kinds(schema: Mapping[str, Any]) -> set[str]:
@@ -641,6 +757,62 @@ class ParamCallParser(CallParser):
             out.append(CallArguments(self.calls - 1, json.dumps(text, ensure_ascii=False)[1:-1]))
 
 
+class PythonCallParser(CallParser):
+    """LFM2's calls (`CallFormat.python`): each call's Python arguments become its arguments' JSON
+    object once its parentheses close (`python_arguments`; positional ones named by the tool's
+    schema)."""
+
+    def __init__(self, fmt: CallFormat, calls_only: bool = False, tools: Sequence[Tool] = ()) -> None:
+        super().__init__(fmt, calls_only)
+        self.properties = {t.name: list(t.schema.get("properties") or ()) for t in tools}
+        self._tool = ""
+        self._quote = ""  # the quote of the string the scan is in
+        self._scanned = 0  # how far into the held arguments the scan has come
+
+    def _step(self, out: list[Part]) -> None:
+        if self.mode != "args":
+            begun = self.calls
+            super()._step(out)
+            if self.calls != begun:
+                start = out[-1]
+                assert isinstance(start, CallStart)
+                self._tool, self._quote, self._scanned = start.name, "", 0
+            return
+        end = self._arguments_end()
+        if end is None:
+            return  # the parentheses are not closed yet
+        text, self.buf = self.buf[:end], self.buf[end:]
+        values = python_arguments(text, self.properties.get(self._tool, ()))
+        out.append(CallArguments(self.calls - 1, "{}" if values is None else values))
+        self.mode = "tail"
+        self._tail()
+
+    def _arguments_end(self) -> int | None:
+        """Where the held arguments end (their closing parenthesis), tracking nesting and Python's
+        strings across pushes."""
+        for i in range(self._scanned, len(self.buf)):
+            ch = self.buf[i]
+            if self._escape:
+                self._escape = False
+            elif self._quote:
+                if ch == "\\":
+                    self._escape = True
+                elif ch == self._quote:
+                    self._quote = ""
+            elif ch in "\"'":
+                self._quote = ch
+            elif ch in "([{":
+                self._depth += 1
+            elif ch in ")]}":
+                if self._depth == 0:
+                    return i
+                self._depth -= 1
+        self._scanned = len(self.buf)
+        return None
+
+
 def call_parser(fmt: CallFormat, calls_only: bool = False, tools: Sequence[Tool] = ()) -> CallParser:
     """The parser of `fmt`'s calls (`tools`: the request's, whose schemas type a parameter's text)."""
-    return ParamCallParser(fmt, calls_only, tools) if fmt.params else CallParser(fmt, calls_only)
+    if fmt.params:
+        return ParamCallParser(fmt, calls_only, tools)
+    return PythonCallParser(fmt, calls_only, tools) if fmt.python else CallParser(fmt, calls_only)

@@ -176,6 +176,56 @@ def test_qwen35_calls_are_read_from_their_parameters_as_their_schema_types_them(
     assert _parse(cut + "\n</par", chunk, fmt=fmt, tools=(book,))[1] == [("book", '{"city": "Paris \\"')]
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_lfm2_calls_are_read_from_their_python_arguments(chunk: int, trusted_keys: Path) -> None:
+    """LFM2 writes a turn's calls as a Python list between two special tokens, each call's
+    arguments as keyword arguments. They come back as the JSON object a client expects (Python's
+    True and None, or JSON's spelling, a positional argument named by the schema); the grammar
+    holds them in the schema's order, each value to its property's schema, strings included."""
+    from appliance.engine.tokenizer import TextTokenizer
+    from firmware.toolchain.tiny import tiny_bundle
+
+    bundle = firmware.load(tiny_bundle("lfm2"), trusted_keys)
+    fmt = call_format(bundle.chat_template, TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path).token_id)
+    assert (fmt.name, fmt.python) == ("python", True)
+    book = Tool("book", "", {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string"}, "nights": {"type": "integer"}, "pets": {"type": "boolean"},
+        "rooms": {"type": "array", "items": {"type": "string"}}, "note": {"type": ["string", "null"]},
+        "code": {"type": "string", "pattern": "^[A-Z]{3}$"}}})  # fmt: skip
+    args = {"city": 'Paris "centre" (x), [y]\n\'é\'', "nights": -3, "pets": True, "rooms": ["a)", "b"], "note": None}
+    written = format_calls([PastCall("book", json.dumps(args)), PastCall("book", '{"city": "Rome"}')], fmt)
+    assert written == ('<|tool_call_start|>[book(city="Paris \\"centre\\" (x), [y]\\n\'é\'", nights=-3, pets=True, '
+                       'rooms=["a)", "b"], note=None), book(city="Rome")]<|tool_call_end|>')  # fmt: skip
+    text, calls, complete = _parse(written, chunk, fmt=fmt, tools=(book,))
+    assert (text, complete) == ("", 2)
+    assert [json.loads(a) for _, a in calls] == [args, {"city": "Rome"}]
+    unconstrained = "<|tool_call_start|>[book('Oslo :)', pets=true, rooms=('a',), note=null)]<|tool_call_end|>"
+    assert [json.loads(a) for _, a in _parse(unconstrained, chunk, fmt=fmt, tools=(book,))[1]] == [
+        {"city": "Oslo :)", "pets": True, "rooms": ["a"], "note": None}]  # fmt: skip
+    assert _parse("It is sunny (mostly).", chunk, fmt=fmt, tools=(book,)) == ("It is sunny (mostly).", [], 0)
+
+    compiler = GrammarCompiler(bundle.tokenizer_path, bundle.model.vocab_size, bundle.model.eos_token_ids)
+    start, end = (i for _, i in fmt.specials)
+
+    def accepts(rules: OutputRules, calls: str) -> bool:
+        lark = grammar(rules, fmt)
+        assert lark is not None
+        matcher = compiler.constraint(lark, "tools").matcher
+        ids = [start, *compiler.tokenizer.tokenize_str(calls), end]
+        return all(matcher.consume_token(t) for t in ids) and bool(matcher.is_accepting())
+
+    required = OutputRules((book,), ToolChoice("required"))
+    assert accepts(required, fmt.visible(written)) and accepts(required, '[book(city="P", code="ABC")]')
+    for wrong in ('[book(nights=3)]', '[book(nights=3, city="P")]', '[book(city="P", pets=true)]',
+                  '[book(city="P", nights="3")]', '[book(city="P", code="abc")]', '[book(city="P", size=1)]',
+                  '[book(city="P",)]', '[book(, city="P")]'):  # fmt: skip
+        assert not accepts(required, wrong), wrong
+    anything = Tool("log", "", {"type": "object", "properties": {"a": {}, "b": {"type": "boolean"}}})
+    for right in ("[log()]", "[log(b=False)]", '[log(a={"x": [1, null]}, b=True)]'):
+        assert accepts(OutputRules((anything,), ToolChoice("required")), right), right
+    assert not accepts(OutputRules((anything,), ToolChoice("required")), "[log(b=False, a=1)]")
+
+
 HARMONY_IDS = {"<|start|>": 1, "<|channel|>": 2, "<|message|>": 3, "<|end|>": 4, "<|constrain|>": 5}
 
 
@@ -618,6 +668,9 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
      "<|im_start|>assistant\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
      "<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call><|im_end|>",
      "<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>"),
+    ("lfm2", "python", "List of tools: <|tool_list_start|>[{",
+     '<|im_start|>assistant\n<|tool_call_start|>[get_weather(city="Paris", unit="c")]<|tool_call_end|><|im_end|>',
+     "<|im_start|>tool\n<|tool_response_start|>18 C<|tool_response_end|><|im_end|>"),
 ])  # fmt: skip
 def test_a_model_is_shown_its_calls_and_held_to_them_in_its_own_format(trusted_keys: Path, fixture: str, fmt: str,
                                                                        listed: str, earlier: str, result: str) -> None:

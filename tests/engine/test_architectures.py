@@ -340,8 +340,8 @@ def test_a_template_that_takes_tools_gets_them_as_transformers_passes_them() -> 
 
 
 # Hermes' calls; Mistral Small's [TOOL_CALLS]name[ARGS]; gpt-oss's messages to a function and back;
-# Qwen3.5's parameters
-@pytest.mark.parametrize("name", ["qwen2", "mistral3_vl", "gpt_oss", "qwen3_5"])
+# Qwen3.5's parameters; LFM2's Python calls, which its template takes as the assistant's text
+@pytest.mark.parametrize("name", ["qwen2", "mistral3_vl", "gpt_oss", "qwen3_5", "lfm2"])
 def test_earlier_calls_and_results_reach_a_model_as_its_template_writes_calls_and_tool_messages(name: str) -> None:
     from transformers import AutoTokenizer
 
@@ -361,6 +361,9 @@ def test_earlier_calls_and_results_reach_a_model_as_its_template_writes_calls_an
     docs = [{"role": "user", "content": "Weather in Paris and Rome?"},
             {"role": "assistant", "content": "", "thinking": thought, "tool_calls": calls},
             {"role": "tool", "content": "18 C"}, {"role": "tool", "content": "Error: down"}]  # fmt: skip
+    if name == "lfm2":
+        docs[1] = {"role": "assistant", "content": '<|tool_call_start|>[get_weather(city="Paris"), '
+                                                  'get_weather(city="Rome")]<|tool_call_end|>'}  # fmt: skip
     hf = AutoTokenizer.from_pretrained(tiny_hf_dir(name))
     assert prompt.ids == hf_chat_ids(hf, docs, tools=[weather.as_function()])
     assert (f"<|channel|>analysis<|message|>{thought}<|end|>" in prompt.text) == (name == "gpt_oss")
