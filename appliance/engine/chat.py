@@ -76,6 +76,10 @@ class Prompt:
     call_constraint: Constraint | None = None  # a call's, where calls are messages of their own (harmony)
     thought_format: ThoughtFormat | None = None  # how the answer's thought is split off (engine.prepare)
     call_format: CallFormat = HERMES  # how the model writes a call
+    # Where the messages end and the generation prompt begins (None: the prompt continues a final
+    # message). A next turn's prompt begins with what is before it, whatever the template makes
+    # of this turn's answer (Qwen3.5's writes it without the thought its generation prompt opens).
+    history_end: int | None = None
 
 
 class ChatTemplate:
@@ -170,13 +174,20 @@ class ChatTemplate:
                 if native is False or not any(m.calls or m.thought for m in messages):
                     raise
         ids, offsets = self.tokenizer.encode(text)
-        starts = []
-        for k in range(max(1, len(docs) - BOUNDARY_MESSAGES), len(docs)):
-            head = self.render(docs[:k], add_generation_prompt=False, **extra)
-            if text.startswith(head):
-                # First token starting at or after the boundary character.
-                starts.append(next((i for i, off in enumerate(offsets) if off >= len(head)), len(ids)))
-        return Prompt(ids=ids, message_starts=sorted(set(starts)), text=text, call_format=self.call_format)
+
+        def token_at(head: str) -> int | None:
+            """The first token at or after the end of `head`, where the prompt begins with it."""
+            if not text.startswith(head):
+                return None
+            return next((i for i, off in enumerate(offsets) if off >= len(head)), len(ids))
+
+        starts = [token_at(self.render(docs[:k], add_generation_prompt=False, **extra))
+                  for k in range(max(1, len(docs) - BOUNDARY_MESSAGES), len(docs))]  # fmt: skip
+        history_end = None
+        if docs[-1]["role"] != "assistant" or "tool_calls" in docs[-1]:
+            history_end = token_at(self.render(docs, add_generation_prompt=False, **extra))
+        return Prompt(ids=ids, message_starts=sorted({s for s in starts if s is not None}), text=text,
+                      call_format=self.call_format, history_end=history_end)  # fmt: skip
 
     def _conversation(self, docs: list[dict[str, Any]], extra: dict[str, Any]) -> str:
         """The rendered conversation, ending in the generation prompt, or in a final assistant

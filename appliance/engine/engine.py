@@ -54,11 +54,11 @@ class EngineConfig:
 
 
 def config_for(bundle: Bundle, config: EngineConfig) -> EngineConfig:
-    """The engine config as it applies to `bundle`: a hybrid model (recurrent layers) has no prefix
-    pool and no prefill lane, since a recurrent state sums up the whole sequence: it cannot be cut
-    at a block of positions (the pool) nor copied position by position from a staging row (the lane)."""
+    """The engine config as it applies to `bundle`: a hybrid model (recurrent layers) has no prefill
+    lane, since a recurrent state sums up the whole sequence: it cannot be copied position by
+    position from a staging row. (Its prefix pool keeps whole rows with their states instead.)"""
     if any(f is not None and f.state_names for f in (bundle.model, bundle.cuda_model)):
-        return dataclasses.replace(config, prefix_cache_bytes=0, prefill_lane=False)
+        return dataclasses.replace(config, prefill_lane=False)
     return config
 
 
@@ -467,7 +467,7 @@ class Engine:
         config = config or EngineConfig()
         self.config = config_for(bundle, config)
         if self.config != config:
-            log.info("%s is a hybrid model (recurrent layers): no prefix pool and no prefill lane for it", bundle.name)
+            log.info("%s is a hybrid model (recurrent layers): no prefill lane for it", bundle.name)
         shard = self.config.max_tokens_per_shard or bundle.layer.max_tokens_per_shard
         if shard < 1:
             raise ValueError("max_tokens_per_shard must be at least 1")

@@ -4,6 +4,7 @@ with decoded(); each returns the events produced. It never blocks on I/O."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -29,6 +30,10 @@ from appliance.engine.stops import StopMatcher
 from appliance.engine.tokenizer import StreamDecoder, TextTokenizer
 from appliance.engine.tools import RepeatGuard, TextPart, call_parser
 from appliance.engine.trace import Trace
+
+# A hybrid model's row is kept at its messages' end only where that many pool blocks are not
+# reused yet: a cut costs the prefill one more run (about a decode step), a few blocks saved repay it.
+HISTORY_SNAPSHOT_MIN_BLOCKS = 4
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class Generation:
         self._answer_begun = False
         self.done = False
         self.resuming = False  # moved to another device mid-request: rebuild KV, then keep decoding
+        self.snapshot_at: int | None = None  # a hybrid model's row goes to the pool when prefilled this far
         self._prefill_started = 0.0
         block = prefix_cache.block_tokens if prefix_cache is not None else 0
         self.digests = block_digests(prompt.ids, block) if block else []
@@ -133,19 +139,30 @@ class Generation:
             # since a lone token's logits differ from a prompt's (scheduler.MIN_CHUNK_TOKENS).
             block = self.prefix_cache.block_tokens
             digests = block_digests(ids, block) if self.resuming else self.digests
-            hit = self.prefix_cache.lookup(digests, max(0, len(ids) - 2) // block)
+            if self.session.states:  # a hybrid model's entry is reused whole, with its states
+                hit = self.prefix_cache.lookup_with_states(digests, ids, len(ids) - 2)
+            else:
+                hit = self.prefix_cache.lookup(digests, max(0, len(ids) - 2) // block)
             if hit is not None:
-                self.session.import_prefix(cache, hit.segments, hit.tokens)
+                self.session.import_prefix(cache, hit.segments, hit.tokens, hit.states)
                 reused = hit.tokens
         self.trace.reused_tokens = reused
-        plan = plan_shards(
-            reused, len(ids), self.shard_policy.max_tokens_per_shard,
-            self.shard_policy.split_algorithm, self.prompt.message_starts,
-        )  # fmt: skip
-        self.trace.shards = len(plan.shards)
+        # A hybrid model's row is kept whole with its states, so it is also kept where the messages
+        # end: the conversation's next turn begins with them (a prompt's end, with the generation
+        # prompt's tokens, may not be). That costs the prefill a cut, paid where it saves a turn more.
+        cut = self.prompt.history_end
+        if (self.session.states and self.prefix_cache is not None and not self.resuming and cut is not None
+                and reused + HISTORY_SNAPSHOT_MIN_BLOCKS * self.prefix_cache.block_tokens <= cut <= len(ids) - 2):
+            self.snapshot_at = cut
+        bounds = [reused, len(ids)] if self.snapshot_at is None else [reused, self.snapshot_at, len(ids)]
+        policy = self.shard_policy
+        plans = [plan_shards(a, b, policy.max_tokens_per_shard, policy.split_algorithm, self.prompt.message_starts)
+                 for a, b in itertools.pairwise(bounds)]  # fmt: skip
+        shards = [s for plan in plans for s in plan.shards]
+        self.trace.shards = len(shards)
         self.trace.shard_size = self.shard_policy.max_tokens_per_shard
-        self.trace.shard_reason = plan.reason
-        return list(plan.shards)
+        self.trace.shard_reason = plans[0].reason
+        return shards
 
     @property
     def prompt_end(self) -> int:
@@ -159,7 +176,10 @@ class Generation:
     def prefill(self, start: int, end: int) -> list[Event]:
         """Run prompt positions [start, end) into the KV row; after the last, choose the first token."""
         assert self.cache is not None and self.cache.length == start
-        return self.prefilled(end, self.session.forward(self.cache, self.prompt_ids(start, end)))
+        logits = self.session.forward(self.cache, self.prompt_ids(start, end))
+        if end == self.snapshot_at:
+            self._remember_prefix()
+        return self.prefilled(end, logits)
 
     def prefilled(self, end: int, logits: np.ndarray, remembered: bool = False) -> list[Event]:
         """The KV row holds the prompt up to `end` (run here, or on the prefill lane), `logits` those
@@ -173,7 +193,7 @@ class Generation:
         self.trace.prefill_ms = (time.perf_counter() - self._prefill_started) * 1000
         # Offered now, not only at the end: a request with the same prefix (the same system prompt
         # and tools, another sample of this prompt) that arrives while this one decodes reuses it.
-        if not remembered:
+        if not remembered and self.snapshot_at is None:  # (a hybrid's row is kept at its messages' end)
             self._remember_prefix()
         events: list[Event] = [Prefilled(self.trace)]
         events.extend(self._step(logits))
@@ -332,16 +352,19 @@ class Generation:
 
     def _remember_prefix(self, cache: KVCache | None = None) -> None:
         """Offer the pool every full block whose KV was computed: prompt and answer so far (from
-        `cache`, by default its own row)."""
+        `cache`, by default its own row). A hybrid model's row is offered whole, with its states:
+        they hold exactly the positions computed."""
         cache = cache or self.cache
         if self.prefix_cache is None or cache is None:
             return
-        tokens = self.prompt.ids + self.generated
+        tokens = (self.prompt.ids + self.generated)[: cache.length]
         block = self.prefix_cache.block_tokens
-        digests = block_digests(tokens[: cache.length], block)
+        digests = block_digests(tokens, block)
         if digests:
             row, session = cache, self.session
-            self.prefix_cache.store(digests, lambda start, end: session.export_span(row, start, end))
+            states = cache.slots.read_states(cache.row) if session.states else None
+            self.prefix_cache.store(digests, lambda start, end: session.export_span(row, start, end),
+                                    tokens[len(digests) * block :], states)  # fmt: skip
 
     def release(self) -> None:
         self.cache = None

@@ -482,11 +482,14 @@ class ModelSession:
         (views on the CPU)."""
         return [cache.slots.read(layer, cache.row, start, end) for layer in range(self.kv_layers)]
 
-    def import_prefix(self, cache: KVCache, segments: Sequence[tuple[int, KVArrays]], tokens: int) -> None:
+    def import_prefix(self, cache: KVCache, segments: Sequence[tuple[int, KVArrays]], tokens: int,
+                      states: Sequence[np.ndarray] | None = None) -> None:  # fmt: skip
         """Fill a row's first `tokens` positions from segments of per-layer arrays, each with the
-        position it starts at."""
+        position it starts at, and (a hybrid model's) its recurrent states after them."""
         for start, kv in segments:
             _write(cache, start, kv)
+        if states is not None:
+            cache.slots.write_states(cache.row, states)
         cache.length = tokens
 
     def copy_span(self, source: KVCache, target: KVCache, start: int, end: int) -> None:

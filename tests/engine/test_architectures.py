@@ -133,9 +133,47 @@ def test_sharded_and_prefix_reused_generation_equal_one_pass(arch: tuple[str, fi
     finally:
         cold.close()
         warm.close()
-    # A hybrid model's recurrent state cannot be cut at a block: its engine has no pool.
-    assert (reused == 0) if _hybrid(bundle) else (reused > 0), name
+    # (A hybrid model's pool keeps whole rows with their states: the same prompt again reuses the
+    # one kept where its messages end; its next turn, below.)
+    assert reused > 0, name
     assert first == again == expected, name
+
+
+@pytest.mark.parametrize("name", ["lfm2", "qwen3_5"])
+def test_a_hybrid_model_s_next_turn_reuses_the_last_one_whole_with_its_states(name: str, trusted_keys: Path) -> None:
+    """The pool keeps a hybrid model's row where its messages end and as its answer left it, each
+    with the recurrent states there: the conversation's next turn begins with one of them (the
+    messages, where the template writes the answer otherwise than the model did: Qwen3.5's drops
+    the empty thought), and answers as a cold engine does, down to each token's log probability."""
+    bundle = firmware.load(tiny_bundle(name), trusted_keys)
+    cold = Engine(bundle, EngineConfig(prefix_cache_bytes=0))
+    warm = Engine(bundle, EngineConfig(prefix_block_tokens=8))
+
+    async def turn(engine: Engine, request: GenerationRequest) -> tuple[str, list[tuple[str, float]], int]:
+        out, tokens = "", []
+        stream = engine.submit(request)
+        async for event in stream:
+            if isinstance(event, TextDelta):
+                out += event.text
+            elif isinstance(event, TokenLogprob):
+                tokens.append((event.token, event.logprob))
+        assert stream.finished is not None
+        return out, tokens, stream.finished.trace.reused_tokens
+
+    try:
+        first = GenerationRequest(CONVERSATION, max_tokens=12, temperature=0.0, logprobs=0)
+        answer, _, reused = asyncio.run(turn(warm, first))
+        assert reused == 0
+        then = (*CONVERSATION, Message("assistant", answer), Message("user", "And what does continue do?"))
+        second = dataclasses.replace(first, messages=then)
+        _, warm_tokens, reused = asyncio.run(turn(warm, second))
+        _, cold_tokens, _ = asyncio.run(turn(cold, second))
+    finally:
+        cold.close()
+        warm.close()
+    history = warm.prepare(first).history_end  # the first turn's messages at least
+    assert history is not None and reused >= history > 0, name
+    _same_answers([warm_tokens], [cold_tokens], name)
 
 
 def _hybrid(bundle: firmware.Bundle) -> bool:
@@ -266,12 +304,12 @@ def test_a_hybrid_model_s_prompt_chunked_beside_a_decoding_stream_answers_as_alo
 
     bundle = firmware.load(tiny_bundle("qwen3_5"), trusted_keys)
     config = EngineConfig(intra_op_threads=2, max_active_per_device=2)
-    # The daemon's memory plan counts what the engine holds: the weights once (no lane), no pool.
+    # The daemon's memory plan counts what the engine holds: the weights once (no lane), the pool.
     planned, without = memory_need(bundle, config), memory_need(bundle, dataclasses.replace(config, prefill_lane=False))
-    assert planned.prefix == 0 and planned.weights == without.weights
-    engine = Engine(bundle, config)
+    assert planned.prefix == config.prefix_cache_bytes > 0 and planned.weights == without.weights
+    engine = Engine(bundle, dataclasses.replace(config, prefix_cache_bytes=0))  # every prompt runs in chunks
     worker = engine.workers["cpu"]
-    assert worker.lane is None and engine.prefix_cache is None
+    assert worker.lane is None
     budget = worker.scheduler.budget
     budget.short_step, budget.max_tokens = 0.0, 4  # the prompt in chunks of at most 4, never whole
     first = GenerationRequest((Message("user", "Describe the import system in detail."),), max_tokens=3,

@@ -199,6 +199,39 @@ def test_prefix_cache_branches_share_their_common_segment_and_count_it_once() ->
     assert pool.nbytes == 0 and pool.lookup(block_digests(b, 8), 5) is None
 
 
+def test_prefix_cache_keeps_a_hybrid_model_s_rows_whole_with_their_states() -> None:
+    """An entry with states (a hybrid model's) holds its tail past the last full block and is
+    reused only whole, where the prompt goes on with that tail; a longer entry does not replace
+    it; its states count in the pool's bytes and go with it."""
+    per_token = 2 * (2 * 4 * 4)
+    pool = PrefixCache(max_bytes=1 << 20, block_tokens=8)
+    ids = list(range(60))
+    state = [np.full((3,), 5.0, np.float32)]
+    export1, asked1 = _row(20)
+    assert pool.store(block_digests(ids[:20], 8), export1, ids[16:20], state)  # 2 blocks and a 4-token tail
+    state[0][:] = 0.0  # the slot's next run: the pool kept a copy
+    assert asked1 == [(0, 20)] and pool.nbytes == 20 * per_token + 12
+    hit = pool.lookup_with_states(block_digests(ids, 8), ids, 58)
+    assert hit is not None and hit.tokens == 20 and hit.states is not None and float(hit.states[0][0]) == 5.0
+    assert np.array_equal(_joined(hit)[0, :, 0], 1.0 + np.arange(20))
+    assert pool.lookup_with_states(block_digests(ids, 8), ids, 19) is None  # never a part of it
+    other = [*ids[:18], 99, *ids[19:]]  # the same blocks, another tail
+    assert pool.lookup_with_states(block_digests(other, 8), other, 58) is None
+    export2, asked2 = _row(41)
+    assert pool.store(block_digests(ids[:41], 8), export2, ids[40:41], [np.ones(3, np.float32)])
+    assert asked2 == [(16, 41)] and len(pool) == 2  # its blocks shared, the shorter entry kept
+    longest = pool.lookup_with_states(block_digests(ids, 8), ids, 58)
+    assert longest is not None and longest.tokens == 41
+    export3, asked3 = _row(41)
+    assert pool.store(block_digests(ids[:41], 8), export3, ids[40:41], [np.ones(3, np.float32)])
+    assert asked3 == [] and len(pool) == 2  # the same entry again: held already
+    pool._remove(next(iter(pool._entries)))
+    assert pool.lookup_with_states(block_digests(ids, 8), ids, 30) is None and pool._ends.keys() == {
+        block_digests(ids[:41], 8)[-1]}  # fmt: skip
+    pool.clear()
+    assert pool.nbytes == 0 and not pool._ends
+
+
 def test_only_a_short_plain_request_is_prepared_on_the_event_loop() -> None:
     from appliance.engine.request import GenerationRequest, Message
     from appliance.engine.tools import OutputRules
