@@ -4,6 +4,8 @@ each with its error, and a bad combination is refused before anything is built."
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -135,13 +137,36 @@ def memory_need(bundle: firmware.Bundle, engine: EngineConfig, device: str = "cp
     graph_dir, f = bundle.graph("cuda" if device != "cpu" else "cpu")
     # CUDA graphs keep their KV in fp16; the CPU graphs (int8 and fp32) in fp32.
     itemsize = 2 if device != "cpu" or bundle.manifest.source.get("precision") in ("fp16", "bf16") else 4
-    per_position = 2 * f.num_layers * f.num_kv_heads * f.head_size * itemsize
+    path = graph_dir / f.onnx_file
+    stat = path.stat()
+    kv_layers, state_bytes = graph_caches(str(path), (stat.st_size, stat.st_mtime_ns), f)
+    per_position = 2 * kv_layers * f.num_kv_heads * f.head_size * itemsize
     kv = kv_positions(engine, f.context_length, per_position) * per_position
+    kv += engine.max_active_per_device * state_bytes  # a hybrid model's states: a fixed size per slot
     # The files of the graph the device runs: those in cuda/ where it runs that one, the others elsewhere.
     in_cuda_dir = graph_dir != bundle.root
     files = sum(entry.size for rel, entry in bundle.manifest.files.items()
                 if rel.startswith(f"{CUDA_GRAPH_DIR}/") == in_cuda_dir)  # fmt: skip
     return MemoryNeed(files * sessions_on(engine, device), kv, engine.prefix_cache_bytes)
+
+
+@functools.lru_cache(maxsize=16)
+def graph_caches(onnx_path: str, stamp: tuple[int, int], facts: firmware.ModelFacts) -> tuple[int, int]:
+    """(layers with keys and values, bytes of recurrent states per slot) of a graph, from its inputs
+    (its weights are not read): a hybrid model has keys and values in its attention layers only.
+    `stamp` (size, mtime) keys the cache to the file as it is."""
+    import onnx
+    from onnx import helper
+
+    graph = onnx.load(onnx_path, load_external_data=False).graph
+    inputs = {i.name: i.type.tensor_type for i in graph.input}
+    kv, states = facts.caches(inputs)
+    state_bytes = 0
+    for past, _ in states:
+        tensor = inputs[past]
+        dims = [d.dim_value for d in tensor.shape.dim[1:]]  # fixed past the batch (ModelFacts.graph_refusal)
+        state_bytes += math.prod(dims) * helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize
+    return len(kv), state_bytes
 
 
 def _mib(size: int) -> str:

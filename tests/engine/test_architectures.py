@@ -310,6 +310,11 @@ def test_a_hybrid_model_s_prompt_chunked_beside_a_decoding_stream_answers_as_alo
     engine = Engine(bundle, dataclasses.replace(config, prefix_cache_bytes=0))  # every prompt runs in chunks
     worker = engine.workers["cpu"]
     assert worker.lane is None
+    # ...and its slots: keys and values of the attention layers only, and each slot's states.
+    session, slots = worker.session, worker.kv
+    assert session.kv_layers == 1 < bundle.model.num_layers and session.states
+    held = slots.rows * (2 * session.kv_layers * slots.row_bytes + sum(spec.row_bytes for spec in session.states))
+    assert planned.kv == held
     budget = worker.scheduler.budget
     budget.short_step, budget.max_tokens = 0.0, 4  # the prompt in chunks of at most 4, never whole
     first = GenerationRequest((Message("user", "Describe the import system in detail."),), max_tokens=3,
