@@ -185,7 +185,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
-               "qwen3_5_moe", "lfm2", "lfm2_moe", "granite4")
+               "qwen3_5_moe", "lfm2_moe", "granite4")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (

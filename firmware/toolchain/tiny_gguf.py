@@ -62,6 +62,7 @@ GGUF_ARCHITECTURES = {
     "nemotron": "nemotron",
     "llama_rope_llama3": "llama",
     "gemma3_linear": "gemma3",
+    "lfm2": "lfm2",
 }
 # The names llama.cpp takes from each model card; transformers' loader reads a "llama" file as
 # Mistral only when the name is exactly "mistral", which no real Mistral file's is.
@@ -115,9 +116,18 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
     w.add_context_length(int(config["max_position_embeddings"]))
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layers)
-    w.add_feed_forward_length(int(config["intermediate_size"]))
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    if arch_name == "lfm2":  # the MLP's width as its weights have it (the config's is adjusted at load)
+        w.add_feed_forward_length(int(tensors["model.layers.0.feed_forward.w1.weight"].shape[0]))
+    else:
+        w.add_feed_forward_length(int(config["intermediate_size"]))
     w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
+    if arch_name == "lfm2":  # llama.cpp tells its convolution layers by their zero KV heads
+        w.add_head_count_kv([n_head_kv if t == "full_attention" else 0 for t in config["layer_types"]])
+        w.add_shortconv_l_cache(int(config["conv_L_cache"]))
+        w.add_vocab_size(int(config["vocab_size"]))
+    else:
+        w.add_head_count_kv(n_head_kv)
     eps = float(config.get("rms_norm_eps") or config["norm_eps"])  # Nemotron names it norm_eps
     w.add_layer_norm_rms_eps(eps)
     if arch_name != "gemma2":  # llama.cpp writes no base for Gemma 2 (its models' is the default, 10000)
@@ -152,7 +162,6 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(float(rope["factor"]))
 
-    tensors = load_file(str(hf_dir / "model.safetensors"))
     names = gguf.get_tensor_name_map(model_arch, n_layers)
     for hf_name in sorted(tensors):
         data = tensors[hf_name].astype(np.float32)
@@ -165,6 +174,8 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
             data = _permute_for_rope(data, n_head_kv)
         elif arch_name in ("gemma2", "gemma3", "nemotron") and hf_name.endswith("norm.weight"):
             data = data + np.float32(1.0)
+        elif arch_name == "lfm2" and hf_name.endswith("conv.conv.weight"):
+            data = data.squeeze(1)  # [hidden, kernel], as llama.cpp writes it
         w.add_tensor(name, data)
     if arch_name == "llama" and rope.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_divisors(rope, head_dim))
