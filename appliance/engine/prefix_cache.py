@@ -28,6 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 DIGESTS_PER_FLOW = 10
+# Entries with states whose blocks end at one digest (prompts that differ only past their last full
+# block: one system prompt, many short questions): each lookup there compares their tails.
+MAX_TAILS_PER_BLOCK = 32
 
 
 def block_digests(ids: list[int], block_tokens: int) -> list[bytes]:
@@ -177,7 +180,10 @@ class PrefixCache:
             for i, d in enumerate(digests):
                 self._index[d] = (entry_id, i + 1)
             if kept is not None:
-                self._ends.setdefault(digests[-1], []).append(entry_id)
+                ends = self._ends.setdefault(digests[-1], [])
+                ends.append(entry_id)
+                if len(ends) > MAX_TAILS_PER_BLOCK:  # lookups scan these: the oldest goes
+                    self._remove(ends[0])
             while self._bytes > self.max_bytes:
                 self._remove(next(iter(self._entries)))
         return True

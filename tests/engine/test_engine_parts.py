@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance.engine.prefix_cache import Export, PrefixCache, PrefixHit, block_digests
+from appliance.engine.prefix_cache import MAX_TAILS_PER_BLOCK, Export, PrefixCache, PrefixHit, block_digests
 from appliance.engine.sampling import Sampler
 from appliance.engine.shards import plan_shards
 from appliance.engine.stops import StopMatcher
@@ -230,6 +230,14 @@ def test_prefix_cache_keeps_a_hybrid_model_s_rows_whole_with_their_states() -> N
         block_digests(ids[:41], 8)[-1]}  # fmt: skip
     pool.clear()
     assert pool.nbytes == 0 and not pool._ends
+    for question in range(MAX_TAILS_PER_BLOCK + 5):  # one system prompt's blocks, short questions after
+        asked = [*ids[:16], 1000 + question]
+        pool.store(block_digests(asked, 8), _row(17)[0], asked[16:], [np.ones(3, np.float32)])
+    assert len(pool) == MAX_TAILS_PER_BLOCK and len(pool._ends[block_digests(ids[:16], 8)[-1]]) == MAX_TAILS_PER_BLOCK
+    last = [*ids[:16], 1000 + MAX_TAILS_PER_BLOCK + 4, 5, 5]
+    assert pool.lookup_with_states(block_digests(last, 8), last, 17) is not None  # the newest kept
+    first = [*ids[:16], 1000, 5, 5]
+    assert pool.lookup_with_states(block_digests(first, 8), first, 17) is None  # the oldest gone
 
 
 def test_only_a_short_plain_request_is_prepared_on_the_event_loop() -> None:
