@@ -180,10 +180,10 @@ class PrefixCache:
             for i, d in enumerate(digests):
                 self._index[d] = (entry_id, i + 1)
             if kept is not None:
-                ends = self._ends.setdefault(digests[-1], [])
-                ends.append(entry_id)
-                if len(ends) > MAX_TAILS_PER_BLOCK:  # lookups scan these: the oldest goes
-                    self._remove(ends[0])
+                tails = self._ends.setdefault(digests[-1], [])
+                tails.append(entry_id)
+                if len(tails) > MAX_TAILS_PER_BLOCK:  # lookups scan these: the oldest goes
+                    self._remove(tails[0])
             while self._bytes > self.max_bytes:
                 self._remove(next(iter(self._entries)))
         return True
