@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from appliance.engine.errors import InvalidRequest
+
 MAX_PARALLEL_CALLS = 8  # calls in one turn when parallel calls are allowed: a small model may otherwise loop
 
 
@@ -353,9 +355,9 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
 def _param_rules(name: str, schema: Mapping[str, Any], strict: bool) -> list[str]:
     """Rules for a call's arguments as parameters (QWEN_XML): the schema's properties in its order,
     each optional unless required; a string's value is text that ends where its element closes
-    (an enum's, one of its values), any other value JSON held to its schema (a boolean also in
-    Python's spelling, as the templates write it). A schema that lists no properties takes any
-    parameters of text."""
+    (an enum's, one of its values; a strict tool's, held to its pattern and lengths), any other
+    value JSON held to its schema (a boolean also in Python's spelling, as the templates write
+    it). A schema that lists no properties takes any parameters of text."""
     close = json.dumps(PARAM_CLOSE)
     text = f"[stop={close}]: /(.|\\n)*/"  # lazy: the text ends where the element's close is written
     properties = schema.get("properties")
@@ -366,9 +368,11 @@ def _param_rules(name: str, schema: Mapping[str, Any], strict: bool) -> list[str
     for k, (key, sub) in enumerate(properties.items()):
         value, opening = f"{name}_v{k}", json.dumps(f"{PARAM_OPEN}{key}>\n", ensure_ascii=False)
         parts.append(f"{name}_p{k}" + ("" if key in required else "?"))
-        body = _param_value(sub if isinstance(sub, Mapping) else {}, strict)
+        sub = sub if isinstance(sub, Mapping) else {}
+        body = _param_value(sub, strict)
         if body is None:  # text
-            rules += [f"{name}_p{k}: {opening} {value}", f"{value}{text}"]
+            held = _text_regex(sub, key) if strict else None
+            rules += [f"{name}_p{k}: {opening} {value}", f"{value}[lazy]: {held}" if held else f"{value}{text}"]
         else:
             rules += [f"{name}_p{k}: {opening} {value} {close}", f"{value}: {body}"]
     return [f"{name}: " + " ".join(parts), *rules]
@@ -416,6 +420,55 @@ def _kwarg_value(rule: str, schema: Mapping[str, Any], strict: bool) -> list[str
         return [f'{rule}: "None"']
     other = schema_rule({**schema, "type": sorted(kinds - {"null"})}, strict)
     return [f'{rule}: {rule}_json | "None"', f"{rule}_json: {other}"]
+
+
+def _text_regex(schema: Mapping[str, Any], key: str) -> str | None:
+    """What a strict string parameter's text and its element's close are held to where its schema
+    constrains the text (None: it does not): its pattern (searched, as JSON Schema does, unless
+    anchored at both ends) and its lengths, as llguidance's regexes of a lazy lexeme (the text
+    ends at the first close); `None`, Python's null, too where it may be null. (A stop lexeme
+    whose regex cannot go on allows only the end of the output after it.) A format cannot be held
+    in text and is refused, as is a pattern anchored inside."""
+    if "format" in schema:
+        raise InvalidRequest(f"tools: parameter {key!r} has format {schema['format']!r}, which this model's call "
+                             "format (its parameters written as plain text) cannot hold in strict mode; send the "
+                             "tool without strict, or the parameter without its format", "tools")  # fmt: skip
+    pattern, low, high = schema.get("pattern"), schema.get("minLength"), schema.get("maxLength")
+    regexes = []
+    if isinstance(pattern, str):
+        regexes.append(_searched(pattern, key))
+    if isinstance(low, int) or isinstance(high, int):
+        regexes.append(f"(.|\\n){{{low if isinstance(low, int) else 0},{high if isinstance(high, int) else ''}}}")
+    either = "|None" if "null" in _kinds(schema) else ""
+    close = PARAM_CLOSE.replace("\n", "\\n").replace("/", "\\/")  # as the regex literal writes it
+    return " & ".join(f"/(?:{r}{either}){close}/" for r in regexes) or None
+
+
+def _searched(pattern: str, key: str) -> str:
+    """A JSON Schema pattern as a regex the whole text must match: found anywhere in it unless
+    anchored at its start (^) and its end ($); `/` escaped for the grammar's regex literal."""
+    depth, in_class, escaped, anchors = 0, False, False, []  # anchors: ^, $ and | outside any group
+    for i, ch in enumerate(pattern):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch in "()":
+            depth += 1 if ch == "(" else -1
+        elif depth == 0 and ch in "^$|":
+            anchors.append((i, ch))
+    start = bool(anchors) and anchors[0] == (0, "^")
+    end = bool(anchors) and anchors[-1] == (len(pattern) - 1, "$") and len(pattern) > int(start)
+    if len(anchors) - start - end > 0:
+        raise InvalidRequest(f"tools: parameter {key!r} has the pattern {pattern!r}, whose anchors or alternatives "
+                             "this model's call format cannot hold in strict mode; send the tool without strict",
+                             "tools")  # fmt: skip
+    core = re.sub(r"(?<!\\)/", r"\/", pattern[int(start) : len(pattern) - int(end)])
+    return ("" if start else "(.|\\n)*") + f"(?:{core})" + ("" if end else "(.|\\n)*")
 
 
 def _kinds(schema: Mapping[str, Any]) -> set[str]:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from appliance.api.tools import Answer, CallOut
 from appliance.devsetup import DevSetup
 from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, TextDelta
 from appliance.engine.constraint import GrammarCompiler
+from appliance.engine.errors import InvalidRequest
 from appliance.engine.sampling import Sampler, penalize
 from appliance.engine.tools import (
     HERMES,
@@ -174,6 +177,52 @@ def test_qwen35_calls_are_read_from_their_parameters_as_their_schema_types_them(
     cut = written[: written.index("centre")]
     assert _parse(cut, chunk, fmt=fmt, tools=(book,)) == ("", [("book", '{"city": "Paris \\"')], 0)
     assert _parse(cut + "\n</par", chunk, fmt=fmt, tools=(book,))[1] == [("book", '{"city": "Paris \\"')]
+
+
+async def _events(engine: Engine, request: GenerationRequest) -> list[Any]:
+    return [e async for e in engine.submit(request)]
+
+
+def test_a_strict_tool_holds_qwen35_s_text_parameters_to_their_patterns_and_lengths(
+        compiler: GrammarCompiler, trusted_keys: Path) -> None:  # fmt: skip
+    """A string parameter is plain text in Qwen3.5's calls, not JSON: a strict tool holds it to its
+    pattern (searched unless anchored at both ends) and lengths; a format, which text cannot hold,
+    or a pattern anchored inside is refused; a tool without strict leaves them unenforced. The
+    tiny Qwen3.5 writes a whole call that way (a stop lexeme whose regex could not go on let it
+    end its output instead of closing the element)."""
+    from firmware.toolchain.tiny import tiny_bundle
+
+    schema = {"type": "object", "required": ["code"], "properties": {
+        "code": {"type": "string", "pattern": "^[A-Z]{3}$"}, "note": {"type": ["string", "null"], "maxLength": 5},
+        "path": {"type": "string", "pattern": "/tmp/"}}}  # fmt: skip
+    strict = OutputRules((Tool("file", "", schema, strict=True),), ToolChoice("required"))
+    lenient = OutputRules((Tool("file", "", schema),), ToolChoice("required"))
+
+    def call(**args: str) -> str:
+        return QWEN_XML.format("file", json.dumps(args))
+
+    for right in (call(code="ABC"), call(code="XYZ", note="short", path="a /tmp/ b"), call(code="ABC", note="None")):
+        assert _accepts(compiler, strict, right, QWEN_XML), right
+    for wrong in (call(code="abc"), call(code="ABCD"), call(code="ABC", note="longer"), call(code="ABC", path="/t/")):
+        assert not _accepts(compiler, strict, wrong, QWEN_XML), wrong
+        assert _accepts(compiler, lenient, wrong, QWEN_XML), wrong
+    for refused, what in (({"type": "string", "format": "email"}, "format 'email'"),
+                          ({"type": "string", "pattern": "^a|b$"}, "anchors or alternatives")):  # fmt: skip
+        tool = Tool("file", "", {"type": "object", "properties": {"to": refused}}, strict=True)
+        with pytest.raises(InvalidRequest, match=f"parameter 'to' has .*{re.escape(what)}"):
+            grammar(OutputRules((tool,)), QWEN_XML)
+        assert grammar(OutputRules((dataclasses.replace(tool, strict=False),)), QWEN_XML)
+
+    bounded = {**schema, "properties": {k: v for k, v in schema["properties"].items() if k != "path"}}  # (nor rambling)
+    engine = Engine(firmware.load(tiny_bundle("qwen3_5"), trusted_keys), EngineConfig(intra_op_threads=1))
+    try:
+        rules = OutputRules((Tool("file", "", bounded, strict=True),), ToolChoice("required"))
+        events = asyncio.run(_events(engine, GenerationRequest((Message("user", "Send it."),), max_tokens=80,
+                                                               temperature=0, output=rules)))  # fmt: skip
+    finally:
+        engine.close()
+    jsonschema.validate(json.loads("".join(e.json for e in events if isinstance(e, CallArguments))), bounded)
+    assert isinstance(events[-1], Finished) and events[-1].stop_reason == "tool_use"
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
