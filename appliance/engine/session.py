@@ -259,7 +259,7 @@ class _Bound:
     binding: ort.IOBinding
     logits: np.ndarray  # [rows, 1, vocab]
     ids: np.ndarray  # [rows, 1]: a decode's tokens
-    positions: np.ndarray  # [rows, 1]: each decoding row's position, where the graph takes position_ids
+    positions: np.ndarray  # [rows, 1] ([3, rows, 1]: multimodal RoPE's): each decoding row's position
     mask_buffer: np.ndarray  # rows * capacity, flat: a decode's mask is [rows, width] at its start
     mask: np.ndarray  # that [rows, width] view, as bound
     width: int = 0  # the decode mask's bound width; 0 while other inputs are bound
@@ -343,6 +343,9 @@ class ModelSession:
         # Most exports rotate inside the attention operator from the mask; some (HunYuan's) rotate
         # beside it and take each token's position as an input.
         self.takes_positions = "position_ids" in inputs
+        # Qwen2.5-VL's and Qwen3-VL's exports rotate by three position planes (multimodal RoPE: time,
+        # height, width); text has its one position on all three, which rotates as plain RoPE does.
+        self.position_planes = 3 if self.takes_positions and len(inputs["position_ids"].shape) == 3 else 0
         f = self.facts
         # A hybrid model's recurrent layers have no keys and values, but states (StateSpec).
         self._names, states = f.caches(inputs)
@@ -403,12 +406,13 @@ class ModelSession:
             bound.binding.bind_input("input_ids", "cpu", 0, np.int64, [rows, 1], bound.ids.ctypes.data)
             bound.binding.bind_input("attention_mask", "cpu", 0, np.int64, [rows, width], bound.mask.ctypes.data)
             if self.takes_positions:
-                bound.binding.bind_input("position_ids", "cpu", 0, np.int64, [rows, 1], bound.positions.ctypes.data)
+                bound.binding.bind_input("position_ids", "cpu", 0, np.int64, list(bound.positions.shape),
+                                         bound.positions.ctypes.data)  # fmt: skip
             bound.width = width
         np.less_equal(self._positions[:width], lengths[:, None], out=bound.mask, casting="unsafe")
         bound.ids[:, 0] = tokens
         if self.takes_positions:
-            bound.positions[:, 0] = lengths
+            bound.positions[..., 0] = lengths
         kept = [(row, slots.read_states(row)) for row in keep] if slots.state_specs else []
         self._launch(bound)
         for row, states in kept:
@@ -435,6 +439,8 @@ class ModelSession:
         if self.takes_positions:  # a prompt's tokens follow the positions its mask says are filled
             start = mask.shape[1] - ids.shape[1]
             positions = self._positions[start : start + ids.shape[1]].reshape(1, -1)
+            if self.position_planes:
+                positions = np.ascontiguousarray(np.broadcast_to(positions, (self.position_planes, *positions.shape)))
             binding.bind_input("position_ids", "cpu", 0, np.int64, list(positions.shape), positions.ctypes.data)
         bound.width = 0  # the next decode binds its own again
         if self.last_position_logits or ids.shape[1] == 1:
@@ -475,7 +481,8 @@ class ModelSession:
             binding.bind_output(spec.present, slots.device, slots.device_id, spec.dtype, shape, at)
         logits = np.empty((rows, 1, self.facts.vocab_size), dtype=self.logits_dtype)
         ids, mask = np.zeros((rows, 1), dtype=np.int64), np.zeros(rows * slots.capacity, dtype=np.int64)
-        return _Bound(binding, logits, ids, np.zeros((rows, 1), dtype=np.int64), mask, mask[:0].reshape(rows, 0))
+        positions = np.zeros((self.position_planes, rows, 1) if self.position_planes else (rows, 1), dtype=np.int64)
+        return _Bound(binding, logits, ids, positions, mask, mask[:0].reshape(rows, 0))
 
     def export_span(self, cache: KVCache, start: int, end: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """KV of positions [start, end), per layer as host arrays [kv_heads, end - start, head_size]

@@ -850,8 +850,11 @@ def _run_prompt_and_one_token(session: Any, facts: Any) -> None:
         feed: dict[str, Any] = {"input_ids": np.array([ids], types["input_ids"]),
                                 "attention_mask": np.ones((1, done + len(ids)), types["attention_mask"]),
                                 **dict(zip(past_names, past, strict=True))}  # fmt: skip
-        if "position_ids" in types:
-            feed["position_ids"] = np.arange(done, done + len(ids), dtype=types["position_ids"])[None]
+        if "position_ids" in types:  # (three planes of them for multimodal RoPE, as the engine feeds text)
+            positions = np.arange(done, done + len(ids), dtype=types["position_ids"])[None]
+            planes = len(inputs["position_ids"].shape) == 3
+            feed["position_ids"] = np.ascontiguousarray(np.broadcast_to(positions, (3, *positions.shape))) if planes \
+                else positions
         logits, *past = session.run(["logits", *present_names], feed)
         if not np.isfinite(logits).all():
             raise ValueError("its logits are not all finite")
