@@ -181,13 +181,14 @@ class ChatTemplate:
                 return None
             return next((i for i, off in enumerate(offsets) if off >= len(head)), len(ids))
 
-        starts = [token_at(self.render(docs[:k], add_generation_prompt=False, **extra))
-                  for k in range(max(1, len(docs) - BOUNDARY_MESSAGES), len(docs))]  # fmt: skip
-        history_end = None
-        if docs[-1]["role"] != "assistant" or "tool_calls" in docs[-1]:
-            history_end = token_at(self.render(docs, add_generation_prompt=False, **extra))
-        return Prompt(ids=ids, message_starts=sorted({s for s in starts if s is not None}), text=text,
-                      call_format=self.call_format, history_end=history_end)  # fmt: skip
+        # The last messages' boundaries, and where the messages end unless the prompt continues the
+        # final one (that boundary is also a message's).
+        answered = docs[-1]["role"] != "assistant" or "tool_calls" in docs[-1]
+        last = len(docs) + answered
+        starts = {k: token_at(self.render(docs[:k], add_generation_prompt=False, **extra))
+                  for k in range(max(1, last - BOUNDARY_MESSAGES), last)}  # fmt: skip
+        return Prompt(ids=ids, message_starts=sorted({s for s in starts.values() if s is not None}), text=text,
+                      call_format=self.call_format, history_end=starts.get(len(docs)))  # fmt: skip
 
     def _conversation(self, docs: list[dict[str, Any]], extra: dict[str, Any]) -> str:
         """The rendered conversation, ending in the generation prompt, or in a final assistant
