@@ -165,8 +165,9 @@ class DeviceCheck:
     def hybrid(self) -> dict[str, Any]:
         """A hybrid model (the tiny Qwen3.5: a recurrent layer beside an attention one) on the device:
         its states in device buffers, zeroed when a row is taken, kept for a row a decode pads
-        along while its prompt is half in; two rows decoded together answer as each alone, and the
-        first prompt's logits are the CPU provider's."""
+        along while its prompt is half in; two rows decoded together answer as each alone, the
+        first prompt's logits are the CPU provider's, and a row the CPU computed (a prefix pool hit)
+        imported into a device row goes on as the device's own."""
         from firmware.toolchain.tiny import tiny_bundle
 
         bundle = firmware.load(tiny_bundle("qwen3_5"), dev_trusted_keys())
@@ -206,10 +207,20 @@ class DeviceCheck:
         for _ in range(steps - 1):
             second.append(int(session.forward(half, np.array(second[-1:], dtype=np.int64)).argmax()))
         same = [together, second] == [tokens for tokens, _ in alone]
+        # A prefix pool hit from the CPU's row (the pool serves every device): its keys, values and
+        # states go into a device row, cast to the device graph's types, and the prompt's last two
+        # tokens end on the logits the device's own run ends on.
+        head = len(prompts[0]) - 2
+        cpu_row = cpu.new_cache(64)
+        cpu.forward(cpu_row, prompts[0][:head])
+        pooled = slots.row(1)
+        session.import_prefix(pooled, [(0, cpu.export_span(cpu_row, 0, head))], head,
+                              cpu_row.slots.read_states(cpu_row.row))  # fmt: skip
+        imported = float(np.abs(session.forward(pooled, prompts[0][head:]) - alone[0][1]).max())
         tolerance = 0.05 if self.device.startswith("cuda") else 1e-5
-        return {"ok": same and kept <= 1e-3 and diff <= tolerance, "answers_as_alone": same,
-                "padded_row_logits_vs_alone": kept, "logits_vs_cpu": diff, "states": len(session.states),
-                "kv_layers": session.kv_layers}  # fmt: skip
+        return {"ok": same and kept <= 1e-3 and diff <= tolerance and imported <= tolerance, "answers_as_alone": same,
+                "padded_row_logits_vs_alone": kept, "logits_vs_cpu": diff, "imported_from_cpu_vs_own": imported,
+                "states": len(session.states), "kv_layers": session.kv_layers}  # fmt: skip
 
     def engine(self, **config: Any) -> Engine:
         devices = (self.device,) if self.device == "cpu" else (self.device, "cpu")

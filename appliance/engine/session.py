@@ -198,7 +198,9 @@ class KVSlots:
                 array[row] = value
             return
         for spec, ptr, value in zip(self.state_specs, self.state_pointers, values, strict=True):
-            write_row(ptr, self._state_shape(spec), row, value.reshape(1, 1, -1), self._copy())
+            # (A state from the pool may come from another device's graph, which keeps it in another type.)
+            write_row(ptr, self._state_shape(spec), row, value.astype(spec.dtype, copy=False).reshape(1, 1, -1),
+                      self._copy())  # fmt: skip
 
     def _state_shape(self, spec: StateSpec) -> list[int]:
         """A state buffer as kv_copy sees a layer's: one "position" of the whole row's state."""
