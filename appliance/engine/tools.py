@@ -357,11 +357,13 @@ def _param_rules(name: str, schema: Mapping[str, Any], strict: bool) -> list[str
     each optional unless required; a string's value is text that ends where its element closes
     (an enum's, one of its values; a strict tool's, held to its pattern and lengths), any other
     value JSON held to its schema (a boolean also in Python's spelling, as the templates write
-    it). A schema that lists no properties takes any parameters of text."""
+    it). A schema that lists no properties takes any parameters of text, unless it allows none."""
     close = json.dumps(PARAM_CLOSE)
     text = f"[stop={close}]: /(.|\\n)*/"  # lazy: the text ends where the element's close is written
     properties = schema.get("properties")
     if not isinstance(properties, Mapping) or not properties:
+        if schema.get("additionalProperties") is False:
+            return [f'{name}: ""']  # a tool that takes no arguments
         return [f'{name}: ({json.dumps(PARAM_OPEN)} /[A-Za-z0-9_.-]+/ ">\\n" {name}_text)*', f"{name}_text{text}"]
     required = set(schema.get("required") or ())
     rules, parts = [], []
@@ -382,12 +384,15 @@ def _kwarg_rules(name: str, schema: Mapping[str, Any], strict: bool) -> list[str
     """Rules for a call's arguments as Python's keyword arguments (`CallFormat.python`): the
     schema's properties in its order, each optional unless required, ", " between two; each value
     JSON held to its property's schema (a string in double quotes is Python's too), a boolean and
-    null in Python's spelling. A schema that lists no properties takes any keyword arguments.
+    null in Python's spelling. A schema that lists no properties takes any keyword arguments, unless
+    it allows none (additionalProperties false).
 
     `{name}_f{k}` is the arguments from property k on where none came before, `{name}_m{k}` where
     some did (each rule only what is not empty: a rule that may be empty is used as `rule?`)."""
     properties = schema.get("properties")
     if not isinstance(properties, Mapping) or not properties:
+        if schema.get("additionalProperties") is False:
+            return [f'{name}: ""']  # a tool that takes no arguments
         return [f'{name}: ({name}_kw (", " {name}_kw)*)?', f'{name}_kw: /[A-Za-z_][A-Za-z0-9_]*/ "=" {name}_any',
                 *_kwarg_value(f"{name}_any", {}, strict)]  # fmt: skip
     keys, required = list(properties), set(schema.get("required") or ())

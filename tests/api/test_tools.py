@@ -173,6 +173,10 @@ def test_qwen35_calls_are_read_from_their_parameters_as_their_schema_types_them(
     assert _accepts(compiler, OutputRules((book,)), "It is sunny.", fmt)
     for wrong in ('{"nights": 3}', '{"city": "P", "nights": "three"}', '{"city": "P", "pets": "maybe"}'):
         assert not _accepts(compiler, required, fmt.format("book", wrong), fmt), wrong
+    nothing = OutputRules((Tool("now", "", {"type": "object", "properties": {}, "additionalProperties": False}),),
+                          ToolChoice("required"))  # fmt: skip
+    assert _accepts(compiler, nothing, fmt.format("now", "{}"), fmt)
+    assert not _accepts(compiler, nothing, fmt.format("now", '{"tz": "UTC"}'), fmt)
     # A string streams as it comes (max_tokens here, inside it), all but what may begin its close.
     cut = written[: written.index("centre")]
     assert _parse(cut, chunk, fmt=fmt, tools=(book,)) == ("", [("book", '{"city": "Paris \\"')], 0)
@@ -273,6 +277,9 @@ def test_lfm2_calls_are_read_from_their_python_arguments(chunk: int, trusted_key
     for right in ("[log()]", "[log(b=False)]", '[log(a={"x": [1, null]}, b=True)]'):
         assert accepts(OutputRules((anything,), ToolChoice("required")), right), right
     assert not accepts(OutputRules((anything,), ToolChoice("required")), "[log(b=False, a=1)]")
+    nothing = OutputRules((Tool("now", "", {"type": "object", "properties": {}, "additionalProperties": False}),),
+                          ToolChoice("required"))  # fmt: skip
+    assert accepts(nothing, "[now()]") and not accepts(nothing, '[now(tz="UTC")]')
 
 
 HARMONY_IDS = {"<|start|>": 1, "<|channel|>": 2, "<|message|>": 3, "<|end|>": 4, "<|constrain|>": 5}
