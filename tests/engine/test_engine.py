@@ -120,7 +120,8 @@ def test_sharded_prefill_equals_one_pass(bundle: firmware.Bundle, algorithm: str
 
     tok = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
     prompt = ChatTemplate(bundle.chat_template, tok).prompt(CONVERSATION)
-    assert len(prompt.message_starts) == 2  # where the second and third messages begin
+    # Where the second and third messages begin, and where the messages end (the generation prompt begins)
+    assert len(prompt.message_starts) == 3 and prompt.message_starts[-1] == prompt.history_end < len(prompt.ids)
     session = ModelSession(bundle)
     ids = np.array(prompt.ids, dtype=np.int64)
     one = session.forward(session.new_cache(len(ids)), ids)
