@@ -225,9 +225,10 @@ def param_json(text: str, schema: Mapping[str, Any] | None) -> str:
     word = text.strip()
     if _is_text(kinds) or (not kinds and all(isinstance(v, str) for v in (schema or {}).get("enum", [0]))):
         return "null" if "null" in kinds and word in ("None", "null") else json.dumps(text, ensure_ascii=False)
-    python = {"True": "true", "False": "false", "None": "null"}
+    if word in _JSON_NAMES:
+        return json.dumps(_JSON_NAMES[word])
     try:
-        return json.dumps(json.loads(python.get(word, word)), ensure_ascii=False)
+        return json.dumps(json.loads(word), ensure_ascii=False)
     except ValueError:
         return json.dumps(text, ensure_ascii=False)
 
@@ -338,12 +339,15 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
     for i, tool in enumerate(tools):
         parts = (fmt.lark(fmt.head + tool.name + fmt.args_open), f"args_{i}", fmt.lark(fmt.close))
         lines.append(f"call_{i}: " + " ".join(p for p in parts if p))
-        if fmt.params:
-            lines += _param_rules(f"args_{i}", _object_schema(tool.schema), tool.strict)
+        schema = _object_schema(tool.schema)
+        if (fmt.params or fmt.python) and not schema.get("properties") and schema.get("additionalProperties") is False:
+            lines.append(f'args_{i}: ""')  # a tool that takes no arguments (JSON's schema rule writes {})
+        elif fmt.params:
+            lines += _param_rules(f"args_{i}", schema, tool.strict)
         elif fmt.python:
-            lines += _kwarg_rules(f"args_{i}", _object_schema(tool.schema), tool.strict)
+            lines += _kwarg_rules(f"args_{i}", schema, tool.strict)
         else:
-            lines.append(f"args_{i}: " + schema_rule(_object_schema(tool.schema), tool.strict))
+            lines.append(f"args_{i}: " + schema_rule(schema, tool.strict))
     parallel = rules.choice.parallel and fmt.parallel
     more = f"({fmt.lark(fmt.separator)} call){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else ""
     calls = " ".join(p for p in (fmt.lark(fmt.marker + fmt.open), "call", more, fmt.lark(fmt.end)) if p)
@@ -357,13 +361,12 @@ def _param_rules(name: str, schema: Mapping[str, Any], strict: bool) -> list[str
     each optional unless required; a string's value is text that ends where its element closes
     (an enum's, one of its values; a strict tool's, held to its pattern and lengths), any other
     value JSON held to its schema (a boolean also in Python's spelling, as the templates write
-    it). A schema that lists no properties takes any parameters of text, unless it allows none."""
+    it). A schema that lists no properties takes any parameters of text (one that allows none is
+    `grammar`'s)."""
     close = json.dumps(PARAM_CLOSE)
     text = f"[stop={close}]: /(.|\\n)*/"  # lazy: the text ends where the element's close is written
     properties = schema.get("properties")
     if not isinstance(properties, Mapping) or not properties:
-        if schema.get("additionalProperties") is False:
-            return [f'{name}: ""']  # a tool that takes no arguments
         return [f'{name}: ({json.dumps(PARAM_OPEN)} /[A-Za-z0-9_.-]+/ ">\\n" {name}_text)*', f"{name}_text{text}"]
     required = set(schema.get("required") or ())
     rules, parts = [], []
@@ -384,15 +387,13 @@ def _kwarg_rules(name: str, schema: Mapping[str, Any], strict: bool) -> list[str
     """Rules for a call's arguments as Python's keyword arguments (`CallFormat.python`): the
     schema's properties in its order, each optional unless required, ", " between two; each value
     JSON held to its property's schema (a string in double quotes is Python's too), a boolean and
-    null in Python's spelling. A schema that lists no properties takes any keyword arguments, unless
-    it allows none (additionalProperties false).
+    null in Python's spelling. A schema that lists no properties takes any keyword arguments (one
+    that allows none is `grammar`'s).
 
     `{name}_f{k}` is the arguments from property k on where none came before, `{name}_m{k}` where
     some did (each rule only what is not empty: a rule that may be empty is used as `rule?`)."""
     properties = schema.get("properties")
     if not isinstance(properties, Mapping) or not properties:
-        if schema.get("additionalProperties") is False:
-            return [f'{name}: ""']  # a tool that takes no arguments
         return [f'{name}: ({name}_kw (", " {name}_kw)*)?', f'{name}_kw: /[A-Za-z_][A-Za-z0-9_]*/ "=" {name}_any',
                 *_kwarg_value(f"{name}_any", {}, strict)]  # fmt: skip
     keys, required = list(properties), set(schema.get("required") or ())
@@ -687,10 +688,12 @@ class CallParser:
                     return
                 self.mode = "text"
                 return
-            out.append(CallStart(self.calls, self.buf[len(expect) : end]))
+            name = self.buf[len(expect) : end]
+            out.append(CallStart(self.calls, name))
             self.calls += 1
             self.buf = self.buf[end + len(self._args_open) :]
             self.mode, self._depth, self._in_string, self._escape = "args", 0, False, False
+            self._begin_call(self.calls - 1, name, out)
         elif self.mode == "args":
             n = self._value_end(self.buf)
             piece = self.buf if n is None else self.buf[:n]
@@ -702,6 +705,10 @@ class CallParser:
                 self._tail()  # (a format that closes nothing after the arguments closes the call now)
         elif self.mode == "tail":
             self._tail()
+
+    def _begin_call(self, index: int, name: str, out: list[Part]) -> None:
+        """A call's name came and its arguments follow (as JSON here; a format that writes them
+        otherwise reads them its own way)."""
 
     def _tail(self) -> None:
         close = self._close
@@ -763,17 +770,15 @@ class ParamCallParser(CallParser):
         self._tool = ""  # the call in progress
         self._written = 0  # its parameters so far
 
+    def _begin_call(self, index: int, name: str, out: list[Part]) -> None:
+        self._tool, self._written = name, 0
+        out.append(CallArguments(index, "{"))  # its arguments' object opens
+
     def _step(self, out: list[Part]) -> None:
         if self.mode == "string":
             self._string(out)
         elif self.mode != "args":
-            begun = self.calls
             super()._step(out)
-            if self.calls != begun:  # a call's name came: its arguments' object opens
-                start = out[-1]
-                assert isinstance(start, CallStart)
-                self._tool, self._written = start.name, 0
-                out.append(CallArguments(start.index, "{"))
         elif self.buf.startswith(PARAM_OPEN):
             head_end = self.buf.find(">\n", len(PARAM_OPEN))
             if head_end < 0:
@@ -827,14 +832,12 @@ class PythonCallParser(CallParser):
         self._quote = ""  # the quote of the string the scan is in
         self._scanned = 0  # how far into the held arguments the scan has come
 
+    def _begin_call(self, index: int, name: str, out: list[Part]) -> None:
+        self._tool, self._quote, self._scanned = name, "", 0
+
     def _step(self, out: list[Part]) -> None:
         if self.mode != "args":
-            begun = self.calls
             super()._step(out)
-            if self.calls != begun:
-                start = out[-1]
-                assert isinstance(start, CallStart)
-                self._tool, self._quote, self._scanned = start.name, "", 0
             return
         end = self._arguments_end()
         if end is None:
