@@ -5,7 +5,6 @@ each with its error, and a bad combination is refused before anything is built."
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -14,6 +13,7 @@ from appliance.api import ApiSettings, KeyStore
 from appliance.config import Config, ConfigError
 from appliance.engine import EngineConfig
 from appliance.engine.engine import config_for, kv_positions, sessions_on
+from appliance.engine.session import StateSpec
 from appliance.governor import GovernorConfig, cuda_memory_limit
 from firmware.bundle import CUDA_GRAPH_DIR
 
@@ -161,12 +161,11 @@ def graph_caches(onnx_path: str, stamp: tuple[int, int], facts: firmware.ModelFa
     graph = onnx.load(onnx_path, load_external_data=False).graph
     inputs = {i.name: i.type.tensor_type for i in graph.input}
     kv, states = facts.caches(inputs)
-    state_bytes = 0
-    for past, _ in states:
-        tensor = inputs[past]
-        dims = [d.dim_value for d in tensor.shape.dim[1:]]  # fixed past the batch (ModelFacts.graph_refusal)
-        state_bytes += math.prod(dims) * helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize
-    return len(kv), state_bytes
+    # Fixed past the batch (ModelFacts.graph_refusal): each a slot's StateSpec.
+    specs = [StateSpec(past, present, tuple(d.dim_value for d in inputs[past].shape.dim[1:]),
+                       helper.tensor_dtype_to_np_dtype(inputs[past].elem_type).type)
+             for past, present in states]  # fmt: skip
+    return len(kv), sum(spec.row_bytes for spec in specs)
 
 
 def _mib(size: int) -> str:
