@@ -589,7 +589,7 @@ KIND_ALIASES = {"attention": "full_attention", "mamba": "mamba (linear_attention
 # request instead of keys and values (session.KVSlots): Qwen3.5's gated delta-net layers, LFM2's
 # short convolutions. (The model builder exports no Mamba layers: Granite 4's hybrids are refused.)
 RECURRENT_KINDS = {"linear_attention": ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"),
-                   "conv": ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM")}
+                   "conv": ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration")}
 
 
 # RoPE scaling whose export rotates as transformers does, each checked on a tiny model

@@ -189,6 +189,14 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
                           "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
         "image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}),
+    # LFM2-VL (Liquid's image-and-text models for devices): a SigLIP2 tower and a projector beside an
+    # LFM2, whose text part the build exports; its image token lies past the tokenizer's 512.
+    "lfm2_vl": ("Lfm2VlConfig", "Lfm2VlForConditionalGeneration", {
+        "text_config": {"model_type": "lfm2", "layer_types": ["conv", "full_attention"], "full_attn_idxs": [1],
+                        "block_multiple_of": 32, "conv_L_cache": 3, "vocab_size": 513},
+        "vision_config": {"model_type": "siglip2_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                          "num_hidden_layers": 1, "num_attention_heads": 2, "num_patches": 16, "patch_size": 8},
+        "image_token_id": 512, "projector_hidden_size": 64, "tie_word_embeddings": False}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -198,7 +206,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
-               "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl")
+               "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (

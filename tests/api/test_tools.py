@@ -727,6 +727,9 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
     ("lfm2", "python", "List of tools: <|tool_list_start|>[{",
      '<|im_start|>assistant\n<|tool_call_start|>[get_weather(city="Paris", unit="c")]<|tool_call_end|><|im_end|>',
      "<|im_start|>tool\n<|tool_response_start|>18 C<|tool_response_end|><|im_end|>"),
+    ("lfm2_vl", "python", "List of tools: <|tool_list_start|>[{",
+     '<|im_start|>assistant\n<|tool_call_start|>[get_weather(city="Paris", unit="c")]<|tool_call_end|><|im_end|>',
+     "<|im_start|>tool\n<|tool_response_start|>18 C<|tool_response_end|><|im_end|>"),
 ])  # fmt: skip
 def test_a_model_is_shown_its_calls_and_held_to_them_in_its_own_format(trusted_keys: Path, fixture: str, fmt: str,
                                                                        listed: str, earlier: str, result: str) -> None:
