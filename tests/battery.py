@@ -64,7 +64,9 @@ KEYS = ["model", "messages", "max_tokens", "system", "stream", "temperature", "t
         "parameters", "function", "tool_calls", "tool_call_id", "tool_use_id", "input", "schema", "json_schema",
         "frequency_penalty", "repetition_penalty", "min_p", "user", "thread", "suffix", "input", "instructions",
         "max_output_tokens", "call_id", "output", "arguments", "thinking", "budget_tokens", "reasoning_effort",
-        "reasoning", "effort", "reasoning_content", "summary", "signature", "\u0000", "a\ud800b", ""]
+        "reasoning", "effort", "reasoning_content", "summary", "signature", "service_tier", "cache_control", "speed",
+        "prompt_cache_key", "prompt_cache_retention", "verbosity", "modalities", "max_tool_calls",
+        "context_management", "output_format", "inference_geo", "\u0000", "a\ud800b", ""]
 
 
 def junk(rng: random.Random, depth: int = 0) -> Any:

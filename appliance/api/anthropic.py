@@ -10,7 +10,17 @@ from typing import Any, Self
 
 from appliance.api.dialect import Call, ModelInfo
 from appliance.api.errors import ApiError, not_served
-from appliance.api.fields import block_text, get_bool, get_int, get_number, get_str, reject_unknown, text_content
+from appliance.api.fields import (
+    Hint,
+    block_text,
+    check_hints,
+    get_bool,
+    get_int,
+    get_number,
+    get_str,
+    reject_unknown,
+    text_content,
+)
 from appliance.api.tools import (
     Answer,
     CallOut,
@@ -33,14 +43,25 @@ _ERROR_TYPES = {
     500: "api_error", 503: "api_error", 529: "overloaded_error",
 }  # fmt: skip
 
-_KNOWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
-          "metadata", "stream", "tools", "tool_choice", "output_config", "thread", "thinking"}  # fmt: skip
+# Accepted and checked (fields.check_hints): none changes the answer. The prefix pool caches
+# prompts unasked (cache_control); the box has one speed, one tier and one place (inference_geo).
+_COUNT_HINTS: dict[str, Hint] = {"cache_control": dict, "speed": ("standard", "fast"), "user_profile_id": str,
+                                 "workspace_id": str}  # fmt: skip
+_HINTS: dict[str, Hint] = {**_COUNT_HINTS, "metadata": dict, "service_tier": ("auto", "standard_only"),
+                           "inference_geo": str, "diagnostics": dict}  # fmt: skip
+_KNOWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
+          "tools", "tool_choice", "output_config", "output_format", "thread", "thinking", *_HINTS}  # fmt: skip
 _UNSUPPORTED = {
     "mcp_servers": "MCP servers are not supported by this server",
     "container": "containers are not supported by this server",
-    "service_tier": "service tiers are not supported by this server",
+    "context_management": "context management (clearing earlier tool results server-side) is not supported by this "
+                          "server: send the conversation to keep",
+    "compaction": "server-side compaction is not supported by this server: send the conversation to keep",
 }
-_COUNT_KNOWN = {"model", "messages", "system", "tools", "tool_choice", "output_config", "thinking"}
+_COUNT_KNOWN = {"model", "messages", "system", "tools", "tool_choice", "output_config", "output_format", "thinking",
+                *_COUNT_HINTS}  # fmt: skip
+# output_config.effort: the chat template's reasoning_effort (gpt-oss reads low, medium and high).
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
 _TOOL_KNOWN = {"name", "description", "input_schema", "type", "cache_control", "strict"}
 
 
@@ -119,7 +140,7 @@ def _tools(doc: dict[str, Any]) -> OutputRules:
                                strict_flag(t, f"{where}.", "tools")))  # fmt: skip
     choice = _tool_choice(doc.get("tool_choice"), {t.name for t in tools})
     # Structured outputs are always enforced in the Messages API: a schema it cannot hold is refused.
-    return OutputRules(check_tools(tools, "tools"), choice, _output_format(doc.get("output_config")),
+    return OutputRules(check_tools(tools, "tools"), choice, _output_format(_output_config(doc)),
                        schema_field="output_config", schema_strict=True)  # fmt: skip
 
 
@@ -141,14 +162,31 @@ def _tool_choice(raw: Any, names: set[str]) -> ToolChoice:
     return ToolChoice(modes[kind], name, parallel=not get_bool(raw, "disable_parallel_tool_use"))
 
 
-def _output_format(raw: Any) -> dict[str, Any] | None:
+def _output_config(doc: dict[str, Any]) -> dict[str, Any]:
+    """output_config ({} where absent), its format given by the structured-outputs beta's
+    top-level `output_format` where a client of that beta sends one there."""
+    raw = doc.get("output_config")
     if raw is None:
-        return None
+        raw = {}
     if not isinstance(raw, dict):
         raise ApiError(400, "output_config: must be an object", param="output_config")
-    reject_unknown(raw, {"format"}, {"effort": "effort levels are not supported by this server"},
-                   where="output_config.")  # fmt: skip
-    fmt = raw.get("format")
+    reject_unknown(raw, {"format", "effort"}, {}, where="output_config.")
+    if doc.get("output_format") is None:
+        return raw
+    if raw.get("format") is not None:
+        raise ApiError(400, "output_format: give the format once, in output_config.format", param="output_format")
+    return {**raw, "format": doc["output_format"]}
+
+
+def _effort(config: dict[str, Any]) -> str | None:
+    effort = config.get("effort")
+    if effort is not None and effort not in _EFFORTS:
+        raise ApiError(400, f"output_config.effort: must be one of {', '.join(_EFFORTS)}", param="output_config")
+    return None if effort is None else _EFFORTS[effort]
+
+
+def _output_format(config: dict[str, Any]) -> dict[str, Any] | None:
+    fmt = config.get("format")
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
@@ -195,6 +233,7 @@ def check_model(doc: dict[str, Any], served: Sequence[str]) -> str:
 
 def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, GenerationRequest, bool]:
     reject_unknown(doc, _KNOWN, _UNSUPPORTED)
+    check_hints(doc, _HINTS)
     model = check_model(doc, served)
     if doc.get("thread") not in (None, False):  # the SDK's tool runner sends thread: false
         raise ApiError(400, f"thread: server-side threads ({doc['thread']!r}) are not supported by this server; "
@@ -205,9 +244,6 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, Gene
     stops = doc.get("stop_sequences") or []
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise ApiError(400, "stop_sequences: must be a list of strings", param="stop_sequences")
-    metadata = doc.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise ApiError(400, "metadata: must be an object", param="metadata")
     thinking, budget = _thinking(doc.get("thinking"), max_tokens)
     request = GenerationRequest(
         messages=messages,
@@ -220,16 +256,18 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, Gene
         output=_tools(doc),
         thinking=thinking,
         thinking_budget=budget,
+        reasoning_effort=_effort(_output_config(doc)),
     )
     return model, request, get_bool(doc, "stream")
 
 
 def parse_count_tokens(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, GenerationRequest]:
     reject_unknown(doc, _COUNT_KNOWN, _UNSUPPORTED)
+    check_hints(doc, _COUNT_HINTS)
     model = check_model(doc, served)
     thinking, _ = _thinking(doc.get("thinking"), None)  # the prompt renders as the request's would
     return model, GenerationRequest(messages=_messages(doc), system=_system(doc), max_tokens=1, output=_tools(doc),
-                                    thinking=thinking)  # fmt: skip
+                                    thinking=thinking, reasoning_effort=_effort(_output_config(doc)))  # fmt: skip
 
 
 def new_message_id() -> str:

@@ -11,15 +11,16 @@ from typing import Any
 
 from appliance.api.dialect import Call
 from appliance.api.errors import ApiError
-from appliance.api.fields import get_bool, get_int, reject_unknown
+from appliance.api.fields import Hint, check_hints, get_bool, get_int, reject_unknown
 from appliance.api.openai import OpenAIDialect, StreamEncoder, common_fields, finish_reason, usage
 from appliance.api.tools import Answer, CallOut
 from appliance.engine import Finished, GenerationRequest
 from appliance.engine.request import MAX_TOP_LOGPROBS, TokenLogprob
 
+_HINTS: dict[str, Hint] = {"user": str, "metadata": dict}
 _KNOWN = {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options",
-          "user", "frequency_penalty", "presence_penalty", "logprobs", "echo", "top_k", "min_p",
-          "repetition_penalty", "metadata", "best_of"}  # fmt: skip
+          "frequency_penalty", "presence_penalty", "logprobs", "echo", "top_k", "min_p", "repetition_penalty",
+          "best_of", *_HINTS}  # fmt: skip
 _UNSUPPORTED = {
     "suffix": "suffix (insertion) is not supported by this server",
     "logit_bias": "logit_bias is not supported by this server",
@@ -41,6 +42,7 @@ def _prompt(doc: dict[str, Any]) -> str:
 
 def parse_request(doc: dict[str, Any], served: Sequence[str]) -> Call:
     reject_unknown(doc, _KNOWN, _UNSUPPORTED)
+    check_hints(doc, _HINTS)
     common = common_fields(doc, served)
     if get_int(doc, "best_of", minimum=1) not in (None, 1):
         raise ApiError(400, "best_of: only best_of=1 is supported by this server", param="best_of")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from appliance.api.errors import ApiError
@@ -78,6 +79,27 @@ def reject_unknown(doc: dict[str, Any], known: set[str], unsupported: dict[str, 
             raise ApiError(400, f"{where}{key}: {unsupported[key]}", param=f"{where}{key}")
         if key not in known:
             raise ApiError(400, f"{where}{key}: unknown field", param=f"{where}{key}")
+
+
+# What a hint may hold: a JSON type, or the strings the API documents for it.
+Hint = type | tuple[str, ...]
+_TYPE_NAMES = {str: "a string", dict: "an object", bool: "a boolean"}
+
+
+def check_hints(doc: dict[str, Any], hints: Mapping[str, Hint]) -> None:
+    """Parameters this server honours by doing nothing different: a prompt-cache key or lifetime
+    (its prefix pool keeps what it can, unasked), a service tier or speed it has only one of, ids
+    for the client's own accounting. Accepted where they hold what the API documents (null too,
+    as unset), else a 400 naming the field: a client's typo should not pass unseen."""
+    for key, hint in hints.items():
+        value = doc.get(key)
+        if value is None:
+            continue
+        if isinstance(hint, tuple):
+            if value not in hint:
+                raise ApiError(400, f"{key}: must be one of {', '.join(hint)}", param=key)
+        elif not isinstance(value, hint):
+            raise ApiError(400, f"{key}: must be {_TYPE_NAMES.get(hint, hint.__name__)}", param=key)
 
 
 def _unset(value: Any) -> bool:

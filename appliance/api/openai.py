@@ -13,7 +13,16 @@ from typing import Any, Self
 from appliance.api.dialect import Call, ModelInfo
 from appliance.api.dialect import StreamEncoder as Encoder
 from appliance.api.errors import ApiError, not_served
-from appliance.api.fields import get_bool, get_int, get_number, get_str, reject_unknown, text_content
+from appliance.api.fields import (
+    Hint,
+    check_hints,
+    get_bool,
+    get_int,
+    get_number,
+    get_str,
+    reject_unknown,
+    text_content,
+)
 from appliance.api.tools import (
     Answer,
     CallOut,
@@ -38,16 +47,24 @@ _ERROR_KINDS: dict[int, tuple[str, str | None]] = {
     500: ("server_error", None), 503: ("server_error", "not_ready"), 529: ("server_error", "overloaded"),
 }  # fmt: skip
 
+# Accepted and checked (fields.check_hints), shared with the Responses API: none changes the answer.
+HINTS: dict[str, Hint] = {
+    "user": str, "safety_identifier": str, "metadata": dict, "store": bool,
+    "service_tier": ("auto", "default", "flex", "scale", "priority", "fast"),  # this server has one tier
+    "prompt_cache_key": str, "prompt_cache_retention": ("in_memory", "24h"), "prompt_cache_options": dict,
+}  # fmt: skip
+# verbosity: a hint at the answer's length (the Responses API's text.verbosity); the model answers as it does.
+_HINTS: dict[str, Hint] = {**HINTS, "verbosity": ("low", "medium", "high")}
 _KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
-          "stream", "stream_options", "user", "frequency_penalty", "presence_penalty", "logprobs", "metadata",
-          "store", "tools", "tool_choice", "parallel_tool_calls", "response_format", "top_k", "min_p",
-          "repetition_penalty", "top_logprobs", "reasoning_effort"}  # fmt: skip
+          "stream", "stream_options", "frequency_penalty", "presence_penalty", "logprobs", "tools", "tool_choice",
+          "parallel_tool_calls", "response_format", "top_k", "min_p", "repetition_penalty", "top_logprobs",
+          "reasoning_effort", "modalities", *_HINTS}  # fmt: skip
 _UNSUPPORTED = {
+    "moderation": "moderation is not supported by this server",
     "functions": "the legacy functions field is not supported by this server (use tools)",
     "function_call": "the legacy function_call field is not supported by this server (use tool_choice)",
     "logit_bias": "logit_bias is not supported by this server",
     "audio": "audio output is not supported by this server",
-    "modalities": "only text output is supported by this server",
     "prediction": "predicted outputs are not supported by this server",
     "web_search_options": "web search is not supported by this server",
 }
@@ -267,6 +284,11 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[Generatio
     """Returns the request, and what Chat Completions shares with Completions (whether to stream,
     whether to send a usage chunk, the model)."""
     reject_unknown(doc, _KNOWN, _UNSUPPORTED)
+    check_hints(doc, _HINTS)
+    modalities = doc.get("modalities")
+    if modalities is not None and (not isinstance(modalities, list) or set(modalities) - {"text"}):
+        raise ApiError(400, "modalities: only text output is supported by this server (send [\"text\"] or "
+                       "leave it out)", param="modalities")  # fmt: skip
     common = common_fields(doc, served)
     system, messages = _messages(doc)
     top = get_int(doc, "top_logprobs", minimum=0)

@@ -17,9 +17,10 @@ from typing import Any, Self
 
 from appliance.api.dialect import Call
 from appliance.api.errors import ApiError
-from appliance.api.fields import get_bool, get_int, get_str, reject_unknown
+from appliance.api.fields import check_hints, get_bool, get_int, get_str, reject_unknown
 from appliance.api.openai import (
     DEFAULT_MAX_TOKENS,
+    HINTS,
     OpenAIDialect,
     common_fields,
     debug_comment,
@@ -41,14 +42,16 @@ from appliance.engine.request import TokenLogprob
 from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
 
 _KNOWN = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
-          "parallel_tool_calls", "text", "stream", "stream_options", "metadata", "user", "store", "truncation",
-          "include", "service_tier", "prompt_cache_key", "safety_identifier", "reasoning"}  # fmt: skip
+          "parallel_tool_calls", "text", "stream", "stream_options", "truncation", "include", "reasoning",
+          "max_tool_calls", *HINTS}  # fmt: skip
 _UNSUPPORTED = {
+    "context_management": "server-side compaction is not supported by this server: send the conversation to keep",
+    "moderation": "moderation is not supported by this server",
+    "background_options": "background responses are not supported by this server",
     "previous_response_id": "this server stores no responses: send the whole conversation in input",
     "conversation": "this server stores no conversations: send the whole conversation in input",
     "prompt": "stored prompts are not supported by this server",
     "background": "background responses are not supported by this server",
-    "max_tool_calls": "max_tool_calls is not supported by this server",
     "top_logprobs": "log probabilities are not supported on /v1/responses by this server (use /v1/chat/completions)",
 }
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -225,9 +228,8 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> ResponsesCall:
         raise ApiError(400, "include: extra output data is not supported by this server", param="include")
     if doc.get("truncation") not in (None, "disabled", "auto"):
         raise ApiError(400, "truncation: must be 'disabled' or 'auto'", param="truncation")
-    for key in ("service_tier", "prompt_cache_key", "safety_identifier"):  # accepted; they do not change the answer
-        get_str(doc, key)
-    get_bool(doc, "store")
+    check_hints(doc, HINTS)
+    get_int(doc, "max_tool_calls", minimum=1)  # it counts calls of built-in tools, which this server has none of
     system, messages = _conversation(doc)
     max_tokens = get_int(doc, "max_output_tokens", minimum=1)
     template, reasoning = _reasoning(doc.get("reasoning"))

@@ -7,11 +7,13 @@ import json
 import pytest
 from answers import finished, sse_events
 
-from appliance.api.anthropic import ANTHROPIC
+from appliance.api.anthropic import ANTHROPIC, parse_count_tokens
 from appliance.api.app import dialect_of
+from appliance.api.completions import COMPLETIONS
 from appliance.api.dialect import Call, ModelInfo
 from appliance.api.errors import ApiError
 from appliance.api.openai import OPENAI
+from appliance.api.responses import RESPONSES
 from appliance.api.tools import Answer
 from appliance.engine import GenerationRequest, Message
 
@@ -41,6 +43,62 @@ def test_each_dialect_parses_its_own_body_into_one_call() -> None:
         with pytest.raises(ApiError) as info:
             OPENAI.parse({"model": "m", "stop": stop, "messages": [{"role": "user", "content": "hi"}]}, ["m"])
         assert info.value.status == 400 and info.value.param == "stop"
+
+
+def test_hints_today_s_clients_send_are_checked_and_what_this_server_lacks_is_a_400_naming_it() -> None:
+    a = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    o = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    r = {"model": "m", "input": "hi"}
+    openai_hints = {"service_tier": "auto", "prompt_cache_key": "k", "prompt_cache_retention": "24h",
+                    "prompt_cache_options": {"ttl": "30m"}, "safety_identifier": "s", "user": "u",
+                    "metadata": {"a": "b"}, "store": False}  # fmt: skip
+    ANTHROPIC.parse({**a, "cache_control": {"type": "ephemeral", "ttl": "1h"}, "service_tier": "standard_only",
+                     "speed": "fast", "inference_geo": "eu", "diagnostics": {"previous_message_id": "msg_1"},
+                     "user_profile_id": "p", "workspace_id": "w", "metadata": {"user_id": "u"}}, ["m"])  # fmt: skip
+    parse_count_tokens({**o, "cache_control": {"type": "ephemeral"}, "speed": "standard"}, ["m"])
+    OPENAI.parse({**o, **openai_hints, "verbosity": "high", "modalities": ["text"]}, ["m"])
+    RESPONSES.parse({**r, **openai_hints, "max_tool_calls": 3}, ["m"])
+    COMPLETIONS.parse({"model": "m", "prompt": "hi", "user": "u", "metadata": {}}, ["m"])
+    # Unset (null), as frameworks send every parameter they know: accepted too.
+    ANTHROPIC.parse({**a, "context_management": None, "service_tier": None, "cache_control": None}, ["m"])
+    RESPONSES.parse({**r, "context_management": None, "moderation": None}, ["m"])
+    for dialect, base, body, param in [
+        (ANTHROPIC, a, {"service_tier": "priority"}, "service_tier"),
+        (ANTHROPIC, a, {"speed": "warp"}, "speed"),
+        (ANTHROPIC, a, {"cache_control": "ephemeral"}, "cache_control"),
+        (ANTHROPIC, a, {"metadata": ["u"]}, "metadata"),
+        (ANTHROPIC, a, {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}, "context_management"),
+        (ANTHROPIC, a, {"output_config": {"effort": "extreme"}}, "output_config"),
+        (OPENAI, o, {"service_tier": "gold"}, "service_tier"),
+        (OPENAI, o, {"prompt_cache_retention": "1y"}, "prompt_cache_retention"),
+        (OPENAI, o, {"verbosity": 3}, "verbosity"),
+        (OPENAI, o, {"modalities": ["text", "audio"]}, "modalities"),
+        (OPENAI, o, {"moderation": {"model": "omni"}}, "moderation"),
+        (RESPONSES, r, {"context_management": [{"type": "compaction"}]}, "context_management"),
+        (RESPONSES, r, {"max_tool_calls": 0}, "max_tool_calls"),
+        (RESPONSES, r, {"safety_identifier": 7}, "safety_identifier"),
+    ]:  # fmt: skip
+        with pytest.raises(ApiError) as info:
+            dialect.parse({**base, **body}, ["m"])
+        assert info.value.status == 400 and info.value.param == param, (body, info.value.message)
+
+
+def test_anthropic_effort_reaches_the_template_and_the_structured_outputs_beta_s_format_is_read() -> None:
+    a = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    efforts = {e: ANTHROPIC.parse({**a, "output_config": {"effort": e}}, ["m"]).request.reasoning_effort
+               for e in ("low", "medium", "high", "xhigh", "max")}  # fmt: skip
+    assert efforts == {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+    assert ANTHROPIC.parse(a, ["m"]).request.reasoning_effort is None
+    assert ANTHROPIC.parse(a, ["m"]).request.thinking is None  # effort alone does not switch thinking on
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}  # fmt: skip
+    fmt = {"type": "json_schema", "schema": schema}
+    beta = ANTHROPIC.parse({**a, "output_format": fmt}, ["m"]).request.output
+    assert beta == ANTHROPIC.parse({**a, "output_config": {"format": fmt}}, ["m"]).request.output
+    assert beta.json_schema == schema
+    with pytest.raises(ApiError) as info:
+        ANTHROPIC.parse({**a, "output_format": fmt, "output_config": {"format": fmt}}, ["m"])
+    assert info.value.param == "output_format"
 
 
 def test_errors_in_each_dialects_shape_and_a_full_queue_in_its_status() -> None:
