@@ -66,7 +66,9 @@ KEYS = ["model", "messages", "max_tokens", "system", "stream", "temperature", "t
         "max_output_tokens", "call_id", "output", "arguments", "thinking", "budget_tokens", "reasoning_effort",
         "reasoning", "effort", "reasoning_content", "summary", "signature", "service_tier", "cache_control", "speed",
         "prompt_cache_key", "prompt_cache_retention", "verbosity", "modalities", "max_tool_calls",
-        "context_management", "output_format", "inference_geo", "\u0000", "a\ud800b", ""]
+        "context_management", "output_format", "inference_geo", "annotations", "defer_loading", "allowed_callers",
+        "input_examples", "eager_input_streaming", "output_schema", "async", "toolset_name", "\u0000", "a\ud800b",
+        ""]
 
 
 def junk(rng: random.Random, depth: int = 0) -> Any:

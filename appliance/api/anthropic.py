@@ -30,6 +30,7 @@ from appliance.api.tools import (
     new_call_id,
     schema_object,
     strict_flag,
+    tool_extras,
     tool_items,
 )
 from appliance.engine import Finished, GenerationRequest, Message
@@ -62,7 +63,8 @@ _COUNT_KNOWN = {"model", "messages", "system", "tools", "tool_choice", "output_c
                 *_COUNT_HINTS}  # fmt: skip
 # output_config.effort: the chat template's reasoning_effort (gpt-oss reads low, medium and high).
 _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
-_TOOL_KNOWN = {"name", "description", "input_schema", "type", "cache_control", "strict"}
+_TOOL_KNOWN = {"name", "description", "input_schema", "type", "cache_control", "strict", "input_examples",
+               "eager_input_streaming", "defer_loading", "allowed_callers"}  # fmt: skip
 
 
 def _messages(doc: dict[str, Any]) -> tuple[Message, ...]:
@@ -108,7 +110,7 @@ def _message(content: Any, role: str, where: str) -> Message:
             name = get_str(block, "name", required=True, where=f"{at}.")
             calls.append(PastCall(str(name), arguments_text(block.get("input"), f"{at}.input", "messages")))
         elif kind == "tool_result" and role == "user":
-            reject_unknown(block, {"type", "tool_use_id", "content", "is_error", "cache_control"}, {},
+            reject_unknown(block, {"type", "tool_use_id", "content", "is_error", "cache_control", "toolset_name"}, {},
                            where=f"{at}.")  # fmt: skip
             get_str(block, "tool_use_id", required=True, where=f"{at}.")
             body = block.get("content", "")
@@ -134,6 +136,7 @@ def _tools(doc: dict[str, Any]) -> OutputRules:
             raise ApiError(400, f"{where}.type: server tools ({t.get('type')!r}) are not supported by this server; "
                            "define custom tools with input_schema", param="tools")  # fmt: skip
         reject_unknown(t, _TOOL_KNOWN, {}, where=f"{where}.")
+        tool_extras(t, where, "tools")
         if "input_schema" not in t:
             raise ApiError(400, f"{where}.input_schema: field required", param="tools")
         tools.append(make_tool(t.get("name"), t.get("description"), t["input_schema"], where, "tools",

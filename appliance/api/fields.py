@@ -83,10 +83,10 @@ def reject_unknown(doc: dict[str, Any], known: set[str], unsupported: dict[str, 
 
 # What a hint may hold: a JSON type, or the strings the API documents for it.
 Hint = type | tuple[str, ...]
-_TYPE_NAMES = {str: "a string", dict: "an object", bool: "a boolean"}
+_TYPE_NAMES = {str: "a string", dict: "an object", bool: "true or false", list: "a list"}
 
 
-def check_hints(doc: dict[str, Any], hints: Mapping[str, Hint]) -> None:
+def check_hints(doc: dict[str, Any], hints: Mapping[str, Hint], where: str = "", param: str | None = None) -> None:
     """Parameters this server honours by doing nothing different: a prompt-cache key or lifetime
     (its prefix pool keeps what it can, unasked), a service tier or speed it has only one of, ids
     for the client's own accounting. Accepted where they hold what the API documents (null too,
@@ -97,9 +97,9 @@ def check_hints(doc: dict[str, Any], hints: Mapping[str, Hint]) -> None:
             continue
         if isinstance(hint, tuple):
             if value not in hint:
-                raise ApiError(400, f"{key}: must be one of {', '.join(hint)}", param=key)
+                raise ApiError(400, f"{where}{key}: must be one of {', '.join(hint)}", param=param or key)
         elif not isinstance(value, hint):
-            raise ApiError(400, f"{key}: must be {_TYPE_NAMES.get(hint, hint.__name__)}", param=key)
+            raise ApiError(400, f"{where}{key}: must be {_TYPE_NAMES.get(hint, hint.__name__)}", param=param or key)
 
 
 def _unset(value: Any) -> bool:

@@ -68,6 +68,8 @@ _UNSUPPORTED = {
     "prediction": "predicted outputs are not supported by this server",
     "web_search_options": "web search is not supported by this server",
 }
+_ASSISTANT_UNSUPPORTED = {"audio": "audio is not supported by this server",
+                          "function_call": "the legacy function_call is not supported by this server (use tool_calls)"}
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "user"}
 DEFAULT_MAX_TOKENS = 1024
 MAX_CHOICES = 8  # n: each choice takes a slot of its own
@@ -98,9 +100,10 @@ def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
             results.append((text_content(m.get("content", ""), f"{where}.content") if m.get("content") else "", False))
             continue
         if role == "assistant":
-            # An earlier thought (reasoning_content, as the SDK echoes a message back) goes to the template.
-            reject_unknown(m, {"role", "content", "name", "tool_calls", "refusal", "reasoning_content"}, {},
-                           where=f"{where}.")  # fmt: skip
+            # An earlier thought (reasoning_content, as the SDK echoes a message back) goes to the template;
+            # a message sent back as the SDK dumps it (model_dump()) has annotations and unset fields too.
+            reject_unknown(m, {"role", "content", "name", "tool_calls", "refusal", "reasoning_content", "annotations"},
+                           _ASSISTANT_UNSUPPORTED, where=f"{where}.")  # fmt: skip
             out.append(_assistant_turn(m, where))
             continue
         reject_unknown(m, {"role", "content", "name"}, {}, where=f"{where}.")

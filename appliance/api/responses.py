@@ -35,6 +35,7 @@ from appliance.api.tools import (
     make_tool,
     schema_object,
     strict_flag,
+    tool_extras,
     tool_items,
 )
 from appliance.engine import Finished, GenerationRequest, Message
@@ -170,7 +171,9 @@ def _tools(doc: dict[str, Any]) -> OutputRules:
         if t.get("type") != "function":
             raise ApiError(400, f"{where}.type: only function tools are supported by this server (not "
                            f"{t.get('type')!r})", param="tools")  # fmt: skip
-        reject_unknown(t, {"type", "name", "description", "parameters", "strict"}, {}, where=f"{where}.")
+        reject_unknown(t, {"type", "name", "description", "parameters", "strict", "output_schema", "defer_loading",
+                           "allowed_callers", "async"}, {}, where=f"{where}.")  # fmt: skip
+        tool_extras(t, where, "tools")
         tools.append(make_tool(t.get("name"), t.get("description"), t.get("parameters"), where, "tools",
                                strict_flag(t, f"{where}.", "tools")))  # fmt: skip
     names = {t.name for t in tools}

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appliance.api.errors import ApiError
+from appliance.api.fields import Hint, check_hints
 from appliance.engine.request import TokenLogprob
 from appliance.engine.tools import Tool
 
@@ -76,6 +77,27 @@ def make_tool(name: Any, description: Any, schema: Any, where: str, param: str, 
         raise ApiError(400, f"{where} schema: a tool's arguments must be an object (type 'object', not {kind!r})",
                        param=param)  # fmt: skip
     return Tool(name, description or "", schema, strict)
+
+
+# The APIs' newer fields on a tool, as each checks them (tool_extras). Examples, eager streaming and
+# an output schema are hints (this server streams arguments as they are generated anyway);
+# deferred loading and callers other than the model belong to tool search and code execution,
+# which this server has none of.
+_TOOL_HINTS: dict[str, Hint] = {"input_examples": list, "eager_input_streaming": bool, "output_schema": dict,
+                                "defer_loading": bool, "async": bool, "allowed_callers": list}  # fmt: skip
+
+
+def tool_extras(tool: dict[str, Any], where: str, param: str) -> None:
+    check_hints(tool, _TOOL_HINTS, f"{where}.", param)
+    if tool.get("defer_loading"):
+        raise ApiError(400, f"{where}.defer_loading: deferred tools (loaded by tool search) are not supported by this "
+                       "server: send the tools the model may call", param=param)  # fmt: skip
+    if tool.get("async"):
+        raise ApiError(400, f"{where}.async: asynchronous tools are not supported by this server", param=param)
+    callers = tool.get("allowed_callers")
+    if callers is not None and "direct" not in callers:
+        raise ApiError(400, f"{where}.allowed_callers: only the model calls tools here (no code execution): "
+                       "include 'direct'", param=param)  # fmt: skip
 
 
 def tool_items(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -81,6 +82,42 @@ def test_hints_today_s_clients_send_are_checked_and_what_this_server_lacks_is_a_
         with pytest.raises(ApiError) as info:
             dialect.parse({**base, **body}, ["m"])
         assert info.value.status == 400 and info.value.param == param, (body, info.value.message)
+
+
+def test_messages_and_tools_as_today_s_sdks_write_them_are_read() -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    # A chat answer sent back as the SDK dumps it (message.model_dump()): annotations and unset fields.
+    dumped = {"role": "assistant", "content": "Paris.", "refusal": None, "annotations": [], "audio": None,
+              "function_call": None, "tool_calls": None}  # fmt: skip
+    o = {"model": "m", "messages": [{"role": "user", "content": "hi"}, dumped, {"role": "user", "content": "more"}]}
+    assert OPENAI.parse(o, ["m"]).request.messages[1].content == "Paris."
+    extras = {"defer_loading": False, "allowed_callers": ["direct"]}
+    r = {"model": "m", "input": "hi", "tools": [{"type": "function", "name": "w", "parameters": schema, "strict": False,
+                                               "output_schema": {"type": "string"}, "async": False, **extras}]}
+    a = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "tools": [{
+        "name": "w", "input_schema": schema, "input_examples": [{"city": "Paris"}], "eager_input_streaming": True,
+        **extras}]}  # fmt: skip
+    assert [t.name for t in RESPONSES.parse(r, ["m"]).request.output.tools] == ["w"]
+    assert [t.name for t in ANTHROPIC.parse(a, ["m"]).request.output.tools] == ["w"]
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "18 C",
+                                           "toolset_name": "weather"}]}  # fmt: skip
+    call = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {}}]}
+    assert ANTHROPIC.parse({**a, "messages": [a["messages"][0], call, result]}, ["m"]).request.messages[2].results
+    for dialect, base, change, param in [
+        (OPENAI, o, {"function_call": {"name": "w", "arguments": "{}"}}, "messages[1].function_call"),
+        (OPENAI, o, {"audio": {"id": "a1"}}, "messages[1].audio"),
+        (RESPONSES, r, {"defer_loading": True}, "tools"),
+        (RESPONSES, r, {"allowed_callers": ["programmatic"]}, "tools"),
+        (RESPONSES, r, {"async": True}, "tools"),
+        (ANTHROPIC, a, {"allowed_callers": ["code_execution_20250825"]}, "tools"),
+        (ANTHROPIC, a, {"input_examples": "Paris"}, "tools"),
+        (ANTHROPIC, a, {"eager_input_streaming": "yes"}, "tools"),
+    ]:  # fmt: skip
+        body = copy.deepcopy(base)
+        (body["messages"][1] if dialect is OPENAI else body["tools"][0]).update(change)
+        with pytest.raises(ApiError) as info:
+            dialect.parse(body, ["m"])
+        assert info.value.status == 400 and info.value.param == param, (change, info.value.message)
 
 
 def test_anthropic_effort_reaches_the_template_and_the_structured_outputs_beta_s_format_is_read() -> None:
