@@ -24,6 +24,7 @@ from appliance.api.openai import (
     OpenAIDialect,
     common_fields,
     debug_comment,
+    logprob_entry,
     reasoning_of,
     tool_choice_of,
 )
@@ -44,7 +45,7 @@ from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
 
 _KNOWN = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
           "parallel_tool_calls", "text", "stream", "stream_options", "truncation", "include", "reasoning",
-          "max_tool_calls", *HINTS}  # fmt: skip
+          "max_tool_calls", "top_logprobs", *HINTS}  # fmt: skip
 _UNSUPPORTED = {
     "context_management": "server-side compaction is not supported by this server: send the conversation to keep",
     "moderation": "moderation is not supported by this server",
@@ -53,7 +54,6 @@ _UNSUPPORTED = {
     "conversation": "this server stores no conversations: send the whole conversation in input",
     "prompt": "stored prompts are not supported by this server",
     "background": "background responses are not supported by this server",
-    "top_logprobs": "log probabilities are not supported on /v1/responses by this server (use /v1/chat/completions)",
 }
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = {"user": ("input_text",), "system": ("input_text",), "developer": ("input_text",),
@@ -223,12 +223,30 @@ def _reasoning(raw: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
     return reasoning_of(raw.get("effort"), "reasoning.effort"), {"effort": raw.get("effort"), "summary": None}
 
 
+# What `include` may ask for: the answer's log probabilities; and reasoning items fit to send back
+# (each carries its thought as text: this server encrypts nothing, so it asks nothing more).
+_INCLUDES = ("message.output_text.logprobs", "reasoning.encrypted_content")
+
+
+def _logprobs(doc: dict[str, Any]) -> int | None:
+    """The answer's log probabilities (`include`), with `top_logprobs` alternatives at each token;
+    None where not asked for."""
+    include = doc.get("include") or []
+    if not isinstance(include, list) or any(item not in _INCLUDES for item in include):
+        raise ApiError(400, f"include: this server can include {', '.join(_INCLUDES)} (not {include!r})",
+                       param="include")  # fmt: skip
+    top = get_int(doc, "top_logprobs", minimum=0)  # at most 20: the request checks it, as for chat
+    if "message.output_text.logprobs" in include:
+        return top or 0
+    if top:
+        raise ApiError(400, "top_logprobs: needs include: ['message.output_text.logprobs']", param="top_logprobs")
+    return None
+
+
 def parse_request(doc: dict[str, Any], served: Sequence[str]) -> ResponsesCall:
     reject_unknown(doc, _KNOWN, _UNSUPPORTED)
     common = common_fields(doc, served)  # model, sampling, stream (the keys it reads beyond ours are refused above)
-    include = doc.get("include")
-    if include not in (None, []):
-        raise ApiError(400, "include: extra output data is not supported by this server", param="include")
+    logprobs = _logprobs(doc)
     if doc.get("truncation") not in (None, "disabled", "auto"):
         raise ApiError(400, "truncation: must be 'disabled' or 'auto'", param="truncation")
     check_hints(doc, HINTS)
@@ -237,7 +255,7 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> ResponsesCall:
     max_tokens = get_int(doc, "max_output_tokens", minimum=1)
     template, reasoning = _reasoning(doc.get("reasoning"))
     request = GenerationRequest(messages=messages, system=system, max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
-                                output=_tools(doc), **template, **common.sampling)  # fmt: skip
+                                output=_tools(doc), logprobs=logprobs, **template, **common.sampling)  # fmt: skip
     echo = {
         "instructions": doc.get("instructions"),
         "max_output_tokens": max_tokens,
@@ -262,22 +280,25 @@ def _usage(done: Finished) -> dict[str, Any]:
             "total_tokens": done.input_tokens + done.output_tokens}  # fmt: skip
 
 
-def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+Entries = list[dict[str, Any]]  # log probabilities, each token's as Chat Completions gives it (logprob_entry)
+
+
+def _message_item(item_id: str, text: str, status: str, logprobs: Entries | None = None) -> dict[str, Any]:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [_text_part(text)] if status == "completed" or text else []}  # fmt: skip
+            "content": [_text_part(text, logprobs)] if status == "completed" or text else []}  # fmt: skip
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: Entries | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def _reasoning_item(item_id: str, thought: str, status: str) -> dict[str, Any]:
-    """A reasoning model's thought, whole (no summary is made of it)."""
+def _reasoning_item(item_id: str, thought: str, status: str, logprobs: Entries | None = None) -> dict[str, Any]:
+    """A reasoning model's thought, whole (no summary is made of it; the answer's alone has log probabilities)."""
     content = [_thought_part(thought)] if status == "completed" or thought else []
     return {"type": "reasoning", "id": item_id, "status": status, "summary": [], "content": content}
 
 
-def _thought_part(text: str) -> dict[str, Any]:
+def _thought_part(text: str, logprobs: Entries | None = None) -> dict[str, Any]:
     return {"type": "reasoning_text", "text": text}
 
 
@@ -308,11 +329,10 @@ def response(response_id: str, created: int, model: str, call: ResponsesCall, ou
 
 
 # The output items that carry text, by kind: their id prefix, item and content part, the prefix of
-# their delta and done events, and what those events carry beside the text.
-_TEXT_ITEMS: dict[str, tuple[str, Callable[[str, str, str], dict[str, Any]], Callable[[str], dict[str, Any]], str,
-                             dict[str, Any]]] = {
-    "message": ("msg_", _message_item, _text_part, "response.output_text", {"logprobs": []}),
-    "reasoning": ("rs_", _reasoning_item, _thought_part, "response.reasoning_text", {}),
+# their delta and done events, and whether those events carry the text's log probabilities.
+_TEXT_ITEMS: dict[str, tuple[str, Callable[..., dict[str, Any]], Callable[..., dict[str, Any]], str, bool]] = {
+    "message": ("msg_", _message_item, _text_part, "response.output_text", True),
+    "reasoning": ("rs_", _reasoning_item, _thought_part, "response.reasoning_text", False),
 }  # fmt: skip
 
 
@@ -321,6 +341,7 @@ class _Writing:
     kind: str  # of _TEXT_ITEMS
     id: str
     parts: list[str] = field(default_factory=list)
+    logprobs: Entries = field(default_factory=list)  # of the text written so far
 
 
 class ResponseStream:
@@ -335,6 +356,7 @@ class ResponseStream:
         self.output: list[dict[str, Any]] = []  # the items done so far, for the final event
         self.writing: _Writing | None = None  # the message or reasoning item being written
         self.open_call: CallOut | None = None
+        self.pending: Entries = []  # log probabilities of tokens whose text has not been written yet
 
     def choice(self, index: int) -> Self:
         return self  # one answer per response (no n)
@@ -360,7 +382,7 @@ class ResponseStream:
 
     def _write(self, kind: str, text: str) -> bytes:
         """Text into the item of `kind` being written, opened first (and the item before it done)."""
-        prefix, make_item, make_part, events, extra = _TEXT_ITEMS[kind]
+        prefix, make_item, make_part, events, scored = _TEXT_ITEMS[kind]
         out = b""
         if self.writing is None or self.writing.kind != kind:
             out += self._close()
@@ -370,6 +392,10 @@ class ResponseStream:
             out += self._event("response.content_part.added", item_id=self.writing.id, output_index=self._index(),
                                content_index=0, part=make_part(""))  # fmt: skip
         self.writing.parts.append(text)
+        extra: dict[str, Any] = {}
+        if scored:  # the tokens this text came from (a token's text may be held back, as before a stop sequence)
+            extra["logprobs"], self.pending = self.pending, []
+            self.writing.logprobs += extra["logprobs"]
         return out + self._event(f"{events}.delta", item_id=self.writing.id, output_index=self._index(),
                                  content_index=0, delta=text, **extra)  # fmt: skip
 
@@ -377,14 +403,15 @@ class ResponseStream:
         """The item being written, done."""
         out = b""
         if self.writing is not None:
-            _, make_item, make_part, events, extra = _TEXT_ITEMS[self.writing.kind]
-            item_id, text = self.writing.id, "".join(self.writing.parts)
+            _, make_item, make_part, events, scored = _TEXT_ITEMS[self.writing.kind]
+            item_id, text, logprobs = self.writing.id, "".join(self.writing.parts), self.writing.logprobs
             at = self._index()
+            extra = {"logprobs": logprobs} if scored else {}
             out += self._event(f"{events}.done", item_id=item_id, output_index=at, content_index=0, text=text,
                                **extra)  # fmt: skip
             out += self._event("response.content_part.done", item_id=item_id, output_index=at, content_index=0,
-                               part=make_part(text))  # fmt: skip
-            item = make_item(item_id, text, "completed")
+                               part=make_part(text, logprobs))  # fmt: skip
+            item = make_item(item_id, text, "completed", logprobs)
             out += self._event("response.output_item.done", output_index=at, item=item)
             self.output.append(item)
             self.writing = None
@@ -409,7 +436,8 @@ class ResponseStream:
                            output_index=self._index(), delta=piece)  # fmt: skip
 
     def logprob(self, token: TokenLogprob) -> bytes:
-        return b""  # not asked for: `top_logprobs` and `include` are refused on this API
+        self.pending.append(logprob_entry(token))  # sent with the text it makes (its delta event)
+        return b""
 
     def debug(self, lines: list[str]) -> bytes:
         return debug_comment(lines)
@@ -438,7 +466,8 @@ class ResponsesDialect(OpenAIDialect):
         assert isinstance(call, ResponsesCall)
         ((answer, done),) = choices
         output = [_reasoning_item(_new_id("rs_"), answer.thought, "completed")] if answer.thought else []
-        output += [_message_item(_new_id("msg_"), answer.text, "completed")] if answer.text else []
+        logprobs = [logprob_entry(t) for t in answer.logprobs or []]
+        output += [_message_item(_new_id("msg_"), answer.text, "completed", logprobs)] if answer.text else []
         output += [_call_item(c, "completed") for c in answer.calls]
         return response(_new_id("resp_"), int(time.time()), model, call, output, done)
 

@@ -73,7 +73,8 @@ def test_a_conversation_reaches_the_model_as_it_does_through_chat_completions() 
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
     ({"text": {"format": {"type": "xml"}}}, "text"),
-    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"include": ["file_search_call.results"]}, "include"),
+    ({"top_logprobs": 3}, "top_logprobs"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
 ])  # fmt: skip
@@ -145,3 +146,35 @@ def test_the_openai_sdk_creates_streams_and_parses_responses(demo: tuple[Running
 
     with pytest.raises(openai.BadRequestError, match="previous_response_id: this server stores no responses"):
         client.responses.create(model=MODEL, input="hi", previous_response_id=whole.id)
+
+
+@pytest.mark.demo
+def test_responses_give_the_answer_s_log_probabilities_as_chat_does(demo: tuple[RunningDaemon, DevSetup]) -> None:
+    client = openai_client(*demo, unix=True)
+    question = "What is the capital of France?"
+    chat = client.chat.completions.create(model=MODEL, max_tokens=12, temperature=0, logprobs=True, top_logprobs=2,
+                                          messages=[{"role": "user", "content": question}])  # fmt: skip
+    assert chat.choices[0].logprobs is not None and chat.choices[0].logprobs.content is not None
+    expected = [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+                for t in chat.choices[0].logprobs.content]  # fmt: skip
+    asked: dict[str, Any] = dict(model=MODEL, input=question, max_output_tokens=12, temperature=0, top_logprobs=2,
+                                 include=["message.output_text.logprobs"])  # fmt: skip
+
+    def entries(logprobs: Any) -> list[Any]:
+        return [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs]) for t in logprobs]
+
+    whole = client.responses.create(**asked)
+    part = whole.output[0].content[0]  # type: ignore[union-attr]
+    assert part.type == "output_text" and entries(part.logprobs) == expected
+    assert "".join(t for t, _, _ in expected) == part.text
+    streamed, done = [], None
+    for event in client.responses.create(stream=True, **asked):
+        if event.type == "response.output_text.delta":
+            streamed += entries(event.logprobs)
+        elif event.type == "response.output_text.done":
+            done = entries(event.logprobs)
+    assert streamed == expected and done == expected
+    plain = client.responses.create(model=MODEL, input=question, max_output_tokens=12, temperature=0)
+    assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError, match="include"):
+        client.responses.create(model=MODEL, input=question, include=["file_search_call.results"])
