@@ -29,6 +29,15 @@ VALID: dict[str, list[dict[str, Any]]] = {
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}],
          "tools": [{"name": "get_w", "description": "the weather", "input_schema": _TOOL_SCHEMA}],
          "tool_choice": {"type": "tool", "name": "get_w"}, "thinking": {"type": "adaptive"}},
+        {"model": MODEL, "max_tokens": 4, "messages": [  # documents, search results, one role twice
+            {"role": "user", "content": [{"type": "document", "title": "notes", "source": {
+                "type": "text", "media_type": "text/plain", "data": "Grass is green."}}]},
+            {"role": "user", "content": "What colour is grass?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_2", "name": "get_w", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2", "content": [
+                {"type": "search_result", "source": "https://example.com", "title": "t",
+                 "content": [{"type": "text", "text": "sunny"}]}]}]}],
+         "tools": [{"name": "get_w", "input_schema": _TOOL_SCHEMA}]},
     ],
     "/v1/messages/count_tokens": [{"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                                    "tools": [{"name": "get_w", "input_schema": _TOOL_SCHEMA}]}],
@@ -67,8 +76,8 @@ KEYS = ["model", "messages", "max_tokens", "system", "stream", "temperature", "t
         "reasoning", "effort", "reasoning_content", "summary", "signature", "service_tier", "cache_control", "speed",
         "prompt_cache_key", "prompt_cache_retention", "verbosity", "modalities", "max_tool_calls",
         "context_management", "output_format", "inference_geo", "annotations", "defer_loading", "allowed_callers",
-        "input_examples", "eager_input_streaming", "output_schema", "async", "toolset_name", "\u0000", "a\ud800b",
-        ""]
+        "input_examples", "eager_input_streaming", "output_schema", "async", "toolset_name", "citations", "source",
+        "title", "context", "data", "\u0000", "a\ud800b", ""]
 
 
 def junk(rng: random.Random, depth: int = 0) -> Any:
@@ -85,7 +94,8 @@ def junk(rng: random.Random, depth: int = 0) -> Any:
         return rng.choice([0.0, -0.5, 1e308, 1e-308, 2.5, -1e9])
     if kind == 4:
         return rng.choice(["", "hi", "a\ud800b", "\u0000", "\u202e", "x" * 5000, "\U0001f642" * 50, "user",
-                           "assistant", "auto", "function", "json_schema", "tool_use", "text", MODEL])  # fmt: skip
+                           "assistant", "auto", "function", "json_schema", "tool_use", "text", "document",
+                           "search_result", "content", MODEL])  # fmt: skip
     if kind == 5:
         return rng.choice(KEYS)
     if kind == 6:  # empty, or a schema that refers to itself

@@ -73,7 +73,7 @@ def _messages(doc: dict[str, Any]) -> tuple[Message, ...]:
         raise ApiError(400, "messages: field required", param="messages")
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "messages: must be a non-empty list", param="messages")
-    out = []
+    out: list[Message] = []
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -82,13 +82,26 @@ def _messages(doc: dict[str, Any]) -> tuple[Message, ...]:
         role = m.get("role")
         if role not in ("user", "assistant"):
             raise ApiError(400, f"{where}.role: must be 'user' or 'assistant'", param="messages")
-        expected = "user" if i % 2 == 0 else "assistant"
-        if role != expected:
-            raise ApiError(400, f"{where}.role: roles must alternate, starting with 'user'", param="messages")
+        if not out and role != "user":
+            raise ApiError(400, f"{where}.role: the first message must be 'user'", param="messages")
         if "content" not in m:
             raise ApiError(400, f"{where}.content: field required", param="messages")
-        out.append(_message(m["content"], role, f"{where}.content"))
+        message = _message(m["content"], role, f"{where}.content")
+        # Consecutive messages of one role are one turn, as the Messages API combines them (tool
+        # results and the next question, say, sent as two user messages).
+        if out and out[-1].role == role:
+            out[-1] = _combined(out[-1], message)
+        else:
+            out.append(message)
     return tuple(out)
+
+
+def _combined(first: Message, then: Message) -> Message:
+    def joined(*texts: str) -> str:
+        return "\n".join(t for t in texts if t)
+
+    return Message(first.role, joined(first.content, then.content), first.calls + then.calls,
+                   first.results + then.results, joined(first.thought, then.thought))  # fmt: skip
 
 
 def _message(content: Any, role: str, where: str) -> Message:
@@ -113,9 +126,7 @@ def _message(content: Any, role: str, where: str) -> Message:
             reject_unknown(block, {"type", "tool_use_id", "content", "is_error", "cache_control", "toolset_name"}, {},
                            where=f"{at}.")  # fmt: skip
             get_str(block, "tool_use_id", required=True, where=f"{at}.")
-            body = block.get("content", "")
-            text = "" if body == [] else text_content(body, f"{at}.content")
-            results.append((text, get_bool(block, "is_error")))
+            results.append((_result_text(block.get("content", ""), f"{at}.content"), get_bool(block, "is_error")))
         elif kind == "thinking" and role == "assistant":  # an earlier thought, echoed back as the SDK keeps it
             thoughts.append(get_str(block, "thinking", where=f"{at}.") or "")
         elif kind == "redacted_thinking" and role == "assistant":
@@ -123,9 +134,54 @@ def _message(content: Any, role: str, where: str) -> Message:
         elif kind in ("tool_use", "tool_result"):
             owner = "assistant" if kind == "tool_use" else "user"
             raise ApiError(400, f"{at}: {kind} blocks belong in {owner} messages", param="messages")
+        elif kind in _DOCUMENTS and role == "user":
+            parts.append(_document_text(block, at))
         else:
             parts.append(block_text(block, at, param="messages"))
     return Message(role, "\n".join(parts), tuple(calls), tuple(results), "\n".join(t for t in thoughts if t))
+
+
+_DOCUMENTS = ("document", "search_result")
+
+
+def _result_text(content: Any, where: str) -> str:
+    """A tool result's content: a string, or text blocks, plain-text documents and search results."""
+    if not isinstance(content, list) or not any(isinstance(b, dict) and b.get("type") in _DOCUMENTS for b in content):
+        return "" if content == [] else text_content(content, where)
+    return "\n".join(_document_text(b, f"{where}[{i}]") if isinstance(b, dict) and b.get("type") in _DOCUMENTS
+                     else block_text(b, f"{where}[{i}]", param="messages") for i, b in enumerate(content))  # fmt: skip
+
+
+def _document_text(block: dict[str, Any], at: str) -> str:
+    """A plain-text document or a search result (RAG's sources) as the model reads it, in the layout
+    Anthropic's long-context guide gives: its source, title and context, then its text. PDFs, images
+    and uploaded files are refused by name, and so are citations (this server writes none)."""
+    reject_unknown(block, {"type", "source", "title", "context", "content", "citations", "cache_control"}, {},
+                   where=f"{at}.")  # fmt: skip
+    citations = block.get("citations")
+    if isinstance(citations, dict) and citations.get("enabled"):
+        raise ApiError(400, f"{at}.citations: citations are not supported by this server", param="messages")
+    title = get_str(block, "title", where=f"{at}.")
+    context = get_str(block, "context", where=f"{at}.")
+    if block["type"] == "search_result":
+        origin = get_str(block, "source", required=True, where=f"{at}.")
+        text = text_content(block.get("content"), f"{at}.content")
+    else:
+        source = block.get("source")
+        kind = source.get("type") if isinstance(source, dict) else None
+        if kind == "text":
+            assert isinstance(source, dict)
+            text = get_str(source, "data", required=True, where=f"{at}.source.") or ""
+        elif kind == "content":
+            assert isinstance(source, dict)
+            text = text_content(source.get("content"), f"{at}.source.content")
+        else:
+            raise ApiError(400, f"{at}.source: documents of source type {kind!r} are not supported by this server "
+                           "(plain text is: 'text' or 'content')", param="messages")  # fmt: skip
+        origin = None
+    lines = [f"<source>{origin}</source>" if origin else "", f"<title>{title}</title>" if title else "",
+             f"<context>{context}</context>" if context else "", f"<document_content>\n{text}\n</document_content>"]
+    return "<document>\n" + "\n".join(line for line in lines if line) + "\n</document>"
 
 
 def _tools(doc: dict[str, Any]) -> OutputRules:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 import pytest
 from answers import finished, sse_events
@@ -194,3 +195,37 @@ def test_model_lists_in_each_shape() -> None:
     assert a["data"][0]["created_at"] == "2023-11-14T22:13:20Z"
     assert OPENAI.models([info]) == {"object": "list", "data": [{"id": "smollm2", "object": "model",
                                                                "created": 1_700_000_000, "owned_by": "zerolayer"}]}
+
+
+def test_anthropic_turns_of_one_role_combine_and_plain_text_documents_are_read() -> None:
+    a: dict[str, Any] = {"model": "m", "max_tokens": 5}
+
+    def messages(*turns: dict[str, Any]) -> tuple[Message, ...]:
+        return ANTHROPIC.parse({**a, "messages": list(turns)}, ["m"]).request.messages
+
+    call = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "search", "input": {}}]}
+    found = {"type": "search_result", "source": "https://example.com/sky", "title": "Sky",
+             "content": [{"type": "text", "text": "The sky is blue."}]}  # fmt: skip
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [found]}]}
+    # Tool results and the next question as two user messages: one turn, as the Messages API combines them.
+    turns = messages({"role": "user", "content": "Look it up."}, call, result, {"role": "user", "content": "So?"})
+    assert [m.role for m in turns] == ["user", "assistant", "user"] and turns[2].content == "So?"
+    assert turns[2].results == (("<document>\n<source>https://example.com/sky</source>\n<title>Sky</title>\n"
+                                 "<document_content>\nThe sky is blue.\n</document_content>\n</document>", False),)
+    text = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "Grass is green."},
+            "title": "Facts", "context": "from a field guide"}  # fmt: skip
+    grass = [{"type": "text", "text": "Grass is green."}]
+    blocks = {"type": "document", "source": {"type": "content", "content": grass}}
+    ask = {"type": "text", "text": "What colour is grass?"}
+    (turn,) = messages({"role": "user", "content": [text, ask]})
+    body = "<document_content>\nGrass is green.\n</document_content>\n</document>\n"
+    assert turn.content == ("<document>\n<title>Facts</title>\n<context>from a field guide</context>\n" + body
+                            + "What colour is grass?")  # fmt: skip
+    (turn,) = messages({"role": "user", "content": [blocks]}, {"role": "user", "content": [ask]})
+    assert turn.content == "<document>\n" + body + "What colour is grass?"
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
+    for turns_sent in ([{"role": "user", "content": [pdf]}], [{"role": "user", "content": [{**text, "citations": {
+            "enabled": True}}]}], [{"role": "assistant", "content": "Hi."}]):  # fmt: skip
+        with pytest.raises(ApiError) as info:
+            messages(*turns_sent)
+        assert info.value.status == 400 and info.value.param == "messages", info.value.message
