@@ -168,7 +168,7 @@ class ChatTemplate:
             if docs[-1]["role"] == "assistant" and not docs[-1]["content"].strip() and "tool_calls" not in docs[-1]:
                 docs = docs[:-1]  # an empty final assistant message continues nothing: answer as usual
             try:
-                text = self._conversation(docs, extra)
+                docs, text = self._alternating(docs, extra)
                 break
             except InvalidRequest:
                 if native is False or not any(m.calls or m.thought for m in messages):
@@ -189,6 +189,22 @@ class ChatTemplate:
                   for k in range(max(1, last - BOUNDARY_MESSAGES), last)}  # fmt: skip
         return Prompt(ids=ids, message_starts=sorted({s for s in starts.values() if s is not None}), text=text,
                       call_format=self.call_format, history_end=starts.get(len(docs)))  # fmt: skip
+
+    def _alternating(self, docs: list[dict[str, Any]], extra: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+        """The messages the template took, and its rendered conversation. A template that wants
+        user and assistant turns to alternate (Gemma's, Mistral's) refuses two of one role in a row,
+        which clients send (tool results, then a question; two user messages; the OpenAI API takes
+        any order): it gets them as one turn, as the Messages API combines them."""
+        try:
+            return docs, self._conversation(docs, extra)
+        except InvalidRequest as refused:
+            combined = _one_turn_per_role(docs)
+            if combined == docs:
+                raise
+            try:
+                return combined, self._conversation(combined, extra)
+            except InvalidRequest:
+                raise refused from None
 
     def _conversation(self, docs: list[dict[str, Any]], extra: dict[str, Any]) -> str:
         """The rendered conversation, ending in the generation prompt, or in a final assistant
@@ -232,6 +248,20 @@ class ChatTemplate:
                     "tool_call_id": ids[i] if i < len(ids) else f"result{i:03d}"}
                    for i, (r, error) in enumerate(message.results)]  # fmt: skip
         return results + ([{"role": message.role, "content": text}] if text else [])
+
+
+def _one_turn_per_role(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive user (or assistant) messages as one, their texts a blank line apart; a turn of
+    calls stays whole."""
+    out: list[dict[str, Any]] = []
+    for doc in docs:
+        last = out[-1] if out else None
+        if (last is not None and doc["role"] == last["role"] in ("user", "assistant")
+                and "tool_calls" not in doc and "tool_calls" not in last):  # fmt: skip
+            out[-1] = {**last, "content": "\n\n".join(t for t in (last["content"], doc["content"]) if t)}
+        else:
+            out.append(doc)
+    return out
 
 
 def _tool_call(name: str, arguments: str, call_id: str) -> dict[str, Any]:

@@ -462,6 +462,22 @@ def test_earlier_calls_a_template_refuses_as_tool_calls_reach_it_as_text_in_its_
         assert written in template.prompt((*turns, Message("user", "And?")), output=OutputRules((weather,))).text
 
 
+@pytest.mark.parametrize("name", ["gemma3", "mistral"])
+def test_a_template_that_wants_roles_to_alternate_gets_turns_of_one_role_as_one(name: str) -> None:
+    from appliance.engine.errors import InvalidRequest
+    from appliance.engine.tools import PastCall
+
+    template = _folder_template(name)
+    two = template.prompt((Message("user", "Here is the context."), Message("user", "What now?")))
+    assert two.text == template.prompt((Message("user", "Here is the context.\n\nWhat now?"),)).text
+    # Tool results, then a question, from a client: one user turn with both.
+    turns = (Message("user", "Weather?"), Message("assistant", "", (PastCall("get_weather", "{}"),)),
+             Message("user", "", results=(("18 C", False),)), Message("user", "And tomorrow?"))  # fmt: skip
+    assert "And tomorrow?" in template.prompt(turns).text
+    with pytest.raises(InvalidRequest, match="alternate"):  # what combining cannot mend stays the template's refusal
+        template.prompt((Message("assistant", "Hello!"), Message("user", "Hi.")))
+
+
 # What newer templates use of transformers' environment beyond the families' own templates.
 RICH_TEMPLATE = """{{ bos_token }}{% set today = strftime_now('%d %b %Y') %}
 {% for m in messages %}
