@@ -140,6 +140,7 @@ ROUTES: dict[str, Route] = {
     "/v1/models/{id}": Route(("GET",), "_model"),
     "/healthz": Route(("GET", "HEAD"), "_healthz"),
     "/readyz": Route(("GET", "HEAD"), "_readyz"),
+    "/health": Route(("GET", "HEAD"), "_readyz"),  # llama.cpp's and vLLM's name: health checks written for them
     "/metrics": Route(("GET",), "_metrics"),
     "/status": Route(("GET",), "_status"),
 }

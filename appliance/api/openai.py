@@ -102,8 +102,8 @@ def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
         if role == "assistant":
             # An earlier thought (reasoning_content, as the SDK echoes a message back) goes to the template;
             # a message sent back as the SDK dumps it (model_dump()) has annotations and unset fields too.
-            reject_unknown(m, {"role", "content", "name", "tool_calls", "refusal", "reasoning_content", "annotations"},
-                           _ASSISTANT_UNSUPPORTED, where=f"{where}.")  # fmt: skip
+            reject_unknown(m, {"role", "content", "name", "tool_calls", "refusal", "reasoning_content", "reasoning",
+                               "annotations"}, _ASSISTANT_UNSUPPORTED, where=f"{where}.")  # fmt: skip
             out.append(_assistant_turn(m, where))
             continue
         reject_unknown(m, {"role", "content", "name"}, {}, where=f"{where}.")
@@ -144,7 +144,9 @@ def _assistant_turn(m: dict[str, Any], where: str) -> Message:
                                                        "messages")))  # fmt: skip
     if not past and content is None:
         raise ApiError(400, f"{where}.content: field required (or tool_calls)", param="messages")
-    return Message("assistant", text, tuple(past), thought=get_str(m, "reasoning_content", where=f"{where}.") or "")
+    # The thought as DeepSeek's API and llama.cpp's server name it, or as vLLM's newer releases and OpenRouter do.
+    thought = get_str(m, "reasoning_content", where=f"{where}.") or get_str(m, "reasoning", where=f"{where}.")
+    return Message("assistant", text, tuple(past), thought=thought or "")
 
 
 # OpenAI's reasoning efforts: the lowest two ask a reasoning model to answer without a thought.

@@ -50,8 +50,9 @@ def test_not_ready_is_503_but_health_answers(engine: Engine) -> None:
         status, headers, body = await _call(app, "POST", "/v1/messages", REQ)
         assert status == 503 and headers[b"retry-after"] == b"1"
         assert json.loads(body)["error"]["type"] == "api_error"
+        assert (await _call(app, "GET", "/health"))[0] == 503  # llama.cpp's and vLLM's name for readiness
         app.set_ready(True)
-        assert (await _call(app, "GET", "/readyz"))[0] == 200
+        assert (await _call(app, "GET", "/readyz"))[0] == (await _call(app, "GET", "/health"))[0] == 200
         assert (await _call(app, "POST", "/v1/messages", REQ))[0] == 200
 
     asyncio.run(run())

@@ -220,5 +220,6 @@ def test_an_earlier_thought_reaches_a_template_that_shows_it_from_each_dialect(
 
     item = {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": thought}]}
     shown = (claude_tokens({"type": "thinking", "thinking": thought, "signature": ""}) - claude_tokens(),
-             chat_tokens(reasoning_content=thought) - chat_tokens(), responses_tokens(item) - responses_tokens())
+             chat_tokens(reasoning_content=thought) - chat_tokens(), responses_tokens(item) - responses_tokens(),
+             chat_tokens(reasoning=thought) - chat_tokens())  # (vLLM's newer and OpenRouter's name for it)
     assert shown[0] > len(thought.split()) and len(set(shown)) == 1, shown
