@@ -360,7 +360,9 @@ def usage(*choices: Finished) -> dict[str, Any]:
     """One prompt, however many choices were sampled from it."""
     prompt, completion = choices[0].input_tokens, sum(done.output_tokens for done in choices)
     thought = sum(done.thought_tokens for done in choices)
+    # cached_tokens: the prompt's tokens the prefix pool held (not prefilled again), part of prompt_tokens.
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": choices[0].trace.reused_tokens},
             "completion_tokens_details": {"reasoning_tokens": thought}}  # fmt: skip
 
 

@@ -183,6 +183,7 @@ def test_openai_stream_ends_with_usage_when_asked_and_done() -> None:
     assert events[1]["choices"][0]["delta"] == {"content": "Paris"}  # type: ignore[index]
     assert events[2]["choices"][0]["finish_reason"] == "stop"  # type: ignore[index]
     assert events[3]["usage"] == {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15,
+                                  "prompt_tokens_details": {"cached_tokens": 0},
                                   "completion_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
     assert raw.endswith(b"data: [DONE]\n\n")
     assert sse_events(enc.error(ApiError(500, "failed")))[0]["error"]["type"] == "server_error"  # type: ignore[index]

@@ -67,6 +67,8 @@ def test_openai_client_create_and_stream(demo: tuple[RunningDaemon, DevSetup], u
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert "Paris" in text
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    details = chunks[-1].usage.prompt_tokens_details  # the same prompt again: its blocks were in the prefix pool
+    assert details is not None and 0 < (details.cached_tokens or 0) < chunks[-1].usage.prompt_tokens
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     cut = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=2, service_tier="auto",
                                          prompt_cache_key="faq", prompt_cache_retention="24h", verbosity="low",
