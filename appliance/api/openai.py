@@ -198,11 +198,43 @@ def tool_choice_of(raw: Any, names: set[str], parallel: bool, name: Any, shape: 
         if raw == "required" and not names:
             raise ApiError(400, "tool_choice: 'required' needs tools", param="tool_choice")
         return ToolChoice(raw, parallel=parallel)
+    if isinstance(raw, dict) and raw.get("type") == "allowed_tools":
+        return _allowed_tools(raw, names, parallel)
     if not isinstance(name, str):
-        raise ApiError(400, f"tool_choice: must be 'auto', 'none', 'required' or {shape}", param="tool_choice")
+        raise ApiError(400, f"tool_choice: must be 'auto', 'none', 'required', {shape} or "
+                       "{type: 'allowed_tools', ...}", param="tool_choice")  # fmt: skip
     if name not in names:
         raise ApiError(400, f"{name_field}: {name!r} is not one of the tools", param="tool_choice")
     return ToolChoice("tool", name, parallel=parallel)
+
+
+def _allowed_tools(raw: dict[str, Any], names: set[str], parallel: bool) -> ToolChoice:
+    """{type: 'allowed_tools'}: calls of some of the tools only, 'auto' or 'required'; nested in
+    `allowed_tools` with functions as Chat Completions writes them, flat as the Responses API does."""
+    nested = "allowed_tools" in raw
+    spec = raw["allowed_tools"] if nested else raw
+    where = "tool_choice.allowed_tools." if nested else "tool_choice."
+    if not isinstance(spec, dict):
+        raise ApiError(400, f"{where[:-1]}: must be an object", param="tool_choice")
+    reject_unknown(raw, {"type", "allowed_tools"} if nested else {"type", "mode", "tools"}, {}, where="tool_choice.")
+    if nested:
+        reject_unknown(spec, {"mode", "tools"}, {}, where=where)
+    mode = spec.get("mode")
+    if mode not in ("auto", "required"):
+        raise ApiError(400, f"{where}mode: must be 'auto' or 'required'", param="tool_choice")
+    listed = spec.get("tools")
+    if not isinstance(listed, list) or not listed:
+        raise ApiError(400, f"{where}tools: must be a non-empty list of tools", param="tool_choice")
+    allowed = []
+    for i, tool in enumerate(listed):
+        is_function = isinstance(tool, dict) and tool.get("type") == "function"
+        fn = tool.get("function") if is_function and nested else tool
+        name = fn.get("name") if is_function and isinstance(fn, dict) else None
+        if name not in names:
+            raise ApiError(400, f"{where}tools[{i}]: must be a function of the request's tools ({name!r} is not)",
+                           param="tool_choice")  # fmt: skip
+        allowed.append(name)
+    return ToolChoice(mode, parallel=parallel, allowed=tuple(allowed))
 
 
 def _response_format(raw: Any) -> tuple[dict[str, Any] | None, bool]:

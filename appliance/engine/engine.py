@@ -553,7 +553,8 @@ class Engine:
         rules, fmt = request.output, prompt.call_format
         if fmt.channel and rules.calls_allowed:  # harmony: a call is a message of its own, the text answer another
             only = "tool" if rules.choice.mode == "tool" else "required"
-            calls = dataclasses.replace(rules, choice=ToolChoice(only, rules.choice.name, False), json_schema=None)
+            only_calls = dataclasses.replace(rules.choice, mode=only, parallel=False)
+            calls = dataclasses.replace(rules, choice=only_calls, json_schema=None)
             prompt = dataclasses.replace(prompt, call_constraint=self._constraint(calls, fmt))
             rules = dataclasses.replace(rules, tools=())
         # It holds the answer; a thought before it runs free (reasoning.Gate).

@@ -173,6 +173,13 @@ class ToolChoice:
     mode: str = "auto"  # "auto": text or calls; "required": at least one call; "none": text only; "tool": `name`
     name: str | None = None
     parallel: bool = True  # more than one call in a turn
+    # The tools the model may call, of all it is shown (OpenAI's allowed_tools: the list, and so the
+    # prompt and its cached prefix, stays the same from turn to turn); None: any of them.
+    allowed: tuple[str, ...] | None = None
+
+    def callable(self, tools: tuple[Tool, ...]) -> tuple[Tool, ...]:
+        names = (self.name,) if self.mode == "tool" else self.allowed
+        return tools if names is None else tuple(t for t in tools if t.name in names)
 
 
 @dataclass(frozen=True)
@@ -332,9 +339,7 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
         text = f"text: TEXT\nTEXT: /(.|\\n)*/ & ~/ ?{re.escape(fmt.opening)}(.|\\n)*/"
     if not rules.calls_allowed:
         return f"start: text\n{text}\n"
-    tools = rules.tools
-    if rules.choice.mode == "tool":
-        tools = tuple(t for t in tools if t.name == rules.choice.name)
+    tools = rules.choice.callable(rules.tools)
     lines = []
     for i, tool in enumerate(tools):
         parts = (fmt.lark(fmt.head + tool.name + fmt.args_open), f"args_{i}", fmt.lark(fmt.close))

@@ -15,6 +15,7 @@ from typing import Any
 import anthropic
 import jsonschema
 import numpy as np
+import openai
 import pytest
 from answers import finished, sse_events
 from clients import MODEL, anthropic_client, openai_client
@@ -380,6 +381,9 @@ def test_the_grammar_allows_what_the_tool_choice_allows_and_nothing_else(compile
     assert not _accepts(compiler, required, call + "\n" + clock)  # parallel calls disabled
     named = OutputRules((WEATHER, CLOCK), ToolChoice("tool", "get_time"))
     assert _accepts(compiler, named, clock) and not _accepts(compiler, named, call)
+    some = OutputRules((WEATHER, CLOCK), ToolChoice("auto", allowed=("get_time",)))  # OpenAI's allowed_tools
+    assert _accepts(compiler, some, clock) and _accepts(compiler, some, "It is sunny.")
+    assert not _accepts(compiler, some, call)
 
     none = OutputRules((WEATHER,), ToolChoice("none"))
     assert _accepts(compiler, none, "It is sunny.") and not _accepts(compiler, none, call)
@@ -928,6 +932,35 @@ def test_a_tool_whose_schema_the_grammar_cannot_hold_in_full_is_called_unless_st
 
 
 @pytest.mark.demo
+@pytest.mark.demo
+def test_allowed_tools_hold_calls_to_some_of_the_tools_all_shown(demo: tuple[RunningDaemon, DevSetup]) -> None:
+    client = openai_client(*demo, unix=True)
+    functions: Any = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                                        "parameters": t["schema"]}} for t in TOOLS]  # fmt: skip
+    messages: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+    chosen = functions[-1]["function"]["name"]
+    assert chosen != "get_weather"  # the call the question asks for is not among the allowed
+    only: Any = [{"type": "function", "function": {"name": chosen}}]
+    done = client.chat.completions.create(
+        model=MODEL, max_tokens=200, messages=messages, tools=functions, parallel_tool_calls=False,
+        tool_choice={"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": only}})  # fmt: skip
+    assert [c.function.name for c in done.choices[0].message.tool_calls or []] == [chosen]  # type: ignore[union-attr]
+    every = client.chat.completions.create(model=MODEL, max_tokens=1, messages=messages, tools=functions)
+    assert every.usage is not None and done.usage is not None
+    assert done.usage.prompt_tokens == every.usage.prompt_tokens  # every tool is shown, whichever may be called
+    flat: Any = [{"type": "function", "name": f["function"]["name"], "parameters": f["function"]["parameters"]}
+                 for f in functions]  # fmt: skip
+    answer = client.responses.create(
+        model=MODEL, max_output_tokens=200, input=messages, tools=flat, parallel_tool_calls=False,
+        tool_choice={"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": chosen}]})
+    assert [o.name for o in answer.output if o.type == "function_call"] == [chosen]
+    launch: Any = [{"type": "function", "function": {"name": "launch"}}]
+    for bad in ({"mode": "sometimes", "tools": only}, {"mode": "auto", "tools": launch}, {"mode": "auto", "tools": []}):
+        with pytest.raises(openai.BadRequestError, match="tool_choice"):
+            client.chat.completions.create(model=MODEL, max_tokens=5, messages=messages, tools=functions,
+                                           tool_choice={"type": "allowed_tools", "allowed_tools": bad})  # type: ignore
+
+
 def test_openai_required_tool_calls_and_json_schema_validate_20_of_20(demo: tuple[RunningDaemon, DevSetup]) -> None:
     client = openai_client(*demo)
     functions = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
