@@ -86,6 +86,15 @@ And two to Qwen3.5:
   4e-3 off transformers' logits from the first position (1.4e-6 with transformers' epsilon set to
   0). The norm is spelt out with the epsilon.
 
+Qwen3's mixture-of-experts checkpoints (Qwen3MoeForCausalLM: Qwen3-30B-A3B, the Qwen3-Coder ones)
+have no class of their own in the builder ("model is not currently supported"):
+
+- `qwen3_moe_as_qwen3`, `qwen3_moe_layers`: the config is sent to the builder's Qwen3 class,
+  which gains their layers where a config has experts: the router (softmax, the top k, scaled to
+  sum to 1 where `norm_topk_prob`: the MoE operator's own routing) and the fused SwiGLU experts,
+  as the builder's Qwen3.5 MoE class writes them without its shared expert; a layer that
+  `mlp_only_layers` leaves dense keeps its MLP. A tiny one matches transformers to 1.1e-6.
+
 The builder is also asked (build.py) for `windowed_kv_cache=false`: the engine binds one buffer of
 the whole capacity per layer, so local layers keep full-length caches and the attention operator
 masks positions outside the window (`local_window_size`).
@@ -155,7 +164,15 @@ def norm_epsilon(config: Any) -> None:
             return
 
 
-FIXES = (phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon)
+def qwen3_moe_as_qwen3(config: Any) -> None:
+    """Qwen3's mixture-of-experts checkpoints go to the builder's Qwen3 class, which
+    qwen3_moe_layers gives their experts (the builder has no class of their own)."""
+    if list(getattr(config, "architectures", None) or ())[:1] == ["Qwen3MoeForCausalLM"]:
+        config.architectures = ["Qwen3ForCausalLM"]
+
+
+FIXES = (phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon,
+         qwen3_moe_as_qwen3)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:
@@ -328,6 +345,57 @@ def qwen35_l2norm_epsilon() -> None:
     _replace(Qwen35TextModel, "make_lp_normalization", lambda _no_epsilon: l2norm)
 
 
+def qwen3_moe_layers() -> None:
+    """The builder's Qwen3 class, with the layers of Qwen3's mixture-of-experts models where a
+    config has experts (Qwen3-30B-A3B and the Qwen3-Coder ones): Qwen3's attention, then a router
+    (softmax over the experts, the top k kept and, with norm_topk_prob, scaled to sum to 1: the MoE
+    operator's own routing) and SwiGLU experts, without Qwen3.5's shared expert; the layers that
+    `mlp_only_layers` or `decoder_sparse_step` leave dense keep their MLP."""
+    import builders
+    from builders.qwen import Qwen3Model, Qwen35MoETextModel
+
+    if getattr(builders.Qwen3Model, "_zerolayer_moe", False):
+        return
+
+    class Qwen3MoeModel(Qwen3Model):
+        _zerolayer_moe = True
+
+        def __init__(self, config: Any, *args: Any) -> None:
+            super().__init__(config, *args)
+            if self.moe_attrs["num_experts"]:
+                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1,
+                                      normalize_routing_weights=bool(config.norm_topk_prob))  # fmt: skip
+                self.moe_intermediate_size = config.moe_intermediate_size
+                self.intermediate_size = config.intermediate_size  # the dense layers' (the builder took the experts')
+
+        def get_moe_module(self, layer_id: int, layer: Any) -> Any:
+            return layer.mlp
+
+        def make_moe(self, layer_id: int, moe: Any, root_input: str) -> None:
+            if not hasattr(moe, "experts"):  # a dense layer
+                self.make_mlp(layer_id, moe, root_input)
+            else:
+                super().make_moe(layer_id, moe, root_input)
+
+        def make_moe_preprocessing(self, layer_id: int, moe: Any, root_input: str) -> None:
+            self.make_interleaved_swiglu_moe_preprocessing(layer_id, moe)
+
+        make_moe_router = Qwen35MoETextModel.make_moe_router
+
+        def make_moe_subgraph(self, layer_id: int, moe: Any, root_input: str) -> str:
+            basename, op_type = f"/model/layers.{layer_id}/moe", self.moe_attrs["op_type"]
+            names = self.make_moe_expert_names(layer_id)
+            scales = (names["gate_up_scales"], names["down_scales"]) if op_type == "QMoE" else ("", "")
+            name = f"{basename}/{op_type}"
+            self.make_moe_op(name, root_input=root_input, router_probs=f"{basename}/router/Reshape/output_0",
+                             weight1=names["gate_up_weight"], scales1=scales[0], bias1=names["gate_up_bias"],
+                             weight2=names["down_weight"], scales2=scales[1], bias2=names["down_bias"])  # fmt: skip
+            self.layernorm_attrs["skip_input"] = f"{name}/output_0"
+            return f"{name}/output_0"
+
+    builders.Qwen3Model = Qwen3MoeModel
+
+
 def _fix_config(config: Any) -> Any:
     text = getattr(config, "text_config", None)
     for c in (config, text) if text is not None else (config,):
@@ -357,6 +425,7 @@ def install() -> None:
     lm_head_is_the_model_s()
     qwen35_text_positions()
     qwen35_l2norm_epsilon()
+    qwen3_moe_layers()
 
     transformers = sys.modules["transformers"]
     base = transformers.AutoConfig

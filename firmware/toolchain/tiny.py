@@ -189,6 +189,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
                           "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
         "image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}),
+    # Qwen3's mixture-of-experts models (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): Qwen3's attention, then
+    # experts (top 2 of 4, their weights scaled to sum to 1) in every layer but the dense first one.
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"head_dim": 32, "moe_intermediate_size": 32,
+                                                             "num_experts": 4, "num_experts_per_tok": 2,
+                                                             "norm_topk_prob": True, "mlp_only_layers": [0]}),
     # LFM2-VL (Liquid's image-and-text models for devices): a SigLIP2 tower and a projector beside an
     # LFM2, whose text part the build exports; its image token lies past the tokenizer's 512.
     "lfm2_vl": ("Lfm2VlConfig", "Lfm2VlForConditionalGeneration", {
