@@ -226,6 +226,9 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
 
     - Qwen3's head width (attention.key_length): left at Qwen3Config's default of 128, so a model
       whose heads are another width does not load.
+    - Qwen3 MoE's expert width (expert_feed_forward_length): left at the default of 768, so no
+      other model loads; and the chosen experts' weights, which llama.cpp always scales to sum to
+      1 (norm_topk_prob, False by default: every token's experts were mixed otherwise).
     - Phi-3's rotated width (rope.dimension_count): partial rotary, as Phi-4-mini's, came back full.
     - Phi-3's LongRoPE (Phi-3.5-mini, Phi-3-128k): the factors (tensors rope_factors_long/short)
       and the original context (rope.scaling.original_context_length) were dropped, leaving plain RoPE.
@@ -257,6 +260,10 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
     changed = False
     if arch == "qwen3" and key("attention.key_length"):
         doc["head_dim"], changed = int(key("attention.key_length")), True
+    if arch == "qwen3moe":  # llama.cpp's qwen3moe always scales the chosen experts' weights to sum to 1
+        doc["norm_topk_prob"], changed = True, True
+        if key("expert_feed_forward_length"):
+            doc["moe_intermediate_size"] = int(key("expert_feed_forward_length"))
     if arch == "phi3":
         head_dim = doc["hidden_size"] // doc["num_attention_heads"]
         rope_dims = key("rope.dimension_count")

@@ -36,6 +36,8 @@ QWEN35_TINY: dict[str, Any] = {
     "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
                       "num_position_embeddings": 64},
     "image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}
+QWEN3_MOE_TINY: dict[str, Any] = {"head_dim": 32, "moe_intermediate_size": 32, "num_experts": 4,
+                                  "num_experts_per_tok": 2, "norm_topk_prob": True}  # fmt: skip
 PIXTRAL_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                 "image_size": 32, "patch_size": 8, "head_dim": 16}  # fmt: skip
 ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
@@ -190,10 +192,10 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
                           "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
         "image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}),
     # Qwen3's mixture-of-experts models (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): Qwen3's attention, then
-    # experts (top 2 of 4, their weights scaled to sum to 1) in every layer but the dense first one.
-    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"head_dim": 32, "moe_intermediate_size": 32,
-                                                             "num_experts": 4, "num_experts_per_tok": 2,
-                                                             "norm_topk_prob": True, "mlp_only_layers": [0]}),
+    # experts (top 2 of 4, their weights scaled to sum to 1) in every layer, as published; and a
+    # config that keeps its first layer dense (mlp_only_layers), which no GGUF can state.
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", QWEN3_MOE_TINY),
+    "qwen3_moe_dense": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {**QWEN3_MOE_TINY, "mlp_only_layers": [0]}),
     # LFM2-VL (Liquid's image-and-text models for devices): a SigLIP2 tower and a projector beside an
     # LFM2, whose text part the build exports; its image token lies past the tokenizer's 512.
     "lfm2_vl": ("Lfm2VlConfig", "Lfm2VlForConditionalGeneration", {
@@ -211,7 +213,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
-               "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl")
+               "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (

@@ -12,6 +12,10 @@ What llama.cpp does per family, and so what is done here (transformers' GGUF loa
   which gguf_to_hf reads (see there). Llama 3.1's RoPE scaling, where a model has it, as the
   tensor rope_freqs (each frequency's divisor), llama.cpp's only record of it.
 - qwen2, qwen3: tensors as they are; Qwen3's head width as `attention.key_length`.
+- qwen3moe: Qwen3's, and the experts: `expert_count`, `expert_used_count` and
+  `expert_feed_forward_length`; the router as ffn_gate_inp, and each layer's experts (saved one
+  by one) stacked into ffn_gate_exps, ffn_up_exps and ffn_down_exps ([experts, out, in] each).
+  (llama.cpp scales the chosen experts' weights to sum to 1, and writes no key for it.)
 - phi3: the fused qkv_proj and gate_up_proj as attn_qkv and ffn_up; the rotated width as
   `rope.dimension_count`; LongRoPE's factors as the tensors rope_factors_long/short, with
   `rope.scaling.attn_factor` and `rope.scaling.original_context_length`.
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +68,7 @@ GGUF_ARCHITECTURES = {
     "llama_rope_llama3": "llama",
     "gemma3_linear": "gemma3",
     "lfm2": "lfm2",
+    "qwen3_moe": "qwen3moe",
 }
 # The names llama.cpp takes from each model card; transformers' loader reads a "llama" file as
 # Mistral only when the name is exactly "mistral", which no real Mistral file's is.
@@ -135,6 +141,10 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
     if config.get("head_dim"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if arch_name == "qwen3moe":
+        w.add_expert_count(int(config.get("num_experts") or config["num_local_experts"]))  # transformers 5: the latter
+        w.add_expert_used_count(int(config["num_experts_per_tok"]))
+        w.add_expert_feed_forward_length(int(config["moe_intermediate_size"]))
     if arch_name == "llama":
         w.add_vocab_size(int(config["vocab_size"]))
         w.add_rope_dimension_count(head_dim)
@@ -163,6 +173,8 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
             w.add_rope_scaling_factor(float(rope["factor"]))
 
     names = gguf.get_tensor_name_map(model_arch, n_layers)
+    if arch_name == "qwen3moe":  # each layer's experts stacked, one tensor per projection
+        tensors = _stacked_experts(tensors)
     for hf_name in sorted(tensors):
         data = tensors[hf_name].astype(np.float32)
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
@@ -191,6 +203,25 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+_EXPERT = re.compile(r"(?P<layer>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>\w+_proj)\.weight$")
+
+
+def _stacked_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A checkpoint's experts, saved one by one (experts.E.gate_proj.weight), as llama.cpp's
+    converter stacks them: [experts, out, in] per layer and projection."""
+    out: dict[str, np.ndarray] = {}
+    found: dict[str, dict[int, np.ndarray]] = {}
+    for name, data in tensors.items():
+        m = _EXPERT.match(name)
+        if m is None:
+            out[name] = data
+        else:
+            found.setdefault(f"{m['layer']}.{m['proj']}.weight", {})[int(m["e"])] = data
+    for name, experts in found.items():
+        out[name] = np.stack([experts[e] for e in sorted(experts)])
+    return out
 
 
 def _add_tokenizer(w: Any, hf_dir: Path, arch: str) -> None:

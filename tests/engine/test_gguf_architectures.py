@@ -102,6 +102,7 @@ def test_prefill_logits_and_16_greedy_steps_match_the_folder_s_bundle(
 # What transformers' GGUF loader leaves out of the config and gguf_to_hf puts back, per fixture.
 RESTORED = {
     "qwen3": {"head_dim": 32},
+    "qwen3_moe": {"head_dim": 32, "moe_intermediate_size": 32, "norm_topk_prob": True},
     "phi3": {"rope_parameters.partial_rotary_factor": 0.5},
     "phi3_longrope": {"rope_parameters.rope_type": "longrope",
                       "rope_parameters.original_max_position_embeddings": 1024},
