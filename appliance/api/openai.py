@@ -111,11 +111,9 @@ def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
         if m.get("content") is None:
             raise ApiError(400, f"{where}.content: field required", param="messages")
         text = text_content(m["content"], f"{where}.content")
-        if _ROLES[role] == "system":
-            if out:
-                raise ApiError(400, f"{where}: system messages must come before the conversation", param="messages")
+        if _ROLES[role] == "system" and not out:
             system_parts.append(text)
-        else:
+        else:  # (a system message later on stays where it is: the chat template places it)
             out.append(Message(_ROLES[role], text))
     if results:
         out.append(Message("user", "", results=tuple(results)))

@@ -122,11 +122,10 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
             if not isinstance(role, str) or role not in _ROLES:
                 raise ApiError(400, f"{where}.role: must be one of {', '.join(_ROLES)}", param="input")
             text = _text(item.get("content"), role, f"{where}.content")
-            if _ROLES[role] == "system":
-                if turns:
-                    raise ApiError(400, f"{where}: system and developer messages must come before the conversation",
-                                   param="input")  # fmt: skip
+            if _ROLES[role] == "system" and not turns:
                 system.append(text)
+            elif _ROLES[role] == "system":  # later on it stays where it is: the chat template places it
+                turns.append(Message("system", text))
             elif role == "assistant":
                 assistant.append(text)
             else:

@@ -192,19 +192,27 @@ class ChatTemplate:
 
     def _alternating(self, docs: list[dict[str, Any]], extra: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
         """The messages the template took, and its rendered conversation. A template that wants
-        user and assistant turns to alternate (Gemma's, Mistral's) refuses two of one role in a row,
-        which clients send (tool results, then a question; two user messages; the OpenAI API takes
-        any order): it gets them as one turn, as the Messages API combines them."""
-        try:
-            return docs, self._conversation(docs, extra)
-        except InvalidRequest as refused:
-            combined = _one_turn_per_role(docs)
-            if combined == docs:
-                raise
+        user and assistant turns to alternate (Gemma's, Mistral's) refuses what the OpenAI API
+        takes and clients send: two turns of one role in a row (tool results, then a question) get
+        there as one turn, as the Messages API combines them; then a system message after the
+        conversation began is folded into the next user turn, as those templates fold the first."""
+        refused: InvalidRequest | None = None
+        tried: list[list[dict[str, Any]]] = []
+        for candidate in (docs, _one_turn_per_role(docs), _one_turn_per_role(_late_system_folded(docs))):
+            if candidate in tried:
+                continue
+            tried.append(candidate)
             try:
-                return combined, self._conversation(combined, extra)
-            except InvalidRequest:
-                raise refused from None
+                text = self._conversation(candidate, extra)
+            except InvalidRequest as exc:
+                refused = refused or exc
+                continue
+            if all(d["content"] in text for d in _late_systems(candidate)):  # a template may drop them unsaid
+                return candidate, text
+            refused = refused or InvalidRequest("the chat template leaves out system messages after the first",
+                                                "messages")  # fmt: skip
+        assert refused is not None
+        raise refused
 
     def _conversation(self, docs: list[dict[str, Any]], extra: dict[str, Any]) -> str:
         """The rendered conversation, ending in the generation prompt, or in a final assistant
@@ -262,6 +270,27 @@ def _one_turn_per_role(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             out.append(doc)
     return out
+
+
+def _late_systems(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The system messages after the conversation began."""
+    first = next((i for i, d in enumerate(docs) if d["role"] != "system"), len(docs))
+    return [d for d in docs[first:] if d["role"] == "system"]
+
+
+def _late_system_folded(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """System messages after the conversation began, put at the head of the next user turn (or
+    of one of their own at the end)."""
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for doc in docs:
+        if doc["role"] == "system" and any(d["role"] != "system" for d in out):
+            pending.append(doc["content"])
+            continue
+        if pending and doc["role"] == "user":
+            doc, pending = {**doc, "content": "\n\n".join([*pending, doc["content"]])}, []
+        out.append(doc)
+    return out + ([{"role": "user", "content": "\n\n".join(pending)}] if pending else [])
 
 
 def _tool_call(name: str, arguments: str, call_id: str) -> dict[str, Any]:

@@ -478,6 +478,17 @@ def test_a_template_that_wants_roles_to_alternate_gets_turns_of_one_role_as_one(
         template.prompt((Message("assistant", "Hello!"), Message("user", "Hi.")))
 
 
+@pytest.mark.parametrize(("name", "in_place"), [("qwen2", True), ("llama_rope_llama3", True), ("gemma3", False),
+                                              ("mistral", False)])  # fmt: skip
+def test_a_system_message_later_on_is_where_the_template_puts_it_or_heads_the_next_user_turn(name: str,
+                                                                                             in_place: bool) -> None:
+    template = _folder_template(name)
+    hello = (Message("user", "Hi."), Message("assistant", "Hello."))
+    text = template.prompt((*hello, Message("system", "Answer in French."), Message("user", "And now?"))).text
+    folded = template.prompt((*hello, Message("user", "Answer in French.\n\nAnd now?"))).text
+    assert "Answer in French." in text and (text == folded) != in_place
+
+
 # What newer templates use of transformers' environment beyond the families' own templates.
 RICH_TEMPLATE = """{{ bos_token }}{% set today = strftime_now('%d %b %Y') %}
 {% for m in messages %}
