@@ -168,7 +168,7 @@ class ChatTemplate:
             if docs[-1]["role"] == "assistant" and not docs[-1]["content"].strip() and "tool_calls" not in docs[-1]:
                 docs = docs[:-1]  # an empty final assistant message continues nothing: answer as usual
             try:
-                docs, text = self._alternating(docs, extra)
+                docs, text = self._rendered(docs, extra)
                 break
             except InvalidRequest:
                 if native is False or not any(m.calls or m.thought for m in messages):
@@ -190,7 +190,7 @@ class ChatTemplate:
         return Prompt(ids=ids, message_starts=sorted({s for s in starts.values() if s is not None}), text=text,
                       call_format=self.call_format, history_end=starts.get(len(docs)))  # fmt: skip
 
-    def _alternating(self, docs: list[dict[str, Any]], extra: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    def _rendered(self, docs: list[dict[str, Any]], extra: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
         """The messages the template took, and its rendered conversation. A template that wants
         user and assistant turns to alternate (Gemma's, Mistral's) refuses what the OpenAI API
         takes and clients send: two turns of one role in a row (tool results, then a question) get
