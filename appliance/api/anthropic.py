@@ -134,22 +134,24 @@ def _message(content: Any, role: str, where: str) -> Message:
         elif kind in ("tool_use", "tool_result"):
             owner = "assistant" if kind == "tool_use" else "user"
             raise ApiError(400, f"{at}: {kind} blocks belong in {owner} messages", param="messages")
-        elif kind in _DOCUMENTS and role == "user":
+        elif _is_document(block) and role == "user":
             parts.append(_document_text(block, at))
         else:
             parts.append(block_text(block, at, param="messages"))
     return Message(role, "\n".join(parts), tuple(calls), tuple(results), "\n".join(t for t in thoughts if t))
 
 
-_DOCUMENTS = ("document", "search_result")
+def _is_document(block: Any) -> bool:
+    """A plain-text document or a search result (_document_text reads either)."""
+    return isinstance(block, dict) and block.get("type") in ("document", "search_result")
 
 
 def _result_text(content: Any, where: str) -> str:
     """A tool result's content: a string, or text blocks, plain-text documents and search results."""
-    if not isinstance(content, list) or not any(isinstance(b, dict) and b.get("type") in _DOCUMENTS for b in content):
+    if not isinstance(content, list) or not any(_is_document(b) for b in content):
         return "" if content == [] else text_content(content, where)
-    return "\n".join(_document_text(b, f"{where}[{i}]") if isinstance(b, dict) and b.get("type") in _DOCUMENTS
-                     else block_text(b, f"{where}[{i}]", param="messages") for i, b in enumerate(content))  # fmt: skip
+    return "\n".join(_document_text(b, f"{where}[{i}]") if _is_document(b) else block_text(b, f"{where}[{i}]",
+                     param="messages") for i, b in enumerate(content))  # fmt: skip
 
 
 def _document_text(block: dict[str, Any], at: str) -> str:
@@ -184,8 +186,8 @@ def _document_text(block: dict[str, Any], at: str) -> str:
     return "<document>\n" + "\n".join(line for line in lines if line) + "\n</document>"
 
 
-def _tools(doc: dict[str, Any]) -> OutputRules:
-    """tools, tool_choice and output_config.format: what the answer may be."""
+def _tools(doc: dict[str, Any], config: dict[str, Any]) -> OutputRules:
+    """tools, tool_choice and output_config.format (`config`: _output_config): what the answer may be."""
     tools: list[Tool] = []
     for where, t in tool_items(doc):
         if t.get("type") not in (None, "custom"):
@@ -199,7 +201,7 @@ def _tools(doc: dict[str, Any]) -> OutputRules:
                                strict_flag(t, f"{where}.", "tools")))  # fmt: skip
     choice = _tool_choice(doc.get("tool_choice"), {t.name for t in tools})
     # Structured outputs are always enforced in the Messages API: a schema it cannot hold is refused.
-    return OutputRules(check_tools(tools, "tools"), choice, _output_format(_output_config(doc)),
+    return OutputRules(check_tools(tools, "tools"), choice, _output_format(config),
                        schema_field="output_config", schema_strict=True)  # fmt: skip
 
 
@@ -304,6 +306,7 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, Gene
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise ApiError(400, "stop_sequences: must be a list of strings", param="stop_sequences")
     thinking, budget = _thinking(doc.get("thinking"), max_tokens)
+    config = _output_config(doc)
     request = GenerationRequest(
         messages=messages,
         system=_system(doc),
@@ -312,10 +315,10 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, Gene
         top_p=get_number(doc, "top_p", 0.0, 1.0),
         top_k=get_int(doc, "top_k", minimum=0),
         stop_sequences=tuple(stops),
-        output=_tools(doc),
+        output=_tools(doc, config),
         thinking=thinking,
         thinking_budget=budget,
-        reasoning_effort=_effort(_output_config(doc)),
+        reasoning_effort=_effort(config),
     )
     return model, request, get_bool(doc, "stream")
 
@@ -325,8 +328,10 @@ def parse_count_tokens(doc: dict[str, Any], served: Sequence[str]) -> tuple[str,
     check_hints(doc, _COUNT_HINTS)
     model = check_model(doc, served)
     thinking, _ = _thinking(doc.get("thinking"), None)  # the prompt renders as the request's would
-    return model, GenerationRequest(messages=_messages(doc), system=_system(doc), max_tokens=1, output=_tools(doc),
-                                    thinking=thinking, reasoning_effort=_effort(_output_config(doc)))  # fmt: skip
+    config = _output_config(doc)
+    return model, GenerationRequest(messages=_messages(doc), system=_system(doc), max_tokens=1,
+                                    output=_tools(doc, config), thinking=thinking,
+                                    reasoning_effort=_effort(config))  # fmt: skip
 
 
 def new_message_id() -> str:

@@ -291,13 +291,13 @@ def _text_part(text: str, logprobs: Entries | None = None) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def _reasoning_item(item_id: str, thought: str, status: str, logprobs: Entries | None = None) -> dict[str, Any]:
-    """A reasoning model's thought, whole (no summary is made of it; the answer's alone has log probabilities)."""
+def _reasoning_item(item_id: str, thought: str, status: str) -> dict[str, Any]:
+    """A reasoning model's thought, whole (no summary is made of it)."""
     content = [_thought_part(thought)] if status == "completed" or thought else []
     return {"type": "reasoning", "id": item_id, "status": status, "summary": [], "content": content}
 
 
-def _thought_part(text: str, logprobs: Entries | None = None) -> dict[str, Any]:
+def _thought_part(text: str) -> dict[str, Any]:
     return {"type": "reasoning_text", "text": text}
 
 
@@ -403,14 +403,15 @@ class ResponseStream:
         out = b""
         if self.writing is not None:
             _, make_item, make_part, events, scored = _TEXT_ITEMS[self.writing.kind]
-            item_id, text, logprobs = self.writing.id, "".join(self.writing.parts), self.writing.logprobs
+            item_id, text = self.writing.id, "".join(self.writing.parts)
+            scores = (self.writing.logprobs,) if scored else ()  # the part's and item's, where the kind has them
             at = self._index()
-            extra = {"logprobs": logprobs} if scored else {}
+            extra = {"logprobs": self.writing.logprobs} if scored else {}
             out += self._event(f"{events}.done", item_id=item_id, output_index=at, content_index=0, text=text,
                                **extra)  # fmt: skip
             out += self._event("response.content_part.done", item_id=item_id, output_index=at, content_index=0,
-                               part=make_part(text, logprobs))  # fmt: skip
-            item = make_item(item_id, text, "completed", logprobs)
+                               part=make_part(text, *scores))  # fmt: skip
+            item = make_item(item_id, text, "completed", *scores)
             out += self._event("response.output_item.done", output_index=at, item=item)
             self.output.append(item)
             self.writing = None
