@@ -296,9 +296,11 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, Gene
     reject_unknown(doc, _KNOWN, _UNSUPPORTED)
     check_hints(doc, _HINTS)
     model = check_model(doc, served)
-    if doc.get("thread") not in (None, False):  # the SDK's tool runner sends thread: false
+    if doc.get("thread") not in (None, False):
+        # The SDKs' tool runners ask for a thread and, on this error code, go on sending the whole conversation.
         raise ApiError(400, f"thread: server-side threads ({doc['thread']!r}) are not supported by this server; "
-                       "the SDK's tool_runner runs without one given thread=False", param="thread")
+                       "send the whole conversation without `thread`", param="thread",
+                       details={"error_code": "thread_unsupported_request"})  # fmt: skip
     messages = _messages(doc)
     max_tokens = get_int(doc, "max_tokens", required=True, minimum=1)
     assert max_tokens is not None
@@ -442,7 +444,10 @@ class StreamEncoder:
 
 def error_body(err: ApiError) -> bytes:
     kind = _ERROR_TYPES.get(err.status, "api_error")
-    return json.dumps({"type": "error", "error": {"type": kind, "message": err.message}}).encode()
+    error: dict[str, object] = {"type": kind, "message": err.message}
+    if err.details:
+        error["details"] = err.details
+    return json.dumps({"type": "error", "error": error}).encode()
 
 
 class AnthropicDialect:

@@ -20,6 +20,7 @@ class ApiError(Exception):
     param: str | None = None
     retry_after: int | None = None
     allow: str | None = None  # for 405
+    details: dict[str, object] | None = None  # machine-readable reason where a dialect defines one
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         out = [(b"content-type", b"application/json")]

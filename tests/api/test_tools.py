@@ -1042,9 +1042,10 @@ def test_the_anthropic_sdk_tool_runner_runs_a_two_step_loop_to_the_end(demo: tup
         asked.append(city)
         return f"Sunny, 24 C in {city}"
 
-    # thread=False: the runner would otherwise ask for a server-side thread, which is refused by name.
+    # As the SDK runs it by default: it asks for a server-side thread, which this server refuses with the error
+    # code that has the runner send the whole conversation instead.
     runner = client.beta.messages.tool_runner(
-        model=MODEL, max_tokens=100, tools=[get_weather], thread=False, max_iterations=4,
+        model=MODEL, max_tokens=100, tools=[get_weather], max_iterations=4,
         tool_choice={"type": "any", "disable_parallel_tool_use": True},
         messages=[{"role": "user", "content": "What's the weather in Paris?"}])  # fmt: skip
     replies = []
@@ -1053,9 +1054,11 @@ def test_the_anthropic_sdk_tool_runner_runs_a_two_step_loop_to_the_end(demo: tup
         runner.set_messages_params(lambda p: {**p, "tool_choice": {"type": "none"}})  # a call first, then the answer
     assert [r.stop_reason for r in replies] == ["tool_use", "end_turn"] and len(asked) == 1
     assert replies[-1].content[0].type == "text" and replies[-1].content[0].text.strip()
-    with pytest.raises(anthropic.BadRequestError, match="thread"):
-        client.beta.messages.tool_runner(model=MODEL, max_tokens=10, tools=[get_weather],
-                                         messages=[{"role": "user", "content": "Hi"}]).until_done()  # fmt: skip
+    # A thread asked for outright is refused with that code, not silently dropped.
+    thread = client.beta.messages.thread(model=MODEL, max_tokens=10)
+    with pytest.raises(anthropic.BadRequestError, match="thread") as refused:
+        thread.send({"role": "user", "content": "Hi"})
+    assert refused.value.body["error"]["details"] == {"error_code": "thread_unsupported_request"}
 
 
 def test_logprobs_are_the_models_own_and_a_raw_prompt_skips_the_template(tiny_bundle_path: Path,
