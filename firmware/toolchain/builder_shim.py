@@ -95,6 +95,15 @@ have no class of their own in the builder ("model is not currently supported"):
   as the builder's Qwen3.5 MoE class writes them without its shared expert; a layer that
   `mlp_only_layers` leaves dense keeps its MLP. A tiny one matches transformers to 1.1e-6.
 
+OLMo 2 and OLMo 3 (Olmo2ForCausalLM, Olmo3ForCausalLM) have no class in the builder either:
+
+- `olmo2_as_llama`, `olmo2_layers`: the config is sent to the builder's Llama class, which gains
+  their layers: no norm before the attention or the MLP, an RMS norm of each one's output before
+  it joins the residual stream, and RMS norms of the queries and keys over the whole projection
+  (Qwen3's are per head). OLMo 3's sliding layers rotate by plain RoPE where its global layers'
+  is scaled (YaRN, as published): two tables, as for Gemma 3 (a tiny OLMo 3 was 0.67 off with one).
+  Tiny ones match transformers to 1.2e-6 and 1.5e-6.
+
 The builder is also asked (build.py) for `windowed_kv_cache=false`: the engine binds one buffer of
 the whole capacity per layer, so local layers keep full-length caches and the attention operator
 masks positions outside the window (`local_window_size`).
@@ -164,6 +173,13 @@ def norm_epsilon(config: Any) -> None:
             return
 
 
+def olmo2_as_llama(config: Any) -> None:
+    """OLMo 2 and 3 go to the builder's Llama class, which olmo2_layers gives their layers (the
+    builder has a class for the first OLMo only)."""
+    if list(getattr(config, "architectures", None) or ())[:1] in (["Olmo2ForCausalLM"], ["Olmo3ForCausalLM"]):
+        config.architectures = ["LlamaForCausalLM"]
+
+
 def qwen3_moe_as_qwen3(config: Any) -> None:
     """Qwen3's mixture-of-experts checkpoints go to the builder's Qwen3 class, which
     qwen3_moe_layers gives their experts (the builder has no class of their own)."""
@@ -172,7 +188,7 @@ def qwen3_moe_as_qwen3(config: Any) -> None:
 
 
 FIXES = (phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon,
-         qwen3_moe_as_qwen3)  # fmt: skip
+         qwen3_moe_as_qwen3, olmo2_as_llama)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:
@@ -302,21 +318,23 @@ def lm_head_is_the_model_s() -> None:
     _replace(Model, "has_lm_head", make)
 
 
-def gemma3_plain_local_rope() -> None:
+def _global_and_plain_local_caches(self: Any) -> None:
+    """The global layers' RoPE table as the config scales it, the local layers' plain at their base
+    (under the names the builder's Gemma 3 class reads back)."""
     from builders.base import Model
+
+    self.cos_cache_global_name, self.sin_cache_global_name = "cos_cache_global", "sin_cache_global"
+    Model.make_rotary_embedding_caches(self, cos_cache_name="cos_cache_global", sin_cache_name="sin_cache_global")
+    self.rope_attrs.update(create_caches=True, theta=self.rope_local_theta, rescale_factors=1, mscale=1)
+    self.rope_attrs.pop("rescale_inv_freq", None)
+    self.cos_cache_local_name, self.sin_cache_local_name = "cos_cache_local", "sin_cache_local"
+    Model.make_rotary_embedding_caches(self, cos_cache_name="cos_cache_local", sin_cache_name="sin_cache_local")
+
+
+def gemma3_plain_local_rope() -> None:
     from builders.gemma import Gemma3Model
 
-    def multi_cache(self: Any) -> None:
-        """The global layers' table as the config scales it, the local layers' plain at their base
-        (under the names the builder's Gemma 3 class reads back)."""
-        self.cos_cache_global_name, self.sin_cache_global_name = "cos_cache_global", "sin_cache_global"
-        Model.make_rotary_embedding_caches(self, cos_cache_name="cos_cache_global", sin_cache_name="sin_cache_global")
-        self.rope_attrs.update(create_caches=True, theta=self.rope_local_theta, rescale_factors=1, mscale=1)
-        self.rope_attrs.pop("rescale_inv_freq", None)
-        self.cos_cache_local_name, self.sin_cache_local_name = "cos_cache_local", "sin_cache_local"
-        Model.make_rotary_embedding_caches(self, cos_cache_name="cos_cache_local", sin_cache_name="sin_cache_local")
-
-    _replace(Gemma3Model, "make_rotary_embedding_multi_cache", lambda _builders: multi_cache)
+    _replace(Gemma3Model, "make_rotary_embedding_multi_cache", lambda _builders: _global_and_plain_local_caches)
 
 
 def qwen35_text_positions() -> None:
@@ -396,6 +414,92 @@ def qwen3_moe_layers() -> None:
     builders.Qwen3Model = Qwen3MoeModel
 
 
+def olmo2_layers() -> None:
+    """The builder's Llama class, with OLMo 2's layers where the config is OLMo 2's or 3's: no norm
+    before the attention or the MLP, an RMS norm of each one's output before it joins the residual
+    stream, and the queries' and keys' RMS norms over the whole projection (not per head, as
+    Qwen3's). OLMo 3 adds sliding layers, whose RoPE is plain where the global layers' is scaled."""
+    import builders
+    from builders.llama import LlamaModel
+
+    if getattr(builders.LlamaModel, "_zerolayer_olmo2", False):
+        return
+
+    class Olmo2Model(LlamaModel):
+        _zerolayer_olmo2 = True
+
+        def __init__(self, config: Any, *args: Any) -> None:
+            super().__init__(config, *args)
+            self.olmo2 = config.model_type in ("olmo2", "olmo3")
+            if self.olmo2:
+                self.attention_attrs.update(q_norm=True, k_norm=True)
+            self.rope_local_theta = getattr(config, "rope_local_base_freq", None)  # gemma3_rope_per_layer_type's
+            if self.olmo2 and self.rope_local_theta is not None:
+                _global_and_plain_local_caches(self)
+
+        def make_rotary_embedding_caches(self, **kwargs: Any) -> Any:
+            if getattr(self, "olmo2", False) and self.rope_local_theta is not None and "cos_cache_name" not in kwargs:
+                local = self.window_size != -1  # make_attention sets it per layer
+                kwargs = {"cos_cache_name": self.cos_cache_local_name if local else self.cos_cache_global_name,
+                          "sin_cache_name": self.sin_cache_local_name if local else self.sin_cache_global_name}
+            return super().make_rotary_embedding_caches(**kwargs)
+
+        def is_fused_qk_norm_gqa_supported(self) -> bool:
+            return False if self.olmo2 else bool(super().is_fused_qk_norm_gqa_supported())
+
+        def make_qk_norm(self, layer_id: int, attention: Any) -> None:
+            if not self.olmo2:
+                super().make_qk_norm(layer_id, attention)
+                return
+            for path, norm, width in (("q_path", attention.q_norm, self.q_size), ("k_path", attention.k_norm,
+                                                                                  self.kv_size)):  # fmt: skip
+                name = f"/model/layers.{layer_id}/attn/{path[0]}_norm/SimplifiedLayerNormalization"
+                weight = f"model.layers.{layer_id}.attn.{path[0]}_norm.layernorm.weight"
+                self.make_initializer(norm.weight, weight, to=self.io_dtype)
+                self.make_node("SimplifiedLayerNormalization", inputs=[self.attention_attrs[path], weight],
+                               outputs=[f"{name}/output_0"], name=name, epsilon=self.layernorm_attrs["epsilon"],
+                               axis=-1, stash_type=1)  # fmt: skip
+                self.make_value(f"{name}/output_0", self.io_dtype, shape=self.make_hidden_state_shape(last_dim=width))
+                self.attention_attrs[path] = f"{name}/output_0"
+
+        def make_layer(self, layer_id: int, layer: Any) -> None:
+            if not self.olmo2:
+                super().make_layer(layer_id, layer)
+                return
+            if self.prunes_hidden_rows():
+                raise ValueError("OLMo 2: pruning the LM head's rows (paged attention) is not supported")
+            residual = self.layernorm_attrs["root_input"]  # the embeddings, or the last layer's sum
+            self.make_attention(layer_id, layer.self_attn, root_input=residual)
+            residual = self._post_norm(layer_id, layer.post_attention_layernorm, "post_attention", residual)
+            self.make_mlp(layer_id, layer.mlp, root_input=residual)
+            last = layer_id == self.num_layers - 1
+            if last:  # the final norm (SkipSimplifiedLayerNormalization) adds the MLP's normed output itself
+                self.layernorm_attrs["root_input"] = residual
+                self._post_norm(layer_id, layer.post_feedforward_layernorm, "post_feedforward", None)
+            else:
+                self.layernorm_attrs["root_input"] = self._post_norm(
+                    layer_id, layer.post_feedforward_layernorm, "post_feedforward", residual)  # fmt: skip
+            self.layernorm_attrs["first_layernorm"] = False
+            self.layernorm_attrs["last_layernorm"] = last
+
+        def _post_norm(self, layer_id: int, norm: Any, location: str, residual: str | None) -> str:
+            """RMS-normalize the sublayer's output (layernorm_attrs' skip_input) and, given the
+            residual stream, add it: the sum's name; otherwise leave it as skip_input."""
+            kept = self.layernorm_attrs["root_input"]
+            self.layernorm_attrs["root_input"] = self.layernorm_attrs["skip_input"]
+            self.make_layernorm(layer_id, norm, skip=False, simple=True, location=location)
+            self.layernorm_attrs["root_input"] = kept
+            if residual is None:
+                self.layernorm_attrs["skip_input"] = self.layernorm_attrs["output_0"]
+                return self.layernorm_attrs["output_0"]
+            name = f"/model/layers.{layer_id}/{location}/residual/Add"
+            self.make_add(name, [residual, self.layernorm_attrs["output_0"]], self.io_dtype,
+                          self.make_hidden_state_shape())  # fmt: skip
+            return f"{name}/output_0"
+
+    builders.LlamaModel = Olmo2Model
+
+
 def _fix_config(config: Any) -> Any:
     text = getattr(config, "text_config", None)
     for c in (config, text) if text is not None else (config,):
@@ -426,6 +530,7 @@ def install() -> None:
     qwen35_text_positions()
     qwen35_l2norm_epsilon()
     qwen3_moe_layers()
+    olmo2_layers()
 
     transformers = sys.modules["transformers"]
     base = transformers.AutoConfig

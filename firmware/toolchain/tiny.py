@@ -204,6 +204,17 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "vision_config": {"model_type": "siglip2_vision_model", "hidden_size": 32, "intermediate_size": 64,
                           "num_hidden_layers": 1, "num_attention_heads": 2, "num_patches": 16, "patch_size": 8},
         "image_token_id": 512, "projector_hidden_size": 64, "tie_word_embeddings": False}),
+    # OLMo 2: its norms after the attention and the MLP instead of before, and the queries' and keys'
+    # norms over the whole projection.
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+    # OLMo 3: OLMo 2's layers, three sliding ones (here one, window 16) to a global one, whose RoPE
+    # alone is scaled (YaRN, as published).
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", {"sliding_window": 16, "max_position_embeddings": 2048,
+              "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {
+                  "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0,
+                                     "original_max_position_embeddings": 256, "attention_factor": 1.2079,
+                                     "beta_fast": 32.0, "beta_slow": 1.0},
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}}}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -213,7 +224,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
-               "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense")
+               "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
+               "olmo2", "olmo3")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
