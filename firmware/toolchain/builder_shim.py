@@ -95,14 +95,16 @@ have no class of their own in the builder ("model is not currently supported"):
   as the builder's Qwen3.5 MoE class writes them without its shared expert; a layer that
   `mlp_only_layers` leaves dense keeps its MLP. A tiny one matches transformers to 1.1e-6.
 
-OLMo 2 and OLMo 3 (Olmo2ForCausalLM, Olmo3ForCausalLM) have no class in the builder either:
+OLMo 2 and 3 and EXAONE 4 (Olmo2ForCausalLM, Olmo3ForCausalLM, Exaone4ForCausalLM) have no
+class in the builder either:
 
-- `olmo2_as_llama`, `olmo2_layers`: the config is sent to the builder's Llama class, which gains
-  their layers: no norm before the attention or the MLP, an RMS norm of each one's output before
-  it joins the residual stream, and RMS norms of the queries and keys over the whole projection
-  (Qwen3's are per head). OLMo 3's sliding layers rotate by plain RoPE where its global layers'
-  is scaled (YaRN, as published): two tables, as for Gemma 3 (a tiny OLMo 3 was 0.67 off with one).
-  Tiny ones match transformers to 1.2e-6 and 1.5e-6.
+- `post_norm_as_llama`, `post_norm_layers`: the config is sent to the builder's Llama class,
+  which gains their layers: no norm before the attention or the MLP, an RMS norm of each one's
+  output before it joins the residual stream, and RMS norms of the queries and keys, over the
+  whole projection in OLMo's (Qwen3's and EXAONE's are per head). OLMo 3's sliding layers rotate
+  by plain RoPE where its global layers' is scaled (YaRN, as published): two tables, as for
+  Gemma 3 (a tiny OLMo 3 was 0.67 off with one); EXAONE 4's hybrids rotate their sliding layers
+  only (global NoPE). Tiny ones match transformers to 1.2e-6 (OLMo 2) and 1.5e-6 (OLMo 3).
 
 The builder is also asked (build.py) for `windowed_kv_cache=false`: the engine binds one buffer of
 the whole capacity per layer, so local layers keep full-length caches and the attention operator
@@ -173,10 +175,15 @@ def norm_epsilon(config: Any) -> None:
             return
 
 
-def olmo2_as_llama(config: Any) -> None:
-    """OLMo 2 and 3 go to the builder's Llama class, which olmo2_layers gives their layers (the
-    builder has a class for the first OLMo only)."""
-    if list(getattr(config, "architectures", None) or ())[:1] in (["Olmo2ForCausalLM"], ["Olmo3ForCausalLM"]):
+# Families whose layers normalize each sublayer's output, not its input (post_norm_layers).
+POST_NORM_FAMILIES = {"olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "exaone4": "Exaone4ForCausalLM"}
+
+
+def post_norm_as_llama(config: Any) -> None:
+    """OLMo 2 and 3 and EXAONE 4 go to the builder's Llama class, which post_norm_layers gives
+    their layers (the builder has a class for the first OLMo only)."""
+    names = list(getattr(config, "architectures", None) or ())
+    if names[:1] and names[0] in POST_NORM_FAMILIES.values():
         config.architectures = ["LlamaForCausalLM"]
 
 
@@ -188,7 +195,7 @@ def qwen3_moe_as_qwen3(config: Any) -> None:
 
 
 FIXES = (phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon,
-         qwen3_moe_as_qwen3, olmo2_as_llama)  # fmt: skip
+         qwen3_moe_as_qwen3, post_norm_as_llama)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:
@@ -414,41 +421,48 @@ def qwen3_moe_layers() -> None:
     builders.Qwen3Model = Qwen3MoeModel
 
 
-def olmo2_layers() -> None:
-    """The builder's Llama class, with OLMo 2's layers where the config is OLMo 2's or 3's: no norm
-    before the attention or the MLP, an RMS norm of each one's output before it joins the residual
-    stream, and the queries' and keys' RMS norms over the whole projection (not per head, as
-    Qwen3's). OLMo 3 adds sliding layers, whose RoPE is plain where the global layers' is scaled."""
+def post_norm_layers() -> None:
+    """The builder's Llama class, with the layers of OLMo 2 and 3 and EXAONE 4 where the config is
+    theirs: no norm before the attention or the MLP, an RMS norm of each one's output before it
+    joins the residual stream, and norms of the queries and keys: over the whole projection in
+    OLMo's, per head in EXAONE's (as Qwen3's). OLMo 3 adds sliding layers, whose RoPE is plain where
+    the global layers' is scaled; EXAONE 4's hybrids rotate only in their sliding layers."""
     import builders
     from builders.llama import LlamaModel
 
-    if getattr(builders.LlamaModel, "_zerolayer_olmo2", False):
+    if getattr(builders.LlamaModel, "_zerolayer_post_norm", False):
         return
 
-    class Olmo2Model(LlamaModel):
-        _zerolayer_olmo2 = True
+    class PostNormModel(LlamaModel):
+        _zerolayer_post_norm = True
 
         def __init__(self, config: Any, *args: Any) -> None:
             super().__init__(config, *args)
-            self.olmo2 = config.model_type in ("olmo2", "olmo3")
-            if self.olmo2:
+            self.post_norm = config.model_type in POST_NORM_FAMILIES
+            self.whole_qk_norm = config.model_type in ("olmo2", "olmo3")
+            if self.post_norm:
                 self.attention_attrs.update(q_norm=True, k_norm=True)
+            # EXAONE 4's global layers have no RoPE where the model has sliding ones.
+            types = getattr(config, "layer_types", None) or []
+            hybrid = config.model_type == "exaone4" and getattr(config, "sliding_window", None)
+            self.unrotated = {i for i, kind in enumerate(types) if hybrid and kind != "sliding_attention"}
             self.rope_local_theta = getattr(config, "rope_local_base_freq", None)  # gemma3_rope_per_layer_type's
-            if self.olmo2 and self.rope_local_theta is not None:
+            if self.post_norm and self.rope_local_theta is not None:
                 _global_and_plain_local_caches(self)
 
         def make_rotary_embedding_caches(self, **kwargs: Any) -> Any:
-            if getattr(self, "olmo2", False) and self.rope_local_theta is not None and "cos_cache_name" not in kwargs:
+            two_tables = getattr(self, "post_norm", False) and self.rope_local_theta is not None
+            if two_tables and "cos_cache_name" not in kwargs:
                 local = self.window_size != -1  # make_attention sets it per layer
                 kwargs = {"cos_cache_name": self.cos_cache_local_name if local else self.cos_cache_global_name,
                           "sin_cache_name": self.sin_cache_local_name if local else self.sin_cache_global_name}
             return super().make_rotary_embedding_caches(**kwargs)
 
         def is_fused_qk_norm_gqa_supported(self) -> bool:
-            return False if self.olmo2 else bool(super().is_fused_qk_norm_gqa_supported())
+            return False if self.whole_qk_norm else bool(super().is_fused_qk_norm_gqa_supported())
 
         def make_qk_norm(self, layer_id: int, attention: Any) -> None:
-            if not self.olmo2:
+            if not self.whole_qk_norm:
                 super().make_qk_norm(layer_id, attention)
                 return
             for path, norm, width in (("q_path", attention.q_norm, self.q_size), ("k_path", attention.k_norm,
@@ -462,12 +476,23 @@ def olmo2_layers() -> None:
                 self.make_value(f"{name}/output_0", self.io_dtype, shape=self.make_hidden_state_shape(last_dim=width))
                 self.attention_attrs[path] = f"{name}/output_0"
 
+        def make_attention(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
+            if layer_id not in self.unrotated:
+                super().make_attention(layer_id, attention, root_input, **kwargs)
+                return
+            kept = {k: self.attention_attrs[k] for k in ("rope", "use_rope_in_attn")}
+            self.attention_attrs.update(rope=False, use_rope_in_attn=False)  # no rotation, in or beside the op
+            try:
+                super().make_attention(layer_id, attention, root_input, **kwargs)
+            finally:
+                self.attention_attrs.update(kept)
+
         def make_layer(self, layer_id: int, layer: Any) -> None:
-            if not self.olmo2:
+            if not self.post_norm:
                 super().make_layer(layer_id, layer)
                 return
             if self.prunes_hidden_rows():
-                raise ValueError("OLMo 2: pruning the LM head's rows (paged attention) is not supported")
+                raise ValueError("post-norm layers: pruning the LM head's rows (paged attention) is not supported")
             residual = self.layernorm_attrs["root_input"]  # the embeddings, or the last layer's sum
             self.make_attention(layer_id, layer.self_attn, root_input=residual)
             residual = self._post_norm(layer_id, layer.post_attention_layernorm, "post_attention", residual)
@@ -497,7 +522,7 @@ def olmo2_layers() -> None:
                           self.make_hidden_state_shape())  # fmt: skip
             return f"{name}/output_0"
 
-    builders.LlamaModel = Olmo2Model
+    builders.LlamaModel = PostNormModel
 
 
 def _fix_config(config: Any) -> Any:
@@ -530,7 +555,7 @@ def install() -> None:
     qwen35_text_positions()
     qwen35_l2norm_epsilon()
     qwen3_moe_layers()
-    olmo2_layers()
+    post_norm_layers()
 
     transformers = sys.modules["transformers"]
     base = transformers.AutoConfig

@@ -215,6 +215,15 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
                                      "original_max_position_embeddings": 256, "attention_factor": 1.2079,
                                      "beta_fast": 32.0, "beta_slow": 1.0},
                   "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}}}),
+    # EXAONE 4: OLMo 2's post-norm layers with per-head query and key norms; the 32B's hybrid of
+    # three sliding layers (window 4096; here one, window 16) to a global one without RoPE, and
+    # Llama 3's RoPE scaling, as published; the 1.2B's global layers only, all rotated.
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {"head_dim": 32, "sliding_window": 16,
+                "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {
+                    "rope_type": "llama3", "rope_theta": 1000000.0, "factor": 16.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "exaone4_global": ("Exaone4Config", "Exaone4ForCausalLM", {"sliding_window": None, "sliding_window_pattern": None,
+                       "layer_types": ["full_attention", "full_attention"]}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -225,7 +234,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
-               "olmo2", "olmo3")
+               "olmo2", "olmo3", "exaone4", "exaone4_global")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
