@@ -95,8 +95,8 @@ have no class of their own in the builder ("model is not currently supported"):
   as the builder's Qwen3.5 MoE class writes them without its shared expert; a layer that
   `mlp_only_layers` leaves dense keeps its MLP. A tiny one matches transformers to 1.1e-6.
 
-OLMo 2 and 3 and EXAONE 4 (Olmo2ForCausalLM, Olmo3ForCausalLM, Exaone4ForCausalLM) have no
-class in the builder either:
+OLMo 2 and 3, EXAONE 4 and GLM-4 (Olmo2ForCausalLM, Olmo3ForCausalLM, Exaone4ForCausalLM,
+Glm4ForCausalLM) have no class in the builder either:
 
 - `post_norm_as_llama`, `post_norm_layers`: the config is sent to the builder's Llama class,
   which gains their layers: no norm before the attention or the MLP, an RMS norm of each one's
@@ -104,7 +104,9 @@ class in the builder either:
   whole projection in OLMo's (Qwen3's and EXAONE's are per head). OLMo 3's sliding layers rotate
   by plain RoPE where its global layers' is scaled (YaRN, as published): two tables, as for
   Gemma 3 (a tiny OLMo 3 was 0.67 off with one); EXAONE 4's hybrids rotate their sliding layers
-  only (global NoPE). Tiny ones match transformers to 1.2e-6 (OLMo 2) and 1.5e-6 (OLMo 3).
+  only (global NoPE). GLM-4 norms before each sublayer as well, and rotates half of each head by
+  pairs of neighbouring dimensions (interleaved; 0.078 off rotated by halves). Tiny ones match
+  transformers to 1.2e-6 (OLMo 2), 1.5e-6 (OLMo 3), 1.9e-6 (EXAONE 4) and 2.9e-6 (GLM-4).
 
 The builder is also asked (build.py) for `windowed_kv_cache=false`: the engine binds one buffer of
 the whole capacity per layer, so local layers keep full-length caches and the attention operator
@@ -175,13 +177,19 @@ def norm_epsilon(config: Any) -> None:
             return
 
 
-# Families whose layers normalize each sublayer's output, not its input (post_norm_layers).
-POST_NORM_FAMILIES = {"olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "exaone4": "Exaone4ForCausalLM"}
+# Families whose layers normalize each sublayer's output (post_norm_layers): GLM-4's its input too.
+POST_NORM_FAMILIES = {"olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "exaone4": "Exaone4ForCausalLM",
+                      "glm4": "Glm4ForCausalLM"}  # fmt: skip
+# Each family's norms (Hugging Face module names): before the attention, after it, before the
+# MLP, after it; None where the layer has none.
+LAYER_NORMS = {"glm4": ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
+                        "post_mlp_layernorm")}
+POST_NORMS_ONLY = (None, "post_attention_layernorm", None, "post_feedforward_layernorm")
 
 
 def post_norm_as_llama(config: Any) -> None:
-    """OLMo 2 and 3 and EXAONE 4 go to the builder's Llama class, which post_norm_layers gives
-    their layers (the builder has a class for the first OLMo only)."""
+    """OLMo 2 and 3, EXAONE 4 and GLM-4 go to the builder's Llama class, which post_norm_layers
+    gives their layers (the builder has a class for the first OLMo only)."""
     names = list(getattr(config, "architectures", None) or ())
     if names[:1] and names[0] in POST_NORM_FAMILIES.values():
         config.architectures = ["LlamaForCausalLM"]
@@ -422,11 +430,13 @@ def qwen3_moe_layers() -> None:
 
 
 def post_norm_layers() -> None:
-    """The builder's Llama class, with the layers of OLMo 2 and 3 and EXAONE 4 where the config is
-    theirs: no norm before the attention or the MLP, an RMS norm of each one's output before it
-    joins the residual stream, and norms of the queries and keys: over the whole projection in
-    OLMo's, per head in EXAONE's (as Qwen3's). OLMo 3 adds sliding layers, whose RoPE is plain where
-    the global layers' is scaled; EXAONE 4's hybrids rotate only in their sliding layers."""
+    """The builder's Llama class, with the layers of OLMo 2 and 3, EXAONE 4 and GLM-4 where the
+    config is theirs: an RMS norm of the attention's and the MLP's outputs before each joins the
+    residual stream, and none before them (GLM-4's norm before them too); OLMo's and EXAONE's norm
+    the queries and keys, over the whole projection in OLMo's, per head in EXAONE's (as Qwen3's).
+    OLMo 3 adds sliding layers, whose RoPE is plain where the global layers' is scaled; EXAONE 4's
+    hybrids rotate only in their sliding layers; GLM-4 rotates pairs of neighbouring dimensions
+    (interleaved) of part of each head."""
     import builders
     from builders.llama import LlamaModel
 
@@ -440,8 +450,11 @@ def post_norm_layers() -> None:
             super().__init__(config, *args)
             self.post_norm = config.model_type in POST_NORM_FAMILIES
             self.whole_qk_norm = config.model_type in ("olmo2", "olmo3")
-            if self.post_norm:
+            self.norm_names = LAYER_NORMS.get(config.model_type, POST_NORMS_ONLY)
+            if config.model_type in ("olmo2", "olmo3", "exaone4"):
                 self.attention_attrs.update(q_norm=True, k_norm=True)
+            if config.model_type == "glm4":
+                self.rope_attrs["interleaved"] = 1
             # EXAONE 4's global layers have no RoPE where the model has sliding ones.
             types = getattr(config, "layer_types", None) or []
             hybrid = config.model_type == "exaone4" and getattr(config, "sliding_window", None)
@@ -493,33 +506,41 @@ def post_norm_layers() -> None:
                 return
             if self.prunes_hidden_rows():
                 raise ValueError("post-norm layers: pruning the LM head's rows (paged attention) is not supported")
+            before_attention, after_attention, before_mlp, after_mlp = (
+                None if name is None else getattr(layer, name) for name in self.norm_names)  # fmt: skip
             residual = self.layernorm_attrs["root_input"]  # the embeddings, or the last layer's sum
-            self.make_attention(layer_id, layer.self_attn, root_input=residual)
-            residual = self._post_norm(layer_id, layer.post_attention_layernorm, "post_attention", residual)
-            self.make_mlp(layer_id, layer.mlp, root_input=residual)
+            self.make_attention(layer_id, layer.self_attn, root_input=self._norm(layer_id, before_attention, "input",
+                                                                                 residual))  # fmt: skip
+            residual = self._post_norm(layer_id, after_attention, "post_attention", residual)
+            self.make_mlp(layer_id, layer.mlp, root_input=self._norm(layer_id, before_mlp, "pre_feedforward", residual))
             last = layer_id == self.num_layers - 1
             if last:  # the final norm (SkipSimplifiedLayerNormalization) adds the MLP's normed output itself
                 self.layernorm_attrs["root_input"] = residual
-                self._post_norm(layer_id, layer.post_feedforward_layernorm, "post_feedforward", None)
+                self._post_norm(layer_id, after_mlp, "post_feedforward", None)
             else:
-                self.layernorm_attrs["root_input"] = self._post_norm(
-                    layer_id, layer.post_feedforward_layernorm, "post_feedforward", residual)  # fmt: skip
+                self.layernorm_attrs["root_input"] = self._post_norm(layer_id, after_mlp, "post_feedforward", residual)
             self.layernorm_attrs["first_layernorm"] = False
             self.layernorm_attrs["last_layernorm"] = last
+
+        def _norm(self, layer_id: int, norm: Any, location: str, tensor: str) -> str:
+            """`tensor` RMS-normalized by `norm` (itself where the layer has no norm there)."""
+            if norm is None:
+                return tensor
+            kept = self.layernorm_attrs["root_input"]
+            self.layernorm_attrs["root_input"] = tensor
+            self.make_layernorm(layer_id, norm, skip=False, simple=True, location=location)
+            self.layernorm_attrs["root_input"] = kept
+            return str(self.layernorm_attrs["output_0"])
 
         def _post_norm(self, layer_id: int, norm: Any, location: str, residual: str | None) -> str:
             """RMS-normalize the sublayer's output (layernorm_attrs' skip_input) and, given the
             residual stream, add it: the sum's name; otherwise leave it as skip_input."""
-            kept = self.layernorm_attrs["root_input"]
-            self.layernorm_attrs["root_input"] = self.layernorm_attrs["skip_input"]
-            self.make_layernorm(layer_id, norm, skip=False, simple=True, location=location)
-            self.layernorm_attrs["root_input"] = kept
+            normed = self._norm(layer_id, norm, location, self.layernorm_attrs["skip_input"])
             if residual is None:
-                self.layernorm_attrs["skip_input"] = self.layernorm_attrs["output_0"]
-                return self.layernorm_attrs["output_0"]
+                self.layernorm_attrs["skip_input"] = normed
+                return normed
             name = f"/model/layers.{layer_id}/{location}/residual/Add"
-            self.make_add(name, [residual, self.layernorm_attrs["output_0"]], self.io_dtype,
-                          self.make_hidden_state_shape())  # fmt: skip
+            self.make_add(name, [residual, normed], self.io_dtype, self.make_hidden_state_shape())
             return f"{name}/output_0"
 
     builders.LlamaModel = PostNormModel

@@ -224,6 +224,9 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
     "exaone4_global": ("Exaone4Config", "Exaone4ForCausalLM", {"sliding_window": None, "sliding_window_pattern": None,
                        "layer_types": ["full_attention", "full_attention"]}),
+    # GLM-4 (the 0414 models): a norm before and after the attention and the MLP, biased query, key
+    # and value projections, and half of each head rotated by pairs of neighbouring dimensions.
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 32}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -234,7 +237,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
-               "olmo2", "olmo3", "exaone4", "exaone4_global")
+               "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (

@@ -80,6 +80,17 @@ def test_a_norm_epsilon_under_another_name_is_the_one_the_builder_reads() -> Non
     assert llama.rms_norm_eps == 1e-6  # its own kept
 
 
+def test_post_norm_families_go_to_the_llama_class_and_no_other() -> None:
+    for config_class, arch in (("Olmo2Config", "Olmo2ForCausalLM"), ("Olmo3Config", "Olmo3ForCausalLM"),
+                               ("Exaone4Config", "Exaone4ForCausalLM"), ("Glm4Config", "Glm4ForCausalLM")):  # fmt: skip
+        config = getattr(transformers, config_class)(**SHAPE, architectures=[arch])
+        builder_shim.post_norm_as_llama(config)
+        assert config.architectures == ["LlamaForCausalLM"], arch
+    olmo = transformers.OlmoConfig(**SHAPE, architectures=["OlmoForCausalLM"])  # the builder's own OLMo class
+    builder_shim.post_norm_as_llama(olmo)
+    assert olmo.architectures == ["OlmoForCausalLM"]
+
+
 def test_the_builder_module_loads_its_configs_through_the_fixes() -> None:
     """Importing the builder's modules replaces sys.modules['transformers'] (transformers 5's lazy
     loading); a patch of the module object seen before that is not what the builder imports."""
