@@ -21,7 +21,9 @@ from appliance.api.errors import ApiError, not_served
 from appliance.api.fields import parse_json_object
 from appliance.api.metrics import Metrics
 from appliance.api.openai import OPENAI
-from appliance.api.responses import RESPONSES
+from appliance.api.response_store import ResponseStore
+from appliance.api.responses import RESPONSES, ResponsesCall
+from appliance.api.responses import parse_request as parse_responses_request
 from appliance.api.tools import Answer, CallOut
 from appliance.asgi import ASGIApp, ASGIMessage, Receive, Scope, Send
 from appliance.engine import (
@@ -193,6 +195,7 @@ class ApiApp:
         self.allowed = allowed
         self.ready = False  # set once the engine is warm and every listener is bound
         self.created = int(time.time())
+        self.responses = ResponseStore()  # the Responses API's stored responses
 
     def set_ready(self, ready: bool) -> None:
         """Ready to serve generations (/readyz says so), or not (starting, draining)."""
@@ -333,10 +336,23 @@ class ApiApp:
         return await _json(ex.send, 200, ex.dialect.model(info))
 
     async def _stored_response(self, ex: Exchange) -> int:
-        self._admit(ex)
-        response_id = ex.path[len(RESPONSE_PATH) :].split("/")[0]
-        raise ApiError(404, f"no response {response_id!r}: this server stores no responses (send the whole "
-                       "conversation in input)", param="response_id")  # fmt: skip
+        """GET a stored response or its input items, DELETE it; background responses (cancel) do not exist here."""
+        owner = _owner(self._admit(ex))
+        response_id, _, rest = ex.path[len(RESPONSE_PATH) :].partition("/")
+        method = ex.scope["method"]
+        kept = self.responses.get(response_id, owner)
+        if kept is None or (method, rest) not in (("GET", ""), ("GET", "input_items"), ("DELETE", "")):
+            what = f"no stored response {response_id!r}" if kept is None else f"no {method} {ex.path}"
+            raise ApiError(404, f"{what}: responses are kept (up to {self.responses.max_responses}, least recently "
+                           "used dropped first) unless a request sets store: false", param="response_id")  # fmt: skip
+        if method == "DELETE":
+            self.responses.delete(response_id, owner)
+            return await _json(ex.send, 200, {"id": response_id, "object": "response", "deleted": True})
+        if rest == "input_items":
+            items = kept.input_items
+            ends = {"first_id": _item_id(items[0]), "last_id": _item_id(items[-1])}
+            return await _json(ex.send, 200, {"object": "list", "data": items, "has_more": False, **ends})
+        return await _json(ex.send, 200, kept.response)
 
     def _engine(self, name: str) -> GenerationService:
         """The engine of a model the dialect's parse found served (gone since only if a reload retired it)."""
@@ -360,9 +376,16 @@ class ApiApp:
         key = self._admit(ex)
         debug = self._may_debug(ex, key) and any(k == DEBUG_HEADER and v.strip() == b"1" for k, v in ex.headers)
         doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
-        call = ex.dialect.parse(doc, self.models.names())
+        if ex.dialect is RESPONSES and doc.get("previous_response_id") is not None:
+            previous = doc["previous_response_id"]
+            if not isinstance(previous, str):
+                raise ApiError(400, "previous_response_id: must be a string", param="previous_response_id")
+            history = self.responses.conversation(previous, _owner(key))
+            call: Call = parse_responses_request(doc, self.models.names(), history)
+        else:
+            call = ex.dialect.parse(doc, self.models.names())
         flow = flow_of(ex.scope, ex.transport) if self.flows is not None else None
-        return await self._run(ex, call, debug, flow)
+        return await self._run(ex, call, debug, flow, _owner(key))
 
     async def _submit(self, dialect: Dialect, model: str, request: GenerationRequest) -> Stream:
         engine = self._engine(model)
@@ -390,7 +413,7 @@ class ApiApp:
             handle.trace.notes.append(f"Placement: {self.governor.describe()} -> {device}")
         return handle
 
-    async def _run(self, ex: Exchange, call: Call, debug: bool, flow: FlowKey | None) -> int:
+    async def _run(self, ex: Exchange, call: Call, debug: bool, flow: FlowKey | None, owner: str | None) -> int:
         started = time.monotonic()
         request = call.request
         if flow is not None and self.flows is not None:
@@ -408,6 +431,8 @@ class ApiApp:
         watcher = asyncio.create_task(_cancel_on_disconnect(ex.receive, choices, gone, sink))
         try:
             await self._pump(ex.dialect, call, choices, sink, started)
+            if isinstance(call, ResponsesCall) and call.store and sink.result is not None:
+                self.responses.put(sink.result, call.previous, call.input_items, owner)
             cancelled = any(h.finished is not None and h.finished.stop_reason == "cancelled" for h in choices.streams)
             return CLIENT_CLOSED if cancelled or gone.is_set() else 200  # the client hung up before the end
         finally:
@@ -479,6 +504,16 @@ class ApiApp:
         if not sink.started:  # n > 1, cancelled before its prompt was in: an answer all the same
             await sink.open()
         await sink.close()
+
+
+def _owner(key: ApiKey | None) -> str | None:
+    """Whose stored responses a request sees: its API key's (all of them where no keys are set)."""
+    return key.name if key is not None else None
+
+
+def _item_id(item: dict[str, Any]) -> str | None:
+    item_id = item.get("id")
+    return item_id if isinstance(item_id, str) else None
 
 
 def _nth_choice(request: GenerationRequest, index: int) -> GenerationRequest:
@@ -566,6 +601,10 @@ class Sink(Protocol):
 
     async def close(self) -> None: ...
 
+    @property
+    def result(self) -> dict[str, Any] | None:
+        """The whole answer as the dialect renders it, once sent (the Responses API's final response)."""
+
 
 class WholeSink:
     """The answer as one JSON document once it is complete (every choice of it)."""
@@ -580,6 +619,11 @@ class WholeSink:
         self.logprobs: list[list[TokenLogprob] | None] = [[] if call.request.logprobs is not None else None
                                                           for _ in range(n)]  # fmt: skip
         self.done: list[Finished | None] = [None] * n
+        self.doc: dict[str, Any] | None = None
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        return self.doc
 
     async def open(self) -> None:
         pass
@@ -616,7 +660,7 @@ class WholeSink:
         kept = zip(self.parts, self.calls, self.logprobs, self.thoughts, self.done, strict=True)
         choices = [(Answer("".join(parts), calls, logprobs, "".join(thought)), done)
                    for parts, calls, logprobs, thought, done in kept if done is not None]  # fmt: skip
-        doc = self.dialect.response(self.model, self.call, choices)
+        doc = self.doc = self.dialect.response(self.model, self.call, choices)
         extra = [(b"zerolayer-trace", json.dumps(choices[0][1].trace.lines()).encode())] if self.debug else []
         self.started = True
         await _respond(self.send, 200, json.dumps(doc, ensure_ascii=False).encode(),
@@ -632,6 +676,11 @@ class StreamSink:
         self.encoders = [encoder.choice(i) for i in range(n)]
         self.done: list[Finished | None] = [None] * n
         self.started = self.closing = False
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        final = getattr(self.encoders[0], "final", None)  # the encoders that render a whole answer at the end
+        return final if isinstance(final, dict) else None
 
     async def open(self) -> None:
         await self.send({"type": "http.response.start", "status": 200, "headers": [

@@ -1,9 +1,10 @@
 """OpenAI's Responses API (`/v1/responses`), what the OpenAI SDK's `responses.create` and the
 agent frameworks built on it call: `input` (a string, or messages and the function calls and
 outputs of earlier turns) -> GenerationRequest; the answer as output items (a message, function
-calls), whole or as typed stream events. Nothing is stored: every request carries its whole
-conversation (`previous_response_id` is refused by name). Errors and the model list are the
-OpenAI dialect's."""
+calls), whole or as typed stream events. A request may carry its whole conversation or continue a
+stored response (`previous_response_id`: the app looks the conversation up in its
+response_store.ResponseStore and passes its items in). Errors and the model list are the OpenAI
+dialect's."""
 
 from __future__ import annotations
 
@@ -45,12 +46,11 @@ from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
 
 _KNOWN = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
           "parallel_tool_calls", "text", "stream", "stream_options", "truncation", "include", "reasoning",
-          "max_tool_calls", "top_logprobs", *HINTS}  # fmt: skip
+          "max_tool_calls", "top_logprobs", "previous_response_id", *HINTS}  # fmt: skip
 _UNSUPPORTED = {
     "context_management": "server-side compaction is not supported by this server: send the conversation to keep",
     "moderation": "moderation is not supported by this server",
     "background_options": "background responses are not supported by this server",
-    "previous_response_id": "this server stores no responses: send the whole conversation in input",
     "conversation": "this server stores no conversations: send the whole conversation in input",
     "prompt": "stored prompts are not supported by this server",
     "background": "background responses are not supported by this server",
@@ -62,9 +62,13 @@ _TEXT_PARTS = {"user": ("input_text",), "system": ("input_text",), "developer": 
 
 @dataclass(frozen=True)
 class ResponsesCall(Call):
-    """A Responses request: what its answer repeats back (the API echoes its parameters)."""
+    """A Responses request: what its answer repeats back (the API echoes its parameters), and
+    what storing it takes: this turn's input items and the response it continues."""
 
     echo_fields: dict[str, Any] = field(default_factory=dict)
+    input_items: list[dict[str, Any]] = field(default_factory=list)
+    previous: str | None = None
+    store: bool = True
 
 
 def _text(content: Any, role: str, where: str) -> str:
@@ -89,10 +93,8 @@ def _text(content: Any, role: str, where: str) -> str:
     return "".join(texts)
 
 
-def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
-    """`instructions` and `input` -> the system text and the turns in the model's own terms: an
-    assistant's calls written as it writes them, their outputs as one user turn of results."""
-    system = [get_str(doc, "instructions")] if doc.get("instructions") else []
+def input_items(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """`input` as a list of items (a string is one user message)."""
     raw = doc.get("input")
     if raw is None:
         raise ApiError(400, "input: field required", param="input")
@@ -100,6 +102,26 @@ def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]
         raw = [{"role": "user", "content": raw}]
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "input: must be a string or a non-empty list of items", param="input")
+    return raw
+
+
+def _listed(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item as the API lists a stored response's input: a message with its type, an id
+    and its text as parts (it reads back as it was sent)."""
+    if item.get("type", "message") != "message":
+        return item
+    content = item.get("content")
+    part = "output_text" if item.get("role") == "assistant" else "input_text"
+    parts = [{"type": part, "text": content}] if isinstance(content, str) else content
+    return {"type": "message", "id": item.get("id") or _new_id("msg_"), **item, "content": parts}
+
+
+def _conversation(doc: dict[str, Any], history: Sequence[Any]) -> tuple[str | None, tuple[Message, ...]]:
+    """`instructions`, the earlier turns' items (`history`) and `input` -> the system text and the
+    turns in the model's own terms: an assistant's calls written as it writes them, their outputs
+    as one user turn of results. (`instructions` are this request's alone, as OpenAI's.)"""
+    system = [get_str(doc, "instructions")] if doc.get("instructions") else []
+    raw = [*history, *input_items(doc)]
     turns: list[Message] = []
     assistant: list[str | PastCall] = []  # the assistant turn being built: its text, then its calls
     thought: list[str] = []  # the reasoning items before it
@@ -242,7 +264,8 @@ def _logprobs(doc: dict[str, Any]) -> int | None:
     return None
 
 
-def parse_request(doc: dict[str, Any], served: Sequence[str]) -> ResponsesCall:
+def parse_request(doc: dict[str, Any], served: Sequence[str], history: Sequence[dict[str, Any]] = ()) -> ResponsesCall:
+    """`history`: the items of the conversation `previous_response_id` continues."""
     reject_unknown(doc, _KNOWN, _UNSUPPORTED)
     common = common_fields(doc, served)  # model, sampling, stream (the keys it reads beyond ours are refused above)
     logprobs = _logprobs(doc)
@@ -250,7 +273,7 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> ResponsesCall:
         raise ApiError(400, "truncation: must be 'disabled' or 'auto'", param="truncation")
     check_hints(doc, HINTS)
     get_int(doc, "max_tool_calls", minimum=1)  # it counts calls of built-in tools, which this server has none of
-    system, messages = _conversation(doc)
+    system, messages = _conversation(doc, history)
     max_tokens = get_int(doc, "max_output_tokens", minimum=1)
     template, reasoning = _reasoning(doc.get("reasoning"))
     request = GenerationRequest(messages=messages, system=system, max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
@@ -267,10 +290,14 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> ResponsesCall:
         "text": {"format": (doc.get("text") or {}).get("format") or {"type": "text"}},
         "truncation": doc.get("truncation") or "disabled",
         "reasoning": reasoning,
-        "store": False,
+        "store": doc.get("store") is not False,
+        "previous_response_id": doc.get("previous_response_id"),
         "user": doc.get("user"),
     }
-    return ResponsesCall(request, common.stream, common.model, echo_fields=echo)
+    previous = get_str(doc, "previous_response_id") if doc.get("previous_response_id") is not None else None
+    return ResponsesCall(request, common.stream, common.model, echo_fields=echo,
+                         input_items=[_listed(item) for item in input_items(doc)], previous=previous,
+                         store=bool(echo["store"]))  # fmt: skip
 
 
 def _usage(done: Finished) -> dict[str, Any]:
@@ -356,6 +383,7 @@ class ResponseStream:
         self.writing: _Writing | None = None  # the message or reasoning item being written
         self.open_call: CallOut | None = None
         self.pending: Entries = []  # log probabilities of tokens whose text has not been written yet
+        self.final: dict[str, Any] | None = None  # the response as the last event gives it
 
     def choice(self, index: int) -> Self:
         return self  # one answer per response (no n)
@@ -447,7 +475,7 @@ class ResponseStream:
 
     def end(self, *choices: Finished) -> bytes:
         done = choices[0]
-        final = response(self.id, self.created, self.model, self.call, copy.deepcopy(self.output), done)
+        final = self.final = response(self.id, self.created, self.model, self.call, copy.deepcopy(self.output), done)
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         return self._event(kind, response=final)
 

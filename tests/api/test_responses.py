@@ -65,7 +65,7 @@ def test_a_conversation_reaches_the_model_as_it_does_through_chat_completions() 
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"conversation": "conv_1"}, "conversation"),
     ({"input": [{"type": "input_image", "image_url": "data:,"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input"),
     ({"input": []}, "input"),
@@ -143,8 +143,42 @@ def test_the_openai_sdk_creates_streams_and_parses_responses(demo: tuple[Running
     parsed = client.responses.parse(model=MODEL, input="Name a city in Japan.", text_format=City, max_output_tokens=80)
     assert isinstance(parsed.output_parsed, City)
 
-    with pytest.raises(openai.BadRequestError, match="previous_response_id: this server stores no responses"):
-        client.responses.create(model=MODEL, input="hi", previous_response_id=whole.id)
+
+@pytest.mark.demo
+def test_responses_are_stored_continued_listed_and_deleted(demo: tuple[RunningDaemon, DevSetup]) -> None:
+    client = openai_client(*demo, unix=True)
+    greedy: Any = {"model": MODEL, "max_output_tokens": 16, "temperature": 0}
+    opening = [{"role": "user", "content": "My name is Ada. Say hello to me."}]
+    first = client.responses.create(input=opening, **greedy)
+    assert first.store is True and client.responses.retrieve(first.id).model_dump() == first.model_dump()
+    # Continued, it answers as the whole conversation sent in input does: the same prompt, the same tokens.
+    second = client.responses.create(previous_response_id=first.id, input="What is my name?", **greedy)
+    asked = [*opening, *first.output, {"role": "user", "content": "What is my name?"}]
+    whole = client.responses.create(input=asked, **greedy)
+    assert second.previous_response_id == first.id
+    assert second.usage is not None and whole.usage is not None
+    assert (second.usage.input_tokens, second.output_text) == (whole.usage.input_tokens, whole.output_text)
+    # A streamed one is stored as well, and a chain of three reads back through both links.
+    with client.responses.stream(previous_response_id=second.id, input="Thanks!", **greedy) as stream:
+        (third,) = [e.response for e in stream if e.type in ("response.completed", "response.incomplete")]
+    thanked = client.responses.create(input=[*asked, *second.output, {"role": "user", "content": "Thanks!"}], **greedy)
+    assert third.usage is not None and thanked.usage is not None
+    assert (third.usage.input_tokens, third.output_text) == (thanked.usage.input_tokens, thanked.output_text)
+    assert client.responses.retrieve(third.id).output_text == third.output_text
+    (item,) = client.responses.input_items.list(second.id).data
+    assert item.type == "message" and item.role == "user" and item.content[0].text == "What is my name?"  # type: ignore[union-attr]
+
+    assert client.responses.delete(first.id) is None  # the SDK reads no body from a delete
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.BadRequestError, match="it continued is no longer kept"):
+        client.responses.create(previous_response_id=third.id, input="hi", **greedy)
+    unkept = client.responses.create(input="hi", store=False, **greedy)
+    assert unkept.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unkept.id)
+    with pytest.raises(openai.BadRequestError, match="previous_response_id: no stored response"):
+        client.responses.create(previous_response_id=unkept.id, input="hi", **greedy)
 
 
 @pytest.mark.demo
