@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -33,7 +34,7 @@ from appliance.api.tools import (
     tool_extras,
     tool_items,
 )
-from appliance.engine import Finished, GenerationRequest, Message
+from appliance.engine import ContextOverflow, Finished, GenerationRequest, Message
 from appliance.engine.request import TokenLogprob
 from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
 
@@ -51,20 +52,63 @@ _COUNT_HINTS: dict[str, Hint] = {"cache_control": dict, "speed": ("standard", "f
 _HINTS: dict[str, Hint] = {**_COUNT_HINTS, "metadata": dict, "service_tier": ("auto", "standard_only"),
                            "inference_geo": str, "diagnostics": dict}  # fmt: skip
 _KNOWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
-          "tools", "tool_choice", "output_config", "output_format", "thread", "thinking", *_HINTS}  # fmt: skip
+          "tools", "tool_choice", "output_config", "output_format", "thread", "thinking", "context_management",
+          *_HINTS}  # fmt: skip
 _UNSUPPORTED = {
     "mcp_servers": "MCP servers are not supported by this server",
     "container": "containers are not supported by this server",
-    "context_management": "context management (clearing earlier tool results server-side) is not supported by this "
-                          "server: send the conversation to keep",
     "compaction": "server-side compaction is not supported by this server: send the conversation to keep",
 }
 _COUNT_KNOWN = {"model", "messages", "system", "tools", "tool_choice", "output_config", "output_format", "thinking",
-                *_COUNT_HINTS}  # fmt: skip
+                "context_management", *_COUNT_HINTS}  # fmt: skip
+_CLEAR_THINKING = "clear_thinking_20251015"
 # output_config.effort: the chat template's reasoning_effort (gpt-oss reads low, medium and high).
 _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
 _TOOL_KNOWN = {"name", "description", "input_schema", "type", "cache_control", "strict", "input_examples",
                "eager_input_streaming", "defer_loading", "allowed_callers"}  # fmt: skip
+
+
+def _conversation(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
+    """`system` and `messages` -> the system text and the turns: system messages before the first
+    turn join the system text; a later one stays where it is (the chat template places it)."""
+    system = [] if doc.get("system") is None else [text_content(doc["system"], "system")]
+    messages = list(_messages(doc))
+    while messages and messages[0].role == "system":
+        system.append(messages.pop(0).content)
+    if not messages:
+        raise ApiError(400, "messages: must hold a user turn, not system messages only", param="messages")
+    return "\n\n".join(system) if system else None, _cleared(tuple(messages), doc.get("context_management"))
+
+
+def _cleared(messages: tuple[Message, ...], raw: Any) -> tuple[Message, ...]:
+    """`context_management`'s edits applied: clear_thinking drops the thoughts of the assistant turns
+    before the last ones it keeps (`keep`: "all", or {"type": "thinking_turns", "value": N}; one by
+    default). Clearing tool results server-side (clear_tool_uses) is refused by name."""
+    if raw is None:
+        return messages
+    edits = raw.get("edits") if isinstance(raw, dict) else None
+    if not isinstance(edits, list) or not isinstance(raw, dict) or set(raw) - {"edits"}:
+        raise ApiError(400, "context_management: must be an object with a list of edits", param="context_management")
+    for i, edit in enumerate(edits):
+        where = f"context_management.edits[{i}]"
+        kind = edit.get("type") if isinstance(edit, dict) else None
+        if kind != _CLEAR_THINKING:
+            raise ApiError(400, f"{where}.type: {kind!r} is not supported by this server (only {_CLEAR_THINKING}: "
+                           "clearing earlier tool results server-side is not; send the conversation to keep)",
+                           param="context_management")  # fmt: skip
+        assert isinstance(edit, dict)
+        reject_unknown(edit, {"type", "keep"}, {}, where=f"{where}.")
+        keep = edit.get("keep", {"type": "thinking_turns", "value": 1})
+        if keep == "all":
+            continue
+        turns = keep.get("value") if isinstance(keep, dict) and keep.get("type") == "thinking_turns" else None
+        if not isinstance(turns, int) or isinstance(turns, bool) or turns < 0:
+            raise ApiError(400, f"{where}.keep: must be \"all\" or {{\"type\": \"thinking_turns\", \"value\": N}}",
+                           param="context_management")  # fmt: skip
+        answers = [i for i, m in enumerate(messages) if m.role == "assistant"]
+        cleared = set(answers[: len(answers) - turns]) if turns < len(answers) else set()
+        messages = tuple(dataclasses.replace(m, thought="") if i in cleared else m for i, m in enumerate(messages))
+    return messages
 
 
 def _messages(doc: dict[str, Any]) -> tuple[Message, ...]:
@@ -80,13 +124,16 @@ def _messages(doc: dict[str, Any]) -> tuple[Message, ...]:
             raise ApiError(400, f"{where}: must be an object", param="messages")
         reject_unknown(m, {"role", "content"}, {}, where=f"{where}.")
         role = m.get("role")
-        if role not in ("user", "assistant"):
-            raise ApiError(400, f"{where}.role: must be 'user' or 'assistant'", param="messages")
-        if not out and role != "user":
-            raise ApiError(400, f"{where}.role: the first message must be 'user'", param="messages")
+        if role not in ("user", "assistant", "system"):
+            raise ApiError(400, f"{where}.role: must be 'user', 'assistant' or 'system'", param="messages")
+        if role == "assistant" and not any(o.role == "user" for o in out):
+            raise ApiError(400, f"{where}.role: the first turn must be the user's", param="messages")
         if "content" not in m:
             raise ApiError(400, f"{where}.content: field required", param="messages")
-        message = _message(m["content"], role, f"{where}.content")
+        if role == "system":  # its text only, as the top-level system's
+            message = Message("system", text_content(m["content"], f"{where}.content"))
+        else:
+            message = _message(m["content"], role, f"{where}.content")
         # Consecutive messages of one role are one turn, as the Messages API combines them (tool
         # results and the next question, say, sent as two user messages).
         if out and out[-1].role == role:
@@ -279,11 +326,6 @@ def _thinking(raw: Any, max_tokens: int | None) -> tuple[bool | None, int | None
     return True, budget
 
 
-def _system(doc: dict[str, Any]) -> str | None:
-    system = doc.get("system")
-    return None if system is None else text_content(system, "system")
-
-
 def check_model(doc: dict[str, Any], served: Sequence[str]) -> str:
     model = get_str(doc, "model", required=True)
     assert model is not None
@@ -301,7 +343,7 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, Gene
         raise ApiError(400, f"thread: server-side threads ({doc['thread']!r}) are not supported by this server; "
                        "send the whole conversation without `thread`", param="thread",
                        details={"error_code": "thread_unsupported_request"})  # fmt: skip
-    messages = _messages(doc)
+    system, messages = _conversation(doc)
     max_tokens = get_int(doc, "max_tokens", required=True, minimum=1)
     assert max_tokens is not None
     stops = doc.get("stop_sequences") or []
@@ -311,7 +353,7 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[str, Gene
     config = _output_config(doc)
     request = GenerationRequest(
         messages=messages,
-        system=_system(doc),
+        system=system,
         max_tokens=max_tokens,
         temperature=get_number(doc, "temperature", 0.0, 1.0),
         top_p=get_number(doc, "top_p", 0.0, 1.0),
@@ -331,7 +373,8 @@ def parse_count_tokens(doc: dict[str, Any], served: Sequence[str]) -> tuple[str,
     model = check_model(doc, served)
     thinking, _ = _thinking(doc.get("thinking"), None)  # the prompt renders as the request's would
     config = _output_config(doc)
-    return model, GenerationRequest(messages=_messages(doc), system=_system(doc), max_tokens=1,
+    system, messages = _conversation(doc)
+    return model, GenerationRequest(messages=messages, system=system, max_tokens=1,
                                     output=_tools(doc, config), thinking=thinking,
                                     reasoning_effort=_effort(config))  # fmt: skip
 
@@ -472,6 +515,13 @@ class AnthropicDialect:
 
     def error_body(self, err: ApiError) -> bytes:
         return error_body(err)
+
+    def overflow(self, exc: ContextOverflow) -> ApiError:
+        if exc.prompt_tokens is None or exc.max_tokens is None or exc.limit is None:
+            return ApiError(400, str(exc), param=exc.param)
+        return ApiError(400, f"input length and `max_tokens` exceed context limit: {exc.prompt_tokens} + "
+                        f"{exc.max_tokens} > {exc.limit}, decrease input length or `max_tokens` and try again",
+                        param="max_tokens")  # fmt: skip
 
     def models(self, models: list[ModelInfo]) -> dict[str, Any]:
         first, last = (models[0].name, models[-1].name) if models else (None, None)

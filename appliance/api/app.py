@@ -27,6 +27,7 @@ from appliance.api.responses import parse_request as parse_responses_request
 from appliance.api.tools import Answer, CallOut
 from appliance.asgi import ASGIApp, ASGIMessage, Receive, Scope, Send
 from appliance.engine import (
+    ContextOverflow,
     EngineBusy,
     EngineError,
     EngineStopped,
@@ -395,6 +396,8 @@ class ApiApp:
                 prompt = engine.prepare(request)
             else:
                 prompt = await asyncio.to_thread(engine.prepare, request)
+        except ContextOverflow as exc:
+            raise dialect.overflow(exc) from None
         except InvalidRequest as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
         device = self.governor.place() if self.governor else engine.default_device

@@ -11,7 +11,7 @@ from typing import Any, Protocol, Self
 
 from appliance.api.errors import ApiError
 from appliance.api.tools import Answer, CallOut
-from appliance.engine import Finished, GenerationRequest
+from appliance.engine import ContextOverflow, Finished, GenerationRequest
 from appliance.engine.request import TokenLogprob
 
 
@@ -83,6 +83,12 @@ class Dialect(Protocol):
     def stream(self, model: str, input_tokens: int, call: Call) -> StreamEncoder: ...
 
     def error_body(self, err: ApiError) -> bytes: ...
+
+    def overflow(self, exc: ContextOverflow) -> ApiError:
+        """A prompt and max_tokens past the context, worded as the API's own servers word it: the
+        clients of each recognise it (Claude Code lowers max_tokens on Anthropic's and retries;
+        LiteLLM and LangChain take OpenAI's for a context-window error)."""
+        ...
 
     def models(self, models: list[ModelInfo]) -> dict[str, Any]: ...
 

@@ -21,6 +21,7 @@ class ApiError(Exception):
     retry_after: int | None = None
     allow: str | None = None  # for 405
     details: dict[str, object] | None = None  # machine-readable reason where a dialect defines one
+    code: str | None = None  # OpenAI's error code, where it is not the status's own
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         out = [(b"content-type", b"application/json")]

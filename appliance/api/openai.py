@@ -34,7 +34,7 @@ from appliance.api.tools import (
     strict_flag,
     tool_items,
 )
-from appliance.engine import Finished, GenerationRequest, Message
+from appliance.engine import ContextOverflow, Finished, GenerationRequest, Message
 from appliance.engine.request import TokenLogprob
 from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
 
@@ -471,6 +471,7 @@ def error_body(err: ApiError) -> bytes:
     kind, code = _ERROR_KINDS.get(err.status, _ERROR_KINDS[500])
     if err.status == 404 and err.param == "model":
         code = "model_not_found"  # as OpenAI names an unknown model
+    code = err.code or code
     return json.dumps({"error": {"message": err.message, "type": kind, "param": err.param, "code": code}}).encode()
 
 
@@ -495,6 +496,15 @@ class OpenAIDialect:
 
     def error_body(self, err: ApiError) -> bytes:
         return error_body(err)
+
+    def overflow(self, exc: ContextOverflow) -> ApiError:
+        if exc.prompt_tokens is None or exc.max_tokens is None or exc.limit is None:
+            return ApiError(400, str(exc), param=exc.param, code="context_length_exceeded")
+        asked = exc.prompt_tokens + exc.max_tokens
+        return ApiError(400, f"This model's maximum context length is {exc.limit} tokens. However, you requested "
+                        f"{asked} tokens ({exc.prompt_tokens} in the messages, {exc.max_tokens} in the completion). "
+                        "Please reduce the length of the messages or completion.", param="messages",
+                        code="context_length_exceeded")  # fmt: skip
 
     def models(self, models: list[ModelInfo]) -> dict[str, Any]:
         return {"object": "list", "data": [self.model(m) for m in models]}

@@ -548,7 +548,7 @@ class Engine:
             raise ContextOverflow(
                 f"prompt ({len(prompt.ids)} tokens) + max_tokens ({request.max_tokens}) = {need} exceeds the "
                 f"model's context of {self.context_length} tokens",
-                "max_tokens",
+                "max_tokens", len(prompt.ids), request.max_tokens, self.context_length,
             )
         rules, fmt = request.output, prompt.call_format
         if fmt.channel and rules.calls_allowed:  # harmony: a call is a message of its own, the text answer another

@@ -14,7 +14,13 @@ class InvalidRequest(EngineError):
 
 
 class ContextOverflow(InvalidRequest):
-    pass
+    """The prompt and max_tokens need more positions than a request may hold; the numbers, where
+    known, let each API word it as its own clients recognise."""
+
+    def __init__(self, message: str, param: str | None = None, prompt_tokens: int | None = None,
+                 max_tokens: int | None = None, limit: int | None = None) -> None:  # fmt: skip
+        super().__init__(message, param)
+        self.prompt_tokens, self.max_tokens, self.limit = prompt_tokens, max_tokens, limit
 
 
 class EngineBusy(EngineError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from appliance.api.errors import ApiError
 from appliance.api.openai import OPENAI
 from appliance.api.responses import RESPONSES
 from appliance.api.tools import Answer
-from appliance.engine import GenerationRequest, Message
+from appliance.engine import ContextOverflow, GenerationRequest, Message
 
 PLAIN_CALL = Call(GenerationRequest((Message("user", "hi"),)), stream=False, model="m")
 
@@ -230,3 +231,60 @@ def test_anthropic_turns_of_one_role_combine_and_plain_text_documents_are_read()
         with pytest.raises(ApiError) as info:
             messages(*turns_sent)
         assert info.value.status == 400 and info.value.param == "messages", info.value.message
+
+
+def test_anthropic_system_messages_and_cleared_thoughts_reach_the_model_as_claude_code_sends_them() -> None:
+    a: dict[str, Any] = {"model": "m", "max_tokens": 5, "system": "Be brief."}
+
+    def parsed(*turns: dict[str, Any], **extra: Any) -> GenerationRequest:
+        return ANTHROPIC.parse({**a, "messages": list(turns), **extra}, ["m"]).request
+
+    # A system message before the first turn joins the system text; a later one stays where it is.
+    request = parsed({"role": "system", "content": [{"type": "text", "text": "Use tools."}]},
+                     {"role": "user", "content": "hi"}, {"role": "system", "content": "Agents: Explore."})  # fmt: skip
+    assert request.system == "Be brief.\n\nUse tools."
+    assert request.messages == (Message("user", "hi"), Message("system", "Agents: Explore."))
+    said = [{"role": "user", "content": "one"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "first", "signature": ""},
+                                              {"type": "text", "text": "1"}]},
+            {"role": "user", "content": "two"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "second", "signature": ""},
+                                              {"type": "text", "text": "2"}]},
+            {"role": "user", "content": "three"}]  # fmt: skip
+
+    def thoughts(edit: dict[str, Any] | None) -> list[str]:
+        extra = {} if edit is None else {"context_management": {"edits": [edit]}}
+        return [m.thought for m in parsed(*said, **extra).messages if m.role == "assistant"]
+
+    assert thoughts(None) == ["first", "second"]
+    assert thoughts({"type": "clear_thinking_20251015", "keep": "all"}) == ["first", "second"]  # Claude Code's
+    assert thoughts({"type": "clear_thinking_20251015"}) == ["", "second"]  # the last turn's kept by default
+    assert thoughts({"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 0}}) == ["", ""]
+    for bad in ({"type": "clear_tool_uses_20250919"}, {"type": "clear_thinking_20251015", "keep": 2},
+                {"type": "clear_thinking_20251015", "keep": "all", "trigger": {}}):
+        with pytest.raises(ApiError) as info:
+            parsed(*said, context_management={"edits": [bad]})
+        assert info.value.status == 400 and str(info.value.param).startswith("context_management"), info.value.message
+    for only_system in ([{"role": "system", "content": "x"}], [{"role": "system", "content": "x"},
+                                                               {"role": "assistant", "content": "y"}]):  # fmt: skip
+        with pytest.raises(ApiError) as info:
+            parsed(*only_system)
+        assert info.value.status == 400 and info.value.param == "messages"
+    count = parse_count_tokens({"model": "m", "messages": [{"role": "system", "content": "s"},
+                                                           {"role": "user", "content": "hi"}]}, ["m"])[1]  # fmt: skip
+    assert count.system == "s" and count.messages == (Message("user", "hi"),)
+
+
+def test_a_context_overflow_is_worded_as_each_api_s_clients_recognise_it() -> None:
+    overflow = ContextOverflow("too long", "max_tokens", prompt_tokens=20282, max_tokens=32000, limit=8192)
+    anthropic_error = ANTHROPIC.overflow(overflow)
+    # Claude Code parses this sentence and retries with a max_tokens that fits.
+    assert re.search(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)",
+                     anthropic_error.message).groups() == ("20282", "32000", "8192")  # type: ignore[union-attr]
+    openai_error = json.loads(OPENAI.error_body(OPENAI.overflow(overflow)))["error"]
+    assert openai_error["code"] == "context_length_exceeded" and openai_error["param"] == "messages"
+    assert openai_error["message"].startswith("This model's maximum context length is 8192 tokens. However, you "
+                                              "requested 52282 tokens (20282 in the messages, 32000 in the completion)")
+    assert RESPONSES.overflow(overflow).code == "context_length_exceeded"
+    unknown = ContextOverflow("the KV cache holds 300", "max_tokens")  # the scheduler's: no numbers to word
+    assert ANTHROPIC.overflow(unknown).message == "the KV cache holds 300"

@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx2 as httpx  # the official clients' own HTTP library (httpx's successor)
 import niquests
+import openai
 import pytest
 from battery import check_error
 from clients import MODEL, anthropic_client, metric, metrics, openai_client, trust
@@ -51,6 +53,16 @@ def test_anthropic_client_create_and_stream(demo: tuple[RunningDaemon, DevSetup]
     count = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": QUESTION}])
     assert count.input_tokens == msg.usage.input_tokens
     assert [m.id for m in client.models.list().data] == [MODEL]
+    # As Claude Code sends them: a system message among the turns, thoughts kept by context management.
+    steered = client.messages.create(model=MODEL, max_tokens=40, messages=[
+        {"role": "user", "content": QUESTION}, {"role": "system", "content": "Answer in one sentence."}],
+        extra_body={"context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}})  # fmt: skip
+    assert steered.content[0].text and steered.usage.input_tokens > msg.usage.input_tokens
+    # Worded as the Messages API words it: Claude Code reads the numbers and retries with a max_tokens that fits.
+    with pytest.raises(anthropic.BadRequestError, match=r"input length and `max_tokens` exceed context limit: "
+                                                        r"\d+ \+ 100000 > \d+"):  # fmt: skip
+        client.with_options(timeout=60).messages.create(model=MODEL, max_tokens=100000, messages=[
+            {"role": "user", "content": QUESTION}])  # a timeout of its own: else the SDK asks for a stream
 
 
 @pytest.mark.demo
@@ -75,6 +87,9 @@ def test_openai_client_create_and_stream(demo: tuple[RunningDaemon, DevSetup], u
                                          safety_identifier="user-1", modalities=["text"])  # fmt: skip
     assert cut.choices[0].finish_reason == "length" and cut.usage is not None and cut.usage.completion_tokens == 2
     assert [m.id for m in client.models.list()] == [MODEL]
+    with pytest.raises(openai.BadRequestError, match="maximum context length is") as info:
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=100000)
+    assert info.value.code == "context_length_exceeded"  # what LiteLLM and LangChain take for a context-window error
 
 
 @pytest.mark.demo
