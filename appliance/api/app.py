@@ -341,11 +341,14 @@ class ApiApp:
         owner = _owner(self._admit(ex))
         response_id, _, rest = ex.path[len(RESPONSE_PATH) :].partition("/")
         method = ex.scope["method"]
+        if (method, rest) not in (("GET", ""), ("GET", "input_items"), ("DELETE", "")):
+            raise ApiError(404, f"{method} {ex.path}: not served here (background responses, and so their cancel, "
+                           "are not supported)", param="response_id")  # fmt: skip
         kept = self.responses.get(response_id, owner)
-        if kept is None or (method, rest) not in (("GET", ""), ("GET", "input_items"), ("DELETE", "")):
-            what = f"no stored response {response_id!r}" if kept is None else f"no {method} {ex.path}"
-            raise ApiError(404, f"{what}: responses are kept (up to {self.responses.max_responses}, least recently "
-                           "used dropped first) unless a request sets store: false", param="response_id")  # fmt: skip
+        if kept is None:
+            raise ApiError(404, f"no stored response {response_id!r}: responses are kept (up to "
+                           f"{self.responses.max_responses}, least recently used dropped first) unless a request "
+                           "sets store: false", param="response_id")  # fmt: skip
         if method == "DELETE":
             self.responses.delete(response_id, owner)
             return await _json(ex.send, 200, {"id": response_id, "object": "response", "deleted": True})
@@ -434,10 +437,12 @@ class ApiApp:
         watcher = asyncio.create_task(_cancel_on_disconnect(ex.receive, choices, gone, sink))
         try:
             await self._pump(ex.dialect, call, choices, sink, started)
+            cancelled = any(h.finished is not None and h.finished.stop_reason == "cancelled" for h in choices.streams)
+            if cancelled or gone.is_set():
+                return CLIENT_CLOSED  # the client hung up before the end
             if isinstance(call, ResponsesCall) and call.store and sink.result is not None:
                 self.responses.put(sink.result, call.previous, call.input_items, owner)
-            cancelled = any(h.finished is not None and h.finished.stop_reason == "cancelled" for h in choices.streams)
-            return CLIENT_CLOSED if cancelled or gone.is_set() else 200  # the client hung up before the end
+            return 200
         finally:
             self.metrics.stream_closed()
             watcher.cancel()

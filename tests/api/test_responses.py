@@ -167,6 +167,8 @@ def test_responses_are_stored_continued_listed_and_deleted(demo: tuple[RunningDa
     assert client.responses.retrieve(third.id).output_text == third.output_text
     (item,) = client.responses.input_items.list(second.id).data
     assert item.type == "message" and item.role == "user" and item.content[0].text == "What is my name?"  # type: ignore[union-attr]
+    with pytest.raises(openai.NotFoundError, match="background responses"):
+        client.responses.cancel(second.id)  # nothing runs in the background here
 
     assert client.responses.delete(first.id) is None  # the SDK reads no body from a delete
     with pytest.raises(openai.NotFoundError):
