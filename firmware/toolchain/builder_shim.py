@@ -177,7 +177,7 @@ def norm_epsilon(config: Any) -> None:
             return
 
 
-# Families whose layers normalize each sublayer's output (post_norm_layers): GLM-4's its input too.
+# Families whose layers normalize each sublayer's output (post_norm_layers); GLM-4's normalize its input too.
 POST_NORM_FAMILIES = {"olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "exaone4": "Exaone4ForCausalLM",
                       "glm4": "Glm4ForCausalLM"}  # fmt: skip
 # Each family's norms (Hugging Face module names): before the attention, after it, before the
