@@ -18,7 +18,7 @@ from appliance.api.auth import ApiKey, KeyStore, presented_key
 from appliance.api.completions import COMPLETIONS
 from appliance.api.dialect import Call, Dialect, ModelInfo, StreamEncoder
 from appliance.api.errors import ApiError, not_served
-from appliance.api.fields import parse_json_object
+from appliance.api.fields import get_str, parse_json_object
 from appliance.api.metrics import Metrics
 from appliance.api.openai import OPENAI
 from appliance.api.response_store import ResponseStore
@@ -380,10 +380,8 @@ class ApiApp:
         key = self._admit(ex)
         debug = self._may_debug(ex, key) and any(k == DEBUG_HEADER and v.strip() == b"1" for k, v in ex.headers)
         doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
-        if ex.dialect is RESPONSES and doc.get("previous_response_id") is not None:
-            previous = doc["previous_response_id"]
-            if not isinstance(previous, str):
-                raise ApiError(400, "previous_response_id: must be a string", param="previous_response_id")
+        previous = get_str(doc, "previous_response_id") if ex.dialect is RESPONSES else None
+        if previous is not None:
             history = self.responses.conversation(previous, _owner(key))
             call: Call = parse_responses_request(doc, self.models.names(), history)
         else:

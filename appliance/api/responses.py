@@ -116,12 +116,11 @@ def _listed(item: dict[str, Any]) -> dict[str, Any]:
     return {"type": "message", "id": item.get("id") or _new_id("msg_"), **item, "content": parts}
 
 
-def _conversation(doc: dict[str, Any], history: Sequence[Any]) -> tuple[str | None, tuple[Message, ...]]:
-    """`instructions`, the earlier turns' items (`history`) and `input` -> the system text and the
+def _conversation(doc: dict[str, Any], raw: Sequence[Any]) -> tuple[str | None, tuple[Message, ...]]:
+    """`instructions` and the items (the earlier turns' and `input`'s) -> the system text and the
     turns in the model's own terms: an assistant's calls written as it writes them, their outputs
     as one user turn of results. (`instructions` are this request's alone, as OpenAI's.)"""
     system = [get_str(doc, "instructions")] if doc.get("instructions") else []
-    raw = [*history, *input_items(doc)]
     turns: list[Message] = []
     assistant: list[str | PastCall] = []  # the assistant turn being built: its text, then its calls
     thought: list[str] = []  # the reasoning items before it
@@ -273,7 +272,8 @@ def parse_request(doc: dict[str, Any], served: Sequence[str], history: Sequence[
         raise ApiError(400, "truncation: must be 'disabled' or 'auto'", param="truncation")
     check_hints(doc, HINTS)
     get_int(doc, "max_tool_calls", minimum=1)  # it counts calls of built-in tools, which this server has none of
-    system, messages = _conversation(doc, history)
+    items = input_items(doc)
+    system, messages = _conversation(doc, [*history, *items])
     max_tokens = get_int(doc, "max_output_tokens", minimum=1)
     template, reasoning = _reasoning(doc.get("reasoning"))
     request = GenerationRequest(messages=messages, system=system, max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
@@ -294,9 +294,8 @@ def parse_request(doc: dict[str, Any], served: Sequence[str], history: Sequence[
         "previous_response_id": doc.get("previous_response_id"),
         "user": doc.get("user"),
     }
-    previous = get_str(doc, "previous_response_id") if doc.get("previous_response_id") is not None else None
     return ResponsesCall(request, common.stream, common.model, echo_fields=echo,
-                         input_items=[_listed(item) for item in input_items(doc)], previous=previous,
+                         input_items=[_listed(item) for item in items], previous=get_str(doc, "previous_response_id"),
                          store=bool(echo["store"]))  # fmt: skip
 
 

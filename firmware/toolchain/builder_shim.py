@@ -115,8 +115,9 @@ masks positions outside the window (`local_window_size`).
 
 from __future__ import annotations
 
+import contextlib
 import runpy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -250,6 +251,18 @@ def olmo_layer_norm() -> None:
     _replace(OLMoModel, "make_layernorm", make_norm)
 
 
+@contextlib.contextmanager
+def _unrotated(model: Any) -> Iterator[None]:
+    """The attention the builder makes meanwhile rotates nothing: no RoPE inside the operator and no
+    RotaryEmbedding op beside it (a layer without RoPE: SmolLM3's, EXAONE 4's global ones)."""
+    kept = {k: model.attention_attrs[k] for k in ("rope", "use_rope_in_attn")}
+    model.attention_attrs.update(rope=False, use_rope_in_attn=False)
+    try:
+        yield
+    finally:
+        model.attention_attrs.update(kept)
+
+
 def smollm3_no_rope_layers() -> None:
     from builders.smollm import SmolLM3Model
 
@@ -258,12 +271,8 @@ def smollm3_no_rope_layers() -> None:
             if self.no_rope_layers[layer_id]:
                 make_attention(self, layer_id, attention, root_input, **kwargs)
                 return
-            rope = self.attention_attrs["rope"]
-            self.attention_attrs["rope"] = False  # no rotation at all: not a RotaryEmbedding op beside the attention
-            try:
+            with _unrotated(self):  # the builder's own method turns off only the rotation inside the operator
                 make_attention(self, layer_id, attention, root_input, **kwargs)
-            finally:
-                self.attention_attrs["rope"] = rope
 
         return without_rotary
 
@@ -493,12 +502,8 @@ def post_norm_layers() -> None:
             if layer_id not in self.unrotated:
                 super().make_attention(layer_id, attention, root_input, **kwargs)
                 return
-            kept = {k: self.attention_attrs[k] for k in ("rope", "use_rope_in_attn")}
-            self.attention_attrs.update(rope=False, use_rope_in_attn=False)  # no rotation, in or beside the op
-            try:
+            with _unrotated(self):
                 super().make_attention(layer_id, attention, root_input, **kwargs)
-            finally:
-                self.attention_attrs.update(kept)
 
         def make_layer(self, layer_id: int, layer: Any) -> None:
             if not self.post_norm:
