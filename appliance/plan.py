@@ -139,8 +139,8 @@ def memory_need(bundle: firmware.Bundle, engine: EngineConfig, device: str = "cp
     itemsize = 2 if device != "cpu" or bundle.manifest.source.get("precision") in ("fp16", "bf16") else 4
     path = graph_dir / f.onnx_file
     stat = path.stat()
-    kv_layers, state_bytes = graph_caches(str(path), (stat.st_size, stat.st_mtime_ns), f)
-    per_position = 2 * kv_layers * f.num_kv_heads * f.head_size * itemsize
+    kv_elements, state_bytes = graph_caches(str(path), (stat.st_size, stat.st_mtime_ns), f)
+    per_position = 2 * kv_elements * itemsize
     kv = kv_positions(engine, f.context_length, per_position) * per_position
     kv += engine.max_active_per_device * state_bytes  # a hybrid model's states: a fixed size per slot
     # The files of the graph the device runs: those in cuda/ where it runs that one, the others elsewhere.
@@ -152,20 +152,22 @@ def memory_need(bundle: firmware.Bundle, engine: EngineConfig, device: str = "cp
 
 @functools.lru_cache(maxsize=16)
 def graph_caches(onnx_path: str, stamp: tuple[int, int], facts: firmware.ModelFacts) -> tuple[int, int]:
-    """(layers with keys and values, bytes of recurrent states per slot) of a graph, from its inputs
-    (its weights are not read): a hybrid model has keys and values in its attention layers only.
+    """(elements of one position's keys in all layers, bytes of recurrent states per slot) of a
+    graph, from its inputs (its weights are not read): a hybrid model has keys and values in its
+    attention layers only, and layers may differ in heads and head width (ModelFacts.kv_shapes).
     `stamp` (size, mtime) keys the cache to the file as it is."""
     import onnx
     from onnx import helper
 
     graph = onnx.load(onnx_path, load_external_data=False).graph
     inputs = {i.name: i.type.tensor_type for i in graph.input}
-    kv, states = facts.caches(inputs)
+    _, states = facts.caches(inputs)
     # Fixed past the batch (ModelFacts.graph_refusal): each a slot's StateSpec.
     specs = [StateSpec(past, present, tuple(d.dim_value for d in inputs[past].shape.dim[1:]),
                        helper.tensor_dtype_to_np_dtype(inputs[past].elem_type).type)
              for past, present in states]  # fmt: skip
-    return len(kv), sum(spec.row_bytes for spec in specs)
+    shapes = {name: [d.dim_value or d.dim_param for d in t.shape.dim] for name, t in inputs.items()}
+    return sum(heads * width for heads, width in facts.kv_shapes(shapes)), sum(spec.row_bytes for spec in specs)
 
 
 def _mib(size: int) -> str:

@@ -74,6 +74,19 @@ class ModelFacts:
         states = [(past % i, present % i) for i in layers for past, present in self.state_names if past % i in inputs]
         return kv, states
 
+    def kv_shapes(self, inputs: Mapping[str, Sequence[object]]) -> list[tuple[int, int]]:
+        """Each attention layer's (kv_heads, head_size), in the order of caches(): the graph's own
+        where its past key's shape fixes them (Gemma 4's global layers have fewer, wider heads than
+        its sliding ones), the model's where the graph leaves them symbolic."""
+        kv, _ = self.caches(inputs)
+        return [self._kv_shape(inputs, past_key) for past_key, *_ in kv]
+
+    def _kv_shape(self, inputs: Mapping[str, Sequence[object]], name: str) -> tuple[int, int]:
+        shape = list(inputs.get(name) or ())
+        heads, width = (shape[1], shape[3]) if len(shape) == 4 else (None, None)
+        return (heads if isinstance(heads, int) and heads > 0 else self.num_kv_heads,
+                width if isinstance(width, int) and width > 0 else self.head_size)
+
     def graph_refusal(self, inputs: Mapping[str, Sequence[object]]) -> str | None:
         """Why the engine cannot run a graph with these inputs (name -> shape), or None. The build's
         load check and a session at start both ask, so a bundle built elsewhere is refused too.
@@ -81,9 +94,9 @@ class ModelFacts:
         - An input the engine does not feed: it binds the token ids, the attention mask, the
           positions where a graph takes them, and each layer's past keys and values, nothing else
           (a graph that took more would fail at its first run).
-        - A layer's past key or value whose heads or head width, where the graph fixes them,
-          differ from the model's: the engine's KV slots hold [rows, kv_heads, capacity,
-          head_size] for every layer (Gemma 4's global layers have wider heads than its others).
+        - A layer whose past key and past value differ in heads or head width: the engine's KV
+          slots hold a layer's keys and values in two buffers of one shape (layers may differ
+          from each other: kv_shapes).
         - A recurrent state whose shape is not fixed past its batch dimension (the slots hold one
           of a fixed size per row).
         """
@@ -97,18 +110,14 @@ class ModelFacts:
         loose = [name for name in states if name in inputs and not all(isinstance(d, int) for d in inputs[name][1:])]
         if loose:
             return f"its recurrent state {loose[0]} has no fixed shape ({list(inputs[loose[0]])})"
-        odd = []
-        for name in kv:
-            shape = list(inputs.get(name) or ())
-            if len(shape) != 4:
-                continue
-            heads, width = shape[1], shape[3]
-            if (isinstance(heads, int) and heads != self.num_kv_heads) or (
-                    isinstance(width, int) and width != self.head_size):  # fmt: skip
-                odd.append(f"{name}: {heads} heads of {width}")
+        layer_shapes = {layer: (self._kv_shape(inputs, self.past_key_name % layer),
+                                self._kv_shape(inputs, self.past_value_name % layer))
+                        for layer in layers if self.past_key_name % layer in inputs}  # fmt: skip
+        odd = [f"layer {layer}: keys {k[0]} heads of {k[1]}, values {v[0]} heads of {v[1]}"
+               for layer, (k, v) in layer_shapes.items() if k != v]  # fmt: skip
         if odd:
-            return (f"its layers' KV caches differ in shape ({'; '.join(odd[:2])}; the model's: {self.num_kv_heads} "
-                    f"heads of {self.head_size}), and the engine's slots hold one shape for every layer")  # fmt: skip
+            return (f"its keys and values differ in shape ({'; '.join(odd[:2])}), and the engine's slots hold a "
+                    "layer's keys and values in buffers of one shape")  # fmt: skip
         return None
 
 

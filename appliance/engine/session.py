@@ -123,7 +123,8 @@ class StateSpec:
 class KVSlots:
     """The KV cache of one device: per layer a key and a value buffer [rows, kv_heads, capacity,
     head_size], bound as both past input and present output (GroupQueryAttention's share-buffer
-    mode), so a step writes its new positions in place. A row is a slot: one request's KV.
+    mode), so a step writes its new positions in place. A row is a slot: one request's KV. Layers
+    may differ in heads and head width (Gemma 4's global layers): each has its own shape.
 
     On the CPU the buffers are anonymous mappings: pages are committed only where positions are
     written, and a released row's pages are the kernel's to take back (MADV_FREE), so memory
@@ -133,29 +134,30 @@ class KVSlots:
     """
 
     def __init__(self, session: ModelSession, rows: int, capacity: int) -> None:
-        f = session.facts
         self.rows, self.capacity = rows, capacity
         self.dtype = session.kv_dtype
-        self.shape = [rows, f.num_kv_heads, capacity, f.head_size]
-        self.row_bytes = f.num_kv_heads * capacity * f.head_size * np.dtype(self.dtype).itemsize
+        self.shapes = [[rows, heads, capacity, width] for heads, width in session.kv_shapes]
+        itemsize = np.dtype(self.dtype).itemsize
+        # A row's keys in each layer (its values take as much again).
+        self.layer_row_bytes = [heads * capacity * width * itemsize for heads, width in session.kv_shapes]
+        self.row_bytes = 2 * sum(self.layer_row_bytes)  # a row's keys and values in all layers
         self.device, self.device_id = session.ort_device, session.device_id
         self._maps: list[mmap.mmap] = []
         self.host: list[tuple[np.ndarray, np.ndarray]] | None = None  # the arrays behind CPU buffers
         self._values: list[tuple[ort.OrtValue, ort.OrtValue]] = []  # device buffers (not CPU)
-        layers = session.kv_layers
         self.state_specs = session.states
         self._state_host: list[np.ndarray] = []  # CPU: the state buffers [rows, *shape]
         self._state_values: list[ort.OrtValue] = []  # device state buffers (not CPU)
         if self.device == "cpu":
-            self.host = [(self._mapped(), self._mapped()) for _ in range(layers)]
+            self.host = [(self._mapped(shape), self._mapped(shape)) for shape in self.shapes]
             self.pointers = [(k.ctypes.data, v.ctypes.data) for k, v in self.host]
             self._state_host = [np.zeros((rows, *spec.shape), dtype=spec.dtype) for spec in self.state_specs]
             self.state_pointers = [a.ctypes.data for a in self._state_host]
         else:
             alloc = ort.OrtValue.ortvalue_from_shape_and_type
-            self._values = [(alloc(self.shape, self.dtype, self.device, self.device_id),
-                             alloc(self.shape, self.dtype, self.device, self.device_id))
-                            for _ in range(layers)]  # fmt: skip
+            self._values = [(alloc(shape, self.dtype, self.device, self.device_id),
+                             alloc(shape, self.dtype, self.device, self.device_id))
+                            for shape in self.shapes]  # fmt: skip
             self.pointers = [(k.data_ptr(), v.data_ptr()) for k, v in self._values]
             self._state_values = [alloc([rows, *spec.shape], spec.dtype, self.device, self.device_id)
                                   for spec in self.state_specs]  # fmt: skip
@@ -166,11 +168,12 @@ class KVSlots:
         self.bindings: dict[tuple[ModelSession, int, int], _Bound] = {}
         self._cuda: CudaCopy | None = None  # partial copies to and from device rows, made on first use
 
-    def _mapped(self) -> np.ndarray:
-        size = max(1, self.rows * self.row_bytes)
-        mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    def _mapped(self, shape: list[int]) -> np.ndarray:
+        count = int(np.prod(shape))
+        mapping = mmap.mmap(-1, max(1, count * np.dtype(self.dtype).itemsize),
+                            flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # fmt: skip
         self._maps.append(mapping)
-        return np.frombuffer(mapping, dtype=self.dtype, count=int(np.prod(self.shape))).reshape(self.shape)
+        return np.frombuffer(mapping, dtype=self.dtype, count=count).reshape(shape)
 
     def row(self, index: int) -> KVCache:
         """Row `index` as an empty cache (what a slot's new request fills): its recurrent states
@@ -211,10 +214,11 @@ class KVSlots:
         its contents are undefined afterwards."""
         if not self._maps:
             return
-        start = -(-index * self.row_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
-        end = (index + 1) * self.row_bytes // mmap.PAGESIZE * mmap.PAGESIZE
-        if end > start:
-            for mapping in self._maps:
+        # Each layer's key and value buffers, in the order _mapped made them.
+        for mapping, row_bytes in zip(self._maps, (b for b in self.layer_row_bytes for _ in range(2)), strict=True):
+            start = -(-index * row_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
+            end = (index + 1) * row_bytes // mmap.PAGESIZE * mmap.PAGESIZE
+            if end > start:
                 mapping.madvise(_RELEASE, start, end - start)
 
     def read(self, layer: int, row: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
@@ -224,9 +228,9 @@ class KVSlots:
             hk, hv = self.host[layer]
             return hk[row, :, start:end], hv[row, :, start:end]
         k, v = self.pointers[layer]
-        dtype = np.dtype(self.dtype)
-        return (read_row(k, self.shape, dtype, row, end - start, self._copy(), start),
-                read_row(v, self.shape, dtype, row, end - start, self._copy(), start))  # fmt: skip
+        dtype, shape = np.dtype(self.dtype), self.shapes[layer]
+        return (read_row(k, shape, dtype, row, end - start, self._copy(), start),
+                read_row(v, shape, dtype, row, end - start, self._copy(), start))  # fmt: skip
 
     def write(self, layer: int, row: int, start: int, keys: np.ndarray, values: np.ndarray) -> None:
         """Put [kv_heads, tokens, head_size] arrays into a row from position `start` (only those positions)."""
@@ -237,8 +241,8 @@ class KVSlots:
             hv[row, :, start:end] = values
             return
         k, v = self.pointers[layer]
-        write_row(k, self.shape, row, keys.astype(self.dtype, copy=False), self._copy(), start)
-        write_row(v, self.shape, row, values.astype(self.dtype, copy=False), self._copy(), start)
+        write_row(k, self.shapes[layer], row, keys.astype(self.dtype, copy=False), self._copy(), start)
+        write_row(v, self.shapes[layer], row, values.astype(self.dtype, copy=False), self._copy(), start)
 
     def _copy(self) -> CudaCopy:
         if self._cuda is None:
@@ -352,6 +356,7 @@ class ModelSession:
         # A hybrid model's recurrent layers have no keys and values, but states (StateSpec).
         self._names, states = f.caches(inputs)
         self.kv_layers = len(self._names)
+        self.kv_shapes = f.kv_shapes({name: i.shape for name, i in inputs.items()})  # per layer (heads, width)
         self.states = [StateSpec(past, present, tuple(int(d) for d in inputs[past].shape[1:]),
                                  np.dtype(NUMPY_TYPES.get(inputs[past].type, "float32")).type)
                        for past, present in states]  # fmt: skip
@@ -362,7 +367,7 @@ class ModelSession:
         self.kv_dtype = np.dtype(kv_type).type
         logits_type = next(o.type for o in self.session.get_outputs() if o.name == "logits")
         self.logits_dtype = np.float16 if logits_type == "tensor(float16)" else np.float32
-        self.kv_bytes_per_token = 2 * self.kv_layers * f.num_kv_heads * f.head_size * np.dtype(self.kv_dtype).itemsize
+        self.kv_bytes_per_token = 2 * sum(h * w for h, w in self.kv_shapes) * np.dtype(self.kv_dtype).itemsize
         self.ort_device = "cuda" if device.startswith("cuda") else "cpu"
         self.device_id = int(device.partition(":")[2] or 0) if device.startswith("cuda") else 0
         self._positions = np.arange(self.facts.context_length, dtype=np.int64)
@@ -470,9 +475,9 @@ class ModelSession:
     def _bind(self, slots: KVSlots, first: int, rows: int) -> _Bound:
         binding = self.session.io_binding()
         binding.bind_output("logits", "cpu")  # first, so it is get_outputs()[0] when ORT allocates it
-        shape = [rows, *slots.shape[1:]]
-        offset = first * slots.row_bytes
-        for (pk, pv, ok, ov), (k, v) in zip(self._names, slots.pointers, strict=True):
+        layers = zip(self._names, slots.pointers, slots.shapes, slots.layer_row_bytes, strict=True)
+        for (pk, pv, ok, ov), (k, v), layer_shape, row_bytes in layers:
+            shape, offset = [rows, *layer_shape[1:]], first * row_bytes
             for name, ptr in ((pk, k), (pv, v)):
                 binding.bind_input(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
             for name, ptr in ((ok, k), (ov, v)):

@@ -616,6 +616,35 @@ def _rope_entries(config: dict[str, Any]) -> list[tuple[str | None, dict[str, An
     return [(str(k), v) for k, v in rope.items()]
 
 
+GEMMA4_TEXT = ("gemma4_text", "gemma4_unified_text")
+
+
+def _rope_exported(config: dict[str, Any], layers: str | None, rope_type: str) -> bool:
+    """RoPE of one family's own that its builder class computes as transformers does: Gemma 4's
+    global layers rotate a quarter of their width ("proportional": the frequencies of the whole
+    width, the rest unrotated), checked on the gemma4 fixture."""
+    return config.get("model_type") in GEMMA4_TEXT and layers == "full_attention" and rope_type == "proportional"
+
+
+def gemma4_refusal(config: dict[str, Any]) -> str | None:
+    """What of a Gemma 4 text config (transformers' gemma4_text) the export would not run as
+    transformers does, or None."""
+    if config.get("model_type") not in GEMMA4_TEXT:
+        return None
+    # (transformers' default for gemma4_text is 256: a config that leaves it out has them)
+    per_layer = config.get("hidden_size_per_layer_input", 256 if config["model_type"] == "gemma4_text" else 0)
+    if per_layer:
+        return (f"per-layer embeddings (hidden_size_per_layer_input {per_layer}, as in "
+                "Gemma 4 E2B and E4B) are not exported by the ONNX Runtime GenAI model builder; not supported")
+    if config.get("num_kv_shared_layers"):
+        return (f"its last {config['num_kv_shared_layers']} layers reuse earlier layers' keys and values "
+                "(num_kv_shared_layers), which the ONNX Runtime GenAI model builder does not export; not supported")
+    if config.get("enable_moe_block"):
+        return ("its mixture-of-experts layers (enable_moe_block, as in Gemma 4 26B A4B) use GeGLU experts, which "
+                "ONNX Runtime's CPU MoE operator does not run; not supported")
+    return None
+
+
 def _rope_types(config: dict[str, Any]) -> list[tuple[str | None, str]]:
     """(layer type or None for all layers, RoPE type) of a config.json."""
     found = []
@@ -670,8 +699,10 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
       recurrent layers of the architectures in RECURRENT_KINDS: not checked;
     - `clip_qkv` (OLMo's clamped queries, keys and values): the builder leaves the clamp out, so
       the export answers differently from the model;
-    - global layers whose heads differ in number or width from the others' (Gemma 4's
-      `global_head_dim`): the engine's KV slots have one shape for every layer;
+    - Gemma 4's per-layer embeddings (`hidden_size_per_layer_input`, the E2B and E4B models),
+      layers sharing an earlier layer's keys and values (`num_kv_shared_layers`) and experts
+      (`enable_moe_block`, 26B A4B): the builder exports none of the first two, and ONNX
+      Runtime's CPU MoE operator has no GeGLU, which Gemma 4's experts use (gemma4_refusal);
     - RoPE scaling other than the kinds checked against transformers (ROPE_TYPES), and scaling of
       the sliding layers' RoPE (Gemma 3 scales only its global layers'). transformers' dynamic
       NTK scaling, for one, changes the frequencies as a sequence grows past the original
@@ -701,13 +732,12 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip
-    wider = {k: config[k] for k in ("global_head_dim", "num_global_key_value_heads")
-             if isinstance(config.get(k), int) and config[k] != config.get(k.replace("global_", ""))}  # fmt: skip
-    if wider:
-        raise BundleError(f"{model_dir.name}: its global layers' attention differs in shape from its other layers' "
-                          f"({', '.join(f'{k} {v}' for k, v in wider.items())}), and the engine's KV slots hold one "
-                          "shape for every layer")  # fmt: skip
+    refusal = gemma4_refusal(config)
+    if refusal:
+        raise BundleError(f"{model_dir.name}: {refusal}")
     for layers, rope_type in _rope_types(config):
+        if _rope_exported(config, layers, rope_type):
+            continue
         if rope_type not in ROPE_TYPES or (rope_type != "default" and layers == "sliding_attention"):
             where = f" on its {layers} layers" if layers else ""
             raise BundleError(f"{model_dir.name}: RoPE scaling {rope_type!r}{where} is not exported as transformers "
@@ -850,7 +880,9 @@ def _run_prompt_and_one_token(session: Any, facts: Any) -> None:
     kv = [pair for pk, pv, ok, ov in layers for pair in ((pk, ok), (pv, ov))]
     past_names = [p for p, _ in kv + states]
     present_names = [p for _, p in kv + states]
-    past = [np.zeros((1, facts.num_kv_heads, 0, facts.head_size), types[name]) for name, _ in kv]
+    shapes = facts.kv_shapes({name: i.shape for name, i in inputs.items()})
+    past = [np.zeros((1, heads, 0, width), types[name])
+            for (name, _), (heads, width) in zip(kv, (s for s in shapes for _ in range(2)), strict=True)]  # fmt: skip
     past += [np.zeros((1, *inputs[name].shape[1:]), types[name]) for name, _ in states]  # a sequence's first state
     done, ids = 0, [1, 2, 3]
     for _ in range(2):

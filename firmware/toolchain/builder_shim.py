@@ -108,6 +108,21 @@ Glm4ForCausalLM) have no class in the builder either:
   pairs of neighbouring dimensions (interleaved; 0.078 off rotated by halves). Tiny ones match
   transformers to 1.2e-6 (OLMo 2), 1.5e-6 (OLMo 3), 1.9e-6 (EXAONE 4) and 2.9e-6 (GLM-4).
 
+Gemma 4 (Gemma4ForConditionalGeneration: 31B; Gemma4UnifiedForConditionalGeneration: 12B) has
+classes in the builder, written for an older transformers:
+
+- `gemma4_per_layer_shapes`: transformers 5.25 keeps the global layers' head width and KV heads
+  only per layer (`per_layer_config`), and reading `num_key_value_heads` or `head_dim` from the
+  config raises, as the builder does on its first line (no Gemma 4 could be built); the builder
+  also reads `global_head_dim` and `num_global_key_value_heads`, which the config no longer has.
+  The config allows the global read (the sliding layers' values, which the builder takes as the
+  model's) and gets the global layers' two values back. Its RoPE stays one entry per layer type,
+  which the builder's Gemma 4 class reads (gemma3_rope_per_layer_type leaves it).
+- `gemma4_dense_mlp`: the builder sends every Gemma4ForConditionalGeneration to its
+  mixture-of-experts class, whose MLP assumes experts beside it (AttributeError on the dense 31B's
+  first layer). A layer without a router gets the dense class's MLP. Tiny ones (31B's shape, and
+  12B's) match transformers to 9.1e-6 over 117 positions.
+
 The builder is also asked (build.py) for `windowed_kv_cache=false`: the engine binds one buffer of
 the whole capacity per layer, so local layers keep full-length caches and the attention operator
 masks positions outside the window (`local_window_size`).
@@ -151,7 +166,21 @@ def longrope_type(config: Any) -> None:
         params["type"] = "longrope"
 
 
+def gemma4_per_layer_shapes(config: Any) -> None:
+    if not str(getattr(config, "model_type", "")).startswith("gemma4"):
+        return
+    config.allow_global_per_layer_attribute_access = True
+    if not config.model_type.endswith("_text"):
+        return
+    full = [i for i, kind in enumerate(config.layer_types) if kind == "full_attention"]
+    layer = config.per_layer_config[full[0]] if full else config
+    config.global_head_dim = layer.head_dim
+    config.num_global_key_value_heads = layer.num_key_value_heads
+
+
 def gemma3_rope_per_layer_type(config: Any) -> None:
+    if str(getattr(config, "model_type", "")).startswith("gemma4"):  # its builder class reads them per type
+        return
     params = getattr(config, "rope_parameters", None)
     if not isinstance(params, dict) or "full_attention" not in params or "rope_type" in params:
         return
@@ -203,8 +232,8 @@ def qwen3_moe_as_qwen3(config: Any) -> None:
         config.architectures = ["Qwen3ForCausalLM"]
 
 
-FIXES = (phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon,
-         qwen3_moe_as_qwen3, post_norm_as_llama)  # fmt: skip
+FIXES = (gemma4_per_layer_shapes, phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers,
+         norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:
@@ -551,6 +580,20 @@ def post_norm_layers() -> None:
     builders.LlamaModel = PostNormModel
 
 
+def gemma4_dense_mlp() -> None:
+    from builders.gemma import Gemma4Model, Gemma4MoEModel
+
+    def make(make_mlp: Any) -> Any:
+        def make_mlp_or_moe(self: Any, layer_id: int, mlp: Any, root_input: str) -> None:
+            if getattr(self.current_layer, "router", None) is None:
+                Gemma4Model.make_mlp(self, layer_id, mlp, root_input)
+            else:
+                make_mlp(self, layer_id, mlp, root_input)
+        return make_mlp_or_moe
+
+    _replace(Gemma4MoEModel, "make_mlp", make)
+
+
 def _fix_config(config: Any) -> Any:
     text = getattr(config, "text_config", None)
     for c in (config, text) if text is not None else (config,):
@@ -582,6 +625,7 @@ def install() -> None:
     qwen35_l2norm_epsilon()
     qwen3_moe_layers()
     post_norm_layers()
+    gemma4_dense_mlp()
 
     transformers = sys.modules["transformers"]
     base = transformers.AutoConfig

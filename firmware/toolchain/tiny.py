@@ -227,6 +227,21 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # GLM-4 (the 0414 models): a norm before and after the attention and the MLP, biased query, key
     # and value projections, and half of each head rotated by pairs of neighbouring dimensions.
     "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 32}),
+    # Gemma 4 (31B's shape; 26B A4B's without its experts): five sliding layers to one global, whose
+    # heads are fewer (its keys serve as its values) and twice as wide, rotated over a quarter of
+    # their width (proportional RoPE); query, key and value norms, a scale on each layer's output,
+    # soft-capped logits, the LM head its embeddings. The engine's slots hold each layer's shape.
+    "gemma4": ("Gemma4Config", "Gemma4ForConditionalGeneration", {"tie_word_embeddings": True, "text_config": {
+        "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True, "sliding_window": 16, "hidden_size_per_layer_input": 0,
+        "final_logit_softcapping": 30.0, "tie_word_embeddings": True}}),
+    # Gemma 4 12B (Gemma4UnifiedForConditionalGeneration: images and audio projected straight into
+    # the language model, which is Gemma 4's dense one).
+    "gemma4_unified": ("Gemma4UnifiedConfig", "Gemma4UnifiedForConditionalGeneration", {
+        "tie_word_embeddings": True, "text_config": {
+            "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
+            "attention_k_eq_v": True, "sliding_window": 16, "final_logit_softcapping": 30.0,
+            "tie_word_embeddings": True}}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -237,7 +252,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
-               "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4")
+               "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -470,6 +485,13 @@ class ChatStyle:
 CHATML = ChatStyle(TINY_CHAT_TEMPLATE, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_start|>", "<|im_end|>")
 GEMMA_TURNS = ChatStyle(GEMMA3_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
                         "<bos>", "<end_of_turn>")
+# Gemma 4's turns: <|turn>role ... <turn|>, a system role of its own, the assistant's role "model".
+GEMMA4_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' + message['content'] | trim"
+    " + '<turn|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}"
+)
+GEMMA4_TURNS = ChatStyle(GEMMA4_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>"), "<bos>", "<turn|>")
 QWEN35_TURNS = ChatStyle(QWEN35_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>"))
 # Each family's template, with its special tokens, where it is not plain ChatML (Qwen2.5's and
 # Gemma 3's as published; the Gemma 3 270M firmware ships the latter too).
@@ -485,6 +507,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
                           "<s>", "</s>"),
     "phi3": ChatStyle(PHI3_CHAT_TEMPLATE, ("<unk>", "<s>", "<|endoftext|>", "<|system|>", "<|user|>",
                                            "<|assistant|>", "<|end|>"), "<s>", "<|end|>"),
+    "gemma4": GEMMA4_TURNS,
     "gemma3": GEMMA_TURNS,  # and Gemma 3's other fixtures (chat_style reads the family before "_")
     # Gemma and Gemma 2 take turns as Gemma 3 does.
     "gemma": GEMMA_TURNS,

@@ -313,7 +313,7 @@ def test_a_hybrid_model_s_prompt_chunked_beside_a_decoding_stream_answers_as_alo
     # ...and its slots: keys and values of the attention layers only, and each slot's states.
     session, slots = worker.session, worker.kv
     assert session.kv_layers == 1 < bundle.model.num_layers and session.states
-    held = slots.rows * (2 * session.kv_layers * slots.row_bytes + sum(spec.row_bytes for spec in session.states))
+    held = slots.rows * (slots.row_bytes + sum(spec.row_bytes for spec in session.states))
     assert planned.kv == held
     budget = worker.scheduler.budget
     budget.short_step, budget.max_tokens = 0.0, 4  # the prompt in chunks of at most 4, never whole
@@ -629,27 +629,58 @@ def _refused_at_build_and_start(tmp_path: Path, trusted_keys: Path, edit: Any, r
         ModelSession(dataclasses.replace(bundle, root=folder))
 
 
-def test_a_graph_whose_layers_differ_in_kv_shape_is_refused(tmp_path: Path, trusted_keys: Path) -> None:
-    """The engine's KV slots are one [rows, kv_heads, capacity, head_size] buffer per layer, all
-    alike; a graph with a layer of wider heads (Gemma 4's global layers) is refused at the build's
-    check and when a session is made, and a Gemma 4 config before the export."""
+def test_a_graph_whose_keys_and_values_differ_in_shape_is_refused(tmp_path: Path, trusted_keys: Path) -> None:
+    """The engine's KV slots hold a layer's keys and values in two buffers of one shape (layers may
+    differ from each other, as Gemma 4's do): a graph whose past values are wider than its keys is
+    refused at the build's check and when a session is made."""
+
+    def widen(model: Any, facts: Any) -> None:
+        past = next(i for i in model.graph.input if i.name == facts.past_value_name % 1)
+        past.type.tensor_type.shape.dim[1].dim_value = facts.num_kv_heads
+        past.type.tensor_type.shape.dim[3].dim_value = 2 * facts.head_size
+
+    facts = firmware.load(tiny_bundle("qwen2"), trusted_keys).model
+    odd = f"layer 1: keys {facts.num_kv_heads} heads of {facts.head_size}, values {facts.num_kv_heads} heads of " \
+          f"{2 * facts.head_size}"
+    _refused_at_build_and_start(tmp_path, trusted_keys, widen, f"keys and values differ in shape ({odd}")
+
+
+def test_gemma4_s_layers_of_two_shapes_get_slots_of_their_own_and_the_plan_counts_them(trusted_keys: Path) -> None:
+    """Gemma 4's global layers have fewer, wider heads than its sliding ones: each layer's slots take
+    its own shape from the graph, and the daemon's memory plan counts what they hold."""
+    from appliance.plan import memory_need
+
+    bundle = firmware.load(tiny_bundle("gemma4"), trusted_keys)
+    config = EngineConfig(intra_op_threads=2, max_active_per_device=2, prefill_lane=False)
+    engine = Engine(bundle, config)
+    try:
+        worker = engine.workers["cpu"]
+        session, slots = worker.session, worker.kv
+        f = bundle.model
+        assert session.kv_shapes == [(f.num_kv_heads, f.head_size)] * 5 + [(1, 2 * f.head_size)]
+        assert [shape[1:] for shape in slots.shapes][-2:] == [[2, slots.capacity, 16], [1, slots.capacity, 32]]
+        assert memory_need(bundle, config).kv == slots.rows * slots.row_bytes
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize(("text", "refused"), [
+    ({"hidden_size_per_layer_input": 256}, "per-layer embeddings (hidden_size_per_layer_input 256, as in Gemma 4 E2B"),
+    ({}, "per-layer embeddings (hidden_size_per_layer_input 256"),  # transformers' default
+    ({"hidden_size_per_layer_input": 0, "num_kv_shared_layers": 18}, "its last 18 layers reuse earlier layers' keys"),
+    ({"hidden_size_per_layer_input": 0, "enable_moe_block": True}, "use GeGLU experts"),
+])  # fmt: skip
+def test_what_of_gemma4_the_export_leaves_out_is_refused_before_export(tmp_path: Path, text: dict[str, Any],
+                                                                       refused: str) -> None:  # fmt: skip
     from firmware.errors import BundleError
     from firmware.toolchain.build import BuildOptions, build
 
-    def widen(model: Any, facts: Any) -> None:
-        past = next(i for i in model.graph.input if i.name == facts.past_key_name % 1)
-        assert past.type.tensor_type.shape.dim[1].dim_value == facts.num_kv_heads  # stated; the width is symbolic
-        past.type.tensor_type.shape.dim[3].dim_value = 2 * facts.head_size  # as Gemma 4's export states each layer's
-
-    facts = firmware.load(tiny_bundle("qwen2"), trusted_keys).model
-    wider = f"{facts.past_key_name % 1}: {facts.num_kv_heads} heads of {2 * facts.head_size}"
-    _refused_at_build_and_start(tmp_path, trusted_keys, widen, f"KV caches differ in shape ({wider}")
-
     hf = tmp_path / "hf"
     hf.mkdir()
-    (hf / "config.json").write_text(json.dumps({"model_type": "gemma4", "text_config": {
-        "model_type": "gemma4_text", "head_dim": 256, "global_head_dim": 512}}))  # fmt: skip
-    with pytest.raises(BundleError, match=r"global layers' attention differs in shape .*global_head_dim 512"):
+    (hf / "config.json").write_text(json.dumps({"architectures": ["Gemma4ForConditionalGeneration"],
+                                                "model_type": "gemma4", "text_config": {
+        "model_type": "gemma4_text", "head_dim": 256, "global_head_dim": 512, **text}}))  # fmt: skip
+    with pytest.raises(BundleError, match=re.escape(refused)):
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
 
 

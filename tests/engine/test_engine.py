@@ -217,7 +217,7 @@ def test_a_released_kv_row_is_the_kernels_to_take_back_and_still_takes_the_next_
     for layer in range(f.num_layers):
         slots.write(layer, 1, 0, keys, keys)
     mapped = slots.pointers[0][0]  # layer 0's keys: one mapping of both rows
-    row_kib = slots.row_bytes // 1024
+    row_kib = slots.layer_row_bytes[0] // 1024
     before = _vma_kib(mapped)  # the kernel may have merged it with a neighbour, released rows and all
     assert before["Rss"] >= row_kib
     slots.release(1)
