@@ -4,7 +4,8 @@ Two ways of writing a thought, each found from the model's vocabulary and chat t
 
 - Tags: Qwen3, QwQ, DeepSeek-R1's distills, SmolLM3 and Phi-4-reasoning think between `<think>` and
   `</think>`, each one token of their vocabulary, before they answer (Magistral between `[THINK]`
-  and `[/THINK]`; TAG_PAIRS).
+  and `[/THINK]`; Gemma 4 in a channel named after its open tag, `<|channel>thought\n` ...
+  `<channel|>`, the name no part of the thought; TAG_PAIRS).
 - Channels: gpt-oss writes messages in OpenAI's harmony format, each with a header:
   `<|channel|>analysis<|message|>` the thought `<|end|><|start|>assistant<|channel|>final<|message|>`
   the answer. Those markers are special tokens, which decoding drops: unsplit, the answer read
@@ -33,9 +34,11 @@ from appliance.engine.tokenizer import TextTokenizer
 
 # The tags that thinking models write their thought between, each one token of their vocabulary:
 # most (Qwen3, QwQ, DeepSeek-R1's distills, SmolLM3, Phi-4-reasoning, GLM-4.5, ERNIE 4.5), then
-# Mistral's Magistral, ByteDance's Seed-OSS and Moonshot's Kimi.
+# Mistral's Magistral, ByteDance's Seed-OSS and Moonshot's Kimi, Google's Gemma 4.
 TAG_PAIRS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"), ("<seed:think>", "</seed:think>"),
-             ("◁think▷", "◁/think▷"))  # fmt: skip
+             ("◁think▷", "◁/think▷"), ("<|channel>", "<channel|>"))  # fmt: skip
+# What a model writes after its open tag before the thought itself (Gemma 4 names its channel).
+TAG_LABELS = {"<|channel>": "thought\n"}
 Kind = Literal["tag", "thought", "answer"]
 Calls = Literal["none", "auto", "required"]  # what a request allows of calls: none, calls or text, calls only
 # A harmony header is a role and a channel name: a model that writes this many tokens and no
@@ -127,6 +130,7 @@ class ThinkTags:
     open_id: int
     close_id: int
     blank_ids: frozenset[int] = field(default=frozenset(), compare=False)  # the BLANKS that are one token
+    label_ids: tuple[int, ...] = ()  # the tokens of TAG_LABELS' label after the open tag: the tag's, not thought
 
     @staticmethod
     def of(tokenizer: TextTokenizer, template: str) -> ThinkTags | None:
@@ -134,7 +138,8 @@ class ThinkTags:
             open_id, close_id = tokenizer.token_id(open_tag), tokenizer.token_id(close_tag)
             if open_id is not None and close_id is not None and open_tag in template:
                 blanks = (tokenizer.encode(text)[0] for text in BLANKS)
-                return ThinkTags(open_id, close_id, frozenset(ids[0] for ids in blanks if len(ids) == 1))
+                label = tuple(tokenizer.encode(TAG_LABELS[open_tag])[0]) if open_tag in TAG_LABELS else ()
+                return ThinkTags(open_id, close_id, frozenset(ids[0] for ids in blanks if len(ids) == 1), label)
         return None
 
     def inside(self, prompt_ids: Sequence[int]) -> bool:
@@ -158,6 +163,8 @@ class ThinkTags:
     def split(self, prompt_ids: Sequence[int], budget: int | None, calls: Calls = "none") -> TagSplit:
         split = TagSplit(self, self.inside(prompt_ids), budget)
         split.started = split.started or self.closed(prompt_ids)
+        if prompt_ids and prompt_ids[-1] == self.open_id:  # the label comes next
+            split.labelled = 0
         return split
 
 
@@ -175,6 +182,7 @@ class TagSplit:
         self.started = inside  # a token was generated, or the prompt opened the thought
         self.begun = False  # the answer after a thought has begun (past the blank lines)
         self.blanks = 0  # blank tokens after the close tag
+        self.labelled = len(tags.label_ids)  # the label's tokens read since the open tag (all: none to come)
 
     def forced(self) -> int | None:
         if self.thinking and self.budget is not None and self.tokens >= self.budget - 1:
@@ -191,9 +199,16 @@ class TagSplit:
                 self.begun = self.begun or token not in self.tags.blank_ids or self.blanks >= MAX_BLANK_TOKENS
                 return "answer"
             self.thinking = True
+            self.labelled = 0
             self.tokens += 1
             return "tag"
         self.tokens += 1
+        label = self.tags.label_ids
+        if self.labelled < len(label):  # the channel's name, as far as the model writes it
+            if token == label[self.labelled]:
+                self.labelled += 1
+                return "tag"
+            self.labelled = len(label)
         if token == self.tags.close_id:
             self.thinking = False
             self.answered = True

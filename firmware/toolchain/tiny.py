@@ -485,13 +485,17 @@ class ChatStyle:
 CHATML = ChatStyle(TINY_CHAT_TEMPLATE, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_start|>", "<|im_end|>")
 GEMMA_TURNS = ChatStyle(GEMMA3_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
                         "<bos>", "<end_of_turn>")
-# Gemma 4's turns: <|turn>role ... <turn|>, a system role of its own, the assistant's role "model".
+# Gemma 4's turns: <|turn>role ... <turn|>, a system role of its own, the assistant's role "model";
+# it thinks in a channel, <|channel>thought\n...<channel|>: asked for (<|think|>), or closed empty.
 GEMMA4_CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
+    "{{ bos_token }}{% if enable_thinking %}{{ '<|turn>system\n<|think|><turn|>\n' }}{% endif %}"
+    "{% for message in messages %}"
     "{{ '<|turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' + message['content'] | trim"
-    " + '<turn|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}"
+    " + '<turn|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|turn>model\n' }}"
+    "{% if not enable_thinking | default(false) %}{{ '<|channel>thought\n<channel|>' }}{% endif %}{% endif %}"
 )
-GEMMA4_TURNS = ChatStyle(GEMMA4_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>"), "<bos>", "<turn|>")
+GEMMA4_TURNS = ChatStyle(GEMMA4_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|think|>",
+                                                "<|channel>", "<channel|>"), "<bos>", "<turn|>")  # fmt: skip
 QWEN35_TURNS = ChatStyle(QWEN35_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>"))
 # Each family's template, with its special tokens, where it is not plain ChatML (Qwen2.5's and
 # Gemma 3's as published; the Gemma 3 270M firmware ships the latter too).

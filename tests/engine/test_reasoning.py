@@ -341,3 +341,36 @@ def test_gpt_oss_calls_a_tool_in_a_commentary_message_of_its_own(gpt_oss: Engine
         # The answer's tokens are the call's message after its channel's name (decoding drops the markers).
         written = "".join(e.token for e in events if isinstance(e, TokenLogprob))
         assert written.lstrip().startswith(f"to=functions.{calls[0]} json{{")
+
+
+def test_gemma4_thinks_in_a_channel_whose_name_is_no_part_of_the_thought(trusted_keys: Path) -> None:
+    """Gemma 4 writes `<|channel>thought\n` the thought `<channel|>` the answer; with thinking off its
+    generation prompt closes an empty one."""
+    from firmware.toolchain.tiny import tiny_bundle
+
+    eng = Engine(firmware.load(tiny_bundle("gemma4"), trusted_keys), EngineConfig(intra_op_threads=1))
+    try:
+        tok, fmt = eng.tokenizer, eng.thought_format
+        assert isinstance(fmt, ThinkTags) and fmt.open_id == tok.token_id("<|channel>")
+        assert fmt.label_ids == tuple(tok.encode("thought\n")[0])
+        written = [fmt.open_id, *fmt.label_ids, *tok.encode("Two and two.")[0], fmt.close_id,
+                   *tok.encode("Four")[0]]  # fmt: skip
+        off = eng.prepare(GenerationRequest(messages=(QUESTION,), thinking=False))
+        on = eng.prepare(GenerationRequest(messages=(QUESTION,), thinking=True))
+        assert off.text.endswith("<|turn>model\n<|channel>thought\n<channel|>") and "<|think|>" in on.text
+        split = fmt.split(on.ids, budget=None)
+        kinds = [split.take(t) for t in written]
+        thought = tok.decode([t for t, k in zip(written, kinds, strict=True) if k == "thought"])
+        answer = tok.decode([t for t, k in zip(written, kinds, strict=True) if k == "answer"])
+        assert (thought, answer) == ("Two and two.", "Four") and split.answered
+        assert [fmt.split(off.ids, budget=None).take(t) for t in written[:2]] == ["answer", "answer"]
+        # A thought that does not name its channel is all thought.
+        unnamed = fmt.split(on.ids, budget=None)
+        assert [unnamed.take(t) for t in (fmt.open_id, *tok.encode("Two")[0])][1:] == ["thought"] * len(
+            tok.encode("Two")[0])
+        # The engine streams it apart: the name, like the tags, is shown nowhere.
+        thought, answer, done, _ = _run(eng, GenerationRequest(messages=(QUESTION, Message(
+            "assistant", "<|channel>")), max_tokens=12, temperature=0, thinking=True, thinking_budget=6))
+        assert done.thought_tokens == 6 and "thought\n" not in thought + answer
+    finally:
+        eng.close()
