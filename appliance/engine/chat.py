@@ -118,6 +118,11 @@ class ChatTemplate:
         self.takes_tool_role = self.takes_tools and self._shows_probe([
             {"role": "user", "content": "Hi."}, called,
             {"role": "tool", "content": TOOL_PROBE, "tool_call_id": probe_id}])  # fmt: skip
+        # Gemma 4's template takes results as the `tool_responses` of the turn that made the calls,
+        # which the model then goes on answering (a `tool` turn of their own is not what it was taught).
+        self.takes_tool_responses = self.takes_tool_calls and self._shows_probe([
+            {"role": "user", "content": "Hi."}, {**called, "tool_responses": [
+                {"name": CALL_PROBE, "response": TOOL_PROBE}]}])  # fmt: skip
 
     def _shows_probe(self, turns: list[dict[str, Any]], probe: str = TOOL_PROBE, **extra: Any) -> bool:
         """Whether the template writes `probe` into the prompt it renders of `turns`; a template
@@ -226,10 +231,23 @@ class ChatTemplate:
         it answer the turn's calls in order."""
         docs: list[dict[str, Any]] = []
         made, ids = 0, []  # calls so far, and the ids of the last turn's
-        for message in messages:
+        for n, message in enumerate(messages):
             if message.calls:
                 ids = [_call_id(made + i) for i in range(len(message.calls))]
                 made += len(message.calls)
+            if message.results and native and self.takes_tool_responses and docs and "tool_calls" in docs[-1]:
+                # Results as the `tool_responses` of the turn that made the calls (Gemma 4's)...
+                names = [call["function"]["name"] for call in docs[-1]["tool_calls"]]
+                docs[-1] = {**docs[-1], "tool_responses": [
+                    {"name": names[i] if i < len(names) else names[-1], "response": _response(result, error)}
+                    for i, (result, error) in enumerate(message.results)]}  # fmt: skip
+                docs += [{"role": message.role, "content": message.content}] if message.content else []
+                continue
+            if (message.role == "assistant" and not message.calls and n + 1 < len(messages) and docs
+                    and "tool_responses" in docs[-1]):  # fmt: skip
+                # ...and the answer the model went on to give, in that turn too (a final one is continued).
+                docs[-1] = {**docs[-1], "content": "\n".join(t for t in (docs[-1]["content"], message.content) if t)}
+                continue
             docs += self._docs(message, native, thoughts, ids)
         return docs
 
@@ -291,6 +309,17 @@ def _late_system_folded(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             doc, pending = {**doc, "content": "\n\n".join([*pending, doc["content"]])}, []
         out.append(doc)
     return out + ([{"role": "user", "content": "\n\n".join(pending)}] if pending else [])
+
+
+def _response(result: str, error: bool) -> Any:
+    """A tool's result as a template's `tool_responses` take it: an object where it is JSON's, else its text."""
+    if error:
+        return f"Error: {result}"
+    try:
+        parsed = json.loads(result)
+    except ValueError:
+        return result
+    return parsed if isinstance(parsed, dict) else result
 
 
 def _tool_call(name: str, arguments: str, call_id: str) -> dict[str, Any]:

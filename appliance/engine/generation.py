@@ -80,7 +80,8 @@ class Generation:
         self.marker_id = prompt.call_format.marker_id  # the token calls begin with, where the format has one
         self.repeats = RepeatGuard()
         self.tokenizer = tokenizer
-        self.decoder = StreamDecoder(tokenizer)
+        # (A format that reads special tokens in the answer's text, Gemma 4's, has them kept there.)
+        self.decoder = StreamDecoder(tokenizer, prompt.call_format.kept if self.calls is not None else None)
         self.stops = StopMatcher(request.stop_sequences)
         fmt = prompt.thought_format
         calls: Calls = "none" if not own_message else "required" if calls_only else "auto"

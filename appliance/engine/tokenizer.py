@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -42,13 +43,19 @@ class StreamDecoder:
     ends in U+FFFD (an incomplete sequence) means a delta never carries half a character.
     """
 
-    def __init__(self, tokenizer: TextTokenizer) -> None:
+    def __init__(self, tokenizer: TextTokenizer, kept: Mapping[int, str] | None = None) -> None:
         self.tokenizer = tokenizer
+        self.kept = dict(kept or {})  # special tokens given as their text (decoding drops the others)
         self.ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
 
     def push(self, token_id: int) -> str:
+        if token_id in self.kept:  # a special token: it never shares a character with its neighbours
+            held = self.flush()
+            self.ids.append(token_id)
+            self.prefix_offset = self.read_offset = len(self.ids)
+            return held + self.kept[token_id]
         self.ids.append(token_id)
         prefix_text = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
         new_text = self.tokenizer.decode(self.ids[self.prefix_offset :])

@@ -64,6 +64,9 @@ class CallFormat:
     params: bool = False
     # The arguments are written as Python's keyword arguments (LFM2's calls), not as a JSON object.
     python: bool = False
+    # The arguments are written in Gemma 4's notation (`gemma_arguments`), not as JSON. Its special
+    # tokens are kept in the answer's text (`StreamDecoder`'s `kept`): a string's delimiters are one.
+    gemma: bool = False
 
     def format(self, name: str, arguments: str) -> str:
         """A call as the model would have written it (`arguments`: JSON text)."""
@@ -71,14 +74,23 @@ class CallFormat:
             arguments = xml_params(arguments)
         elif self.python:
             arguments = python_kwargs(arguments)
+        elif self.gemma:
+            arguments = gemma_arguments(arguments)
         return f"{self.head}{name}{self.args_open}{arguments}{self.close}"
 
     @property
     def marker_id(self) -> int | None:
         return dict(self.specials).get(self.marker) if self.marker else None
 
+    @property
+    def kept(self) -> dict[int, str]:
+        """The special tokens that decoding keeps in the answer's text (id -> text): the parser reads them."""
+        return {token: text for text, token in self.specials} if self.gemma else {}
+
     def visible(self, text: str) -> str:
-        """`text` as decoding gives it back: without the special tokens."""
+        """`text` as decoding gives it back: without the special tokens it does not keep."""
+        if self.gemma:
+            return text
         for special, _ in self.specials:
             text = text.replace(special, "")
         return text
@@ -113,6 +125,11 @@ PYTHON_TOOL_LIST = "<|tool_list_start|>"
 # gpt-oss writes `<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{...}`,
 # one call a turn (<|call|> ends the turn: the caller runs it and sends its result back).
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>")
+# Gemma 4 writes each call between two special tokens, its arguments in a notation of its own (keys
+# bare, strings between a third special token), one after another:
+#   <|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3}<tool_call|>
+GEMMA_CALL = ("<|tool_call>", "<tool_call|>")
+GEMMA_QUOTE = '<|"|>'
 
 
 def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFormat:
@@ -130,6 +147,12 @@ def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFor
         args_open = (" <|constrain|>json" if constrain is not None else " json") + "<|message|>"
         return CallFormat("harmony", " to=functions.", " to=functions.", args_open, "", "", parallel=False,
                           specials=specials, channel="commentary")  # fmt: skip
+    gemma_ids = [token_id(t) for t in (*GEMMA_CALL, GEMMA_QUOTE)]
+    if None not in gemma_ids and GEMMA_CALL[0] + "call:" in template:
+        specials = tuple((text, int(token)) for text, token in zip((*GEMMA_CALL, GEMMA_QUOTE), gemma_ids, strict=True)
+                         if token is not None)  # fmt: skip
+        return CallFormat("gemma4", GEMMA_CALL[0], GEMMA_CALL[0] + "call:", "", GEMMA_CALL[1], "",
+                          specials=specials, gemma=True)  # fmt: skip
     (opens, closes), (open_id, close_id) = PYTHON_CALLS, (token_id(t) for t in PYTHON_CALLS)
     if open_id is not None and close_id is not None and (opens in template or PYTHON_TOOL_LIST in template):
         return CallFormat("python", opens, "", "(", ")", ", ", open="[", end="]" + closes, marker=opens,
@@ -276,6 +299,89 @@ def python_arguments(text: str, properties: Sequence[str] = ()) -> str | None:
         return None
 
 
+def gemma_arguments(arguments: str) -> str:
+    """JSON arguments in Gemma 4's notation, as its chat template writes a call: an object's keys
+    bare and in order, a string between GEMMA_QUOTE tokens, numbers and booleans as JSON writes
+    them, null as Python's None."""
+    return _gemma_value(_argument_values(arguments))
+
+
+def _gemma_value(value: Any) -> str:
+    if isinstance(value, str):
+        return GEMMA_QUOTE + value + GEMMA_QUOTE
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "None"}[value]
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{_gemma_value(v)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_gemma_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+_GEMMA_WORDS = {"true": True, "false": False, "null": None, "None": None, "True": True, "False": False}
+
+
+def gemma_json(text: str) -> str | None:
+    """Arguments Gemma 4 wrote (`{key:value,...}`, GEMMA_QUOTE around strings) as JSON text, or
+    None where they are not its notation. A key may be quoted too; a word outside quotes that is
+    no number or literal is read as a string, as a small model may leave its quotes out."""
+    pos = 0
+
+    def value() -> Any:
+        nonlocal pos
+        if text.startswith(GEMMA_QUOTE, pos):
+            end = text.find(GEMMA_QUOTE, pos + len(GEMMA_QUOTE))
+            if end < 0:
+                raise ValueError("an unclosed string")
+            out, pos = text[pos + len(GEMMA_QUOTE) : end], end + len(GEMMA_QUOTE)
+            return out
+        if text.startswith("{", pos):
+            pos += 1
+            obj: dict[str, Any] = {}
+            while not text.startswith("}", pos):
+                if obj:
+                    expect(",")
+                key = value()
+                expect(":")
+                obj[str(key)] = value()
+            pos += 1
+            return obj
+        if text.startswith("[", pos):
+            pos += 1
+            items: list[Any] = []
+            while not text.startswith("]", pos):
+                if items:
+                    expect(",")
+                items.append(value())
+            pos += 1
+            return items
+        match = re.compile(r"[^,:{}\[\]]+").match(text, pos)
+        if match is None:
+            raise ValueError(f"no value at {pos}")
+        pos = match.end()
+        word = match.group().strip()
+        if word in _GEMMA_WORDS:
+            return _GEMMA_WORDS[word]
+        try:
+            return json.loads(word)
+        except ValueError:
+            return word
+
+    def expect(mark: str) -> None:
+        nonlocal pos
+        if not text.startswith(mark, pos):
+            raise ValueError(f"{mark!r} expected at {pos}")
+        pos += len(mark)
+
+    try:
+        parsed = value()
+    except (ValueError, RecursionError):
+        return None
+    if pos != len(text) or not isinstance(parsed, dict):
+        return None
+    return json.dumps(parsed, ensure_ascii=False)
+
+
 def _literal(node: ast.expr) -> Any:
     if isinstance(node, ast.Constant) and isinstance(node.value, str | int | float | bool | type(None)):
         return node.value
@@ -345,14 +451,19 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
         parts = (fmt.lark(fmt.head + tool.name + fmt.args_open), f"args_{i}", fmt.lark(fmt.close))
         lines.append(f"call_{i}: " + " ".join(p for p in parts if p))
         schema = _object_schema(tool.schema)
-        if (fmt.params or fmt.python) and not schema.get("properties") and schema.get("additionalProperties") is False:
-            lines.append(f'args_{i}: ""')  # a tool that takes no arguments (JSON's schema rule writes {})
+        if (fmt.params or fmt.python or fmt.gemma) and not schema.get("properties") \
+                and schema.get("additionalProperties") is False:  # a tool that takes no arguments
+            lines.append(f"args_{i}: " + ('"{}"' if fmt.gemma else '""'))  # (JSON's schema rule writes {})
         elif fmt.params:
             lines += _param_rules(f"args_{i}", schema, tool.strict)
         elif fmt.python:
             lines += _kwarg_rules(f"args_{i}", schema, tool.strict)
+        elif fmt.gemma:
+            lines += _gemma_rules(f"args_{i}", schema, tool.strict)
         else:
             lines.append(f"args_{i}: " + schema_rule(schema, tool.strict))
+    if fmt.gemma:
+        lines += [f"gemma_quote: {fmt.lark(GEMMA_QUOTE)}", *_GEMMA_SHARED]
     parallel = rules.choice.parallel and fmt.parallel
     more = f"({fmt.lark(fmt.separator)} call){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else ""
     calls = " ".join(p for p in (fmt.lark(fmt.marker + fmt.open), "call", more, fmt.lark(fmt.end)) if p)
@@ -390,18 +501,29 @@ def _param_rules(name: str, schema: Mapping[str, Any], strict: bool) -> list[str
 
 def _kwarg_rules(name: str, schema: Mapping[str, Any], strict: bool) -> list[str]:
     """Rules for a call's arguments as Python's keyword arguments (`CallFormat.python`): the
-    schema's properties in its order, each optional unless required, ", " between two; each value
-    JSON held to its property's schema (a string in double quotes is Python's too), a boolean and
-    null in Python's spelling. A schema that lists no properties takes any keyword arguments (one
-    that allows none is `grammar`'s).
+    schema's properties in its order, ", " between two; each value JSON held to its property's
+    schema (a string in double quotes is Python's too), a boolean and null in Python's spelling."""
+    return _keyword_rules(name, schema, strict, ", ", "=", _kwarg_value)
+
+
+ValueRules = Callable[[str, Mapping[str, Any], bool], list[str]]
+
+
+def _keyword_rules(name: str, schema: Mapping[str, Any], strict: bool, separator: str, assign: str,
+                   value: ValueRules, order: Callable[[list[str]], list[str]] = list) -> list[str]:  # fmt: skip
+    """Rules for arguments written as keyword and value pairs: the schema's properties (in
+    `order`), each optional unless required, `separator` between two, `assign` between a key and
+    its value (whose rules `value` makes). A schema that lists no properties takes any keywords
+    (one that allows none is `grammar`'s).
 
     `{name}_f{k}` is the arguments from property k on where none came before, `{name}_m{k}` where
     some did (each rule only what is not empty: a rule that may be empty is used as `rule?`)."""
+    sep, eq = json.dumps(separator), json.dumps(assign)
     properties = schema.get("properties")
     if not isinstance(properties, Mapping) or not properties:
-        return [f'{name}: ({name}_kw (", " {name}_kw)*)?', f'{name}_kw: /[A-Za-z_][A-Za-z0-9_]*/ "=" {name}_any',
-                *_kwarg_value(f"{name}_any", {}, strict)]  # fmt: skip
-    keys, required = list(properties), set(schema.get("required") or ())
+        return [f"{name}: ({name}_kw ({sep} {name}_kw)*)?", f"{name}_kw: /[A-Za-z_][A-Za-z0-9_]*/ {eq} {name}_any",
+                *value(f"{name}_any", {}, strict)]  # fmt: skip
+    keys, required = order(list(properties)), set(schema.get("required") or ())
     n = len(keys)
     optional_from = [all(key not in required for key in keys[k:]) for k in range(n + 1)]
 
@@ -411,10 +533,10 @@ def _kwarg_rules(name: str, schema: Mapping[str, Any], strict: bool) -> list[str
     rules = [f"{name}: {name}_f0" + ("?" if optional_from[0] else "")]
     for k, key in enumerate(keys):
         sub = properties[key]
-        rules += [f"{name}_i{k}: {json.dumps(key + '=', ensure_ascii=False)} {name}_v{k}",
-                  *_kwarg_value(f"{name}_v{k}", sub if isinstance(sub, Mapping) else {}, strict)]  # fmt: skip
+        rules += [f"{name}_i{k}: {json.dumps(key + assign, ensure_ascii=False)} {name}_v{k}",
+                  *value(f"{name}_v{k}", sub if isinstance(sub, Mapping) else {}, strict)]  # fmt: skip
         skip = key not in required and k + 1 < n
-        rules.append(f'{name}_m{k}: ", " {name}_i{k}{rest(k + 1)}' + (f" | {name}_m{k + 1}" if skip else ""))
+        rules.append(f"{name}_m{k}: {sep} {name}_i{k}{rest(k + 1)}" + (f" | {name}_m{k + 1}" if skip else ""))
         rules.append(f"{name}_f{k}: {name}_i{k}{rest(k + 1)}" + (f" | {name}_f{k + 1}" if skip else ""))
     return rules
 
@@ -431,6 +553,73 @@ def _kwarg_value(rule: str, schema: Mapping[str, Any], strict: bool) -> list[str
         return [f'{rule}: "None"']
     other = schema_rule({**schema, "type": sorted(kinds - {"null"})}, strict)
     return [f'{rule}: {rule}_json | "None"', f"{rule}_json: {other}"]
+
+
+def _gemma_rules(name: str, schema: Mapping[str, Any], strict: bool) -> list[str]:
+    """Rules for a call's arguments in Gemma 4's notation (`CallFormat.gemma`): an object, its
+    properties in sorted order as its template writes them, "," between two, ":" after a key."""
+    inner = _keyword_rules(f"{name}_o", schema, strict, ",", ":", _gemma_value_rules, sorted)
+    return [f'{name}: "{{" {name}_o "}}"', *inner]
+
+
+_GEMMA_NUMBER = r"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/"
+_GEMMA_INTEGER = r"/-?(0|[1-9][0-9]*)/"
+# The rules every Gemma 4 grammar has (`grammar` adds them): a string is text between two
+# GEMMA_QUOTE tokens; `gemma_any` is any value, for a schema that says nothing of it.
+_GEMMA_SHARED = (
+    "gemma_text: /(.|\\n)*/",
+    f'gemma_any: gemma_quote gemma_text gemma_quote | {_GEMMA_NUMBER} | "true" | "false" | "None" '
+    '| "{" (gemma_key ":" gemma_any ("," gemma_key ":" gemma_any)*)? "}" | "[" (gemma_any ("," gemma_any)*)? "]"',
+    "gemma_key: /[A-Za-z_][A-Za-z0-9_]*/",
+)
+
+
+def _gemma_value_rules(rule: str, schema: Mapping[str, Any], strict: bool) -> list[str]:
+    """The rules of a value in Gemma 4's notation, held to `schema`'s type, enum, properties and
+    items; what the notation cannot hold (a string's pattern, format or lengths, an array's
+    bounds) is left unenforced, and refused where the tool is strict."""
+    if strict:
+        held = [k for k in ("pattern", "format", "minLength", "maxLength", "minItems", "maxItems") if k in schema]
+        if held:
+            raise InvalidRequest(f"tools: a parameter's {held[0]!r} cannot be held in strict mode by this model's call "
+                                 "format (Gemma 4's notation); send the tool without strict", "tools")  # fmt: skip
+    choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    if isinstance(choices, list) and choices:
+        return [f"{rule}: " + " | ".join(_gemma_literal(c) for c in choices)]
+    options = [o for o in (schema.get("anyOf") or schema.get("oneOf") or ()) if isinstance(o, Mapping)]
+    if options:
+        return [f"{rule}: " + " | ".join(f"{rule}_{i}" for i in range(len(options))),
+                *(r for i, o in enumerate(options) for r in _gemma_value_rules(f"{rule}_{i}", o, strict))]
+    kinds = _kinds(schema)
+    if not kinds:
+        return [f"{rule}: gemma_any"]
+    bodies, rules = [], []
+    for kind in sorted(kinds):
+        if kind == "string":
+            bodies.append("gemma_quote gemma_text gemma_quote")
+        elif kind in ("number", "integer"):
+            bodies.append(_GEMMA_INTEGER if kind == "integer" else _GEMMA_NUMBER)
+        elif kind == "boolean":
+            bodies.append('"true" | "false"')
+        elif kind == "null":
+            bodies.append('"None"')
+        elif kind == "object":
+            bodies.append(f"{rule}_obj")
+            rules += _gemma_rules(f"{rule}_obj", schema if kinds == {"object"} else {}, strict)
+        elif kind == "array":
+            items = schema.get("items") if kinds == {"array"} else None
+            item = f"{rule}_item"
+            bodies.append(f'"[" ({item} ("," {item})*)? "]"')
+            rules += _gemma_value_rules(item, items if isinstance(items, Mapping) else {}, strict)
+    return [f"{rule}: " + " | ".join(bodies), *rules]
+
+
+def _gemma_literal(value: Any) -> str:
+    """A JSON value as a rule that writes it in Gemma 4's notation."""
+    pieces: list[str] = []
+    for i, part in enumerate(_gemma_value(value).split(GEMMA_QUOTE)):
+        pieces += (["gemma_quote"] if i else []) + ([json.dumps(part, ensure_ascii=False)] if part else [])
+    return " ".join(pieces)
 
 
 def _text_regex(schema: Mapping[str, Any], key: str) -> str | None:
@@ -825,7 +1014,30 @@ class ParamCallParser(CallParser):
             out.append(CallArguments(self.calls - 1, json.dumps(text, ensure_ascii=False)[1:-1]))
 
 
-class PythonCallParser(CallParser):
+class WholeArgumentsParser(CallParser):
+    """A format whose arguments are not JSON: they are held until they end (`_arguments_end`),
+    then given as JSON at once (`_arguments_json`; what cannot be read, an empty object)."""
+
+    def _step(self, out: list[Part]) -> None:
+        if self.mode != "args":
+            super()._step(out)
+            return
+        end = self._arguments_end()
+        if end is None:
+            return  # the arguments are not closed yet
+        text, self.buf = self.buf[:end], self.buf[end:]
+        out.append(CallArguments(self.calls - 1, self._arguments_json(text) or "{}"))
+        self.mode = "tail"
+        self._tail()
+
+    def _arguments_end(self) -> int | None:
+        raise NotImplementedError
+
+    def _arguments_json(self, text: str) -> str | None:
+        raise NotImplementedError
+
+
+class PythonCallParser(WholeArgumentsParser):
     """LFM2's calls (`CallFormat.python`): each call's Python arguments become its arguments' JSON
     object once its parentheses close (`python_arguments`; positional ones named by the tool's
     schema)."""
@@ -840,18 +1052,8 @@ class PythonCallParser(CallParser):
     def _begin_call(self, index: int, name: str, out: list[Part]) -> None:
         self._tool, self._quote, self._scanned = name, "", 0
 
-    def _step(self, out: list[Part]) -> None:
-        if self.mode != "args":
-            super()._step(out)
-            return
-        end = self._arguments_end()
-        if end is None:
-            return  # the parentheses are not closed yet
-        text, self.buf = self.buf[:end], self.buf[end:]
-        values = python_arguments(text, self.properties.get(self._tool, ()))
-        out.append(CallArguments(self.calls - 1, "{}" if values is None else values))
-        self.mode = "tail"
-        self._tail()
+    def _arguments_json(self, text: str) -> str | None:
+        return python_arguments(text, self.properties.get(self._tool, ()))
 
     def _arguments_end(self) -> int | None:
         """Where the held arguments end (their closing parenthesis), tracking nesting and Python's
@@ -877,8 +1079,38 @@ class PythonCallParser(CallParser):
         return None
 
 
+class GemmaCallParser(WholeArgumentsParser):
+    """Gemma 4's calls (`CallFormat.gemma`): each call's arguments become JSON once their object
+    closes (`gemma_json`). The text it reads keeps the format's special tokens, a string's
+    delimiters among them."""
+
+    def _arguments_json(self, text: str) -> str | None:
+        return gemma_json(text)
+
+    def _arguments_end(self) -> int | None:
+        """Where the held arguments' object ends (its closing brace), outside strings."""
+        depth, i = 0, 0
+        while i < len(self.buf):
+            if self.buf.startswith(GEMMA_QUOTE, i):
+                close = self.buf.find(GEMMA_QUOTE, i + len(GEMMA_QUOTE))
+                if close < 0:
+                    return None
+                i = close + len(GEMMA_QUOTE)
+                continue
+            if self.buf[i] in "{[":
+                depth += 1
+            elif self.buf[i] in "}]":
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return None
+
+
 def call_parser(fmt: CallFormat, calls_only: bool = False, tools: Sequence[Tool] = ()) -> CallParser:
     """The parser of `fmt`'s calls (`tools`: the request's, whose schemas type a parameter's text)."""
+    if fmt.gemma:
+        return GemmaCallParser(fmt, calls_only)
     if fmt.params:
         return ParamCallParser(fmt, calls_only, tools)
     return PythonCallParser(fmt, calls_only, tools) if fmt.python else CallParser(fmt, calls_only)

@@ -486,16 +486,53 @@ CHATML = ChatStyle(TINY_CHAT_TEMPLATE, ("<|endoftext|>", "<|im_start|>", "<|im_e
 GEMMA_TURNS = ChatStyle(GEMMA3_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
                         "<bos>", "<end_of_turn>")
 # Gemma 4's turns: <|turn>role ... <turn|>, a system role of its own, the assistant's role "model";
-# it thinks in a channel, <|channel>thought\n...<channel|>: asked for (<|think|>), or closed empty.
-GEMMA4_CHAT_TEMPLATE = (
-    "{{ bos_token }}{% if enable_thinking %}{{ '<|turn>system\n<|think|><turn|>\n' }}{% endif %}"
-    "{% for message in messages %}"
-    "{{ '<|turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' + message['content'] | trim"
-    " + '<turn|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|turn>model\n' }}"
-    "{% if not enable_thinking | default(false) %}{{ '<|channel>thought\n<channel|>' }}{% endif %}{% endif %}"
-)
+# it thinks in a channel, <|channel>thought\n...<channel|>: asked for (<|think|>), or closed empty;
+# tools are declared in the system turn, calls written <|tool_call>call:name{key:value}<tool_call|>
+# (strings between <|"|> tokens, keys bare and sorted), their results after them in the same turn
+# (`tool_responses`), which the model goes on answering.
+GEMMA4_CHAT_TEMPLATE = """{%- macro arg(v) -%}
+{%- if v is string -%}<|"|>{{ v }}<|"|>
+{%- elif v is boolean -%}{{ 'true' if v else 'false' }}
+{%- elif v is mapping -%}{ {%- for k, x in v | dictsort -%}{{ k }}:{{ arg(x) }}{{ ',' if not loop.last }}
+{%- endfor -%} }
+{%- elif v is sequence -%}[ {%- for x in v -%}{{ arg(x) }}{{ ',' if not loop.last }}{%- endfor -%} ]
+{%- else -%}{{ v }}{%- endif -%}
+{%- endmacro -%}
+{{ bos_token }}
+{%- set rest = messages -%}
+{%- if enable_thinking or tools or messages[0]['role'] == 'system' -%}
+<|turn>system
+{% if enable_thinking %}<|think|>{% endif %}
+{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] | trim }}{% set rest = messages[1:] %}{% endif %}
+{%- for tool in tools or [] -%}
+<|tool>declaration:{{ tool['function']['name'] }}{{ tool['function']['parameters'] | tojson }}<tool|>
+{%- endfor -%}
+<turn|>
+{% endif -%}
+{%- set ns = namespace(open=false) -%}
+{%- for message in rest -%}
+<|turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}
+{% for call in message['tool_calls'] or [] -%}
+<|tool_call>call:{{ call['function']['name'] }}{{ arg(call['function']['arguments']) }}<tool_call|>
+{%- endfor -%}
+{%- for r in message['tool_responses'] or [] -%}
+<|tool_response>response:{{ r['name'] }}
+{{- arg(r['response']) if r['response'] is mapping else '{value:' ~ arg(r['response']) ~ '}' }}<tool_response|>
+{%- endfor -%}
+{%- set ns.open = message['tool_responses'] and not message['content'] -%}
+{%- if not ns.open %}{{ (message['content'] or '') | trim }}<turn|>
+{% endif -%}
+{% endfor -%}
+{%- if add_generation_prompt -%}
+{%- if not ns.open %}<|turn>model
+{% endif -%}
+{% if not enable_thinking | default(false) %}<|channel>thought
+<channel|>{% endif -%}
+{%- endif -%}"""
 GEMMA4_TURNS = ChatStyle(GEMMA4_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|think|>",
-                                                "<|channel>", "<channel|>"), "<bos>", "<turn|>")  # fmt: skip
+                                                "<|channel>", "<channel|>", "<|tool>", "<tool|>", "<|tool_call>",
+                                                "<tool_call|>", '<|"|>', "<|tool_response>", "<tool_response|>"),
+                         "<bos>", "<turn|>")  # fmt: skip
 QWEN35_TURNS = ChatStyle(QWEN35_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>"))
 # Each family's template, with its special tokens, where it is not plain ChatML (Qwen2.5's and
 # Gemma 3's as published; the Gemma 3 270M firmware ships the latter too).

@@ -283,6 +283,95 @@ def test_lfm2_calls_are_read_from_their_python_arguments(chunk: int, trusted_key
     assert accepts(nothing, "[now()]") and not accepts(nothing, '[now(tz="UTC")]')
 
 
+GEMMA_IDS = {"<|tool_call>": 1, "<tool_call|>": 2, '<|"|>': 3}
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_gemma4_calls_are_read_from_its_own_notation(chunk: int, trusted_keys: Path) -> None:
+    """Gemma 4 writes each call between two special tokens, its arguments keys bare and strings
+    between a third (which decoding keeps in the answer's text for the parser). They come back as
+    the JSON a client expects, and the grammar holds them to the tool's schema in that notation."""
+    from appliance.engine.tokenizer import StreamDecoder, TextTokenizer
+    from firmware.toolchain.tiny import GEMMA4_CHAT_TEMPLATE, tiny_bundle
+
+    fmt = call_format(GEMMA4_CHAT_TEMPLATE, GEMMA_IDS.get)
+    assert (fmt.name, fmt.gemma, fmt.kept) == ("gemma4", True, {1: "<|tool_call>", 2: "<tool_call|>", 3: '<|"|>'})
+    assert call_format(GEMMA4_CHAT_TEMPLATE, {}.get) is HERMES  # a vocabulary without its tokens
+    book = Tool("book", "", {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string"}, "nights": {"type": "integer"}, "pets": {"type": "boolean"},
+        "rooms": {"type": "array", "items": {"type": "string"}}, "note": {"type": ["string", "null"]},
+        "where": {"type": "object", "properties": {"lat": {"type": "number"}}}}})  # fmt: skip
+    args = {"city": 'Paris, "centre" {x}: [y]\n', "nights": -3, "pets": True, "rooms": ["a,b", "c"], "note": None,
+            "where": {"lat": 48.85}}  # fmt: skip
+    written = format_calls([PastCall("book", json.dumps(args)), PastCall("book", '{"city": "Rome"}')], fmt)
+    assert written == ('<|tool_call>call:book{city:<|"|>Paris, "centre" {x}: [y]\n<|"|>,nights:-3,note:None,'
+                       'pets:true,rooms:[<|"|>a,b<|"|>,<|"|>c<|"|>],where:{lat:48.85}}<tool_call|>'
+                       '<|tool_call>call:book{city:<|"|>Rome<|"|>}<tool_call|>')  # fmt: skip
+    text, calls, complete = _parse(written, chunk, fmt=fmt, tools=(book,))
+    assert (text, complete) == ("", 2)
+    assert [json.loads(a) for _, a in calls] == [args, {"city": "Rome"}]
+    bare = "<|tool_call>call:book{city:Oslo,nights:2,pets:True}<tool_call|>"  # quotes left out
+    assert [json.loads(a) for _, a in _parse(bare, chunk, fmt=fmt)[1]] == [{"city": "Oslo", "nights": 2, "pets": True}]
+    assert _parse("It is sunny, {mostly}.", chunk, fmt=fmt) == ("It is sunny, {mostly}.", [], 0)
+
+    bundle = firmware.load(tiny_bundle("gemma4"), trusted_keys)
+    tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
+    fmt = call_format(bundle.chat_template, tokenizer.token_id)
+    decoder = StreamDecoder(tokenizer, fmt.kept)  # the answer's text as the engine decodes it: the tokens kept
+    special = dict(fmt.specials)
+    ids = [i for piece in re.split(r"(<\|tool_call>|<tool_call\|>|<\|\"\|>)", written) if piece
+           for i in ([special[piece]] if piece in special else tokenizer.encode(piece)[0])]
+    assert "".join(decoder.push(i) for i in ids) + decoder.flush() == written
+    compiler = GrammarCompiler(bundle.tokenizer_path, bundle.model.vocab_size, bundle.model.eos_token_ids)
+
+    def accepts(rules: OutputRules, calls: str) -> bool:
+        lark = grammar(rules, fmt)
+        assert lark is not None
+        matcher = compiler.constraint(lark, "tools").matcher
+        pieces = [p for p in re.split(r"(<\|tool_call>|<tool_call\|>|<\|\"\|>)", calls) if p]
+        tokens = [t for p in pieces for t in ([special[p]] if p in special else compiler.tokenizer.tokenize_str(p))]
+        return all(matcher.consume_token(t) for t in tokens) and bool(matcher.is_accepting())
+
+    required = OutputRules((book,), ToolChoice("required"))
+    assert accepts(required, written) and accepts(required, fmt.format("book", '{"city": "P", "where": {}}'))
+    for wrong in ('{"nights": 3}', '{"city": "P", "nights": "3"}', '{"city": "P", "pets": "yes"}',
+                  '{"city": "P", "size": 1}', '{"city": 3}', '{"city": "P", "rooms": [1]}'):  # fmt: skip
+        assert not accepts(required, fmt.format("book", wrong)), wrong
+    assert not accepts(required, "<|tool_call>call:book{nights:1,city:<|\"|>P<|\"|>}<tool_call|>")  # sorted keys
+    assert accepts(OutputRules((book,)), "It is sunny.")
+    anything = OutputRules((Tool("log", "", {"type": "object", "properties": {"a": {}, "b": {"type": "boolean"}}}),),
+                           ToolChoice("required"))  # fmt: skip
+    for right in ("{}", "{b:false}", '{a:{x:[1,None,<|"|>s<|"|>]},b:true}'):
+        assert accepts(anything, f"<|tool_call>call:log{right}<tool_call|>"), right
+    assert not accepts(anything, "<|tool_call>call:log{b:1}<tool_call|>")
+    clock = OutputRules((CLOCK,), ToolChoice("required"))  # no schema: any arguments
+    assert accepts(clock, '<|tool_call>call:get_time{tz:<|"|>UTC<|"|>}<tool_call|>')
+    nothing = OutputRules((Tool("now", "", {"type": "object", "properties": {}, "additionalProperties": False}),),
+                          ToolChoice("required"))  # fmt: skip
+    assert accepts(nothing, "<|tool_call>call:now{}<tool_call|>")
+    assert not accepts(nothing, '<|tool_call>call:now{tz:<|"|>UTC<|"|>}<tool_call|>')
+    strict = Tool("code", "", {"type": "object", "properties": {"c": {"type": "string", "pattern": "^[A-Z]$"}}},
+                  strict=True)  # fmt: skip
+    with pytest.raises(InvalidRequest, match="'pattern' cannot be held in strict mode"):
+        grammar(OutputRules((strict,)), fmt)
+    assert grammar(OutputRules((dataclasses.replace(strict, strict=False),)), fmt)
+
+    # Its template takes the results as the `tool_responses` of the turn that made the calls, a
+    # JSON object's as its own, and the answer that followed them in that turn too.
+    engine = Engine(bundle, EngineConfig(intra_op_threads=1))
+    try:
+        assert engine.template.takes_tool_responses
+        called = PastCall("get_weather", '{"city": "Paris", "unit": "c"}')
+        turns = (Message("user", "Weather in Paris?"), Message("assistant", "", (called,)),
+                 Message("user", "", results=(('{"temp": 18, "sky": "clear"}', False),)),
+                 Message("assistant", "It is 18 C."), Message("user", "Thanks."))  # fmt: skip
+        text = engine.prepare(GenerationRequest(turns, output=OutputRules((WEATHER,)))).text
+        assert ('<tool_call|><|tool_response>response:get_weather{sky:<|"|>clear<|"|>,temp:18}<tool_response|>'
+                "It is 18 C.<turn|>\n<|turn>user\nThanks.<turn|>\n<|turn>model\n") in text
+    finally:
+        engine.close()
+
+
 HARMONY_IDS = {"<|start|>": 1, "<|channel|>": 2, "<|message|>": 3, "<|end|>": 4, "<|constrain|>": 5}
 
 
@@ -734,6 +823,10 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
     ("lfm2_vl", "python", "List of tools: <|tool_list_start|>[{",
      '<|im_start|>assistant\n<|tool_call_start|>[get_weather(city="Paris", unit="c")]<|tool_call_end|><|im_end|>',
      "<|im_start|>tool\n<|tool_response_start|>18 C<|tool_response_end|><|im_end|>"),
+    ("gemma4", "gemma4", "<|tool>declaration:get_weather{",  # the results in the turn of the calls, which goes on
+     '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>c<|"|>}<tool_call|>',
+     '<tool_call|><|tool_response>response:get_weather{value:<|"|>18 C<|"|>}<tool_response|><|channel>thought\n'
+     "<channel|>"),
 ])  # fmt: skip
 def test_a_model_is_shown_its_calls_and_held_to_them_in_its_own_format(trusted_keys: Path, fixture: str, fmt: str,
                                                                        listed: str, earlier: str, result: str) -> None:
@@ -757,9 +850,11 @@ def test_a_model_is_shown_its_calls_and_held_to_them_in_its_own_format(trusted_k
             return [e async for e in engine.submit(request)]
 
         events = asyncio.run(run())
-        assert [e.name for e in events if isinstance(e, CallStart)] == ["get_weather"]
-        arguments = "".join(e.json for e in events if isinstance(e, CallArguments))
-        jsonschema.validate(json.loads(arguments), cities.schema)
+        names = [e.name for e in events if isinstance(e, CallStart)]
+        assert names and set(names) == {"get_weather"}  # (the tiny Gemma 4 makes two calls: parallel ones allowed)
+        for index in range(len(names)):
+            arguments = "".join(e.json for e in events if isinstance(e, CallArguments) and e.index == index)
+            jsonschema.validate(json.loads(arguments), cities.schema)
         assert isinstance(events[-1], Finished) and events[-1].stop_reason == "tool_use"
         assert "".join(e.text for e in events if isinstance(e, TextDelta)) == ""
     finally:
