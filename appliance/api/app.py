@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -16,13 +17,14 @@ from appliance.api import anthropic
 from appliance.api.anthropic import ANTHROPIC
 from appliance.api.auth import ApiKey, KeyStore, presented_key
 from appliance.api.completions import COMPLETIONS
+from appliance.api.conversation_store import MAX_PAGE, ConversationStore, metadata_of
 from appliance.api.dialect import Call, Dialect, ModelInfo, StreamEncoder
 from appliance.api.errors import ApiError, not_served
-from appliance.api.fields import get_str, parse_json_object
+from appliance.api.fields import get_str, parse_json_object, reject_unknown
 from appliance.api.metrics import Metrics
 from appliance.api.openai import OPENAI
 from appliance.api.response_store import ResponseStore
-from appliance.api.responses import RESPONSES, ResponsesCall
+from appliance.api.responses import RESPONSES, ResponsesCall, check_items, conversation_id
 from appliance.api.responses import parse_request as parse_responses_request
 from appliance.api.tools import Answer, CallOut
 from appliance.asgi import ASGIApp, ASGIMessage, Receive, Scope, Send
@@ -139,6 +141,8 @@ ROUTES: dict[str, Route] = {
     "/v1/completions": Route(("POST",), "_generate"),
     "/v1/responses": Route(("POST",), "_generate"),
     "/v1/responses/{id}": Route(("GET", "POST", "DELETE"), "_stored_response"),  # and .../cancel, .../input_items
+    "/v1/conversations": Route(("POST",), "_new_conversation"),
+    "/v1/conversations/{id}": Route(("GET", "POST", "DELETE"), "_conversation"),  # and .../items[/{item_id}]
     "/v1/models": Route(("GET",), "_models"),
     "/v1/models/{id}": Route(("GET",), "_model"),
     "/healthz": Route(("GET", "HEAD"), "_healthz"),
@@ -149,13 +153,13 @@ ROUTES: dict[str, Route] = {
 }
 MODEL_PATH = "/v1/models/"
 RESPONSE_PATH = "/v1/responses/"
+CONVERSATION_PATH = "/v1/conversations/"
 
 
 def route_of(path: str) -> Route | None:
-    if path.startswith(MODEL_PATH) and len(path) > len(MODEL_PATH):
-        return ROUTES["/v1/models/{id}"]
-    if path.startswith(RESPONSE_PATH) and len(path) > len(RESPONSE_PATH):
-        return ROUTES["/v1/responses/{id}"]
+    for prefix in (MODEL_PATH, RESPONSE_PATH, CONVERSATION_PATH):
+        if path.startswith(prefix) and len(path) > len(prefix):
+            return ROUTES[prefix + "{id}"]
     return ROUTES.get(path)
 
 
@@ -197,6 +201,7 @@ class ApiApp:
         self.ready = False  # set once the engine is warm and every listener is bound
         self.created = int(time.time())
         self.responses = ResponseStore()  # the Responses API's stored responses
+        self.conversations = ConversationStore()  # the Conversations API's
 
     def set_ready(self, ready: bool) -> None:
         """Ready to serve generations (/readyz says so), or not (starting, draining)."""
@@ -358,6 +363,54 @@ class ApiApp:
             return await _json(ex.send, 200, {"object": "list", "data": items, "has_more": False, **ends})
         return await _json(ex.send, 200, kept.response)
 
+    async def _new_conversation(self, ex: Exchange) -> int:
+        owner = _owner(self._admit(ex))
+        doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
+        reject_unknown(doc, {"items", "metadata", "safety_identifier"}, {})
+        items = check_items(doc.get("items") or [])
+        conversation = self.conversations.create(items, metadata_of(doc.get("metadata")), owner, int(time.time()))
+        return await _json(ex.send, 200, conversation.as_object())
+
+    async def _conversation(self, ex: Exchange) -> int:
+        """A conversation: GET, POST (its metadata), DELETE; its items: GET (a page), POST (more of
+        them); one item: GET, DELETE."""
+        owner = _owner(self._admit(ex))
+        conversation_id, _, rest = ex.path[len(CONVERSATION_PATH) :].partition("/")
+        method, store = ex.scope["method"], self.conversations
+        if (method, rest) == ("GET", ""):
+            return await _json(ex.send, 200, store.get(conversation_id, owner).as_object())
+        if (method, rest) == ("POST", ""):
+            doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
+            reject_unknown(doc, {"metadata"}, {})
+            conversation = store.get(conversation_id, owner)
+            conversation.metadata = metadata_of(doc.get("metadata"))
+            return await _json(ex.send, 200, conversation.as_object())
+        if (method, rest) == ("DELETE", ""):
+            store.delete(conversation_id, owner)
+            return await _json(ex.send, 200, {"id": conversation_id, "object": "conversation.deleted", "deleted": True})
+        if (method, rest) == ("GET", "items"):
+            query = urllib.parse.parse_qs(ex.scope.get("query_string", b"").decode("latin-1"))
+            after, limit, order = (query.get(k, [None])[-1] for k in ("after", "limit", "order"))
+            if limit is not None and not (limit.isdigit() and 1 <= int(limit) <= MAX_PAGE):
+                raise ApiError(400, f"limit: must be an integer from 1 to {MAX_PAGE}", param="limit")
+            if order not in (None, "asc", "desc"):
+                raise ApiError(400, "order: must be 'asc' or 'desc'", param="order")
+            page = store.page(conversation_id, owner, after, int(limit or 20), order or "desc")
+            return await _json(ex.send, 200, page)
+        if (method, rest) == ("POST", "items"):
+            doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
+            reject_unknown(doc, {"items"}, {})
+            added = store.add(conversation_id, check_items(doc.get("items")), owner)
+            return await _json(ex.send, 200, {"object": "list", "data": added, "has_more": False,
+                                              "first_id": _item_id(added[0]) if added else None,
+                                              "last_id": _item_id(added[-1]) if added else None})  # fmt: skip
+        item_id = rest.removeprefix("items/")
+        if item_id != rest and item_id and method == "GET":
+            return await _json(ex.send, 200, store.item(conversation_id, item_id, owner))
+        if item_id != rest and item_id and method == "DELETE":
+            return await _json(ex.send, 200, store.delete_item(conversation_id, item_id, owner).as_object())
+        raise ApiError(404, f"{method} {ex.path}: not served here", param="conversation_id")
+
     def _engine(self, name: str) -> GenerationService:
         """The engine of a model the dialect's parse found served (gone since only if a reload retired it)."""
         engine = self.models.engine(name)
@@ -381,9 +434,13 @@ class ApiApp:
         debug = self._may_debug(ex, key) and any(k == DEBUG_HEADER and v.strip() == b"1" for k, v in ex.headers)
         doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
         previous = get_str(doc, "previous_response_id") if ex.dialect is RESPONSES else None
+        conversation = conversation_id(doc) if ex.dialect is RESPONSES else None
         if previous is not None:
             history = self.responses.conversation(previous, _owner(key))
             call: Call = parse_responses_request(doc, self.models.names(), history)
+        elif conversation is not None:
+            history = list(self.conversations.get(conversation, _owner(key)).items)
+            call = parse_responses_request(doc, self.models.names(), history)
         else:
             call = ex.dialect.parse(doc, self.models.names())
         flow = flow_of(ex.scope, ex.transport) if self.flows is not None else None
@@ -440,6 +497,8 @@ class ApiApp:
                 return CLIENT_CLOSED  # the client hung up before the end
             if isinstance(call, ResponsesCall) and call.store and sink.result is not None:
                 self.responses.put(sink.result, call.previous, call.input_items, owner)
+            if isinstance(call, ResponsesCall) and call.conversation is not None and sink.result is not None:
+                self._add_turn(call.conversation, call.input_items + list(sink.result.get("output") or []), owner)
             return 200
         finally:
             self.metrics.stream_closed()
@@ -510,6 +569,15 @@ class ApiApp:
         if not sink.started:  # n > 1, cancelled before its prompt was in: an answer all the same
             await sink.open()
         await sink.close()
+
+
+    def _add_turn(self, conversation: str, items: list[dict[str, Any]], owner: str | None) -> None:
+        """A response's input and output, added to the conversation it continued (once it is sent:
+        a conversation deleted or grown too large meanwhile is told in the log)."""
+        try:
+            self.conversations.add(conversation, items, owner)
+        except ApiError as exc:
+            log.warning("conversation %s: this turn's items were not added: %s", conversation, exc.message)
 
 
 def _owner(key: ApiKey | None) -> str | None:

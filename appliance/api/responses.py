@@ -1,10 +1,11 @@
 """OpenAI's Responses API (`/v1/responses`), what the OpenAI SDK's `responses.create` and the
 agent frameworks built on it call: `input` (a string, or messages and the function calls and
 outputs of earlier turns) -> GenerationRequest; the answer as output items (a message, function
-calls), whole or as typed stream events. A request may carry its whole conversation or continue a
+calls), whole or as typed stream events. A request may carry its whole conversation, continue a
 stored response (`previous_response_id`: the app looks the conversation up in its
-response_store.ResponseStore and passes its items in). Errors and the model list are the OpenAI
-dialect's."""
+response_store.ResponseStore and passes its items in) or a conversation of the Conversations API
+(`conversation`: conversation_store.ConversationStore's, likewise). Errors and the model list are
+the OpenAI dialect's."""
 
 from __future__ import annotations
 
@@ -46,12 +47,11 @@ from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
 
 _KNOWN = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
           "parallel_tool_calls", "text", "stream", "stream_options", "truncation", "include", "reasoning",
-          "max_tool_calls", "top_logprobs", "previous_response_id", *HINTS}  # fmt: skip
+          "max_tool_calls", "top_logprobs", "previous_response_id", "conversation", *HINTS}  # fmt: skip
 _UNSUPPORTED = {
     "context_management": "server-side compaction is not supported by this server: send the conversation to keep",
     "moderation": "moderation is not supported by this server",
     "background_options": "background responses are not supported by this server",
-    "conversation": "this server stores no conversations: send the whole conversation in input",
     "prompt": "stored prompts are not supported by this server",
     "background": "background responses are not supported by this server",
 }
@@ -69,6 +69,33 @@ class ResponsesCall(Call):
     input_items: list[dict[str, Any]] = field(default_factory=list)
     previous: str | None = None
     store: bool = True
+    conversation: str | None = None  # the conversation it continues, to which its items are added
+
+
+def conversation_id(doc: dict[str, Any]) -> str | None:
+    """The `conversation` a request continues: its id, or an object with it."""
+    value = doc.get("conversation")
+    if value is None:
+        return None
+    found = value.get("id") if isinstance(value, dict) else value
+    if not isinstance(found, str) or not found:
+        raise ApiError(400, "conversation: must be a conversation id or an object with its id", param="conversation")
+    if doc.get("previous_response_id") is not None:
+        raise ApiError(400, "conversation: cannot be given with previous_response_id (each names the earlier turns)",
+                       param="conversation")  # fmt: skip
+    return found
+
+
+def check_items(items: object, param: str = "items") -> list[dict[str, Any]]:
+    """Items a conversation is given, as the API lists them back (messages with their type, an id
+    and their text as parts): ApiError 400 where they are not what `input` takes."""
+    if not isinstance(items, list):
+        raise ApiError(400, f"{param}: must be a list of items", param=param)
+    try:
+        _conversation({}, items)
+    except ApiError as exc:
+        raise ApiError(400, exc.message.replace("input[", f"{param}["), param=param) from None
+    return [_listed(item) for item in items]
 
 
 def _text(content: Any, role: str, where: str) -> str:
@@ -172,8 +199,6 @@ def _conversation(doc: dict[str, Any], raw: Sequence[Any]) -> tuple[str | None, 
         turns.append(_assistant_turn(assistant, thought))
     if results:
         turns.append(Message("user", "", results=tuple(results)))
-    if not turns:
-        raise ApiError(400, "input: needs at least one user message", param="input")
     return ("\n\n".join(s for s in system if s) or None), tuple(turns)
 
 
@@ -264,7 +289,7 @@ def _logprobs(doc: dict[str, Any]) -> int | None:
 
 
 def parse_request(doc: dict[str, Any], served: Sequence[str], history: Sequence[dict[str, Any]] = ()) -> ResponsesCall:
-    """`history`: the items of the conversation `previous_response_id` continues."""
+    """`history`: the items of the conversation `previous_response_id` or `conversation` continues."""
     reject_unknown(doc, _KNOWN, _UNSUPPORTED)
     common = common_fields(doc, served)  # model, sampling, stream (the keys it reads beyond ours are refused above)
     logprobs = _logprobs(doc)
@@ -274,6 +299,8 @@ def parse_request(doc: dict[str, Any], served: Sequence[str], history: Sequence[
     get_int(doc, "max_tool_calls", minimum=1)  # it counts calls of built-in tools, which this server has none of
     items = input_items(doc)
     system, messages = _conversation(doc, [*history, *items])
+    if not messages:
+        raise ApiError(400, "input: needs at least one user message", param="input")
     max_tokens = get_int(doc, "max_output_tokens", minimum=1)
     template, reasoning = _reasoning(doc.get("reasoning"))
     request = GenerationRequest(messages=messages, system=system, max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
@@ -292,11 +319,12 @@ def parse_request(doc: dict[str, Any], served: Sequence[str], history: Sequence[
         "reasoning": reasoning,
         "store": doc.get("store") is not False,
         "previous_response_id": doc.get("previous_response_id"),
+        "conversation": {"id": conversation} if (conversation := conversation_id(doc)) else None,
         "user": doc.get("user"),
     }
     return ResponsesCall(request, common.stream, common.model, echo_fields=echo,
                          input_items=[_listed(item) for item in items], previous=get_str(doc, "previous_response_id"),
-                         store=bool(echo["store"]))  # fmt: skip
+                         store=bool(echo["store"]), conversation=conversation)  # fmt: skip
 
 
 def _usage(done: Finished) -> dict[str, Any]:

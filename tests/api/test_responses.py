@@ -65,7 +65,8 @@ def test_a_conversation_reaches_the_model_as_it_does_through_chat_completions() 
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"conversation": "conv_1"}, "conversation"),
+    ({"conversation": {"id": 3}}, "conversation"),
+    ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
     ({"input": [{"type": "input_image", "image_url": "data:,"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input"),
     ({"input": []}, "input"),
@@ -181,6 +182,54 @@ def test_responses_are_stored_continued_listed_and_deleted(demo: tuple[RunningDa
         client.responses.retrieve(unkept.id)
     with pytest.raises(openai.BadRequestError, match="previous_response_id: no stored response"):
         client.responses.create(previous_response_id=unkept.id, input="hi", **greedy)
+
+
+@pytest.mark.demo
+def test_conversations_are_continued_by_responses_and_kept(demo: tuple[RunningDaemon, DevSetup]) -> None:
+    """The Conversations API as the OpenAI SDK (and the Agents SDK's OpenAIConversationsSession)
+    uses it: a response continuing a conversation answers as the whole conversation sent in input
+    does, and its input and output join the conversation; items are listed in pages both ways,
+    added, read and deleted; the conversation's metadata updated; the conversation deleted."""
+    client = openai_client(*demo, unix=True)
+    greedy: Any = {"model": MODEL, "max_output_tokens": 16, "temperature": 0}
+    opening = {"role": "user", "content": "My name is Ada."}
+    conv = client.conversations.create(items=[opening], metadata={"topic": "names"})
+    assert conv.metadata == {"topic": "names"} and conv.id.startswith("conv_")
+    first = client.responses.create(conversation=conv.id, input="Say hello to me.", **greedy)
+    asked = [opening, {"role": "user", "content": "Say hello to me."}]
+    whole = client.responses.create(input=asked, **greedy)
+    assert first.conversation is not None and first.conversation.id == conv.id
+    assert first.usage is not None and whole.usage is not None
+    assert (first.usage.input_tokens, first.output_text) == (whole.usage.input_tokens, whole.output_text)
+    with client.responses.stream(conversation={"id": conv.id}, input="What is my name?", **greedy) as stream:
+        (second,) = [e.response for e in stream if e.type in ("response.completed", "response.incomplete")]
+    asked += [*first.output, {"role": "user", "content": "What is my name?"}]
+    again = client.responses.create(input=asked, **greedy)
+    assert second.usage is not None and again.usage is not None
+    assert (second.usage.input_tokens, second.output_text) == (again.usage.input_tokens, again.output_text)
+
+    items = list(client.conversations.items.list(conv.id, order="asc"))  # every page
+    assert [i.type for i in items] == ["message"] * 5 and [i.role for i in items] == [  # type: ignore[union-attr]
+        "user", "user", "assistant", "user", "assistant"]  # fmt: skip
+    assert (items[2].id, items[4].id) == (first.output[0].id, second.output[0].id)
+    newest = [i.id for i in client.conversations.items.list(conv.id, limit=2)]  # newest first, two a page
+    assert newest == [i.id for i in reversed(items)]
+    added = client.conversations.items.create(conv.id, items=[{"type": "message", "role": "user", "content": "Bye."}])
+    (bye,) = added.data
+    assert client.conversations.items.retrieve(bye.id, conversation_id=conv.id).model_dump() == bye.model_dump()
+    assert client.conversations.items.delete(bye.id, conversation_id=conv.id).id == conv.id
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.items.retrieve(bye.id, conversation_id=conv.id)
+    assert client.conversations.update(conv.id, metadata={"topic": "greetings"}).metadata == {"topic": "greetings"}
+    assert client.conversations.retrieve(conv.id).metadata == {"topic": "greetings"}
+
+    with pytest.raises(openai.BadRequestError, match="cannot be given with previous_response_id"):
+        client.responses.create(conversation=conv.id, previous_response_id=first.id, input="hi", **greedy)
+    with pytest.raises(openai.BadRequestError, match=r"items\[0\]"):
+        client.conversations.items.create(conv.id, items=[{"type": "nonsense"}])  # type: ignore[list-item]
+    assert client.conversations.delete(conv.id).deleted
+    with pytest.raises(openai.NotFoundError, match="no conversation"):
+        client.responses.create(conversation=conv.id, input="hi", **greedy)
 
 
 @pytest.mark.demo
