@@ -107,6 +107,8 @@ Glm4ForCausalLM) have no class in the builder either:
   only (global NoPE). GLM-4 norms before each sublayer as well, and rotates half of each head by
   pairs of neighbouring dimensions (interleaved; 0.078 off rotated by halves). Tiny ones match
   transformers to 1.2e-6 (OLMo 2), 1.5e-6 (OLMo 3), 1.9e-6 (EXAONE 4) and 2.9e-6 (GLM-4).
+  Arcee's (ArceeForCausalLM, AFM) are sent there too: a Llama whose MLP has no gate (up, ReLU
+  squared, down), which the class now builds as its Nemotron class does; a tiny one, 1.2e-6.
 
 Gemma 4 (Gemma4ForConditionalGeneration: 31B; Gemma4UnifiedForConditionalGeneration: 12B) has
 classes in the builder, written for an older transformers:
@@ -215,13 +217,16 @@ POST_NORM_FAMILIES = {"olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", 
 LAYER_NORMS = {"glm4": ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
                         "post_mlp_layernorm")}
 POST_NORMS_ONLY = (None, "post_attention_layernorm", None, "post_feedforward_layernorm")
+# Families that are a Llama but for their MLP: up, ReLU squared, down (Nemotron's, without its norms).
+UNGATED_MLP_FAMILIES = {"arcee": "ArceeForCausalLM"}
 
 
 def post_norm_as_llama(config: Any) -> None:
     """OLMo 2 and 3, EXAONE 4 and GLM-4 go to the builder's Llama class, which post_norm_layers
-    gives their layers (the builder has a class for the first OLMo only)."""
+    gives their layers (the builder has a class for the first OLMo only); so do Arcee's models,
+    whose MLP it gives them too."""
     names = list(getattr(config, "architectures", None) or ())
-    if names[:1] and names[0] in POST_NORM_FAMILIES.values():
+    if names[:1] and names[0] in (*POST_NORM_FAMILIES.values(), *UNGATED_MLP_FAMILIES.values()):
         config.architectures = ["LlamaForCausalLM"]
 
 
@@ -477,6 +482,7 @@ def post_norm_layers() -> None:
     (interleaved) of part of each head."""
     import builders
     from builders.llama import LlamaModel
+    from builders.nemotron import NemotronModel
 
     if getattr(builders.LlamaModel, "_zerolayer_post_norm", False):
         return
@@ -511,6 +517,12 @@ def post_norm_layers() -> None:
 
         def is_fused_qk_norm_gqa_supported(self) -> bool:
             return False if self.whole_qk_norm else bool(super().is_fused_qk_norm_gqa_supported())
+
+        def make_mlp_proj(self, layer_id: int, mlp: Any, root_input: str) -> None:
+            if hasattr(mlp, "gate_proj"):
+                super().make_mlp_proj(layer_id, mlp, root_input)
+            else:  # Arcee's: up, the activation (ReLU squared), down
+                NemotronModel.make_mlp_proj(self, layer_id, mlp, root_input)
 
         def make_qk_norm(self, layer_id: int, attention: Any) -> None:
             if not self.whole_qk_norm:

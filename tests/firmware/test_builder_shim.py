@@ -80,9 +80,10 @@ def test_a_norm_epsilon_under_another_name_is_the_one_the_builder_reads() -> Non
     assert llama.rms_norm_eps == 1e-6  # its own kept
 
 
-def test_post_norm_families_go_to_the_llama_class_and_no_other() -> None:
+def test_the_families_given_the_llama_class_go_to_it_and_no_other() -> None:
     for config_class, arch in (("Olmo2Config", "Olmo2ForCausalLM"), ("Olmo3Config", "Olmo3ForCausalLM"),
-                               ("Exaone4Config", "Exaone4ForCausalLM"), ("Glm4Config", "Glm4ForCausalLM")):  # fmt: skip
+                               ("Exaone4Config", "Exaone4ForCausalLM"), ("Glm4Config", "Glm4ForCausalLM"),
+                               ("ArceeConfig", "ArceeForCausalLM")):  # fmt: skip
         config = getattr(transformers, config_class)(**SHAPE, architectures=[arch])
         builder_shim.post_norm_as_llama(config)
         assert config.architectures == ["LlamaForCausalLM"], arch
