@@ -125,6 +125,13 @@ classes in the builder, written for an older transformers:
   first layer). A layer without a router gets the dense class's MLP. Tiny ones (31B's shape, and
   12B's) match transformers to 9.1e-6 over 117 positions.
 
+IBM's Granite SWA (GraniteSWAForCausalLM) has no class in the builder either:
+
+- `granite_swa_as_granite`, `granite_swa_layers`: the config is sent to the builder's Granite
+  class, which gains its attention: a learnable sink per head (the operator's head_sink, as
+  gpt-oss's; 0.021 off without), and RoPE at each layer's own base (`layer_rope_theta`: a table per
+  base, 8.4e-4 off with one; none where it is 0). A tiny one matches transformers to 3.6e-7.
+
 The builder is also asked (build.py) for `windowed_kv_cache=false`: the engine binds one buffer of
 the whole capacity per layer, so local layers keep full-length caches and the attention operator
 masks positions outside the window (`local_window_size`).
@@ -230,6 +237,13 @@ def post_norm_as_llama(config: Any) -> None:
         config.architectures = ["LlamaForCausalLM"]
 
 
+def granite_swa_as_granite(config: Any) -> None:
+    """IBM's Granite SWA models go to the builder's Granite class, which granite_swa_layers gives
+    their attention (the builder has no class of their own)."""
+    if list(getattr(config, "architectures", None) or ())[:1] == ["GraniteSWAForCausalLM"]:
+        config.architectures = ["GraniteForCausalLM"]
+
+
 def qwen3_moe_as_qwen3(config: Any) -> None:
     """Qwen3's mixture-of-experts checkpoints go to the builder's Qwen3 class, which
     qwen3_moe_layers gives their experts (the builder has no class of their own)."""
@@ -238,7 +252,7 @@ def qwen3_moe_as_qwen3(config: Any) -> None:
 
 
 FIXES = (gemma4_per_layer_shapes, phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers,
-         norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama)  # fmt: skip
+         norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:
@@ -592,6 +606,53 @@ def post_norm_layers() -> None:
     builders.LlamaModel = PostNormModel
 
 
+def granite_swa_layers() -> None:
+    """The builder's Granite class, with Granite SWA's attention where the config is theirs: a
+    learnable sink per head (an extra logit in each softmax's denominator, as gpt-oss's: the
+    operator's head_sink), and RoPE of each layer's own base (`layer_rope_theta`; 0: none), one
+    table per base. (The builder windows the layers `layer_types` marks sliding itself.)"""
+    import builders
+    from builders.base import Model
+    from builders.granite import GraniteModel
+
+    if getattr(builders.GraniteModel, "_zerolayer_swa", False):
+        return
+
+    class GraniteSWAModel(GraniteModel):
+        _zerolayer_swa = True
+
+        def __init__(self, config: Any, *args: Any) -> None:
+            super().__init__(config, *args)
+            self.layer_thetas: list[float] = []
+            if config.model_type != "granite_swa":
+                return
+            self.attention_attrs["sinks"] = True
+            self.layer_thetas = [float(t) for t in config.layer_rope_theta]
+            self.tables: dict[float, tuple[str, str]] = {}
+            for k, theta in enumerate(sorted({t for t in self.layer_thetas if t})):
+                names = (f"cos_cache_{k}", f"sin_cache_{k}")
+                self.rope_attrs.update(create_caches=True, theta=theta)
+                Model.make_rotary_embedding_caches(self, cos_cache_name=names[0], sin_cache_name=names[1])
+                self.tables[theta] = names
+            self.layer = 0
+
+        def make_rotary_embedding_caches(self, **kwargs: Any) -> Any:
+            if self.layer_thetas and "cos_cache_name" not in kwargs:
+                cos, sin = self.tables[self.layer_thetas[self.layer]]
+                kwargs = {"cos_cache_name": cos, "sin_cache_name": sin}
+            return super().make_rotary_embedding_caches(**kwargs)
+
+        def make_attention(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
+            self.layer = layer_id
+            if not self.layer_thetas or self.layer_thetas[layer_id]:
+                super().make_attention(layer_id, attention, root_input, **kwargs)
+                return
+            with _unrotated(self):
+                super().make_attention(layer_id, attention, root_input, **kwargs)
+
+    builders.GraniteModel = GraniteSWAModel
+
+
 def gemma4_dense_mlp() -> None:
     from builders.gemma import Gemma4Model, Gemma4MoEModel
 
@@ -638,6 +699,7 @@ def install() -> None:
     qwen3_moe_layers()
     post_norm_layers()
     gemma4_dense_mlp()
+    granite_swa_layers()
 
     transformers = sys.modules["transformers"]
     base = transformers.AutoConfig

@@ -245,6 +245,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # Arcee's AFM models: a Llama whose MLP is ungated (up, ReLU squared, down), with YaRN as published.
     "arcee": ("ArceeConfig", "ArceeForCausalLM", {"rope_parameters": {
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 512}}),
+    # IBM's Granite SWA: Granite with sliding layers (three in four), a learnable sink per head, and
+    # RoPE of each layer's own base, none in some (here the global layer's).
+    "granite_swa": ("GraniteSWAConfig", "GraniteSWAForCausalLM", {
+        "num_hidden_layers": 4, "sliding_window": 16, "layer_rope_theta": [0, 10000.0, 10000.0, 500000.0],
+        "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2, "logits_scaling": 2.0}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -255,7 +260,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
-               "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee")
+               "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
+               "granite_swa")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -623,6 +629,9 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
     # Rows past the tokenizer (a multimodal model's image tokens, which a prompt never holds) are
     # zeroed, so greedy decoding never picks them either: one of 512 random logits is above zero.
     with torch.no_grad():
+        for name, sinks in model.named_parameters():
+            if name.endswith("self_attn.sinks") and arch == "granite_swa":  # (initialized to zeros)
+                sinks.normal_()
         model.lm_head.weight.mul_(8.0)
         model.lm_head.weight[tok.get_vocab_size() :] = 0.0
     model.save_pretrained(out_dir)

@@ -92,6 +92,15 @@ def test_the_families_given_the_llama_class_go_to_it_and_no_other() -> None:
     assert olmo.architectures == ["OlmoForCausalLM"]
 
 
+def test_granite_swa_goes_to_the_granite_class() -> None:
+    config = transformers.GraniteSWAConfig(**SHAPE, architectures=["GraniteSWAForCausalLM"])
+    builder_shim.granite_swa_as_granite(config)
+    assert config.architectures == ["GraniteForCausalLM"]
+    granite = transformers.GraniteConfig(**SHAPE, architectures=["GraniteForCausalLM"])
+    builder_shim.granite_swa_as_granite(granite)
+    assert granite.architectures == ["GraniteForCausalLM"]
+
+
 def test_the_builder_module_loads_its_configs_through_the_fixes() -> None:
     """Importing the builder's modules replaces sys.modules['transformers'] (transformers 5's lazy
     loading); a patch of the module object seen before that is not what the builder imports."""
