@@ -596,7 +596,8 @@ KIND_ALIASES = {"attention": "full_attention", "mamba": "mamba (linear_attention
 # request instead of keys and values (session.KVSlots): Qwen3.5's gated delta-net layers, LFM2's
 # short convolutions. (The model builder exports no Mamba layers: Granite 4's hybrids are refused.)
 RECURRENT_KINDS = {"linear_attention": ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"),
-                   "conv": ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration")}
+                   "conv": ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration",
+                            "Lfm3ForCausalLM")}
 
 
 # RoPE scaling whose export rotates as transformers does, each checked on a tiny model
@@ -623,7 +624,8 @@ def _rope_exported(config: dict[str, Any], layers: str | None, rope_type: str) -
     """RoPE of one family's own that its builder class computes as transformers does: Gemma 4's
     global layers rotate a quarter of their width ("proportional": the frequencies of the whole
     width, the rest unrotated), checked on the gemma4 fixture."""
-    return config.get("model_type") in GEMMA4_TEXT and layers == "full_attention" and rope_type == "proportional"
+    return config.get("model_type") in (*GEMMA4_TEXT, "lfm3") and layers == "full_attention" \
+        and rope_type == "proportional"
 
 
 def gemma4_refusal(config: dict[str, Any]) -> str | None:

@@ -132,6 +132,16 @@ IBM's Granite SWA (GraniteSWAForCausalLM) has no class in the builder either:
   gpt-oss's; 0.021 off without), and RoPE at each layer's own base (`layer_rope_theta`: a table per
   base, 8.4e-4 off with one; none where it is 0). A tiny one matches transformers to 3.6e-7.
 
+Liquid's LFM3 (Lfm3ForCausalLM) has no class in the builder either:
+
+- `lfm3_as_lfm2`, `lfm3_layers`: the config is sent to the builder's LFM2 class (its RoPE, one
+  entry per layer type, kept aside), which gains its layers: attention in the sliding layers too
+  (LFM2's class made any layer not of full attention a convolution), RMS norms of each
+  operator's and feed-forward's output (5.2 off without), a sigmoid gate per head on the
+  attention's output (0.93 off without), and a RoPE table per layer type, the full layers'
+  proportional (1.6 off with the sliding layers' on every layer). A tiny one matches
+  transformers to 4e-6.
+
 The builder is also asked (build.py) for `windowed_kv_cache=false`: the engine binds one buffer of
 the whole capacity per layer, so local layers keep full-length caches and the attention operator
 masks positions outside the window (`local_window_size`).
@@ -188,8 +198,8 @@ def gemma4_per_layer_shapes(config: Any) -> None:
 
 
 def gemma3_rope_per_layer_type(config: Any) -> None:
-    if str(getattr(config, "model_type", "")).startswith("gemma4"):  # its builder class reads them per type
-        return
+    if str(getattr(config, "model_type", "")).startswith("gemma4") or config.model_type == "lfm3":
+        return  # (Gemma 4's builder class reads them per type; lfm3_as_lfm2 keeps LFM3's aside)
     params = getattr(config, "rope_parameters", None)
     if not isinstance(params, dict) or "full_attention" not in params or "rope_type" in params:
         return
@@ -244,6 +254,18 @@ def granite_swa_as_granite(config: Any) -> None:
         config.architectures = ["GraniteForCausalLM"]
 
 
+def lfm3_as_lfm2(config: Any) -> None:
+    """Liquid's LFM3 goes to the builder's LFM2 class, which lfm3_layers gives its layers; its RoPE,
+    one entry per layer type, is kept aside for them (the class reads one flat entry: the sliding
+    layers')."""
+    if list(getattr(config, "architectures", None) or ())[:1] != ["Lfm3ForCausalLM"]:
+        return
+    config.architectures = ["Lfm2ForCausalLM"]
+    by_type = dict(config.rope_parameters)
+    config.zerolayer_rope_by_type = by_type
+    config.rope_parameters = {"rope_type": "default", "rope_theta": by_type["sliding_attention"]["rope_theta"]}
+
+
 def qwen3_moe_as_qwen3(config: Any) -> None:
     """Qwen3's mixture-of-experts checkpoints go to the builder's Qwen3 class, which
     qwen3_moe_layers gives their experts (the builder has no class of their own)."""
@@ -252,7 +274,7 @@ def qwen3_moe_as_qwen3(config: Any) -> None:
 
 
 FIXES = (gemma4_per_layer_shapes, phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers,
-         norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite)  # fmt: skip
+         norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:
@@ -653,6 +675,125 @@ def granite_swa_layers() -> None:
     builders.GraniteModel = GraniteSWAModel
 
 
+def lfm3_layers() -> None:
+    """The builder's LFM2 class, with LFM3's layers where the config is theirs: attention in its
+    sliding layers as in its full ones (LFM2's class takes any other layer for a convolution), an
+    RMS norm of each operator's and feed-forward's output before it joins the residual stream
+    (`use_sandwich_norm`), a sigmoid gate per head on the attention's output (`g_proj`, from the
+    layer's input), and RoPE per layer type: plain at the sliding layers' base, and on the full
+    layers' proportional (a part of each head rotated at frequencies of the whole head: the table
+    holds zero frequencies for the rest, which it leaves as it is)."""
+    import builders
+    import torch
+    from builders.base import Model
+    from builders.lfm2 import LFM2Model
+
+    if getattr(builders.LFM2Model, "_zerolayer_lfm3", False):
+        return
+
+    class LFM3Model(LFM2Model):
+        _zerolayer_lfm3 = True
+
+        def __init__(self, config: Any, *args: Any) -> None:
+            super().__init__(config, *args)
+            self.lfm3 = config.model_type == "lfm3"
+            if not self.lfm3:
+                return
+            self.gated = bool(config.use_attention_gate)
+            self.layer = 0
+            full = config.zerolayer_rope_by_type["full_attention"]
+            if full.get("rope_type", "default") not in ("default", "proportional"):
+                raise ValueError(f"LFM3: RoPE {full['rope_type']!r} on the full-attention layers is not supported")
+            self.make_initializers_of_tables(float(full["rope_theta"]), float(full.get("partial_rotary_factor", 1.0)))
+
+        def make_initializers_of_tables(self, theta: float, part: float) -> None:
+            self.rope_attrs.update(create_caches=True, partial_rotary_factor=1.0)
+            Model.make_rotary_embedding_caches(self, cos_cache_name="cos_cache_local", sin_cache_name="sin_cache_local")
+            half = self.head_size // 2
+            rotated = int(part * self.head_size // 2)
+            inv_freq = torch.zeros(half)
+            inv_freq[:rotated] = 1.0 / theta ** (torch.arange(0, 2 * rotated, 2).float() / self.head_size)
+            angles = torch.outer(torch.arange(self.context_length).float(), inv_freq)
+            self.make_initializer(angles.cos(), "cos_cache_global", to=self.io_dtype)
+            self.make_initializer(angles.sin(), "sin_cache_global", to=self.io_dtype)
+
+        def make_intermediate_size_init(self, config: Any) -> None:
+            if config.model_type == "lfm3":  # (no block_* sizing: its size is the MLP's)
+                self.intermediate_size = config.intermediate_size
+            else:
+                super().make_intermediate_size_init(config)
+
+        def make_rotary_embedding_caches(self, **kwargs: Any) -> Any:
+            if getattr(self, "lfm3", False) and "cos_cache_name" not in kwargs:
+                where = "global" if self.layer_types[self.layer] == "full_attention" else "local"
+                return f"cos_cache_{where}", f"sin_cache_{where}"
+            return super().make_rotary_embedding_caches(**kwargs)
+
+        def make_attention(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
+            if not self.lfm3:
+                super().make_attention(layer_id, attention, root_input, **kwargs)
+                return
+            self.layer = layer_id
+            Model.make_attention(self, layer_id, attention, root_input, **kwargs)  # (its names are the base's)
+
+        def make_attention_output_proj(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
+            if getattr(self, "lfm3", False) and self.gated:
+                self.attention_attrs["o_path"] = self._gated(layer_id, attention, root_input)
+            super().make_attention_output_proj(layer_id, attention, root_input, **kwargs)
+
+        def _gated(self, layer_id: int, attention: Any, root_input: str) -> str:
+            """The attention's output, each head's scaled by sigmoid(g_proj(layer input))."""
+            base, heads, width = f"/model/layers.{layer_id}/attn/g_proj", self.num_attn_heads, self.head_size
+            gate = self.make_matmul(attention.g_proj, f"{base}/MatMul", root_input)
+            self.make_sigmoid(f"{base}/Sigmoid", f"{gate}/output_0", self.io_dtype,
+                              ["batch_size", "sequence_length", heads])  # fmt: skip
+            self.make_unsqueeze(f"{base}/Unsqueeze", [f"{base}/Sigmoid/output_0", "/model/constants/INT64/[-1]"],
+                                self.io_dtype, ["batch_size", "sequence_length", heads, 1])  # fmt: skip
+            self.make_reshape(f"{base}/Reshape_1", [self.attention_attrs["o_path"],
+                                                    f"/model/constants/INT64/[0, 0, {heads}, {width}]"],
+                              self.io_dtype, ["batch_size", "sequence_length", heads, width])  # fmt: skip
+            self.make_mul(f"{base}/Mul", [f"{base}/Reshape_1/output_0", f"{base}/Unsqueeze/output_0"],
+                          self.io_dtype, ["batch_size", "sequence_length", heads, width])  # fmt: skip
+            self.make_reshape(f"{base}/Reshape_2", [f"{base}/Mul/output_0",
+                                                    f"/model/constants/INT64/[0, 0, {heads * width}]"],
+                              self.io_dtype, self.make_hidden_state_shape(last_dim=heads * width))  # fmt: skip
+            return f"{base}/Reshape_2/output_0"
+
+        def make_layer(self, layer_id: int, layer: Any) -> None:
+            if not self.lfm3:
+                super().make_layer(layer_id, layer)
+                return
+            if self.prunes_hidden_rows():
+                raise ValueError("LFM3: pruning the LM head's rows (paged attention) is not supported")
+            self.make_layernorm(layer_id, layer.operator_norm, skip=not self.layernorm_attrs["first_layernorm"],
+                                simple=self.layernorm_attrs["simple"], location="operator")  # fmt: skip
+            if self.layer_types[layer_id] == "conv":
+                conv = self.make_short_conv(layer_id, layer.conv, self.layernorm_attrs["output_0"])
+                self.layernorm_attrs["skip_input"] = conv
+            else:
+                self.make_attention(layer_id, layer.self_attn, root_input=self.layernorm_attrs["output_0"])
+            self._normed_output(layer_id, layer.post_operator_norm, "post_operator")
+            self.make_layernorm(layer_id, layer.ffn_norm, skip=True, simple=self.layernorm_attrs["simple"],
+                                location="ffn")  # fmt: skip
+            self.make_feed_forward(layer_id, layer, root_input=self.layernorm_attrs["output_0"])
+            self._normed_output(layer_id, layer.post_ffn_norm, "post_ffn")
+            self.layernorm_attrs["first_layernorm"] = False
+            self.layernorm_attrs["last_layernorm"] = layer_id == self.num_layers - 1
+
+        def _normed_output(self, layer_id: int, norm: Any, location: str) -> None:
+            """The sublayer's output (skip_input, which the next skip norm adds to the residual
+            stream) RMS-normalized by `norm`, where the layer has one (a sandwich norm)."""
+            if getattr(norm, "weight", None) is None:
+                return
+            kept = self.layernorm_attrs["root_input"]
+            self.layernorm_attrs["root_input"] = self.layernorm_attrs["skip_input"]
+            self.make_layernorm(layer_id, norm, skip=False, simple=True, location=location)
+            self.layernorm_attrs["root_input"] = kept
+            self.layernorm_attrs["skip_input"] = self.layernorm_attrs["output_0"]
+
+    builders.LFM2Model = LFM3Model
+
+
 def gemma4_dense_mlp() -> None:
     from builders.gemma import Gemma4Model, Gemma4MoEModel
 
@@ -700,6 +841,7 @@ def install() -> None:
     post_norm_layers()
     gemma4_dense_mlp()
     granite_swa_layers()
+    lfm3_layers()
 
     transformers = sys.modules["transformers"]
     base = transformers.AutoConfig

@@ -250,6 +250,10 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "granite_swa": ("GraniteSWAConfig", "GraniteSWAForCausalLM", {
         "num_hidden_layers": 4, "sliding_window": 16, "layer_rope_theta": [0, 10000.0, 10000.0, 500000.0],
         "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2, "logits_scaling": 2.0}),
+    # Liquid's LFM3: LFM2's convolutions between attention layers, sliding ones among them, norms
+    # after each operator and feed-forward too, a sigmoid gate per head on the attention's output,
+    # and RoPE per layer type (proportional over half of each head on the full layers).
+    "lfm3": ("Lfm3Config", "Lfm3ForCausalLM", {"num_hidden_layers": 6, "head_dim": 16, "sliding_window": 16}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -261,7 +265,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
-               "granite_swa")
+               "granite_swa", "lfm3")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -542,6 +546,10 @@ GEMMA4_TURNS = ChatStyle(GEMMA4_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<|tu
                                                 "<|channel>", "<channel|>", "<|tool>", "<tool|>", "<|tool_call>",
                                                 "<tool_call|>", '<|"|>', "<|tool_response>", "<tool_response|>"),
                          "<bos>", "<turn|>")  # fmt: skip
+LFM2_TURNS = ChatStyle(LFM2_CHAT_TEMPLATE, ("<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+                                            "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
+                                            "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>"),
+                       "<|startoftext|>", "<|im_end|>")  # fmt: skip
 QWEN35_TURNS = ChatStyle(QWEN35_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>"))
 # Each family's template, with its special tokens, where it is not plain ChatML (Qwen2.5's and
 # Gemma 3's as published; the Gemma 3 270M firmware ships the latter too).
@@ -572,11 +580,9 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     # Qwen3.5 writes each argument of a call as an element of its own (appliance/engine/tools.py).
     "qwen3_5": QWEN35_TURNS,
     "qwen3_5_moe": QWEN35_TURNS,
-    # LFM2 (and its mixture-of-experts fixture): ChatML within its own special tokens.
-    "lfm2": ChatStyle(LFM2_CHAT_TEMPLATE, ("<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
-                                           "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
-                                           "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>"),
-                      "<|startoftext|>", "<|im_end|>"),
+    # LFM2 (and its mixture-of-experts fixture) and LFM3: ChatML within their own special tokens.
+    "lfm2": LFM2_TURNS,
+    "lfm3": LFM2_TURNS,
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",
                                                  "<|message|>", "<|end|>", "<|return|>", "<|constrain|>", "<|call|>"),
                          "<|startoftext|>", "<|return|>"),

@@ -139,7 +139,7 @@ def test_sharded_and_prefix_reused_generation_equal_one_pass(arch: tuple[str, fi
     assert first == again == expected, name
 
 
-@pytest.mark.parametrize("name", ["lfm2", "qwen3_5"])
+@pytest.mark.parametrize("name", ["lfm2", "lfm3", "qwen3_5"])
 def test_a_hybrid_model_s_next_turn_reuses_the_last_one_whole_with_its_states(name: str, trusted_keys: Path) -> None:
     """The pool keeps a hybrid model's row where its messages end and as its answer left it, each
     with the recurrent states there: the conversation's next turn begins with one of them (the
