@@ -235,6 +235,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
         "attention_k_eq_v": True, "sliding_window": 16, "hidden_size_per_layer_input": 0,
         "final_logit_softcapping": 30.0, "tie_word_embeddings": True}}),
+    # Gemma 4's language model saved alone (Gemma4ForCausalLM: a fine-tune loaded as a causal LM).
+    "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
+        "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True, "sliding_window": 16, "hidden_size_per_layer_input": 0,
+        "final_logit_softcapping": 30.0, "tie_word_embeddings": True}),
     # Gemma 4 12B (Gemma4UnifiedForConditionalGeneration: images and audio projected straight into
     # the language model, which is Gemma 4's dense one).
     "gemma4_unified": ("Gemma4UnifiedConfig", "Gemma4UnifiedForConditionalGeneration", {
@@ -265,7 +270,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
-               "granite_swa", "lfm3")
+               "granite_swa", "lfm3", "gemma4_text")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
