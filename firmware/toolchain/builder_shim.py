@@ -242,14 +242,17 @@ LAYER_NORMS = {"glm4": ("input_layernorm", "post_self_attn_layernorm", "post_att
 POST_NORMS_ONLY = (None, "post_attention_layernorm", None, "post_feedforward_layernorm")
 # Families that are a Llama but for their MLP: up, ReLU squared, down (Nemotron's, without its norms).
 UNGATED_MLP_FAMILIES = {"arcee": "ArceeForCausalLM"}
+# Families that are a Llama as the builder's class builds it (biases where their projections have them).
+LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM"}
 
 
 def post_norm_as_llama(config: Any) -> None:
     """OLMo 2 and 3, EXAONE 4 and GLM-4 go to the builder's Llama class, which post_norm_layers
     gives their layers (the builder has a class for the first OLMo only); so do Arcee's models,
-    whose MLP it gives them too."""
+    whose MLP it gives them too, and ByteDance's Seed-OSS, a Llama with biased projections."""
     names = list(getattr(config, "architectures", None) or ())
-    if names[:1] and names[0] in (*POST_NORM_FAMILIES.values(), *UNGATED_MLP_FAMILIES.values()):
+    if names[:1] and names[0] in (*POST_NORM_FAMILIES.values(), *UNGATED_MLP_FAMILIES.values(),
+                                  *LLAMA_FAMILIES.values()):  # fmt: skip
         config.architectures = ["LlamaForCausalLM"]
 
 

@@ -259,6 +259,10 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # after each operator and feed-forward too, a sigmoid gate per head on the attention's output,
     # and RoPE per layer type (proportional over half of each head on the full layers).
     "lfm3": ("Lfm3Config", "Lfm3ForCausalLM", {"num_hidden_layers": 6, "head_dim": 16, "sliding_window": 16}),
+    # ByteDance's Seed-OSS: a Llama whose query, key and value projections (and here its output
+    # projection and MLP too) have biases; it thinks between <seed:think> tags.
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", {"head_dim": 16, "attention_out_bias": True,
+                                                           "mlp_bias": True}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -270,7 +274,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
-               "granite_swa", "lfm3", "gemma4_text")
+               "granite_swa", "lfm3", "gemma4_text", "seed_oss")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -594,6 +598,11 @@ CHAT_STYLES: dict[str, ChatStyle] = {
 }  # fmt: skip
 
 
+# Parameters transformers initializes to zeros, made random in these fixtures so the export's
+# handling of them shows (a Granite SWA's sinks; Seed-OSS's biases, all of its projections').
+RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "seed_oss": ("_proj.bias",)}
+
+
 def chat_style(arch: str) -> ChatStyle:
     return CHAT_STYLES.get(arch, CHAT_STYLES.get(arch.partition("_")[0], CHATML))
 
@@ -640,9 +649,9 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
     # Rows past the tokenizer (a multimodal model's image tokens, which a prompt never holds) are
     # zeroed, so greedy decoding never picks them either: one of 512 random logits is above zero.
     with torch.no_grad():
-        for name, sinks in model.named_parameters():
-            if name.endswith("self_attn.sinks") and arch == "granite_swa":  # (initialized to zeros)
-                sinks.normal_()
+        for name, weight in model.named_parameters():  # what transformers initializes to zeros, where it is checked
+            if name.endswith(RANDOMIZED.get(arch, ())):
+                weight.normal_()
         model.lm_head.weight.mul_(8.0)
         model.lm_head.weight[tok.get_vocab_size() :] = 0.0
     model.save_pretrained(out_dir)
@@ -653,7 +662,7 @@ def _fingerprint(arch: str) -> str:
     (The Llama fixture keeps its plain names: it has not changed since they were chosen.)"""
     if arch == "llama":
         return ""
-    spec = repr((ARCHITECTURES[arch], chat_style(arch)))
+    spec = repr((ARCHITECTURES[arch], chat_style(arch), *((RANDOMIZED[arch],) if arch in RANDOMIZED else ())))
     return "-" + hashlib.sha256(spec.encode()).hexdigest()[:8]
 
 
