@@ -60,8 +60,11 @@ class CallFormat:
     # (reasoning.ChannelSplit); the format is what follows the channel's name, and the text answer
     # is another message, on the final channel.
     channel: str = ""
-    # The arguments are written as parameters (QWEN_XML), not as a JSON object.
+    # The arguments are written as parameters (QWEN_XML), not as a JSON object: each
+    # PARAM_OPEN + its name + `param_head_end` + its value + `param_close`.
     params: bool = False
+    param_head_end: str = ">\n"
+    param_close: str = "\n</parameter>\n"
     # The arguments are written as Python's keyword arguments (LFM2's calls), not as a JSON object.
     python: bool = False
     # The arguments are written in Gemma 4's notation (`gemma_arguments`), not as JSON. Its special
@@ -71,7 +74,7 @@ class CallFormat:
     def format(self, name: str, arguments: str) -> str:
         """A call as the model would have written it (`arguments`: JSON text)."""
         if self.params:
-            arguments = xml_params(arguments)
+            arguments = xml_params(arguments, self.param_head_end, self.param_close)
         elif self.python:
             arguments = python_kwargs(arguments)
         elif self.gemma:
@@ -117,7 +120,11 @@ MISTRAL_ARGS = ("[TOOL_CALLS]", "[ARGS]")
 #   <tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>
 QWEN_XML = CallFormat("qwen_xml", "<tool_call>", "<tool_call>\n<function=", ">\n", "</function>\n</tool_call>", "\n",
                       params=True)  # fmt: skip
-PARAM_OPEN, PARAM_CLOSE = "<parameter=", "\n</parameter>\n"
+PARAM_OPEN = "<parameter="
+# ByteDance's Seed-OSS writes each call between two special tokens of its own, its parameters
+# without Qwen's newlines around their values:
+#   <seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>\n</seed:tool_call>
+SEED_CALL = ("<seed:tool_call>", "</seed:tool_call>")
 # LFM2's templates list the tools between special tokens; its models write a turn's calls as a
 # Python list of calls between two more: <|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>.
 PYTHON_CALLS = ("<|tool_call_start|>", "<|tool_call_end|>")
@@ -137,6 +144,11 @@ def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFor
     vocabulary's id of a token, or None)."""
     if '"parameters": dictionary of argument name' in template:  # Llama 3.1, 3.2 and 3.3, as published
         return LLAMA3_JSON
+    (opens, closes), (open_id, close_id) = SEED_CALL, (token_id(t) for t in SEED_CALL)
+    if open_id is not None and close_id is not None and opens in template and "<function=" in template:
+        return CallFormat("seed_xml", opens, "\n<function=", ">\n", "</function>\n" + closes, "\n" + opens,
+                          marker=opens, specials=((opens, open_id), (closes, close_id)), params=True,
+                          param_head_end=">", param_close="</parameter>\n")  # fmt: skip
     if "<function=" in template and PARAM_OPEN in template:
         return QWEN_XML
     # (Its header is read by reasoning.Harmony, which needs <|start|> and <|end|> as well.)
@@ -233,11 +245,11 @@ def _argument_values(arguments: str) -> dict[str, Any]:
     return values if isinstance(values, dict) else {}
 
 
-def xml_params(arguments: str) -> str:
-    """A call's arguments (JSON text of an object) as QWEN_XML's parameters, as its templates write
-    them."""
+def xml_params(arguments: str, head_end: str = QWEN_XML.param_head_end, close: str = QWEN_XML.param_close) -> str:
+    """A call's arguments (JSON text of an object) as parameters, as the templates of QWEN_XML (and
+    Seed-OSS's, whose framing `head_end` and `close` say) write them."""
     values = _argument_values(arguments)
-    return "".join(f"{PARAM_OPEN}{key}>\n{_param_text(value)}{PARAM_CLOSE}" for key, value in values.items())
+    return "".join(f"{PARAM_OPEN}{key}{head_end}{_param_text(value)}{close}" for key, value in values.items())
 
 
 def _param_text(value: Any) -> str:
@@ -455,7 +467,7 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
                 and schema.get("additionalProperties") is False:  # a tool that takes no arguments
             lines.append(f"args_{i}: " + ('"{}"' if fmt.gemma else '""'))  # (JSON's schema rule writes {})
         elif fmt.params:
-            lines += _param_rules(f"args_{i}", schema, tool.strict)
+            lines += _param_rules(f"args_{i}", schema, tool.strict, fmt)
         elif fmt.python:
             lines += _kwarg_rules(f"args_{i}", schema, tool.strict)
         elif fmt.gemma:
@@ -472,27 +484,27 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
                       "call: " + " | ".join(f"call_{i}" for i in range(len(tools))), *lines]) + "\n"  # fmt: skip
 
 
-def _param_rules(name: str, schema: Mapping[str, Any], strict: bool) -> list[str]:
+def _param_rules(name: str, schema: Mapping[str, Any], strict: bool, fmt: CallFormat) -> list[str]:
     """Rules for a call's arguments as parameters (QWEN_XML): the schema's properties in its order,
     each optional unless required; a string's value is text that ends where its element closes
     (an enum's, one of its values; a strict tool's, held to its pattern and lengths), any other
     value JSON held to its schema (a boolean also in Python's spelling, as the templates write
     it). A schema that lists no properties takes any parameters of text (one that allows none is
-    `grammar`'s)."""
-    close = json.dumps(PARAM_CLOSE)
+    `grammar`'s). The parameters' framing is the format's (`param_head_end`, `param_close`)."""
+    close, head_end = json.dumps(fmt.param_close), json.dumps(fmt.param_head_end)
     text = f"[stop={close}]: /(.|\\n)*/"  # lazy: the text ends where the element's close is written
     properties = schema.get("properties")
     if not isinstance(properties, Mapping) or not properties:
-        return [f'{name}: ({json.dumps(PARAM_OPEN)} /[A-Za-z0-9_.-]+/ ">\\n" {name}_text)*', f"{name}_text{text}"]
+        return [f"{name}: ({json.dumps(PARAM_OPEN)} /[A-Za-z0-9_.-]+/ {head_end} {name}_text)*", f"{name}_text{text}"]
     required = set(schema.get("required") or ())
     rules, parts = [], []
     for k, (key, sub) in enumerate(properties.items()):
-        value, opening = f"{name}_v{k}", json.dumps(f"{PARAM_OPEN}{key}>\n", ensure_ascii=False)
+        value, opening = f"{name}_v{k}", json.dumps(f"{PARAM_OPEN}{key}{fmt.param_head_end}", ensure_ascii=False)
         parts.append(f"{name}_p{k}" + ("" if key in required else "?"))
         sub = sub if isinstance(sub, Mapping) else {}
         body = _param_value(sub, strict)
         if body is None:  # text
-            held = _text_regex(sub, key) if strict else None
+            held = _text_regex(sub, key, fmt.param_close) if strict else None
             rules += [f"{name}_p{k}: {opening} {value}", f"{value}[lazy]: {held}" if held else f"{value}{text}"]
         else:
             rules += [f"{name}_p{k}: {opening} {value} {close}", f"{value}: {body}"]
@@ -622,7 +634,7 @@ def _gemma_literal(value: Any) -> str:
     return " ".join(pieces)
 
 
-def _text_regex(schema: Mapping[str, Any], key: str) -> str | None:
+def _text_regex(schema: Mapping[str, Any], key: str, param_close: str) -> str | None:
     """What a strict string parameter's text and its element's close are held to where its schema
     constrains the text (None: it does not): its pattern (searched, as JSON Schema does, unless
     anchored at both ends) and its lengths, as llguidance's regexes of a lazy lexeme (the text
@@ -640,7 +652,7 @@ def _text_regex(schema: Mapping[str, Any], key: str) -> str | None:
     if isinstance(low, int) or isinstance(high, int):
         regexes.append(f"(.|\\n){{{low if isinstance(low, int) else 0},{high if isinstance(high, int) else ''}}}")
     either = "|None" if "null" in _kinds(schema) else ""
-    close = PARAM_CLOSE.replace("\n", "\\n").replace("/", "\\/")  # as the regex literal writes it
+    close = param_close.replace("\n", "\\n").replace("/", "\\/")  # as the regex literal writes it
     return " & ".join(f"/(?:{r}{either}){close}/" for r in regexes) or None
 
 
@@ -974,24 +986,26 @@ class ParamCallParser(CallParser):
         elif self.mode != "args":
             super()._step(out)
         elif self.buf.startswith(PARAM_OPEN):
-            head_end = self.buf.find(">\n", len(PARAM_OPEN))
+            head_end = self.buf.find(self.fmt.param_head_end, len(PARAM_OPEN))
             if head_end < 0:
                 return  # the parameter's name is not whole yet
             key = self.buf[len(PARAM_OPEN) : head_end]
+            start = head_end + len(self.fmt.param_head_end)  # where its value begins
             schema = self.properties.get(self._tool, {}).get(key)
             schema = schema if isinstance(schema, Mapping) else None
             named = (", " if self._written else "") + json.dumps(key) + ": "
             if schema is not None and _kinds(schema) == {"string"}:
                 out.append(CallArguments(self.calls - 1, named + '"'))
-                self.buf, self.mode = self.buf[head_end + 2 :], "string"
+                self.buf, self.mode = self.buf[start:], "string"
                 return
-            value_end = self.buf.find(PARAM_CLOSE, head_end + 2)
+            close = self.fmt.param_close
+            value_end = self.buf.find(close, start)
             if value_end < 0:
                 return  # the element is not closed yet
-            value = param_json(self.buf[head_end + 2 : value_end], schema)
+            value = param_json(self.buf[start:value_end], schema)
             out.append(CallArguments(self.calls - 1, named + value))
             self._written += 1
-            self.buf = self.buf[value_end + len(PARAM_CLOSE) :]
+            self.buf = self.buf[value_end + len(close) :]
         elif not PARAM_OPEN.startswith(self.buf):  # no more parameters: the call closes
             out.append(CallArguments(self.calls - 1, "}"))
             self.mode = "tail"
@@ -1000,15 +1014,16 @@ class ParamCallParser(CallParser):
     def _string(self, out: list[Part]) -> None:
         """A string parameter's text, escaped as JSON, up to its element's close; what could be
         the start of the close is held until the next text says."""
-        end = self.buf.find(PARAM_CLOSE)
+        close = self.fmt.param_close
+        end = self.buf.find(close)
         if end >= 0:
-            text, self.buf = self.buf[:end], self.buf[end + len(PARAM_CLOSE) :]
+            text, self.buf = self.buf[:end], self.buf[end + len(close) :]
             out.append(CallArguments(self.calls - 1, json.dumps(text, ensure_ascii=False)[1:-1] + '"'))
             self.mode = "args"
             self._written += 1
             return
-        held = next((n for n in range(min(len(self.buf), len(PARAM_CLOSE) - 1), 0, -1)
-                     if PARAM_CLOSE.startswith(self.buf[-n:])), 0)  # fmt: skip
+        held = next((n for n in range(min(len(self.buf), len(close) - 1), 0, -1)
+                     if close.startswith(self.buf[-n:])), 0)  # fmt: skip
         text, self.buf = self.buf[: len(self.buf) - held], self.buf[len(self.buf) - held :]
         if text:
             out.append(CallArguments(self.calls - 1, json.dumps(text, ensure_ascii=False)[1:-1]))

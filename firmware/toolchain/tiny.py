@@ -555,6 +555,26 @@ GEMMA4_TURNS = ChatStyle(GEMMA4_CHAT_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<|tu
                                                 "<|channel>", "<channel|>", "<|tool>", "<tool|>", "<|tool_call>",
                                                 "<tool_call|>", '<|"|>', "<|tool_response>", "<tool_response|>"),
                          "<bos>", "<turn|>")  # fmt: skip
+# Seed-OSS's turns: <seed:bos>role ... <seed:eos>; tools listed in the system turn with its call
+# format, calls written <seed:tool_call>\n<function=name>\n<parameter=k>v</parameter>\n</function>\n
+# </seed:tool_call>, results in a turn of the tool's.
+SEED_CHAT_TEMPLATE = (
+    "{%- set sys = messages | selectattr('role', 'equalto', 'system') | map(attribute='content') | join('\n') -%}"
+    "{%- if sys or tools -%}{{ '<seed:bos>system\n' + sys }}{%- for tool in tools or [] -%}{{ '\n' + tool | tojson }}"
+    "{%- endfor -%}{%- if tools -%}{{ '\nCall a function as: <seed:tool_call>\n<function=name>\n'"
+    " + '<parameter=p>value</parameter>\n</function>\n</seed:tool_call>' }}{%- endif -%}{{ '<seed:eos>' }}{%- endif -%}"
+    "{%- for message in messages if message['role'] != 'system' -%}{{ '<seed:bos>' + message['role'] }}"
+    "{%- if message['content'] -%}{{ '\n' + message['content'] }}{%- endif -%}"
+    "{%- for call in message['tool_calls'] or [] -%}"
+    "{{ '\n<seed:tool_call>\n<function=' + call['function']['name'] + '>\n' }}"
+    "{%- for k, v in call['function']['arguments'] | items -%}"
+    "{{ '<parameter=' + k + '>' + (v if v is string else v | string) + '</parameter>\n' }}{%- endfor -%}"
+    "{{ '</function>\n</seed:tool_call>' }}{%- endfor -%}{{ '<seed:eos>' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<seed:bos>assistant\n' }}{%- endif -%}"
+)
+SEED_TURNS = ChatStyle(SEED_CHAT_TEMPLATE, ("<seed:pad>", "<seed:bos>", "<seed:eos>", "<seed:tool_call>",
+                                            "</seed:tool_call>", "<seed:think>", "</seed:think>"),
+                       "<seed:bos>", "<seed:eos>")  # fmt: skip
 LFM2_TURNS = ChatStyle(LFM2_CHAT_TEMPLATE, ("<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
                                             "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
                                             "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>"),
@@ -592,6 +612,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     # LFM2 (and its mixture-of-experts fixture) and LFM3: ChatML within their own special tokens.
     "lfm2": LFM2_TURNS,
     "lfm3": LFM2_TURNS,
+    "seed_oss": SEED_TURNS,
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",
                                                  "<|message|>", "<|end|>", "<|return|>", "<|constrain|>", "<|call|>"),
                          "<|startoftext|>", "<|return|>"),

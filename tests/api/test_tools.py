@@ -283,6 +283,52 @@ def test_lfm2_calls_are_read_from_their_python_arguments(chunk: int, trusted_key
     assert accepts(nothing, "[now()]") and not accepts(nothing, '[now(tz="UTC")]')
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_seed_oss_calls_are_read_from_its_parameters_between_its_tokens(chunk: int, trusted_keys: Path) -> None:
+    """Seed-OSS writes each call between two special tokens of its own, its parameters as Qwen3.5's
+    are but without the newlines around their values; they come back as the JSON object a client
+    expects, and the grammar holds them to the tool's schema in that framing."""
+    from appliance.engine.tokenizer import TextTokenizer
+    from firmware.toolchain.tiny import SEED_CHAT_TEMPLATE, tiny_bundle
+
+    bundle = firmware.load(tiny_bundle("seed_oss"), trusted_keys)
+    tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
+    fmt = call_format(bundle.chat_template, tokenizer.token_id)
+    assert (fmt.name, fmt.params, fmt.marker) == ("seed_xml", True, "<seed:tool_call>")
+    assert call_format(SEED_CHAT_TEMPLATE, {}.get) is QWEN_XML  # a vocabulary without its tokens
+    book = Tool("book", "", {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string"}, "nights": {"type": "integer"}, "pets": {"type": "boolean"}}})  # fmt: skip
+    args = {"city": 'Paris "centre"\n</x>', "nights": 3, "pets": True}
+    written = format_calls([PastCall("book", json.dumps(args)), PastCall("book", '{"city": "Rome"}')], fmt)
+    assert written == ('<seed:tool_call>\n<function=book>\n<parameter=city>Paris "centre"\n</x></parameter>\n'
+                       "<parameter=nights>3</parameter>\n<parameter=pets>True</parameter>\n</function>\n"
+                       "</seed:tool_call>\n<seed:tool_call>\n<function=book>\n<parameter=city>Rome</parameter>\n"
+                       "</function>\n</seed:tool_call>")  # fmt: skip
+    text, calls, complete = _parse(written, chunk, fmt=fmt, tools=(book,))
+    assert (text, complete) == ("", 2)
+    assert [json.loads(a) for _, a in calls] == [args, {"city": "Rome"}]
+    assert _parse("It is sunny.", chunk, fmt=fmt, tools=(book,)) == ("It is sunny.", [], 0)  # no marker: text
+
+    compiler = GrammarCompiler(bundle.tokenizer_path, bundle.model.vocab_size, bundle.model.eos_token_ids)
+    special = dict(fmt.specials)
+
+    def accepts(rules: OutputRules, output: str) -> bool:
+        lark = grammar(rules, fmt)
+        assert lark is not None
+        matcher = compiler.constraint(lark, "tools").matcher
+        pieces = [p for p in re.split("(<seed:tool_call>|</seed:tool_call>)", output) if p]
+        tokens = [t for p in pieces for t in ([special[p]] if p in special else compiler.tokenizer.tokenize_str(p))]
+        return all(matcher.consume_token(t) for t in tokens) and bool(matcher.is_accepting())
+
+    required = OutputRules((book,), ToolChoice("required"))
+    assert accepts(required, written)
+    for wrong in ('{"nights": 3}', '{"city": "P", "nights": "three"}', '{"city": "P", "pets": "maybe"}'):
+        assert not accepts(required, format_calls([PastCall("book", wrong)], fmt)), wrong
+    qwen_framed = written.replace("<parameter=nights>3</parameter>", "<parameter=nights>\n3\n</parameter>")
+    assert not accepts(required, qwen_framed)
+    assert accepts(OutputRules((book,)), "It is sunny.")
+
+
 GEMMA_IDS = {"<|tool_call>": 1, "<tool_call|>": 2, '<|"|>': 3}
 
 
@@ -823,6 +869,9 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
     ("lfm2_vl", "python", "List of tools: <|tool_list_start|>[{",
      '<|im_start|>assistant\n<|tool_call_start|>[get_weather(city="Paris", unit="c")]<|tool_call_end|><|im_end|>',
      "<|im_start|>tool\n<|tool_response_start|>18 C<|tool_response_end|><|im_end|>"),
+    ("seed_oss", "seed_xml", '{"type": "function", "function": {"name": "get_weather"',
+     "<seed:bos>assistant\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
+     "<parameter=unit>c</parameter>\n</function>\n</seed:tool_call><seed:eos>", "<seed:bos>tool\n18 C<seed:eos>"),
     ("gemma4", "gemma4", "<|tool>declaration:get_weather{",  # the results in the turn of the calls, which goes on
      '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>c<|"|>}<tool_call|>',
      '<tool_call|><|tool_response>response:get_weather{value:<|"|>18 C<|"|>}<tool_response|><|channel>thought\n'
