@@ -647,6 +647,18 @@ def gemma4_refusal(config: dict[str, Any]) -> str | None:
     return None
 
 
+def stablelm_refusal(config: dict[str, Any]) -> str | None:
+    """What of a StableLM config the builder's Llama class (which builds StableLM 2 1.6B and
+    StableLM 3B's layers) would not export, or None."""
+    if config.get("model_type") != "stablelm":
+        return None
+    found = [k for k in ("qk_layernorm", "use_parallel_residual") if config.get(k)]
+    if found:
+        return (f"{' and '.join(found)} (per-head query and key LayerNorms, attention and MLP side by side, as in "
+                "StableLM 2 12B) are not exported for StableLM; not supported")  # fmt: skip
+    return None
+
+
 def _rope_types(config: dict[str, Any]) -> list[tuple[str | None, str]]:
     """(layer type or None for all layers, RoPE type) of a config.json."""
     found = []
@@ -705,6 +717,8 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
       layers sharing an earlier layer's keys and values (`num_kv_shared_layers`) and experts
       (`enable_moe_block`, 26B A4B): the builder exports none of the first two, and ONNX
       Runtime's CPU MoE operator has no GeGLU, which Gemma 4's experts use (gemma4_refusal);
+    - StableLM's per-head query and key LayerNorms and parallel residual (StableLM 2 12B's), which
+      the builder's Llama class, that builds its other models, does not (stablelm_refusal);
     - RoPE scaling other than the kinds checked against transformers (ROPE_TYPES), and scaling of
       the sliding layers' RoPE (Gemma 3 scales only its global layers'). transformers' dynamic
       NTK scaling, for one, changes the frequencies as a sequence grows past the original
@@ -734,7 +748,7 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip
-    refusal = gemma4_refusal(config)
+    refusal = gemma4_refusal(config) or stablelm_refusal(config)
     if refusal:
         raise BundleError(f"{model_dir.name}: {refusal}")
     for layers, rope_type in _rope_types(config):

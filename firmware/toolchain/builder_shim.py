@@ -108,7 +108,10 @@ Glm4ForCausalLM) have no class in the builder either:
   pairs of neighbouring dimensions (interleaved; 0.078 off rotated by halves). Tiny ones match
   transformers to 1.2e-6 (OLMo 2), 1.5e-6 (OLMo 3), 1.9e-6 (EXAONE 4) and 2.9e-6 (GLM-4).
   Arcee's (ArceeForCausalLM, AFM) are sent there too: a Llama whose MLP has no gate (up, ReLU
-  squared, down), which the class now builds as its Nemotron class does; a tiny one, 1.2e-6.
+  squared, down), which the class now builds as its Nemotron class does; a tiny one, 1.2e-6. So
+  are ByteDance's Seed-OSS (a Llama with biased projections, 9.5e-7) and Stability's StableLM 2
+  (LayerNorms with biases where a Llama has RMS norms, a quarter of each head rotated: 2.4e-6; 7
+  off with RMS norms).
 
 Gemma 4 (Gemma4ForConditionalGeneration: 31B; Gemma4UnifiedForConditionalGeneration: 12B) has
 classes in the builder, written for an older transformers:
@@ -243,13 +246,14 @@ POST_NORMS_ONLY = (None, "post_attention_layernorm", None, "post_feedforward_lay
 # Families that are a Llama but for their MLP: up, ReLU squared, down (Nemotron's, without its norms).
 UNGATED_MLP_FAMILIES = {"arcee": "ArceeForCausalLM"}
 # Families that are a Llama as the builder's class builds it (biases where their projections have them).
-LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM"}
+LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCausalLM"}
 
 
 def post_norm_as_llama(config: Any) -> None:
     """OLMo 2 and 3, EXAONE 4 and GLM-4 go to the builder's Llama class, which post_norm_layers
     gives their layers (the builder has a class for the first OLMo only); so do Arcee's models,
-    whose MLP it gives them too, and ByteDance's Seed-OSS, a Llama with biased projections."""
+    whose MLP it gives them too, ByteDance's Seed-OSS, a Llama with biased projections, and
+    Stability's StableLM, one with LayerNorms (post_norm_layers' class sets them)."""
     names = list(getattr(config, "architectures", None) or ())
     if names[:1] and names[0] in (*POST_NORM_FAMILIES.values(), *UNGATED_MLP_FAMILIES.values(),
                                   *LLAMA_FAMILIES.values()):  # fmt: skip
@@ -544,6 +548,8 @@ def post_norm_layers() -> None:
                 self.attention_attrs.update(q_norm=True, k_norm=True)
             if config.model_type == "glm4":
                 self.rope_attrs["interleaved"] = 1
+            if config.model_type == "stablelm":  # LayerNorms with biases, not RMS norms
+                self.layernorm_attrs["simple"] = False
             # EXAONE 4's global layers have no RoPE where the model has sliding ones.
             types = getattr(config, "layer_types", None) or []
             hybrid = config.model_type == "exaone4" and getattr(config, "sliding_window", None)

@@ -263,6 +263,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # projection and MLP too) have biases; it thinks between <seed:think> tags.
     "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", {"head_dim": 16, "attention_out_bias": True,
                                                            "mlp_bias": True}),
+    # Stability's StableLM 2: LayerNorms (mean-centred, with biases), a quarter of each head rotated,
+    # biased query, key and value projections (as StableLM 2 1.6B). Heads of 64: the rotated part
+    # fills the operator's cos/sin rows.
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", {"hidden_size": 128, "num_attention_heads": 2,
+                                                             "num_key_value_heads": 2, "use_qkv_bias": True}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -274,7 +279,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
-               "granite_swa", "lfm3", "gemma4_text", "seed_oss")
+               "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -621,7 +626,8 @@ CHAT_STYLES: dict[str, ChatStyle] = {
 
 # Parameters transformers initializes to zeros, made random in these fixtures so the export's
 # handling of them shows (a Granite SWA's sinks; Seed-OSS's biases, all of its projections').
-RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "seed_oss": ("_proj.bias",)}
+RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "seed_oss": ("_proj.bias",),
+                                          "stablelm": ("_proj.bias", "layernorm.bias", "norm.bias")}
 
 
 def chat_style(arch: str) -> ChatStyle:

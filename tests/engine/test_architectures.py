@@ -684,6 +684,19 @@ def test_what_of_gemma4_the_export_leaves_out_is_refused_before_export(tmp_path:
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
 
 
+@pytest.mark.parametrize("option", ["qk_layernorm", "use_parallel_residual"])
+def test_what_of_stablelm_the_export_leaves_out_is_refused_before_export(tmp_path: Path, option: str) -> None:
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import BuildOptions, build
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"architectures": ["StableLmForCausalLM"], "model_type": "stablelm",
+                                                option: True}))  # fmt: skip
+    with pytest.raises(BundleError, match=f"{option} .*are not exported for StableLM"):
+        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+
+
 @pytest.mark.parametrize(("rope", "refused"), [
     ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "RoPE scaling 'dynamic' is not exported"),
     ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, "RoPE scaling 'proportional'"),

@@ -83,7 +83,8 @@ def test_a_norm_epsilon_under_another_name_is_the_one_the_builder_reads() -> Non
 def test_the_families_given_the_llama_class_go_to_it_and_no_other() -> None:
     for config_class, arch in (("Olmo2Config", "Olmo2ForCausalLM"), ("Olmo3Config", "Olmo3ForCausalLM"),
                                ("Exaone4Config", "Exaone4ForCausalLM"), ("Glm4Config", "Glm4ForCausalLM"),
-                               ("ArceeConfig", "ArceeForCausalLM")):  # fmt: skip
+                               ("ArceeConfig", "ArceeForCausalLM"), ("SeedOssConfig", "SeedOssForCausalLM"),
+                               ("StableLmConfig", "StableLmForCausalLM")):  # fmt: skip
         config = getattr(transformers, config_class)(**SHAPE, architectures=[arch])
         builder_shim.post_norm_as_llama(config)
         assert config.architectures == ["LlamaForCausalLM"], arch
