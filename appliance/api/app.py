@@ -17,7 +17,7 @@ from appliance.api import anthropic
 from appliance.api.anthropic import ANTHROPIC
 from appliance.api.auth import ApiKey, KeyStore, presented_key
 from appliance.api.completions import COMPLETIONS
-from appliance.api.conversation_store import MAX_PAGE, ConversationStore, metadata_of
+from appliance.api.conversation_store import DEFAULT_PAGE, MAX_PAGE, ConversationStore, metadata_of
 from appliance.api.dialect import Call, Dialect, ModelInfo, StreamEncoder
 from appliance.api.errors import ApiError, not_served
 from appliance.api.fields import get_str, parse_json_object, reject_unknown
@@ -395,7 +395,7 @@ class ApiApp:
                 raise ApiError(400, f"limit: must be an integer from 1 to {MAX_PAGE}", param="limit")
             if order not in (None, "asc", "desc"):
                 raise ApiError(400, "order: must be 'asc' or 'desc'", param="order")
-            page = store.page(conversation_id, owner, after, int(limit or 20), order or "desc")
+            page = store.page(conversation_id, owner, after, int(limit) if limit else DEFAULT_PAGE, order or "desc")
             return await _json(ex.send, 200, page)
         if (method, rest) == ("POST", "items"):
             doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
@@ -569,7 +569,6 @@ class ApiApp:
         if not sink.started:  # n > 1, cancelled before its prompt was in: an answer all the same
             await sink.open()
         await sink.close()
-
 
     def _add_turn(self, conversation: str, items: list[dict[str, Any]], owner: str | None) -> None:
         """A response's input and output, added to the conversation it continued (once it is sent:

@@ -159,12 +159,11 @@ def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFor
         args_open = (" <|constrain|>json" if constrain is not None else " json") + "<|message|>"
         return CallFormat("harmony", " to=functions.", " to=functions.", args_open, "", "", parallel=False,
                           specials=specials, channel="commentary")  # fmt: skip
-    gemma_ids = [token_id(t) for t in (*GEMMA_CALL, GEMMA_QUOTE)]
-    if None not in gemma_ids and GEMMA_CALL[0] + "call:" in template:
-        specials = tuple((text, int(token)) for text, token in zip((*GEMMA_CALL, GEMMA_QUOTE), gemma_ids, strict=True)
-                         if token is not None)  # fmt: skip
-        return CallFormat("gemma4", GEMMA_CALL[0], GEMMA_CALL[0] + "call:", "", GEMMA_CALL[1], "",
-                          specials=specials, gemma=True)  # fmt: skip
+    (opens, closes), quote = GEMMA_CALL, GEMMA_QUOTE
+    open_id, close_id, quote_id = (token_id(t) for t in (opens, closes, quote))
+    if open_id is not None and close_id is not None and quote_id is not None and opens + "call:" in template:
+        return CallFormat("gemma4", opens, opens + "call:", "", closes, "", gemma=True,
+                          specials=((opens, open_id), (closes, close_id), (quote, quote_id)))  # fmt: skip
     (opens, closes), (open_id, close_id) = PYTHON_CALLS, (token_id(t) for t in PYTHON_CALLS)
     if open_id is not None and close_id is not None and (opens in template or PYTHON_TOOL_LIST in template):
         return CallFormat("python", opens, "", "(", ")", ", ", open="[", end="]" + closes, marker=opens,
@@ -330,7 +329,7 @@ def _gemma_value(value: Any) -> str:
     return json.dumps(value)
 
 
-_GEMMA_WORDS = {"true": True, "false": False, "null": None, "None": None, "True": True, "False": False}
+_GEMMA_WORD = re.compile(r"[^,:{}\[\]]+")  # a value Gemma 4 wrote without its quotes (up to what ends it)
 
 
 def gemma_json(text: str) -> str | None:
@@ -367,13 +366,13 @@ def gemma_json(text: str) -> str | None:
                 items.append(value())
             pos += 1
             return items
-        match = re.compile(r"[^,:{}\[\]]+").match(text, pos)
+        match = _GEMMA_WORD.match(text, pos)
         if match is None:
             raise ValueError(f"no value at {pos}")
         pos = match.end()
         word = match.group().strip()
-        if word in _GEMMA_WORDS:
-            return _GEMMA_WORDS[word]
+        if word in _JSON_NAMES:
+            return _JSON_NAMES[word]
         try:
             return json.loads(word)
         except ValueError:

@@ -621,9 +621,9 @@ GEMMA4_TEXT = ("gemma4_text", "gemma4_unified_text")
 
 
 def _rope_exported(config: dict[str, Any], layers: str | None, rope_type: str) -> bool:
-    """RoPE of one family's own that its builder class computes as transformers does: Gemma 4's
-    global layers rotate a quarter of their width ("proportional": the frequencies of the whole
-    width, the rest unrotated), checked on the gemma4 fixture."""
+    """RoPE of a family's own that its builder class (with builder_shim's) computes as transformers
+    does: "proportional" on the full-attention layers (the frequencies of the whole head, only part
+    of it rotated), a quarter in Gemma 4's and half in LFM3's, checked on their fixtures."""
     return config.get("model_type") in (*GEMMA4_TEXT, "lfm3") and layers == "full_attention" \
         and rope_type == "proportional"
 

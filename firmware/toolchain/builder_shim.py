@@ -719,9 +719,9 @@ def lfm3_layers() -> None:
             full = config.zerolayer_rope_by_type["full_attention"]
             if full.get("rope_type", "default") not in ("default", "proportional"):
                 raise ValueError(f"LFM3: RoPE {full['rope_type']!r} on the full-attention layers is not supported")
-            self.make_initializers_of_tables(float(full["rope_theta"]), float(full.get("partial_rotary_factor", 1.0)))
+            self._make_rope_tables(float(full["rope_theta"]), float(full.get("partial_rotary_factor", 1.0)))
 
-        def make_initializers_of_tables(self, theta: float, part: float) -> None:
+        def _make_rope_tables(self, theta: float, part: float) -> None:
             self.rope_attrs.update(create_caches=True, partial_rotary_factor=1.0)
             Model.make_rotary_embedding_caches(self, cos_cache_name="cos_cache_local", sin_cache_name="sin_cache_local")
             half = self.head_size // 2
