@@ -81,6 +81,25 @@ def last_position_logits_model(model: onnx.ModelProto) -> bytes | None:
     return bytes(model.SerializeToString())
 
 
+def shared_presents(graph: onnx.GraphProto, caches: Sequence[tuple[str, str, str, str]]) -> list[tuple[str, str, int]]:
+    """The present outputs of layers that attend over another layer's keys and values (Gemma 4
+    E2B's last layers), each with the index in `caches` of the layer whose past its attention
+    operator reads: the operator writes that layer's keys again, at the same positions, so its
+    present shares that layer's buffer as the layer's own present does. Such a layer has no past
+    input of its own, and no memory of its own."""
+    layer_of = {past_key: index for index, (past_key, *_) in enumerate(caches)}
+    own = {present for *_, present_key, present_value in caches for present in (present_key, present_value)}
+    outputs = {o.name for o in graph.output}
+    shared = []
+    for node in graph.node:
+        if node.op_type != "GroupQueryAttention" or len(node.output) < 3 or len(node.input) < 5:
+            continue
+        present_key, present_value = node.output[1:3]
+        if present_key in outputs and present_key not in own and node.input[3] in layer_of:
+            shared.append((present_key, present_value, layer_of[node.input[3]]))
+    return shared
+
+
 def mask_width_is_free(graph: onnx.GraphProto) -> bool:
     """Whether the attention mask may be wider than the longest row with nothing changed: its
     values reach the graph only through their sum (each row's length) and its width only as the
@@ -356,6 +375,7 @@ class ModelSession:
         # A hybrid model's recurrent layers have no keys and values, but states (StateSpec).
         self._names, states = f.caches(inputs)
         self.kv_layers = len(self._names)
+        self.shared_kv = shared_presents(graph_only.graph, self._names)
         self.kv_shapes = f.kv_shapes({name: i.shape for name, i in inputs.items()})  # per layer (heads, width)
         self.states = [StateSpec(past, present, tuple(int(d) for d in inputs[past].shape[1:]),
                                  np.dtype(NUMPY_TYPES.get(inputs[past].type, "float32")).type)
@@ -480,6 +500,11 @@ class ModelSession:
             shape, offset = [rows, *layer_shape[1:]], first * row_bytes
             for name, ptr in ((pk, k), (pv, v)):
                 binding.bind_input(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
+            for name, ptr in ((ok, k), (ov, v)):
+                binding.bind_output(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
+        for ok, ov, layer in self.shared_kv:
+            shape, offset = [rows, *slots.shapes[layer][1:]], first * slots.layer_row_bytes[layer]
+            (k, v) = slots.pointers[layer]
             for name, ptr in ((ok, k), (ov, v)):
                 binding.bind_output(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
         for spec, ptr in zip(self.states, slots.state_pointers, strict=True):

@@ -633,14 +633,6 @@ def gemma4_refusal(config: dict[str, Any]) -> str | None:
     transformers does, or None."""
     if config.get("model_type") not in GEMMA4_TEXT:
         return None
-    # (transformers' default for gemma4_text is 256: a config that leaves it out has them)
-    per_layer = config.get("hidden_size_per_layer_input", 256 if config["model_type"] == "gemma4_text" else 0)
-    if per_layer:
-        return (f"per-layer embeddings (hidden_size_per_layer_input {per_layer}, as in "
-                "Gemma 4 E2B and E4B) are not exported by the ONNX Runtime GenAI model builder; not supported")
-    if config.get("num_kv_shared_layers"):
-        return (f"its last {config['num_kv_shared_layers']} layers reuse earlier layers' keys and values "
-                "(num_kv_shared_layers), which the ONNX Runtime GenAI model builder does not export; not supported")
     if config.get("enable_moe_block"):
         return ("its mixture-of-experts layers (enable_moe_block, as in Gemma 4 26B A4B) use GeGLU experts, which "
                 "ONNX Runtime's CPU MoE operator does not run; not supported")
@@ -713,10 +705,8 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
       recurrent layers of the architectures in RECURRENT_KINDS: not checked;
     - `clip_qkv` (OLMo's clamped queries, keys and values): the builder leaves the clamp out, so
       the export answers differently from the model;
-    - Gemma 4's per-layer embeddings (`hidden_size_per_layer_input`, the E2B and E4B models),
-      layers sharing an earlier layer's keys and values (`num_kv_shared_layers`) and experts
-      (`enable_moe_block`, 26B A4B): the builder exports none of the first two, and ONNX
-      Runtime's CPU MoE operator has no GeGLU, which Gemma 4's experts use (gemma4_refusal);
+    - Gemma 4's experts (`enable_moe_block`, 26B A4B): ONNX Runtime's CPU MoE operator has no
+      GeGLU, which they use (gemma4_refusal);
     - StableLM's per-head query and key LayerNorms and parallel residual (StableLM 2 12B's), which
       the builder's Llama class, that builds its other models, does not (stablelm_refusal);
     - RoPE scaling other than the kinds checked against transformers (ROPE_TYPES), and scaling of

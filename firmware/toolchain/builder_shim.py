@@ -129,6 +129,19 @@ classes in the builder, written for an older transformers:
   12B's) match transformers to 9.1e-6 over 117 positions. The language model saved alone
   (Gemma4ForCausalLM, which the builder does not know) goes to the same class, its weights
   loaded as they are (the class strips the whole checkpoint's prefix from them): 5.7e-6.
+- `gemma4_per_layer_inputs`: Gemma 4 E2B and E4B give every layer an input of its own per token
+  (a second embedding table of layers x 256 per token, plus a projection of the main embedding,
+  normed), which gates a small projection added after the layer's MLP, before its scalar. The
+  builder exports none of it (and took the second table for the embedding). In an int8 or int4
+  build the table is 8-bit blocks (GatherBlockQuantized): as floats it would outweigh the rest.
+  Their KV-sharing layers' MLPs are twice as wide (`use_double_wide_mlp`): gemma4_dense_mlp
+  declares each MLP's values with its own width.
+- `gemma4_shared_kv`: their last layers have no key and value projections: they attend over the
+  keys and values of the last earlier layer of their type. Their attention operator takes that
+  layer's keys and values and its past input; they have no past inputs of their own, and the
+  engine binds their presents to that layer's buffers (session.shared_presents). A tiny E2B-shaped
+  model matches transformers to 6.1e-6 (6.7 off without the per-layer inputs, 5.4 without their
+  projected part, 3.2 with the first layer of each type shared instead of the last).
 
 IBM's Granite SWA (GraniteSWAForCausalLM) has no class in the builder either:
 
@@ -815,10 +828,16 @@ def gemma4_dense_mlp() -> None:
 
     def make(make_mlp: Any) -> Any:
         def make_mlp_or_moe(self: Any, layer_id: int, mlp: Any, root_input: str) -> None:
-            if getattr(self.current_layer, "router", None) is None:
+            if getattr(self.current_layer, "router", None) is not None:
+                return make_mlp(self, layer_id, mlp, root_input)
+            # The width its values are declared with: twice the config's in E2B's and E4B's
+            # KV-sharing layers (use_double_wide_mlp), which ONNX Runtime warns of at every load.
+            kept, self.intermediate_size = self.intermediate_size, mlp.up_proj.weight.shape[0]
+            try:
                 Gemma4Model.make_mlp(self, layer_id, mlp, root_input)
-            else:
-                make_mlp(self, layer_id, mlp, root_input)
+            finally:
+                self.intermediate_size = kept
+            return None
         return make_mlp_or_moe
 
     _replace(Gemma4MoEModel, "make_mlp", make)
@@ -833,6 +852,199 @@ def gemma4_dense_mlp() -> None:
         return load_text_only_or_whole
 
     _replace(Gemma4MoEModel, "load_weights", make_load)
+
+
+def _gemma4_norm(self: Any, name: str, root_input: str, weight: Any, shape: list[Any]) -> str:
+    """An RMS norm over the last axis of `root_input`, in its type, Gemma 4's: its weight as it is."""
+    weight_name, dtype = f"model.{name}.weight", self.values[root_input].dtype
+    self.make_initializer(weight + self.layernorm_attrs["add_offset"], weight_name, to=dtype)
+    node = f"/model/{name.replace('.', '/')}/SimplifiedLayerNormalization"
+    self.make_node("SimplifiedLayerNormalization", inputs=[root_input, weight_name], outputs=[f"{node}/output_0"],
+                   name=node, epsilon=self.layernorm_attrs["epsilon"], axis=-1, stash_type=1)  # fmt: skip
+    self.make_value(f"{node}/output_0", dtype, shape=shape)
+    return f"{node}/output_0"
+
+
+def _as(self: Any, value: str, dtype: Any, shape: list[Any]) -> str:
+    """`value` in `dtype`: itself, or a Cast of it."""
+    if self.values[value].dtype == dtype:
+        return value
+    self.make_cast(f"{value}/Cast", value, dtype, shape)
+    return f"{value}/Cast/output_0"
+
+
+def _per_layer_table_lookup(self: Any, weight: Any, name: str, shape: list[Any]) -> str:
+    """Each token's row of the per-layer table: a Gather, or in a quantized build, 8-bit blocks of
+    the build's block size with a scale and zero point each (GatherBlockQuantized). The table has
+    a row of layers x width per token of the vocabulary, some two billion values in Gemma 4 E2B: as
+    floats it would outweigh the rest of an int8 model several times over."""
+    import numpy as np
+    import onnx_ir as ir
+
+    ids = self.input_names["input_ids"]
+    if self.onnx_dtype not in (ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.INT4, ir.DataType.UINT4):
+        self.make_initializer(weight, "model.embed_tokens_per_layer.weight", to=self.io_dtype)
+        self.make_gather(name, ["model.embed_tokens_per_layer.weight", ids], self.io_dtype, shape, axis=0)
+        return f"{name}/output_0"
+    block = int(self.quant_attrs["matmul_block_size"])
+    rows, width = weight.shape
+    padded = -(-width // block) * block
+    quantized = np.empty((rows, padded // block, block), dtype=np.uint8)
+    scales = np.empty((rows, padded // block), dtype=np.float32)
+    zero_points = np.empty((rows, padded // block), dtype=np.uint8)
+    for start in range(0, rows, 4096):  # a few rows at a time: the whole table's float copies are gigabytes
+        rows_of = slice(start, start + 4096)
+        part = weight[rows_of].detach().float().numpy()
+        blocks = np.pad(part, ((0, 0), (0, padded - width))).reshape(len(part), -1, block)
+        low, high = np.minimum(blocks.min(-1), 0.0), np.maximum(blocks.max(-1), 0.0)  # zero stays exact
+        scale = np.where(high > low, (high - low) / 255.0, 1.0).astype(np.float32)
+        zero = np.clip(np.round(-low / scale), 0, 255)
+        quantized[rows_of] = np.clip(np.round(blocks / scale[..., None]) + zero[..., None], 0, 255)
+        scales[rows_of], zero_points[rows_of] = scale, zero
+    self.make_initializer(quantized.reshape(rows, padded), "model.embed_tokens_per_layer.qweight")
+    self.make_initializer(scales, "model.embed_tokens_per_layer.scales", to=self.io_dtype)
+    self.make_initializer(zero_points, "model.embed_tokens_per_layer.zero_points")
+    node = f"{name}BlockQuantized"
+    self.make_node("GatherBlockQuantized", inputs=["model.embed_tokens_per_layer.qweight", ids,
+                   "model.embed_tokens_per_layer.scales", "model.embed_tokens_per_layer.zero_points"],
+                   outputs=[f"{node}/output_0"], name=node, domain="com.microsoft", bits=8, block_size=block,
+                   gather_axis=0, quantize_axis=1)  # fmt: skip
+    self.make_value(f"{node}/output_0", self.io_dtype, shape=[*shape[:-1], padded])
+    if padded == width:
+        return f"{node}/output_0"
+    self.make_slice(f"{name}/Slice", [f"{node}/output_0", "/model/constants/INT64/[0]", f"/model/constants/INT64/"
+                    f"[{width}]", "/model/constants/INT64/[-1]"], dtype=self.io_dtype, shape=shape)  # fmt: skip
+    return f"{name}/Slice/output_0"
+
+
+def _per_layer_embedder(weights: Any) -> Any:
+    """The text model of a Gemma 4 with per-layer embeddings (E2B, E4B), or None."""
+    return next((m for m in weights.modules() if getattr(m, "embed_tokens_per_layer", None) is not None), None)
+
+
+def gemma4_per_layer_inputs() -> None:
+    from builders.gemma import Gemma3Model, Gemma4Model
+
+    def make_embedding(make_embedding: Any) -> Any:
+        def and_per_layer_inputs(self: Any, embedding: Any) -> None:
+            text = _per_layer_embedder(self.weights)
+            if text is None:
+                return make_embedding(self, embedding)
+            if embedding is text.embed_tokens_per_layer.weight:  # the builder takes any table of the vocabulary's rows
+                return None
+            make_embedding(self, embedding)
+            self.per_layer_inputs = _make_per_layer_inputs(self, text)
+            return None
+
+        return and_per_layer_inputs
+
+    def _make_per_layer_inputs(self: Any, text: Any) -> str:
+        """[batch, sequence, layers, width]: each token's own embedding for every layer, plus a
+        projection of its main embedding, normed, the two averaged (transformers'
+        get_per_layer_inputs and project_per_layer_inputs)."""
+        width, layers = text.hidden_size_per_layer_input, text.config.num_hidden_layers
+        dtype, seq = self.io_dtype, ["batch_size", "sequence_length"]
+        packed, split = [*seq, layers * width], [*seq, layers, width]
+        base = "/model/per_layer_inputs"
+        gathered = _per_layer_table_lookup(self, text.embed_tokens_per_layer.weight, f"{base}/Gather", packed)
+        to_split = f"/model/constants/INT64/[0, 0, {layers}, {width}]"
+        number = f"/model/constants/{self.to_str_dtype(dtype)}"
+        scale = text.embed_tokens_per_layer.scalar_embed_scale
+        self.make_mul(f"{base}/Mul", [gathered, f"{number}/{scale}"], dtype, packed)
+        self.make_reshape(f"{base}/Reshape", [f"{base}/Mul/output_0", to_split], dtype, split)
+        embeds = "/model/embed_tokens/Mul/output_0"  # the main embeddings, scaled (io dtype)
+        projected = self.make_matmul(text.per_layer_model_projection, f"{base}/projection/MatMul", embeds)
+        self.make_mul(f"{base}/projection/Mul", [f"{projected}/output_0",
+                      f"{number}/{text.per_layer_model_projection_scale}"], dtype, packed)  # fmt: skip
+        self.make_reshape(f"{base}/projection/Reshape", [f"{base}/projection/Mul/output_0", to_split], dtype, split)
+        normed = _gemma4_norm(self, "per_layer_projection_norm", f"{base}/projection/Reshape/output_0",
+                              text.per_layer_projection_norm.weight, split)  # fmt: skip
+        self.make_add(f"{base}/Add", [normed, f"{base}/Reshape/output_0"], dtype, split)
+        self.make_mul(f"{base}/Scale", [f"{base}/Add/output_0", f"{number}/{text.per_layer_input_scale}"], dtype, split)
+        return f"{base}/Scale/output_0"
+
+    def make_layer(make_layer: Any) -> Any:
+        def and_per_layer_input(self: Any, layer_id: int, layer: Any) -> None:
+            make_layer(self, layer_id, layer)
+            if getattr(layer, "per_layer_input_gate", None) is not None:
+                _per_layer_input_block(self, layer_id, layer)
+
+        return and_per_layer_input
+
+    def _per_layer_input_block(self: Any, layer_id: int, layer: Any) -> None:
+        """After the MLP's residual and before the layer's scalar: the layer's output gates its
+        own per-layer input, projected back, normed and added (transformers' Gemma4TextDecoderLayer).
+        The residual stream keeps its type (fp32 in an fp16 graph, as Gemma 2's norms leave it)."""
+        dtype, base = self.io_dtype, f"/model/layers.{layer_id}/per_layer_input"
+        root, skip = self.layernorm_attrs["root_input"], self.layernorm_attrs["skip_input"]
+        hidden, width = ["batch_size", "sequence_length", self.hidden_size], layer.hidden_size_per_layer_input
+        narrow, stream = [*hidden[:2], width], self.values[root].dtype
+        self.make_add(f"{base}/Residual", [root, _as(self, skip, stream, hidden)], stream, hidden)
+        output = f"{base}/Residual/output_0"  # the layer's output so far: the new residual
+        gate = self.make_matmul(layer.per_layer_input_gate, f"{base}/gate/MatMul", _as(self, output, dtype, hidden))
+        self.make_node("Gelu", inputs=[f"{gate}/output_0"], outputs=[f"{base}/Gelu/output_0"], name=f"{base}/Gelu",
+                       approximate="tanh")  # fmt: skip  (gelu_pytorch_tanh, Gemma's hidden activation)
+        self.make_value(f"{base}/Gelu/output_0", dtype, shape=narrow)
+        own = f"/model/constants/INT64/{layer_id}"
+        self.make_gather(f"{base}/Gather", [self.per_layer_inputs, own], dtype, narrow, axis=2)
+        self.make_mul(f"{base}/Mul", [f"{base}/Gelu/output_0", f"{base}/Gather/output_0"], dtype, narrow)
+        projected = self.make_matmul(layer.per_layer_projection, f"{base}/projection/MatMul", f"{base}/Mul/output_0")
+        projected = _as(self, f"{projected}/output_0", stream, hidden)
+        normed = _gemma4_norm(self, f"layers.{layer_id}.post_per_layer_input_norm", projected,
+                              layer.post_per_layer_input_norm.weight, hidden)  # fmt: skip
+        self.layernorm_attrs["root_input"], self.layernorm_attrs["skip_input"] = output, normed
+
+    _replace(Gemma4Model, "make_embedding", make_embedding)
+    # Gemma 4's make_layer runs Gemma 2's layer (super()), then scales its output: the block goes
+    # between the two, so on the class its super() call finds (Gemma 3 has none of its own).
+    _replace(Gemma3Model, "make_layer", make_layer)
+
+
+def gemma4_shared_kv() -> None:
+    import torch
+    from builders.gemma import Gemma4Model
+
+    def make(make_input_proj: Any) -> Any:
+        def own_or_shared(self: Any, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
+            stored = vars(self).setdefault("_zerolayer_kv", {})  # layer type -> the last layer of it that stores
+            if not getattr(attention, "is_kv_shared_layer", False):
+                make_input_proj(self, layer_id, attention, root_input, **kwargs)
+                if getattr(attention, "store_full_length_kv", False):
+                    stored[attention.layer_type] = (layer_id, self.attention_attrs["k_path"],
+                                                    self.attention_attrs["v_path"], attention.k_norm)  # fmt: skip
+                return
+            # Keys and values of the last layer of its type that makes its own, before their norm
+            # and rotation: this layer's key norm is that layer's, so its keys come out the same.
+            name = self.make_matmul(attention.q_proj, f"/model/layers.{layer_id}/attn/q_proj/MatMul", root_input)
+            self.attention_attrs["q_path"] = f"{name}/output_0"
+            if attention.q_proj.bias is not None and torch.count_nonzero(attention.q_proj.bias) > 0:
+                add = f"/model/layers.{layer_id}/attn/q_proj/Add"
+                self.make_add_bias(attention.q_proj.bias, add, root_input=self.attention_attrs["q_path"])
+                self.attention_attrs["q_path"] = f"{add}/output_0"
+            source, self.attention_attrs["k_path"], self.attention_attrs["v_path"], attention.k_norm = \
+                stored[attention.layer_type]
+            vars(self).setdefault("_zerolayer_kv_source", {})[layer_id] = source
+
+        return own_or_shared
+
+    def make_names(make_key_value_cache_names: Any) -> Any:
+        def source_s_past(self: Any, layer_id: int) -> tuple[str, str, str, str]:
+            """A sharing layer's operator reads its source's past and writes the same keys and values
+            at the same positions (present and past share a buffer): the engine binds its present to
+            the buffer of the past its operator reads. It has no past inputs of its own."""
+            past_k, past_v, present_k, present_v = make_key_value_cache_names(self, layer_id)
+            source = vars(self).get("_zerolayer_kv_source", {}).get(layer_id)
+            if source is None:
+                return past_k, past_v, present_k, present_v
+            inputs = self.model.graph.inputs
+            for value in [v for v in inputs if v.name in (past_k, past_v)]:
+                inputs.remove(value)
+            return (*make_key_value_cache_names(self, source)[:2], present_k, present_v)
+
+        return source_s_past
+
+    _replace(Gemma4Model, "make_attention_input_proj", make)
+    _replace(Gemma4Model, "make_key_value_cache_names", make_names)
 
 
 def _fix_config(config: Any) -> Any:
@@ -867,6 +1079,8 @@ def install() -> None:
     qwen3_moe_layers()
     post_norm_layers()
     gemma4_dense_mlp()
+    gemma4_per_layer_inputs()
+    gemma4_shared_kv()
     granite_swa_layers()
     lfm3_layers()
 

@@ -235,6 +235,15 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
         "attention_k_eq_v": True, "sliding_window": 16, "hidden_size_per_layer_input": 0,
         "final_logit_softcapping": 30.0, "tie_word_embeddings": True}}),
+    # Gemma 4 E2B's and E4B's shape: each token's embedding for every layer (per-layer inputs, a
+    # table of their own beside the main one), the last layers' attention over the keys and values
+    # of the last earlier layer of their type (KV sharing), their MLPs twice as wide.
+    "gemma4_e": ("Gemma4Config", "Gemma4ForConditionalGeneration", {"tie_word_embeddings": True, "text_config": {
+        "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "sliding_window": 16,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                        "sliding_attention", "full_attention"],
+        "hidden_size_per_layer_input": 8, "num_kv_shared_layers": 3, "use_double_wide_mlp": True,
+        "final_logit_softcapping": 30.0, "tie_word_embeddings": True}}),
     # Gemma 4's language model saved alone (Gemma4ForCausalLM: a fine-tune loaded as a causal LM).
     "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
         "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
@@ -279,7 +288,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
-               "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm")
+               "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -667,6 +676,8 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
         pad_token_id=tok.token_to_id(unk), tie_word_embeddings=False,
     )  # fmt: skip
     text = extra.get("text_config")
+    if isinstance(text, dict) and text.get("hidden_size_per_layer_input"):  # Gemma 4 E2B's: a row per token
+        shape["vocab_size_per_layer_input"] = shape["vocab_size"]
     if isinstance(text, dict):  # a multimodal checkpoint: the tiny shape is its language model's
         config = getattr(transformers, config_class)(**{**extra, "text_config": {**shape, **text}})
     else:

@@ -664,10 +664,73 @@ def test_gemma4_s_layers_of_two_shapes_get_slots_of_their_own_and_the_plan_count
         engine.close()
 
 
+def test_gemma4_e_s_sharing_layers_write_their_source_s_buffers_and_take_no_memory(trusted_keys: Path) -> None:
+    """Gemma 4 E2B's last layers attend over the keys and values of the last earlier layer of their
+    type: they have no past inputs, and their attention operators' presents are bound to that
+    layer's buffers, so their keys take no memory (the plan counts three layers of six)."""
+    from appliance.plan import memory_need
+
+    bundle = firmware.load(tiny_bundle("gemma4_e"), trusted_keys)
+    config = EngineConfig(intra_op_threads=2, max_active_per_device=2, prefill_lane=False)
+    engine = Engine(bundle, config)
+    try:
+        session, slots = engine.workers["cpu"].session, engine.workers["cpu"].kv
+        assert session.kv_layers == 3 and len(slots.shapes) == 3
+        # layers 3 and 4 (sliding) read layer 1's, layer 5 (full) layer 2's
+        assert session.shared_kv == [(f"present.{i}.key", f"present.{i}.value", source)
+                                     for i, source in ((3, 1), (4, 1), (5, 2))]  # fmt: skip
+        assert memory_need(bundle, config).kv == slots.rows * slots.row_bytes
+        # A run's presents are the buffers themselves (ONNX Runtime allocates none to copy into).
+        cache = session.new_cache(64)
+        session.forward(cache, np.arange(3, 10, dtype=np.int64))
+        own = [pointer for pair in cache.slots.pointers for pointer in pair]
+        shared = [pointer for source in (1, 1, 2) for pointer in cache.slots.pointers[source]]
+        outputs = cache.slots.bindings[(session, 0, 1)].binding.get_outputs()[1:]  # after the logits
+        assert [value.data_ptr() for value in outputs] == own + shared
+    finally:
+        engine.close()
+
+
+def test_gemma4_e_s_per_layer_table_is_quantized_in_a_quantized_build(tmp_path: Path, trusted_keys: Path,
+                                                                       dev_key: Path) -> None:  # fmt: skip
+    """A row of layers x width per token (some two billion values in E2B) stays no float table in an int8
+    bundle: 8-bit blocks (GatherBlockQuantized), and the logits stay near the float build's."""
+    import onnx
+
+    from firmware.toolchain.build import BuildOptions, build
+
+    out = tmp_path / "int8"
+    build(tiny_hf_dir("gemma4_e"), out, BuildOptions(precision="int8"), key=dev_key, progress=lambda _: None)
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+    gathers = [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
+    assert [n.input[0] for n in gathers] == ["model.embed_tokens_per_layer.qweight"]
+    assert {a.name: a.i for a in gathers[0].attribute}["bits"] == 8
+    assert "model.embed_tokens_per_layer.weight" not in {i.name for i in graph.initializer}
+    ids = np.arange(3, 60, dtype=np.int64)
+    want = ModelSession(firmware.load(tiny_bundle("gemma4_e"), trusted_keys))
+    got = ModelSession(firmware.load(out, trusted_keys))
+    a, b = (s.forward(s.new_cache(64), ids) for s in (want, got))
+    assert int(a.argmax()) == int(b.argmax()) and float(np.abs(a - b).max()) < 1.0
+
+
+def test_gemma4_e_s_fp16_cuda_graph_runs_within_fp16_of_the_float_one(tmp_path: Path, trusted_keys: Path,
+                                                                     dev_key: Path) -> None:  # fmt: skip
+    """In the fp16 graph a GPU runs, the residual stream stays fp32 (as Gemma's norms keep it) and the
+    per-layer inputs are fp16: the block between them casts (run here on the CPU provider)."""
+    from firmware.toolchain.build import BuildOptions, build
+
+    out = tmp_path / "both"
+    build(tiny_hf_dir("gemma4_e"), out, BuildOptions(precision="fp32", cuda_graph=True), key=dev_key,
+          progress=lambda _: None)  # fmt: skip
+    ids = np.arange(3, 60, dtype=np.int64)
+    exact = ModelSession(firmware.load(tiny_bundle("gemma4_e"), trusted_keys))
+    half = ModelSession(firmware.load(out, trusted_keys), "cpu", target="cuda")
+    a, b = (s.forward(s.new_cache(64), ids) for s in (exact, half))
+    assert half.kv_dtype == np.float16 and len(half.shared_kv) == 3
+    assert float(np.abs(a - b).max()) <= 0.05 and int(a.argmax()) == int(b.argmax())
+
+
 @pytest.mark.parametrize(("text", "refused"), [
-    ({"hidden_size_per_layer_input": 256}, "per-layer embeddings (hidden_size_per_layer_input 256, as in Gemma 4 E2B"),
-    ({}, "per-layer embeddings (hidden_size_per_layer_input 256"),  # transformers' default
-    ({"hidden_size_per_layer_input": 0, "num_kv_shared_layers": 18}, "its last 18 layers reuse earlier layers' keys"),
     ({"hidden_size_per_layer_input": 0, "enable_moe_block": True}, "use GeGLU experts"),
 ])  # fmt: skip
 def test_what_of_gemma4_the_export_leaves_out_is_refused_before_export(tmp_path: Path, text: dict[str, Any],
