@@ -277,6 +277,10 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # fills the operator's cos/sin rows.
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", {"hidden_size": 128, "num_attention_heads": 2,
                                                              "num_key_value_heads": 2, "use_qkv_bias": True}),
+    # Baidu's ERNIE 4.5 (its 0.3B's form): a Llama rotated by pairs of neighbouring dimensions, heads of
+    # 128 (here 4 of them: a query projection as wide as the vocabulary, once taken for the LM head),
+    # biases where a config has use_bias.
+    "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {"head_dim": 128, "use_bias": True}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -288,7 +292,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
-               "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e")
+               "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -636,6 +640,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
 # Parameters transformers initializes to zeros, made random in these fixtures so the export's
 # handling of them shows (a Granite SWA's sinks; Seed-OSS's biases, all of its projections').
 RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "seed_oss": ("_proj.bias",),
+                                          "ernie4_5": ("_proj.bias",),
                                           "stablelm": ("_proj.bias", "layernorm.bias", "norm.bias")}
 
 

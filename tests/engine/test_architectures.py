@@ -581,18 +581,6 @@ def test_olmo_with_clamped_attention_inputs_is_refused_before_export(tmp_path: P
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
 
 
-def test_an_architecture_whose_export_was_found_wrong_is_refused_before_export(tmp_path: Path) -> None:
-    from firmware.errors import BundleError
-    from firmware.toolchain.build import BuildOptions, build
-
-    hf = tmp_path / "hf"
-    hf.mkdir()
-    (hf / "config.json").write_text(json.dumps({"model_type": "ernie4_5", "architectures": ["Ernie4_5ForCausalLM"]}))
-    (hf / "tokenizer.json").write_text("{}")
-    with pytest.raises(BundleError, match="Ernie4_5ForCausalLM: the ONNX Runtime GenAI model builder's export"):
-        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
-
-
 def test_a_graph_taking_an_input_the_engine_does_not_feed_is_refused(tmp_path: Path, trusted_keys: Path) -> None:
     """Such a graph would load, and fail at its first run (as HunYuan's, which takes position_ids,
     did before the engine fed them)."""
