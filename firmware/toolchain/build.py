@@ -590,12 +590,13 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
 ATTENTION_KINDS = ("full_attention", "sliding_attention")
 # What transformers 4's configs call full attention (Granite 4's published configs: "attention" or
 # "mamba" per layer); transformers 5 reads them as full_attention and linear_attention.
-KIND_ALIASES = {"attention": "full_attention", "mamba": "mamba (linear_attention)"}
+KIND_ALIASES = {"attention": "full_attention", "mamba": "linear_attention"}
 # Recurrent layer kinds, each with the architectures whose export of it was checked against
 # transformers (a tiny model in the architecture matrix): their layers carry a fixed-size state per
 # request instead of keys and values (session.KVSlots): Qwen3.5's gated delta-net layers, LFM2's
-# short convolutions. (The model builder exports no Mamba layers: Granite 4's hybrids are refused.)
-RECURRENT_KINDS = {"linear_attention": ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"),
+# short convolutions, Granite 4.0-H's Mamba 2 layers (builder_shim.granite4_mamba_layers).
+RECURRENT_KINDS = {"linear_attention": ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+                                        "GraniteMoeHybridForCausalLM"),
                    "conv": ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration",
                             "Lfm3ForCausalLM")}
 
@@ -637,6 +638,16 @@ def gemma4_refusal(config: dict[str, Any]) -> str | None:
         return ("its mixture-of-experts layers (enable_moe_block, as in Gemma 4 26B A4B) use GeGLU experts, which "
                 "ONNX Runtime's CPU MoE operator does not run; not supported")
     return None
+
+
+def granite4_refusal(config: dict[str, Any]) -> str | None:
+    """What of a Granite 4 config (GraniteMoeHybrid) the builder's Granite 4 class would not
+    export, or None: it keeps each layer's shared MLP and leaves the experts beside it out."""
+    experts = config.get("num_local_experts") if config.get("model_type") == "granitemoehybrid" else None
+    if not experts:
+        return None
+    return (f"its mixture-of-experts layers ({experts} experts, as in Granite 4.0 H-Tiny and H-Small) are left out by "
+            "the ONNX Runtime GenAI model builder's Granite 4 export, which keeps only their shared MLP; not supported")
 
 
 def stablelm_refusal(config: dict[str, Any]) -> str | None:
@@ -709,6 +720,8 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
       GeGLU, which they use (gemma4_refusal);
     - StableLM's per-head query and key LayerNorms and parallel residual (StableLM 2 12B's), which
       the builder's Llama class, that builds its other models, does not (stablelm_refusal);
+    - Granite 4's experts (`num_local_experts`, H-Tiny and H-Small): the builder's Granite 4 class
+      keeps only each layer's shared MLP (granite4_refusal);
     - RoPE scaling other than the kinds checked against transformers (ROPE_TYPES), and scaling of
       the sliding layers' RoPE (Gemma 3 scales only its global layers'). transformers' dynamic
       NTK scaling, for one, changes the frequencies as a sequence grows past the original
@@ -738,7 +751,7 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip
-    refusal = gemma4_refusal(config) or stablelm_refusal(config)
+    refusal = gemma4_refusal(config) or stablelm_refusal(config) or granite4_refusal(config)
     if refusal:
         raise BundleError(f"{model_dir.name}: {refusal}")
     for layers, rope_type in _rope_types(config):

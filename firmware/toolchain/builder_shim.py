@@ -143,6 +143,20 @@ classes in the builder, written for an older transformers:
   model matches transformers to 6.1e-6 (6.7 off without the per-layer inputs, 5.4 without their
   projected part, 3.2 with the first layer of each type shared instead of the last).
 
+IBM's Granite 4.0-H (GraniteMoeHybridForCausalLM with Mamba layers: H-Micro, H-1B, H-350M) has a
+class in the builder that exports attention layers only (a Mamba layer has no `self_attn`):
+
+- `granite4_mamba_as_linear_attention`, `granite4_mamba_layers`: its Mamba 2 layers are built from
+  ONNX Runtime's operators for Qwen3.5's linear attention: the causal convolution with its state
+  (CausalConvWithState), and the scan as LinearAttention's "gated" rule (the state decays by
+  exp(dt * A), gains (dt * x) B^T, and is read with C), each group's B and C repeated for its
+  heads, D's skip, then the gate and a norm per group (norm after gate, as Granite's). The config
+  gives the builder the state shapes under Qwen3.5's names. Its attention layers rotate nothing
+  where `position_embedding_type` is not "rope" (its published "nope"). A tiny one matches
+  transformers to 2.4e-7 (0.18 off without D, 0.10 with B and C tiled instead of repeated, 0.11
+  with one norm over all groups, 0.028 with RoPE); int8 0.0079, int4 0.14. Its experts (H-Tiny,
+  H-Small) the class leaves out, keeping the shared MLP: refused (build.granite4_refusal).
+
 IBM's Granite SWA (GraniteSWAForCausalLM) has no class in the builder either:
 
 - `granite_swa_as_granite`, `granite_swa_layers`: the config is sent to the builder's Granite
@@ -299,8 +313,19 @@ def qwen3_moe_as_qwen3(config: Any) -> None:
         config.architectures = ["Qwen3ForCausalLM"]
 
 
+def granite4_mamba_as_linear_attention(config: Any) -> None:
+    if getattr(config, "model_type", "") != "granitemoehybrid" or "linear_attention" not in config.layer_types:
+        return
+    # The builder sizes the recurrent layers' states from Qwen3.5's names: B and C are its keys (a
+    # group each), each head's x its values (mamba_layers).
+    config.linear_num_key_heads, config.linear_key_head_dim = config.mamba_n_groups, config.mamba_d_state
+    config.linear_num_value_heads, config.linear_value_head_dim = config.mamba_n_heads, config.mamba_d_head
+    config.linear_conv_kernel_dim = config.mamba_d_conv
+
+
 FIXES = (gemma4_per_layer_shapes, phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers,
-         norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2)  # fmt: skip
+         norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
+         granite4_mamba_as_linear_attention)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:
@@ -1047,6 +1072,134 @@ def gemma4_shared_kv() -> None:
     _replace(Gemma4Model, "make_key_value_cache_names", make_names)
 
 
+def granite4_mamba_layers() -> None:
+    """The builder's Granite 4 class, with the Mamba 2 layers of Granite 4.0-H (the hybrids) and
+    attention without RoPE where the config says so (their `position_embedding_type` "nope")."""
+    import torch
+    from builders.granite import GraniteMoEHybridModel
+
+    def make_init(init: Any) -> Any:
+        def keeping_position_type(self: Any, config: Any, *args: Any) -> None:
+            init(self, config, *args)
+            self.rotates = getattr(config, "position_embedding_type", None) == "rope"
+
+        return keeping_position_type
+
+    def make_layer(make_layer: Any) -> Any:
+        def keeping_layer(self: Any, layer_id: int, layer: Any) -> None:
+            self.current_layer = layer
+            make_layer(self, layer_id, layer)
+
+        return keeping_layer
+
+    def make_attention(make_attention: Any) -> Any:
+        def mamba_or_attention(self: Any, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
+            if self.layer_types[layer_id] == "linear_attention":
+                _make_mamba(self, layer_id, self.current_layer.mamba, root_input)
+            elif self.rotates:
+                make_attention(self, layer_id, attention, root_input, **kwargs)
+            else:
+                with _unrotated(self):
+                    make_attention(self, layer_id, attention, root_input, **kwargs)
+
+        return mamba_or_attention
+
+    def _make_mamba(self: Any, layer_id: int, mamba: Any, root_input: str) -> None:
+        """transformers' GraniteMoeHybridMambaLayer: the input projection split into a gate, the
+        convolved x, B and C, and each head's time step; the scan as gated linear attention (the
+        state decays by exp(dt * A) and gains (dt * x) B^T; the output reads it with C: Mamba 2's
+        recurrence, B and C shared by each group's heads); D's skip; the gate, a norm per group."""
+        dtype, base, weights = self.io_dtype, f"/model/layers.{layer_id}/mamba", f"model.layers.{layer_id}.mamba"
+        seq, heads, width = ["batch_size", "sequence_length"], mamba.num_heads, mamba.head_dim
+        inner, groups, state = mamba.intermediate_size, mamba.n_groups, mamba.ssm_state_size
+        conv_dim, per_group, group_width, bc = mamba.conv_dim, heads // groups, inner // groups, groups * state
+
+        def shape(*dims: int) -> str:
+            return f"/model/constants/INT64/{list(dims)}"
+
+        def linear(module: Any, name: str, value: str) -> str:
+            value = f"{self.make_matmul(module, f'{base}/{name}/MatMul', value)}/output_0"
+            if module.bias is None:
+                return value
+            self.make_add_bias(module.bias, f"{base}/{name}/Add", root_input=value)
+            return f"{base}/{name}/Add/output_0"
+
+        gate, xbc, dt = (f"{base}/in_proj/Split/output_{i}" for i in range(3))
+        self.make_split(f"{base}/in_proj/Split", [linear(mamba.in_proj, "in_proj", root_input),
+                        shape(inner, conv_dim, heads)], [gate, xbc, dt], [dtype] * 3,
+                        [[*seq, inner], [*seq, conv_dim], [*seq, heads]])  # fmt: skip
+
+        # The causal convolution, SiLU after it, over channels first; its last positions are the conv state.
+        self.make_transpose(f"{base}/conv_in/Transpose", xbc, dtype, ["batch_size", conv_dim, "sequence_length"],
+                            [0, 2, 1])  # fmt: skip
+        self.make_initializer(mamba.conv1d.weight, f"{weights}.conv1d.weight", to=dtype)
+        conv_bias = mamba.conv1d.bias if mamba.conv1d.bias is not None else torch.zeros(conv_dim)
+        self.make_initializer(conv_bias, f"{weights}.conv1d.bias", to=dtype)
+        self.make_causal_conv_with_state(f"{base}/CausalConvWithState", root_input=f"{base}/conv_in/Transpose/output_0",
+                                         weight=f"{weights}.conv1d.weight", bias=f"{weights}.conv1d.bias",
+                                         channels=conv_dim, past_conv_state=self.input_names["past.conv"][layer_id],
+                                         present_conv_state=self.output_names["present.conv"][layer_id])  # fmt: skip
+        self.make_transpose(f"{base}/conv_out/Transpose", f"{base}/CausalConvWithState/output_0", dtype,
+                            [*seq, conv_dim], [0, 2, 1])  # fmt: skip
+        x, b, c = (f"{base}/conv_out/Split/output_{i}" for i in range(3))
+        self.make_split(f"{base}/conv_out/Split", [f"{base}/conv_out/Transpose/output_0", shape(inner, bc, bc)],
+                        [x, b, c], [dtype] * 3, [[*seq, inner], [*seq, bc], [*seq, bc]])  # fmt: skip
+
+        # dt = softplus(dt + dt_bias); the decay's log dt * A, A = -exp(A_log), per head.
+        self.make_initializer(mamba.dt_bias, f"{weights}.dt_bias", to=dtype)
+        self.make_add(f"{base}/dt/Add", [dt, f"{weights}.dt_bias"], dtype, [*seq, heads])
+        self.make_softplus(f"{base}/dt/Softplus", f"{base}/dt/Add/output_0", dtype, [*seq, heads])
+        dt = f"{base}/dt/Softplus/output_0"
+        self.make_initializer(-torch.exp(mamba.A_log.float()), f"{weights}.A", to=dtype)
+        self.make_mul(f"{base}/decay/Mul", [dt, f"{weights}.A"], dtype, [*seq, heads])
+
+        # Values dt * x, per head; keys B and queries C, each group's repeated for its heads.
+        by_head = [*seq, heads, width]
+        self.make_reshape(f"{base}/x/Reshape", [x, shape(0, 0, heads, width)], dtype, by_head)
+        x = f"{base}/x/Reshape/output_0"
+        self.make_unsqueeze(f"{base}/dt/Unsqueeze", [dt, shape(-1)], dtype, [*seq, heads, 1])
+        self.make_mul(f"{base}/v/Mul", [x, f"{base}/dt/Unsqueeze/output_0"], dtype, by_head)
+        self.make_reshape(f"{base}/v/Reshape", [f"{base}/v/Mul/output_0", shape(0, 0, inner)], dtype, [*seq, inner])
+        shared = {}
+        for tag, source in (("k", b), ("q", c)):
+            self.make_reshape(f"{base}/{tag}/Reshape", [source, shape(0, 0, groups, 1, state)], dtype,
+                              [*seq, groups, 1, state])  # fmt: skip
+            self.make_expand(f"{base}/{tag}/Expand", [f"{base}/{tag}/Reshape/output_0", shape(1, 1, 1, per_group, 1)],
+                             dtype, [*seq, groups, per_group, state])  # fmt: skip
+            self.make_reshape(f"{base}/{tag}/Reshape_heads", [f"{base}/{tag}/Expand/output_0",
+                              shape(0, 0, heads * state)], dtype, [*seq, heads * state])  # fmt: skip
+            shared[tag] = f"{base}/{tag}/Reshape_heads/output_0"
+        self.make_linear_attention(f"{base}/LinearAttention", q_path=shared["q"], k_path=shared["k"],
+                                   v_path=f"{base}/v/Reshape/output_0", decay=f"{base}/decay/Mul/output_0", beta="",
+                                   past_recurrent_state=self.input_names["past.recurrent"][layer_id],
+                                   present_recurrent_state=self.output_names["present.recurrent"][layer_id],
+                                   q_num_heads=heads, kv_num_heads=heads, update_rule="gated", scale=1.0)  # fmt: skip
+
+        # y + D x (D per head), times silu(gate), RMS-normed over each group's channels, then scaled.
+        self.make_initializer(mamba.D.reshape(heads, 1), f"{weights}.D", to=dtype)
+        self.make_mul(f"{base}/D/Mul", [x, f"{weights}.D"], dtype, by_head)
+        self.make_reshape(f"{base}/D/Reshape", [f"{base}/D/Mul/output_0", shape(0, 0, inner)], dtype, [*seq, inner])
+        self.make_add(f"{base}/D/Add", [f"{base}/LinearAttention/output_0", f"{base}/D/Reshape/output_0"], dtype,
+                      [*seq, inner])  # fmt: skip
+        self.make_sigmoid(f"{base}/gate/Sigmoid", gate, dtype, [*seq, inner])
+        self.make_mul(f"{base}/gate/SiLU", [gate, f"{base}/gate/Sigmoid/output_0"], dtype, [*seq, inner])
+        self.make_mul(f"{base}/gate/Mul", [f"{base}/D/Add/output_0", f"{base}/gate/SiLU/output_0"], dtype,
+                      [*seq, inner])  # fmt: skip
+        self.make_reshape(f"{base}/norm/Reshape", [f"{base}/gate/Mul/output_0", shape(0, 0, groups, group_width)],
+                          dtype, [*seq, groups, group_width])  # fmt: skip
+        normed = _gemma4_norm(self, f"layers.{layer_id}.mamba.norm.group", f"{base}/norm/Reshape/output_0",
+                              torch.ones(group_width), [*seq, groups, group_width])  # fmt: skip
+        self.make_reshape(f"{base}/norm/Reshape_back", [normed, shape(0, 0, inner)], dtype, [*seq, inner])
+        self.make_initializer(mamba.norm.weight, f"{weights}.norm.weight", to=dtype)
+        self.make_mul(f"{base}/norm/Mul", [f"{base}/norm/Reshape_back/output_0", f"{weights}.norm.weight"], dtype,
+                      [*seq, inner])  # fmt: skip
+        self.layernorm_attrs["skip_input"] = linear(mamba.out_proj, "out_proj", f"{base}/norm/Mul/output_0")
+
+    _replace(GraniteMoEHybridModel, "__init__", make_init)
+    _replace(GraniteMoEHybridModel, "make_layer", make_layer)
+    _replace(GraniteMoEHybridModel, "make_attention", make_attention)
+
+
 def _fix_config(config: Any) -> Any:
     text = getattr(config, "text_config", None)
     for c in (config, text) if text is not None else (config,):
@@ -1081,6 +1234,7 @@ def install() -> None:
     gemma4_dense_mlp()
     gemma4_per_layer_inputs()
     gemma4_shared_kv()
+    granite4_mamba_layers()
     granite_swa_layers()
     lfm3_layers()
 

@@ -174,6 +174,14 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # LFM2's mixture-of-experts models: a dense first layer, then experts (top 2 of 4) with biased routing.
     "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", {"layer_types": ["conv", "full_attention"],
         "num_dense_layers": 1, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}),
+    # Granite 4.0-H (the hybrids: H-Micro, H-1B, H-350M): Mamba 2 layers (8 heads of 16, B and C in 2
+    # groups of 16 state dimensions, a 4-wide convolution) between attention layers without RoPE.
+    "granite4_h": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
+        "num_hidden_layers": 4, "layer_types": ["mamba", "attention", "mamba", "mamba"], "num_key_value_heads": 1,
+        "num_local_experts": 0, "shared_intermediate_size": 128, "position_embedding_type": "nope",
+        "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
+        "mamba_expand": 2, "embedding_multiplier": 12.0, "logits_scaling": 4.0, "residual_multiplier": 0.22,
+        "attention_multiplier": 0.25}),
     "granite4": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
         "layer_types": ["attention", "attention"], "num_key_value_heads": 1, "num_local_experts": 0,
         "shared_intermediate_size": 128, "position_embedding_type": "rope", "embedding_multiplier": 12.0,
@@ -292,7 +300,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
-               "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5")
+               "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5", "granite4_h")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -641,7 +649,9 @@ CHAT_STYLES: dict[str, ChatStyle] = {
 # handling of them shows (a Granite SWA's sinks; Seed-OSS's biases, all of its projections').
 RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "seed_oss": ("_proj.bias",),
                                           "ernie4_5": ("_proj.bias",),
-                                          "stablelm": ("_proj.bias", "layernorm.bias", "norm.bias")}
+                                          "stablelm": ("_proj.bias", "layernorm.bias", "norm.bias"),
+                                          "granite4_h": ("mamba.D", "mamba.dt_bias", "mamba.norm.weight",
+                                                         "conv1d.bias", "q_proj.weight", "k_proj.weight")}
 
 
 def chat_style(arch: str) -> ChatStyle:
