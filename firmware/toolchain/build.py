@@ -640,16 +640,6 @@ def gemma4_refusal(config: dict[str, Any]) -> str | None:
     return None
 
 
-def granite4_refusal(config: dict[str, Any]) -> str | None:
-    """What of a Granite 4 config (GraniteMoeHybrid) the builder's Granite 4 class would not
-    export, or None: it keeps each layer's shared MLP and leaves the experts beside it out."""
-    experts = config.get("num_local_experts") if config.get("model_type") == "granitemoehybrid" else None
-    if not experts:
-        return None
-    return (f"its mixture-of-experts layers ({experts} experts, as in Granite 4.0 H-Tiny and H-Small) are left out by "
-            "the ONNX Runtime GenAI model builder's Granite 4 export, which keeps only their shared MLP; not supported")
-
-
 def stablelm_refusal(config: dict[str, Any]) -> str | None:
     """What of a StableLM config the builder's Llama class (which builds StableLM 2 1.6B and
     StableLM 3B's layers) would not export, or None."""
@@ -720,8 +710,6 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
       GeGLU, which they use (gemma4_refusal);
     - StableLM's per-head query and key LayerNorms and parallel residual (StableLM 2 12B's), which
       the builder's Llama class, that builds its other models, does not (stablelm_refusal);
-    - Granite 4's experts (`num_local_experts`, H-Tiny and H-Small): the builder's Granite 4 class
-      keeps only each layer's shared MLP (granite4_refusal);
     - RoPE scaling other than the kinds checked against transformers (ROPE_TYPES), and scaling of
       the sliding layers' RoPE (Gemma 3 scales only its global layers'). transformers' dynamic
       NTK scaling, for one, changes the frequencies as a sequence grows past the original
@@ -751,7 +739,7 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip
-    refusal = gemma4_refusal(config) or stablelm_refusal(config) or granite4_refusal(config)
+    refusal = gemma4_refusal(config) or stablelm_refusal(config)
     if refusal:
         raise BundleError(f"{model_dir.name}: {refusal}")
     for layers, rope_type in _rope_types(config):

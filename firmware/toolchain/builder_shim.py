@@ -143,8 +143,9 @@ classes in the builder, written for an older transformers:
   model matches transformers to 6.1e-6 (6.7 off without the per-layer inputs, 5.4 without their
   projected part, 3.2 with the first layer of each type shared instead of the last).
 
-IBM's Granite 4.0-H (GraniteMoeHybridForCausalLM with Mamba layers: H-Micro, H-1B, H-350M) has a
-class in the builder that exports attention layers only (a Mamba layer has no `self_attn`):
+IBM's Granite 4.0-H (GraniteMoeHybridForCausalLM with Mamba layers: H-Micro, H-1B, H-350M; with
+experts too, H-Tiny and H-Small) has a class in the builder that exports attention layers and the
+shared MLP only (a Mamba layer has no `self_attn`):
 
 - `granite4_mamba_as_linear_attention`, `granite4_mamba_layers`: its Mamba 2 layers are built from
   ONNX Runtime's operators for Qwen3.5's linear attention: the causal convolution with its state
@@ -154,8 +155,11 @@ class in the builder that exports attention layers only (a Mamba layer has no `s
   gives the builder the state shapes under Qwen3.5's names. Its attention layers rotate nothing
   where `position_embedding_type` is not "rope" (its published "nope"). A tiny one matches
   transformers to 2.4e-7 (0.18 off without D, 0.10 with B and C tiled instead of repeated, 0.11
-  with one norm over all groups, 0.028 with RoPE); int8 0.0079, int4 0.14. Its experts (H-Tiny,
-  H-Small) the class leaves out, keeping the shared MLP: refused (build.granite4_refusal).
+  with one norm over all groups, 0.028 with RoPE); int8 0.0079, int4 0.14.
+- `granite4_mamba_layers` also adds the experts of H-Tiny and H-Small beside each layer's shared
+  MLP, which the class left out (a tiny one was 1.4 off without them): the router (softmax of the
+  top k, the MoE operator's renormalized routing: 0.016 off without) and SwiGLU experts, as for
+  Qwen3's mixture-of-experts models. A tiny one matches transformers to 3.6e-7; int8 0.019.
 
 IBM's Granite SWA (GraniteSWAForCausalLM) has no class in the builder either:
 
@@ -508,6 +512,19 @@ def qwen35_l2norm_epsilon() -> None:
     _replace(Qwen35TextModel, "make_lp_normalization", lambda _no_epsilon: l2norm)
 
 
+def _experts_op(self: Any, layer_id: int, root_input: str) -> str:
+    """The MoE (or, quantized, QMoE) operator of a layer whose router and expert weights are made
+    (make_moe_router, make_interleaved_swiglu_moe_preprocessing): its output."""
+    basename, op_type = f"/model/layers.{layer_id}/moe", self.moe_attrs["op_type"]
+    names = self.make_moe_expert_names(layer_id)
+    scales = (names["gate_up_scales"], names["down_scales"]) if op_type == "QMoE" else ("", "")
+    name = f"{basename}/{op_type}"
+    self.make_moe_op(name, root_input=root_input, router_probs=f"{basename}/router/Reshape/output_0",
+                     weight1=names["gate_up_weight"], scales1=scales[0], bias1=names["gate_up_bias"],
+                     weight2=names["down_weight"], scales2=scales[1], bias2=names["down_bias"])  # fmt: skip
+    return f"{name}/output_0"
+
+
 def qwen3_moe_layers() -> None:
     """The builder's Qwen3 class, with the layers of Qwen3's mixture-of-experts models where a
     config has experts (Qwen3-30B-A3B and the Qwen3-Coder ones): Qwen3's attention, then a router
@@ -546,15 +563,8 @@ def qwen3_moe_layers() -> None:
         make_moe_router = Qwen35MoETextModel.make_moe_router
 
         def make_moe_subgraph(self, layer_id: int, moe: Any, root_input: str) -> str:
-            basename, op_type = f"/model/layers.{layer_id}/moe", self.moe_attrs["op_type"]
-            names = self.make_moe_expert_names(layer_id)
-            scales = (names["gate_up_scales"], names["down_scales"]) if op_type == "QMoE" else ("", "")
-            name = f"{basename}/{op_type}"
-            self.make_moe_op(name, root_input=root_input, router_probs=f"{basename}/router/Reshape/output_0",
-                             weight1=names["gate_up_weight"], scales1=scales[0], bias1=names["gate_up_bias"],
-                             weight2=names["down_weight"], scales2=scales[1], bias2=names["down_bias"])  # fmt: skip
-            self.layernorm_attrs["skip_input"] = f"{name}/output_0"
-            return f"{name}/output_0"
+            self.layernorm_attrs["skip_input"] = _experts_op(self, layer_id, root_input)
+            return str(self.layernorm_attrs["skip_input"])
 
     builders.Qwen3Model = Qwen3MoeModel
 
@@ -1075,15 +1085,39 @@ def gemma4_shared_kv() -> None:
 def granite4_mamba_layers() -> None:
     """The builder's Granite 4 class, with the Mamba 2 layers of Granite 4.0-H (the hybrids) and
     attention without RoPE where the config says so (their `position_embedding_type` "nope")."""
+    import types
+
     import torch
     from builders.granite import GraniteMoEHybridModel
+    from builders.qwen import Qwen35MoETextModel
 
     def make_init(init: Any) -> Any:
         def keeping_position_type(self: Any, config: Any, *args: Any) -> None:
             init(self, config, *args)
             self.rotates = getattr(config, "position_embedding_type", None) == "rope"
+            if self.moe_attrs["num_experts"]:  # SwiGLU experts; the top k's softmax is the router's, renormalized
+                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=True)
 
         return keeping_position_type
+
+    def make_mlp(make_mlp: Any) -> Any:
+        def shared_and_experts(self: Any, layer_id: int, mlp: Any, root_input: str) -> None:
+            """transformers' GraniteMoeHybridDecoderLayer: the experts' output plus the shared MLP's."""
+            make_mlp(self, layer_id, mlp, root_input)
+            moe = getattr(self.current_layer, "block_sparse_moe", None)
+            if moe is None:
+                return
+            shared = self.layernorm_attrs["skip_input"]
+            routed = types.SimpleNamespace(gate=moe.router, experts=moe.experts)  # the names the builder reads
+            self.moe_intermediate_size = moe.experts.down_proj.shape[-1]
+            Qwen35MoETextModel.make_moe_router(self, layer_id, routed, root_input)
+            self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
+            name = f"/model/layers.{layer_id}/moe/Add"
+            self.make_add(name, [_experts_op(self, layer_id, root_input), shared], self.io_dtype,
+                          self.make_hidden_state_shape())  # fmt: skip
+            self.layernorm_attrs["skip_input"] = f"{name}/output_0"
+
+        return shared_and_experts
 
     def make_layer(make_layer: Any) -> Any:
         def keeping_layer(self: Any, layer_id: int, layer: Any) -> None:
@@ -1198,6 +1232,7 @@ def granite4_mamba_layers() -> None:
     _replace(GraniteMoEHybridModel, "__init__", make_init)
     _replace(GraniteMoEHybridModel, "make_layer", make_layer)
     _replace(GraniteMoEHybridModel, "make_attention", make_attention)
+    _replace(GraniteMoEHybridModel, "make_mlp", make_mlp)
 
 
 def _fix_config(config: Any) -> Any:

@@ -182,6 +182,13 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
         "mamba_expand": 2, "embedding_multiplier": 12.0, "logits_scaling": 4.0, "residual_multiplier": 0.22,
         "attention_multiplier": 0.25}),
+    # Granite 4.0-H Tiny's and Small's shape: experts (top 2 of 4, SwiGLU) beside each layer's shared MLP.
+    "granite4_moe": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
+        "num_hidden_layers": 3, "layer_types": ["mamba", "attention", "mamba"], "num_key_value_heads": 1,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32, "shared_intermediate_size": 64,
+        "position_embedding_type": "nope", "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 1,
+        "mamba_d_state": 16, "embedding_multiplier": 12.0, "logits_scaling": 4.0, "residual_multiplier": 0.22,
+        "attention_multiplier": 0.25}),
     "granite4": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
         "layer_types": ["attention", "attention"], "num_key_value_heads": 1, "num_local_experts": 0,
         "shared_intermediate_size": 128, "position_embedding_type": "rope", "embedding_multiplier": 12.0,
@@ -300,7 +307,8 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "phi", "hunyuan", "smollm3", "gpt_oss", "llama_rope_linear", "qwen2_yarn", "hunyuan_alpha", "qwen3_5",
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
-               "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5", "granite4_h")
+               "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5", "granite4_h",
+               "granite4_moe")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -651,7 +659,8 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "ernie4_5": ("_proj.bias",),
                                           "stablelm": ("_proj.bias", "layernorm.bias", "norm.bias"),
                                           "granite4_h": ("mamba.D", "mamba.dt_bias", "mamba.norm.weight",
-                                                         "conv1d.bias", "q_proj.weight", "k_proj.weight")}
+                                                         "conv1d.bias", "q_proj.weight", "k_proj.weight"),
+                                          "granite4_moe": ("experts.gate_up_proj", "experts.down_proj")}
 
 
 def chat_style(arch: str) -> ChatStyle:
