@@ -591,12 +591,16 @@ ATTENTION_KINDS = ("full_attention", "sliding_attention")
 # What transformers 4's configs call full attention (Granite 4's published configs: "attention" or
 # "mamba" per layer); transformers 5 reads them as full_attention and linear_attention.
 KIND_ALIASES = {"attention": "full_attention", "mamba": "linear_attention"}
+# Nemotron-H's published configs give each block's kind as one letter (hybrid_override_pattern).
+BLOCK_LETTERS = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+# Blocks of a feed-forward layer alone (Nemotron-H's: a norm, the MLP, the residual), no cache.
+FEED_FORWARD_KINDS = {"mlp": ("NemotronHForCausalLM",)}
 # Recurrent layer kinds, each with the architectures whose export of it was checked against
 # transformers (a tiny model in the architecture matrix): their layers carry a fixed-size state per
 # request instead of keys and values (session.KVSlots): Qwen3.5's gated delta-net layers, LFM2's
 # short convolutions, Granite 4.0-H's Mamba 2 layers (builder_shim.granite4_mamba_layers).
 RECURRENT_KINDS = {"linear_attention": ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-                                        "GraniteMoeHybridForCausalLM"),
+                                        "GraniteMoeHybridForCausalLM", "NemotronHForCausalLM"),
                    "conv": ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration",
                             "Lfm3ForCausalLM")}
 
@@ -695,6 +699,16 @@ def cap_context_where_the_export_ends(hf_dir: Path, genai_dir: Path, progress: P
             genai_file.write_text(json.dumps(doc, indent=4) + "\n")
 
 
+def layer_kinds(config: dict[str, Any]) -> list[str]:
+    """Each layer's kind in transformers 5's names, from a config.json's `layer_types`, its
+    `layers_block_type` or its `hybrid_override_pattern` (Nemotron-H's, saved by either)."""
+    kinds = config.get("layer_types") or config.get("layers_block_type")
+    pattern = config.get("hybrid_override_pattern")
+    if not kinds and isinstance(pattern, str):
+        kinds = [BLOCK_LETTERS.get(letter, letter) for letter in pattern]
+    return [KIND_ALIASES.get(str(k), str(k)) for k in kinds or ()]
+
+
 def refuse_unsupported_attention(model_dir: Path) -> None:
     """Refuse, before the export or the pack, attention the engine would run differently from the
     model. Sliding-window and interleaved local/global attention are supported: the builder is
@@ -734,8 +748,9 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     config = json.loads(config_file.read_text())
     config = config.get("text_config", config)  # multimodal configs nest the language model's
     arch = architecture(model_dir)
-    supported = {*ATTENTION_KINDS, *(kind for kind, archs in RECURRENT_KINDS.items() if arch in archs)}
-    kinds = sorted({KIND_ALIASES.get(k, k) for k in config.get("layer_types") or ()} - supported)
+    supported = {*ATTENTION_KINDS, *(kind for kinds in (RECURRENT_KINDS, FEED_FORWARD_KINDS)
+                                     for kind, archs in kinds.items() if arch in archs)}  # fmt: skip
+    kinds = sorted(set(layer_kinds(config)) - supported)
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip

@@ -161,6 +161,16 @@ shared MLP only (a Mamba layer has no `self_attn`):
   top k, the MoE operator's renormalized routing: 0.016 off without) and SwiGLU experts, as for
   Qwen3's mixture-of-experts models. A tiny one matches transformers to 3.6e-7; int8 0.019.
 
+NVIDIA's Nemotron-H (NemotronHForCausalLM: Nemotron Nano 2, Nemotron-H 4B and 8B) has no class in
+the builder:
+
+- `nemotron_h_as_nemotron`, `nemotron_h_blocks`: the config goes to the builder's Nemotron class
+  (its ReLU-squared MLP), which gains Nemotron-H's blocks: a norm (RMS, its weight as it is: 4.1
+  off with Nemotron's offset) and one mixer each, its output added to the stream: a Mamba 2 layer
+  (as Granite 4.0-H's), attention without RoPE (0.76 off rotated) or the MLP. A tiny one matches
+  transformers to 1.2e-6; int8 0.090. Its experts' blocks (Nemotron 3) are refused before the
+  export.
+
 IBM's Granite SWA (GraniteSWAForCausalLM) has no class in the builder either:
 
 - `granite_swa_as_granite`, `granite_swa_layers`: the config is sent to the builder's Granite
@@ -260,7 +270,7 @@ def sliding_window_layers(config: Any) -> None:
 def norm_epsilon(config: Any) -> None:
     if "rms_norm_eps" in vars(config):
         return
-    for name in ("layer_norm_eps", "norm_eps"):
+    for name in ("layer_norm_eps", "norm_eps", "layer_norm_epsilon"):
         if isinstance(vars(config).get(name), float):
             config.rms_norm_eps = vars(config)[name]
             return
@@ -327,9 +337,24 @@ def granite4_mamba_as_linear_attention(config: Any) -> None:
     config.linear_conv_kernel_dim = config.mamba_d_conv
 
 
+def nemotron_h_as_nemotron(config: Any) -> None:
+    """NVIDIA's Nemotron-H (Nemotron Nano 2 among them) goes to the builder's Nemotron class (its
+    ReLU-squared MLP), which nemotron_h_blocks gives its blocks; its Mamba layers' state shapes in
+    Qwen3.5's names, as Granite 4.0-H's."""
+    if getattr(config, "model_type", "") != "nemotron_h":
+        return
+    config.architectures = ["NemotronForCausalLM"]
+    config.rms_norm_eps, config.hidden_act = config.layer_norm_epsilon, config.mlp_hidden_act
+    config.linear_num_key_heads, config.linear_key_head_dim = config.n_groups, config.ssm_state_size
+    config.linear_num_value_heads, config.linear_value_head_dim = config.mamba_num_heads, config.mamba_head_dim
+    config.linear_conv_kernel_dim = config.conv_kernel
+    if not vars(config).get("rope_parameters"):  # read by the builder, used by no layer (no RoPE anywhere)
+        config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+
+
 FIXES = (gemma4_per_layer_shapes, phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers,
          norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
-         granite4_mamba_as_linear_attention)  # fmt: skip
+         granite4_mamba_as_linear_attention, nemotron_h_as_nemotron)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:
@@ -889,13 +914,16 @@ def gemma4_dense_mlp() -> None:
     _replace(Gemma4MoEModel, "load_weights", make_load)
 
 
-def _gemma4_norm(self: Any, name: str, root_input: str, weight: Any, shape: list[Any]) -> str:
-    """An RMS norm over the last axis of `root_input`, in its type, Gemma 4's: its weight as it is."""
+def _gemma4_norm(self: Any, name: str, root_input: str, weight: Any, shape: list[Any],
+                 epsilon: float | None = None) -> str:  # fmt: skip
+    """An RMS norm over the last axis of `root_input`, in its type, Gemma 4's: its weight as it is
+    (the model's epsilon unless given)."""
     weight_name, dtype = f"model.{name}.weight", self.values[root_input].dtype
     self.make_initializer(weight + self.layernorm_attrs["add_offset"], weight_name, to=dtype)
     node = f"/model/{name.replace('.', '/')}/SimplifiedLayerNormalization"
     self.make_node("SimplifiedLayerNormalization", inputs=[root_input, weight_name], outputs=[f"{node}/output_0"],
-                   name=node, epsilon=self.layernorm_attrs["epsilon"], axis=-1, stash_type=1)  # fmt: skip
+                   name=node, epsilon=self.layernorm_attrs["epsilon"] if epsilon is None else epsilon, axis=-1,
+                   stash_type=1)  # fmt: skip
     self.make_value(f"{node}/output_0", dtype, shape=shape)
     return f"{node}/output_0"
 
@@ -1082,12 +1110,107 @@ def gemma4_shared_kv() -> None:
     _replace(Gemma4Model, "make_key_value_cache_names", make_names)
 
 
+def _make_mamba(self: Any, layer_id: int, mamba: Any, root_input: str) -> None:
+    """A Mamba 2 mixer (transformers' GraniteMoeHybridMambaLayer, NemotronHMamba2Mixer): the input
+    projection split into a gate, the convolved x, B and C, and each head's time step; the scan as
+    gated linear attention (the state decays by exp(dt * A) and gains (dt * x) B^T; the output
+    reads it with C: Mamba 2's recurrence, B and C shared by each group's heads); D's skip; the
+    gate, a norm per group."""
+    import torch
+
+    dtype, base, weights = self.io_dtype, f"/model/layers.{layer_id}/mamba", f"model.layers.{layer_id}.mamba"
+    seq, heads, width = ["batch_size", "sequence_length"], mamba.num_heads, mamba.head_dim
+    inner, groups, state = mamba.intermediate_size, mamba.n_groups, mamba.ssm_state_size
+    conv_dim, per_group, group_width, bc = mamba.conv_dim, heads // groups, inner // groups, groups * state
+
+    def shape(*dims: int) -> str:
+        return f"/model/constants/INT64/{list(dims)}"
+
+    def linear(module: Any, name: str, value: str) -> str:
+        value = f"{self.make_matmul(module, f'{base}/{name}/MatMul', value)}/output_0"
+        if module.bias is None:
+            return value
+        self.make_add_bias(module.bias, f"{base}/{name}/Add", root_input=value)
+        return f"{base}/{name}/Add/output_0"
+
+    gate, xbc, dt = (f"{base}/in_proj/Split/output_{i}" for i in range(3))
+    self.make_split(f"{base}/in_proj/Split", [linear(mamba.in_proj, "in_proj", root_input),
+                    shape(inner, conv_dim, heads)], [gate, xbc, dt], [dtype] * 3,
+                    [[*seq, inner], [*seq, conv_dim], [*seq, heads]])  # fmt: skip
+
+    # The causal convolution, SiLU after it, over channels first; its last positions are the conv state.
+    self.make_transpose(f"{base}/conv_in/Transpose", xbc, dtype, ["batch_size", conv_dim, "sequence_length"],
+                        [0, 2, 1])  # fmt: skip
+    self.make_initializer(mamba.conv1d.weight, f"{weights}.conv1d.weight", to=dtype)
+    conv_bias = mamba.conv1d.bias if mamba.conv1d.bias is not None else torch.zeros(conv_dim)
+    self.make_initializer(conv_bias, f"{weights}.conv1d.bias", to=dtype)
+    self.make_causal_conv_with_state(f"{base}/CausalConvWithState", root_input=f"{base}/conv_in/Transpose/output_0",
+                                     weight=f"{weights}.conv1d.weight", bias=f"{weights}.conv1d.bias",
+                                     channels=conv_dim, past_conv_state=self.input_names["past.conv"][layer_id],
+                                     present_conv_state=self.output_names["present.conv"][layer_id])  # fmt: skip
+    self.make_transpose(f"{base}/conv_out/Transpose", f"{base}/CausalConvWithState/output_0", dtype,
+                        [*seq, conv_dim], [0, 2, 1])  # fmt: skip
+    x, b, c = (f"{base}/conv_out/Split/output_{i}" for i in range(3))
+    self.make_split(f"{base}/conv_out/Split", [f"{base}/conv_out/Transpose/output_0", shape(inner, bc, bc)],
+                    [x, b, c], [dtype] * 3, [[*seq, inner], [*seq, bc], [*seq, bc]])  # fmt: skip
+
+    # dt = softplus(dt + dt_bias); the decay's log dt * A, A = -exp(A_log), per head.
+    self.make_initializer(mamba.dt_bias, f"{weights}.dt_bias", to=dtype)
+    self.make_add(f"{base}/dt/Add", [dt, f"{weights}.dt_bias"], dtype, [*seq, heads])
+    self.make_softplus(f"{base}/dt/Softplus", f"{base}/dt/Add/output_0", dtype, [*seq, heads])
+    dt = f"{base}/dt/Softplus/output_0"
+    self.make_initializer(-torch.exp(mamba.A_log.float()), f"{weights}.A", to=dtype)
+    self.make_mul(f"{base}/decay/Mul", [dt, f"{weights}.A"], dtype, [*seq, heads])
+
+    # Values dt * x, per head; keys B and queries C, each group's repeated for its heads.
+    by_head = [*seq, heads, width]
+    self.make_reshape(f"{base}/x/Reshape", [x, shape(0, 0, heads, width)], dtype, by_head)
+    x = f"{base}/x/Reshape/output_0"
+    self.make_unsqueeze(f"{base}/dt/Unsqueeze", [dt, shape(-1)], dtype, [*seq, heads, 1])
+    self.make_mul(f"{base}/v/Mul", [x, f"{base}/dt/Unsqueeze/output_0"], dtype, by_head)
+    self.make_reshape(f"{base}/v/Reshape", [f"{base}/v/Mul/output_0", shape(0, 0, inner)], dtype, [*seq, inner])
+    shared = {}
+    for tag, source in (("k", b), ("q", c)):
+        self.make_reshape(f"{base}/{tag}/Reshape", [source, shape(0, 0, groups, 1, state)], dtype,
+                          [*seq, groups, 1, state])  # fmt: skip
+        self.make_expand(f"{base}/{tag}/Expand", [f"{base}/{tag}/Reshape/output_0", shape(1, 1, 1, per_group, 1)],
+                         dtype, [*seq, groups, per_group, state])  # fmt: skip
+        self.make_reshape(f"{base}/{tag}/Reshape_heads", [f"{base}/{tag}/Expand/output_0",
+                          shape(0, 0, heads * state)], dtype, [*seq, heads * state])  # fmt: skip
+        shared[tag] = f"{base}/{tag}/Reshape_heads/output_0"
+    self.make_linear_attention(f"{base}/LinearAttention", q_path=shared["q"], k_path=shared["k"],
+                               v_path=f"{base}/v/Reshape/output_0", decay=f"{base}/decay/Mul/output_0", beta="",
+                               past_recurrent_state=self.input_names["past.recurrent"][layer_id],
+                               present_recurrent_state=self.output_names["present.recurrent"][layer_id],
+                               q_num_heads=heads, kv_num_heads=heads, update_rule="gated", scale=1.0)  # fmt: skip
+
+    # y + D x (D per head), times silu(gate), RMS-normed over each group's channels, then scaled.
+    self.make_initializer(mamba.D.reshape(heads, 1), f"{weights}.D", to=dtype)
+    self.make_mul(f"{base}/D/Mul", [x, f"{weights}.D"], dtype, by_head)
+    self.make_reshape(f"{base}/D/Reshape", [f"{base}/D/Mul/output_0", shape(0, 0, inner)], dtype, [*seq, inner])
+    self.make_add(f"{base}/D/Add", [f"{base}/LinearAttention/output_0", f"{base}/D/Reshape/output_0"], dtype,
+                  [*seq, inner])  # fmt: skip
+    self.make_sigmoid(f"{base}/gate/Sigmoid", gate, dtype, [*seq, inner])
+    self.make_mul(f"{base}/gate/SiLU", [gate, f"{base}/gate/Sigmoid/output_0"], dtype, [*seq, inner])
+    self.make_mul(f"{base}/gate/Mul", [f"{base}/D/Add/output_0", f"{base}/gate/SiLU/output_0"], dtype,
+                  [*seq, inner])  # fmt: skip
+    self.make_reshape(f"{base}/norm/Reshape", [f"{base}/gate/Mul/output_0", shape(0, 0, groups, group_width)],
+                      dtype, [*seq, groups, group_width])  # fmt: skip
+    normed = _gemma4_norm(self, f"layers.{layer_id}.mamba.norm.group", f"{base}/norm/Reshape/output_0",
+                          torch.ones(group_width), [*seq, groups, group_width],
+                          mamba.norm.variance_epsilon)  # fmt: skip
+    self.make_reshape(f"{base}/norm/Reshape_back", [normed, shape(0, 0, inner)], dtype, [*seq, inner])
+    self.make_initializer(mamba.norm.weight, f"{weights}.norm.weight", to=dtype)
+    self.make_mul(f"{base}/norm/Mul", [f"{base}/norm/Reshape_back/output_0", f"{weights}.norm.weight"], dtype,
+                  [*seq, inner])  # fmt: skip
+    self.layernorm_attrs["skip_input"] = linear(mamba.out_proj, "out_proj", f"{base}/norm/Mul/output_0")
+
+
 def granite4_mamba_layers() -> None:
     """The builder's Granite 4 class, with the Mamba 2 layers of Granite 4.0-H (the hybrids) and
     attention without RoPE where the config says so (their `position_embedding_type` "nope")."""
     import types
 
-    import torch
     from builders.granite import GraniteMoEHybridModel
     from builders.qwen import Qwen35MoETextModel
 
@@ -1138,101 +1261,59 @@ def granite4_mamba_layers() -> None:
 
         return mamba_or_attention
 
-    def _make_mamba(self: Any, layer_id: int, mamba: Any, root_input: str) -> None:
-        """transformers' GraniteMoeHybridMambaLayer: the input projection split into a gate, the
-        convolved x, B and C, and each head's time step; the scan as gated linear attention (the
-        state decays by exp(dt * A) and gains (dt * x) B^T; the output reads it with C: Mamba 2's
-        recurrence, B and C shared by each group's heads); D's skip; the gate, a norm per group."""
-        dtype, base, weights = self.io_dtype, f"/model/layers.{layer_id}/mamba", f"model.layers.{layer_id}.mamba"
-        seq, heads, width = ["batch_size", "sequence_length"], mamba.num_heads, mamba.head_dim
-        inner, groups, state = mamba.intermediate_size, mamba.n_groups, mamba.ssm_state_size
-        conv_dim, per_group, group_width, bc = mamba.conv_dim, heads // groups, inner // groups, groups * state
-
-        def shape(*dims: int) -> str:
-            return f"/model/constants/INT64/{list(dims)}"
-
-        def linear(module: Any, name: str, value: str) -> str:
-            value = f"{self.make_matmul(module, f'{base}/{name}/MatMul', value)}/output_0"
-            if module.bias is None:
-                return value
-            self.make_add_bias(module.bias, f"{base}/{name}/Add", root_input=value)
-            return f"{base}/{name}/Add/output_0"
-
-        gate, xbc, dt = (f"{base}/in_proj/Split/output_{i}" for i in range(3))
-        self.make_split(f"{base}/in_proj/Split", [linear(mamba.in_proj, "in_proj", root_input),
-                        shape(inner, conv_dim, heads)], [gate, xbc, dt], [dtype] * 3,
-                        [[*seq, inner], [*seq, conv_dim], [*seq, heads]])  # fmt: skip
-
-        # The causal convolution, SiLU after it, over channels first; its last positions are the conv state.
-        self.make_transpose(f"{base}/conv_in/Transpose", xbc, dtype, ["batch_size", conv_dim, "sequence_length"],
-                            [0, 2, 1])  # fmt: skip
-        self.make_initializer(mamba.conv1d.weight, f"{weights}.conv1d.weight", to=dtype)
-        conv_bias = mamba.conv1d.bias if mamba.conv1d.bias is not None else torch.zeros(conv_dim)
-        self.make_initializer(conv_bias, f"{weights}.conv1d.bias", to=dtype)
-        self.make_causal_conv_with_state(f"{base}/CausalConvWithState", root_input=f"{base}/conv_in/Transpose/output_0",
-                                         weight=f"{weights}.conv1d.weight", bias=f"{weights}.conv1d.bias",
-                                         channels=conv_dim, past_conv_state=self.input_names["past.conv"][layer_id],
-                                         present_conv_state=self.output_names["present.conv"][layer_id])  # fmt: skip
-        self.make_transpose(f"{base}/conv_out/Transpose", f"{base}/CausalConvWithState/output_0", dtype,
-                            [*seq, conv_dim], [0, 2, 1])  # fmt: skip
-        x, b, c = (f"{base}/conv_out/Split/output_{i}" for i in range(3))
-        self.make_split(f"{base}/conv_out/Split", [f"{base}/conv_out/Transpose/output_0", shape(inner, bc, bc)],
-                        [x, b, c], [dtype] * 3, [[*seq, inner], [*seq, bc], [*seq, bc]])  # fmt: skip
-
-        # dt = softplus(dt + dt_bias); the decay's log dt * A, A = -exp(A_log), per head.
-        self.make_initializer(mamba.dt_bias, f"{weights}.dt_bias", to=dtype)
-        self.make_add(f"{base}/dt/Add", [dt, f"{weights}.dt_bias"], dtype, [*seq, heads])
-        self.make_softplus(f"{base}/dt/Softplus", f"{base}/dt/Add/output_0", dtype, [*seq, heads])
-        dt = f"{base}/dt/Softplus/output_0"
-        self.make_initializer(-torch.exp(mamba.A_log.float()), f"{weights}.A", to=dtype)
-        self.make_mul(f"{base}/decay/Mul", [dt, f"{weights}.A"], dtype, [*seq, heads])
-
-        # Values dt * x, per head; keys B and queries C, each group's repeated for its heads.
-        by_head = [*seq, heads, width]
-        self.make_reshape(f"{base}/x/Reshape", [x, shape(0, 0, heads, width)], dtype, by_head)
-        x = f"{base}/x/Reshape/output_0"
-        self.make_unsqueeze(f"{base}/dt/Unsqueeze", [dt, shape(-1)], dtype, [*seq, heads, 1])
-        self.make_mul(f"{base}/v/Mul", [x, f"{base}/dt/Unsqueeze/output_0"], dtype, by_head)
-        self.make_reshape(f"{base}/v/Reshape", [f"{base}/v/Mul/output_0", shape(0, 0, inner)], dtype, [*seq, inner])
-        shared = {}
-        for tag, source in (("k", b), ("q", c)):
-            self.make_reshape(f"{base}/{tag}/Reshape", [source, shape(0, 0, groups, 1, state)], dtype,
-                              [*seq, groups, 1, state])  # fmt: skip
-            self.make_expand(f"{base}/{tag}/Expand", [f"{base}/{tag}/Reshape/output_0", shape(1, 1, 1, per_group, 1)],
-                             dtype, [*seq, groups, per_group, state])  # fmt: skip
-            self.make_reshape(f"{base}/{tag}/Reshape_heads", [f"{base}/{tag}/Expand/output_0",
-                              shape(0, 0, heads * state)], dtype, [*seq, heads * state])  # fmt: skip
-            shared[tag] = f"{base}/{tag}/Reshape_heads/output_0"
-        self.make_linear_attention(f"{base}/LinearAttention", q_path=shared["q"], k_path=shared["k"],
-                                   v_path=f"{base}/v/Reshape/output_0", decay=f"{base}/decay/Mul/output_0", beta="",
-                                   past_recurrent_state=self.input_names["past.recurrent"][layer_id],
-                                   present_recurrent_state=self.output_names["present.recurrent"][layer_id],
-                                   q_num_heads=heads, kv_num_heads=heads, update_rule="gated", scale=1.0)  # fmt: skip
-
-        # y + D x (D per head), times silu(gate), RMS-normed over each group's channels, then scaled.
-        self.make_initializer(mamba.D.reshape(heads, 1), f"{weights}.D", to=dtype)
-        self.make_mul(f"{base}/D/Mul", [x, f"{weights}.D"], dtype, by_head)
-        self.make_reshape(f"{base}/D/Reshape", [f"{base}/D/Mul/output_0", shape(0, 0, inner)], dtype, [*seq, inner])
-        self.make_add(f"{base}/D/Add", [f"{base}/LinearAttention/output_0", f"{base}/D/Reshape/output_0"], dtype,
-                      [*seq, inner])  # fmt: skip
-        self.make_sigmoid(f"{base}/gate/Sigmoid", gate, dtype, [*seq, inner])
-        self.make_mul(f"{base}/gate/SiLU", [gate, f"{base}/gate/Sigmoid/output_0"], dtype, [*seq, inner])
-        self.make_mul(f"{base}/gate/Mul", [f"{base}/D/Add/output_0", f"{base}/gate/SiLU/output_0"], dtype,
-                      [*seq, inner])  # fmt: skip
-        self.make_reshape(f"{base}/norm/Reshape", [f"{base}/gate/Mul/output_0", shape(0, 0, groups, group_width)],
-                          dtype, [*seq, groups, group_width])  # fmt: skip
-        normed = _gemma4_norm(self, f"layers.{layer_id}.mamba.norm.group", f"{base}/norm/Reshape/output_0",
-                              torch.ones(group_width), [*seq, groups, group_width])  # fmt: skip
-        self.make_reshape(f"{base}/norm/Reshape_back", [normed, shape(0, 0, inner)], dtype, [*seq, inner])
-        self.make_initializer(mamba.norm.weight, f"{weights}.norm.weight", to=dtype)
-        self.make_mul(f"{base}/norm/Mul", [f"{base}/norm/Reshape_back/output_0", f"{weights}.norm.weight"], dtype,
-                      [*seq, inner])  # fmt: skip
-        self.layernorm_attrs["skip_input"] = linear(mamba.out_proj, "out_proj", f"{base}/norm/Mul/output_0")
-
     _replace(GraniteMoEHybridModel, "__init__", make_init)
     _replace(GraniteMoEHybridModel, "make_layer", make_layer)
     _replace(GraniteMoEHybridModel, "make_attention", make_attention)
     _replace(GraniteMoEHybridModel, "make_mlp", make_mlp)
+
+
+def nemotron_h_blocks() -> None:
+    """The builder's Nemotron class, with Nemotron-H's blocks where the config is one's: each block a
+    norm and one mixer, its output added to the stream: Mamba 2 (_make_mamba), attention without
+    RoPE, or the ReLU-squared MLP (the class's own). Its experts' blocks (Nemotron 3's) are refused
+    before the export (build.FEED_FORWARD_KINDS)."""
+    import builders
+    from builders.nemotron import NemotronModel
+
+    if getattr(builders.NemotronModel, "_zerolayer_blocks", False):
+        return
+
+    class NemotronHModel(NemotronModel):
+        _zerolayer_blocks = True
+
+        def __init__(self, config: Any, *args: Any) -> None:
+            super().__init__(config, *args)
+            self.blocks = config.model_type == "nemotron_h"
+            if self.blocks:  # RMS norms of their weights as they are (Nemotron's are LayerNorm1P)
+                self.layernorm_attrs.update(simple=True, add_offset=0)
+                self.intermediate_size = config.intermediate_size  # the builder took the experts' (unused)
+
+        def is_layer(self, module: Any) -> bool:
+            return bool(super().is_layer(module)) or (self.blocks and type(module).__name__ == "NemotronHBlock")
+
+        def has_final_norm(self, module: Any, orig_model: Any) -> bool:
+            norm = getattr(getattr(orig_model, "model", None), "norm_f", None)
+            return bool(super().has_final_norm(module, orig_model)) or (norm is not None and module is norm)
+
+        def make_layer(self, layer_id: int, layer: Any) -> None:
+            if not self.blocks:
+                return super().make_layer(layer_id, layer)
+            self.make_layernorm(layer_id, layer.norm, skip=not self.layernorm_attrs["first_layernorm"], simple=True,
+                                location="input")  # fmt: skip
+            normed, kind = self.layernorm_attrs["output_0"], self.layer_types[layer_id]
+            if kind == "linear_attention":
+                _make_mamba(self, layer_id, layer.mixer, normed)
+            elif kind == "full_attention":
+                with _unrotated(self):
+                    self.make_attention(layer_id, layer.mixer, root_input=normed)
+            else:  # "mlp" (build.py refuses the others)
+                self.make_mlp(layer_id, layer.mixer, root_input=normed)
+            self.layernorm_attrs["first_layernorm"] = False
+            if layer_id == self.num_layers - 1:
+                self.layernorm_attrs["last_layernorm"] = True
+            return None
+
+    builders.NemotronModel = NemotronHModel
 
 
 def _fix_config(config: Any) -> Any:
@@ -1270,6 +1351,7 @@ def install() -> None:
     gemma4_per_layer_inputs()
     gemma4_shared_kv()
     granite4_mamba_layers()
+    nemotron_h_blocks()
     granite_swa_layers()
     lfm3_layers()
 

@@ -189,6 +189,12 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "position_embedding_type": "nope", "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 1,
         "mamba_d_state": 16, "embedding_multiplier": 12.0, "logits_scaling": 4.0, "residual_multiplier": 0.22,
         "attention_multiplier": 0.25}),
+    # NVIDIA's Nemotron-H (Nemotron Nano 2 9B, Nemotron-H 4B and 8B): blocks of one mixer each, Mamba 2
+    # (8 heads of 16, 2 groups), attention without RoPE, or a ReLU-squared MLP.
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", {
+        "layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "mlp"],
+        "num_hidden_layers": 6, "head_dim": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2,
+        "ssm_state_size": 16, "conv_kernel": 4}),
     "granite4": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
         "layer_types": ["attention", "attention"], "num_key_value_heads": 1, "num_local_experts": 0,
         "shared_intermediate_size": 128, "position_embedding_type": "rope", "embedding_multiplier": 12.0,
@@ -308,7 +314,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
                "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5", "granite4_h",
-               "granite4_moe")
+               "granite4_moe", "nemotron_h")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -660,7 +666,9 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "stablelm": ("_proj.bias", "layernorm.bias", "norm.bias"),
                                           "granite4_h": ("mamba.D", "mamba.dt_bias", "mamba.norm.weight",
                                                          "conv1d.bias", "q_proj.weight", "k_proj.weight"),
-                                          "granite4_moe": ("experts.gate_up_proj", "experts.down_proj")}
+                                          "granite4_moe": ("experts.gate_up_proj", "experts.down_proj"),
+                                          "nemotron_h": ("mixer.D", "mixer.dt_bias", "mixer.norm.weight",
+                                                         "conv1d.bias", "q_proj.weight", "k_proj.weight")}
 
 
 def chat_style(arch: str) -> ChatStyle:

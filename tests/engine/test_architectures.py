@@ -559,6 +559,12 @@ def test_a_model_with_layers_of_another_kind_is_refused_before_export(tmp_path: 
                                                 "layer_types": ["linear_attention", "full_attention"]}))  # fmt: skip
     with pytest.raises(BundleError, match="layers of kind linear_attention are not supported"):
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+    # Nemotron-H's blocks, as published (a letter each): Mamba, MLP and attention ones are the
+    # nemotron_h fixture; its experts' blocks (Nemotron 3's "E") are not checked.
+    (hf / "config.json").write_text(json.dumps({"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"],
+                                                "hybrid_override_pattern": "M-M*-ME"}))  # fmt: skip
+    with pytest.raises(BundleError, match="layers of kind moe are not supported"):
+        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
 
 
 def test_olmo_with_clamped_attention_inputs_is_refused_before_export(tmp_path: Path) -> None:
