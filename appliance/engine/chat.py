@@ -103,7 +103,7 @@ class ChatTemplate:
         probe = {"type": "function", "function": {"name": TOOL_PROBE, "description": "A probe.",
                                                   "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
         self.takes_tools = self._shows_probe([{"role": "user", "content": "Hi."}], tools=[probe])
-        self.call_format = call_format(source, tokenizer.token_id) if self.takes_tools else HERMES
+        self.call_format = call_format(source, tokenizer.token_id, tokenizer.is_special) if self.takes_tools else HERMES
         # Earlier calls go to the template as `tool_calls`, as transformers passes them, where it
         # renders them (gpt-oss's are messages of their own); else as text in the call format.
         # Their ids, and their results', are ours (`_call_id`): Mistral's templates want 9 characters.

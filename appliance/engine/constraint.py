@@ -8,6 +8,7 @@ The measurement is in bench/results/engine.md.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -15,8 +16,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-from llguidance import LLMatcher, LLParserLimits, LLTokenizer
+from llguidance import LLMatcher, LLParserLimits, LLTokenizer, TokenizerWrapper
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+from tokenizers import Tokenizer
 
 from appliance.engine.errors import InvalidRequest
 
@@ -29,7 +31,7 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer_json: Path, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
         self.vocab_size = vocab_size
-        self.tokenizer = LLTokenizer(tokenizer_json.read_text(), n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        self.tokenizer = guidance_tokenizer(tokenizer_json.read_text(), vocab_size, eos_token_ids)
 
     def constraint(self, lark: str, param: str, subject: str = "the schema") -> Constraint:
         """Compile a Lark grammar for one request; InvalidRequest (naming `param` and `subject`, what
@@ -53,6 +55,38 @@ class GrammarCompiler:
             raise InvalidRequest(f"{param}: {subject} cannot be used to constrain output: "
                                  f"{schema_error(matcher.get_error())}", param)  # fmt: skip
         return Constraint(matcher, self.vocab_size, param)
+
+
+class _Vocabulary:
+    """A vocabulary as llguidance's TokenizerWrapper takes it: each token's bytes, which of them
+    are special, and the tokenizer to tokenize text with."""
+
+    def __init__(self, tokenizer: Tokenizer, tokens: list[bytes], special: list[int], eos: int) -> None:
+        self.tokens, self.special_token_ids = tokens, special
+        self.eos_token_id, self.bos_token_id = eos, None
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        if not isinstance(text, str):  # (asked once whether it takes bytes: it takes text)
+            raise TypeError("text only")
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def guidance_tokenizer(tokenizer_json: str, vocab_size: int, eos_token_ids: Sequence[int]) -> LLTokenizer:
+    """llguidance's tokenizer for a bundle's `tokenizers` file. llguidance's own loader takes every
+    added token written as a tag for a special one, also those the tokenizer decodes as text (Qwen's
+    `<tool_call>`, Nemotron's `<TOOLCALL>`, `<think>`). A grammar whose text begins with one then
+    forces that token and refuses it as special when the model writes it: every call it forced
+    failed. Where the file has such tokens, the vocabulary goes to llguidance token by token, each
+    special only where the tokenizer says it is (or past its vocabulary: rows no prompt holds)."""
+    loaded = LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=list(eos_token_ids))
+    textual = {int(a["id"]) for a in json.loads(tokenizer_json).get("added_tokens", []) if not a.get("special")}
+    if not any(loaded.is_special_token(i) for i in textual if i < vocab_size):
+        return loaded
+    tokens = [bytes(loaded.decode_bytes([i])) for i in range(vocab_size)]
+    special = [i for i in range(vocab_size) if loaded.is_special_token(i) and i not in textual]
+    vocabulary = _Vocabulary(Tokenizer.from_str(tokenizer_json), tokens, special, int(eos_token_ids[0]))
+    return LLTokenizer(TokenizerWrapper(vocabulary), eos_token=list(eos_token_ids))
 
 
 # llguidance quotes the grammar around an error, line by line ("   2 | text: %json {...}"): our

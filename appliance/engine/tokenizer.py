@@ -29,6 +29,12 @@ class TextTokenizer:
         tid = self._tok.token_to_id(token)
         return None if tid is None else int(tid)
 
+    def is_special(self, token: str) -> bool:
+        """Whether `token` is one that decoding drops (an added token marked special)."""
+        tid = self._tok.token_to_id(token)
+        added = self._tok.get_added_tokens_decoder().get(tid) if tid is not None else None
+        return bool(added is not None and added.special)
+
 
 def _token_text(value: object) -> str | None:
     if isinstance(value, dict):  # the AddedToken form

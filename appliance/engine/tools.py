@@ -14,7 +14,8 @@ gpt-oss's message of its own on the commentary channel, ` to=functions.get_weath
 <|constrain|>json<|message|>{...}` after the channel's name (its header is the thought split's:
 reasoning.py), Qwen3.5's and Qwen3-Coder's XML, each argument an element whose text is its value
 (`QWEN_XML`), or LFM2's Python calls, `<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>`
-(`CallFormat.python`). A model that would write a call its own way and is held to another answers in text
+(`CallFormat.python`), or Nemotron Nano 2's list between its tags,
+`<TOOLCALL>[{"name": "get_weather", "arguments": {...}}]</TOOLCALL>`. A model that would write a call its own way and is held to another answers in text
 instead, in `auto`. Earlier calls reach the template as `tool_calls` where it renders them, else
 as text in the same format; their results in the template's tool turn or as Hermes'
 `<tool_response>` blocks (chat.py). The tools reach the model through the chat template (when it
@@ -137,11 +138,16 @@ HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "
 #   <|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3}<tool_call|>
 GEMMA_CALL = ("<|tool_call>", "<tool_call|>")
 GEMMA_QUOTE = '<|"|>'
+# NVIDIA's Nemotron Nano 2 lists a turn's calls between tags of its own, text where its vocabulary
+# decodes them (special tokens, which decoding drops, where it has them so):
+#   <TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>
+NEMOTRON_CALLS = ("<TOOLCALL>", "</TOOLCALL>")
 
 
-def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFormat:
+def call_format(template: str, token_id: Callable[[str], int | None],
+                special: Callable[[str], bool] = lambda _: True) -> CallFormat:  # fmt: skip
     """The call format a chat template that takes `tools` asks its model for (`token_id`: the
-    vocabulary's id of a token, or None)."""
+    vocabulary's id of a token, or None; `special`: whether decoding drops a token)."""
     if '"parameters": dictionary of argument name' in template:  # Llama 3.1, 3.2 and 3.3, as published
         return LLAMA3_JSON
     (opens, closes), (open_id, close_id) = SEED_CALL, (token_id(t) for t in SEED_CALL)
@@ -173,6 +179,14 @@ def call_format(template: str, token_id: Callable[[str], int | None]) -> CallFor
     if marker_id is not None and args_id is not None and marker in template and args in template:
         return CallFormat("mistral_args", marker, "", args, "", marker, marker=marker,
                           specials=((marker, marker_id), (args, args_id)))  # fmt: skip
+    (opens, closes), (open_id, close_id) = NEMOTRON_CALLS, (token_id(t) for t in NEMOTRON_CALLS)
+    if opens + "[" in template and closes in template:
+        if open_id is not None and close_id is not None and special(opens) and special(closes):
+            return CallFormat("nemotron", '[{"name"', '{"name": "', '", "arguments": ', "}", ", ", open="[",
+                              end="]" + closes, marker=opens,
+                              specials=((opens, open_id), (closes, close_id)))  # fmt: skip
+        return CallFormat("nemotron", opens, '{"name": "', '", "arguments": ', "}", ", ", open=opens + "[",
+                          end="]" + closes)  # fmt: skip
     for name, marker, open_, unlike in LISTED_CALLS:
         marker_id = token_id(marker)
         if marker_id is not None and marker in template and not (unlike and unlike in template):

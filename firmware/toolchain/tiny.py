@@ -615,6 +615,32 @@ SEED_CHAT_TEMPLATE = (
 SEED_TURNS = ChatStyle(SEED_CHAT_TEMPLATE, ("<seed:pad>", "<seed:bos>", "<seed:eos>", "<seed:tool_call>",
                                             "</seed:tool_call>", "<seed:think>", "</seed:think>"),
                        "<seed:bos>", "<seed:eos>")  # fmt: skip
+# NVIDIA's Nemotron Nano 2 (abridged): turns after special tokens of its own, the tools listed in the
+# system turn, a turn's calls between <TOOLCALL> tags (text in this vocabulary), their results in a
+# user turn between <TOOL_RESPONSE> tags; the generation prompt closes an empty thought.
+NEMOTRON_H_CHAT_TEMPLATE = (
+    "{%- set sys = messages | selectattr('role', 'equalto', 'system') | map(attribute='content') | join('\n') -%}"
+    "{{ '<SPECIAL_10>System\n' + sys }}{%- if tools -%}"
+    "{{ '\nYou can use the following tools to assist the user if required:\n<AVAILABLE_TOOLS>[' }}"
+    "{%- for tool in tools -%}{{ (tool.function if tool.function is defined else tool) | tojson }}"
+    "{{ ', ' if not loop.last else '' }}{%- endfor -%}{{ ']</AVAILABLE_TOOLS>\n\nIf you decide to call any "
+    "tool(s), use the following format:\n<TOOLCALL>[{\"name\": \"tool_name1\", \"arguments\": "
+    "\"tool_args1\"}]</TOOLCALL>' }}{%- endif -%}{{ '\n\n' }}"
+    "{%- for message in messages if message['role'] != 'system' -%}"
+    "{%- if message['role'] == 'user' -%}{{ '<SPECIAL_11>User\n' + message['content'] + '\n' }}"
+    "{%- elif message['role'] == 'tool' -%}{{ '<SPECIAL_11>User\n<TOOL_RESPONSE>[' + message['content']"
+    " + ']</TOOL_RESPONSE>\n\n' }}"
+    "{%- else -%}{{ '<SPECIAL_11>Assistant\n' + (message['content'] or '') }}{%- if message['tool_calls'] -%}"
+    "{{ '<TOOLCALL>[' }}{%- for call in message['tool_calls'] -%}{{ '{\"name\": \"' + call['function']['name']"
+    " + '\", \"arguments\": ' }}{%- if call['function']['arguments'] is string -%}"
+    "{{ call['function']['arguments'] }}{%- else -%}{{ call['function']['arguments'] | tojson }}{%- endif -%}"
+    "{{ '}' + (', ' if not loop.last else '') }}{%- endfor -%}{{ ']</TOOLCALL>' }}{%- endif -%}"
+    "{{ '\n<SPECIAL_12>\n\n' }}{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<SPECIAL_11>Assistant\n<think></think>' }}{%- endif -%}"
+)
+NEMOTRON_H_TURNS = ChatStyle(NEMOTRON_H_CHAT_TEMPLATE, ("<unk>", "<s>", "<SPECIAL_10>", "<SPECIAL_11>",
+                                                        "<SPECIAL_12>"), "<s>", "<SPECIAL_12>",
+                             ("<think>", "</think>", "<TOOLCALL>", "</TOOLCALL>"))  # fmt: skip
 LFM2_TURNS = ChatStyle(LFM2_CHAT_TEMPLATE, ("<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
                                             "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
                                             "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>"),
@@ -653,6 +679,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "lfm2": LFM2_TURNS,
     "lfm3": LFM2_TURNS,
     "seed_oss": SEED_TURNS,
+    "nemotron_h": NEMOTRON_H_TURNS,
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",
                                                  "<|message|>", "<|end|>", "<|return|>", "<|constrain|>", "<|call|>"),
                          "<|startoftext|>", "<|return|>"),

@@ -123,6 +123,47 @@ def test_mistral_calls_are_parsed_after_its_marker(chunk: int) -> None:
     assert _parse(written, chunk, fmt=granite)[1:] == (two, 2)
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_nemotron_calls_are_read_between_its_tags_as_text_or_as_special_tokens(chunk: int) -> None:
+    """Nemotron Nano 2 lists a turn's calls between <TOOLCALL> tags: text in a vocabulary that
+    decodes them (the parser reads them), special tokens in one that drops them (the marker)."""
+    from firmware.toolchain.tiny import NEMOTRON_H_CHAT_TEMPLATE
+
+    ids = {"<TOOLCALL>": 14, "</TOOLCALL>": 15}
+    paris = '{"city": "Paris", "unit": "c"}'
+    calls = [PastCall("get_weather", paris), PastCall("get_weather", '{"city": "Rome"}')]
+    text = call_format(NEMOTRON_H_CHAT_TEMPLATE, ids.get, lambda _: False)
+    written = format_calls(calls, text)
+    assert (text.name, text.marker) == ("nemotron", "") and written == (
+        f'<TOOLCALL>[{{"name": "get_weather", "arguments": {paris}}}, {{"name": "get_weather", '
+        '"arguments": {"city": "Rome"}}]</TOOLCALL>')  # fmt: skip
+    assert _parse(written, chunk, fmt=text) == ("", [("get_weather", paris), ("get_weather", '{"city": "Rome"}')], 2)
+    assert _parse("<TOOL>s are tags", chunk, fmt=text) == ("<TOOL>s are tags", [], 0)
+    special = call_format(NEMOTRON_H_CHAT_TEMPLATE, ids.get)
+    assert (special.name, special.marker_id) == ("nemotron", 14)
+    assert _parse(format_calls(calls, special), chunk, fmt=special)[1:] == (_parse(written, chunk, fmt=text)[1:])
+
+
+def test_a_tag_the_tokenizer_decodes_as_text_is_text_to_the_grammar(trusted_keys: Path) -> None:
+    """llguidance takes every added token written as a tag for a special one; Nemotron's <TOOLCALL>
+    and Qwen's <tool_call> decode as text. A grammar whose text begins with one forced that token
+    and then refused it as special: every forced call failed ("the schema is too costly")."""
+    from appliance.engine.tokenizer import TextTokenizer
+    from firmware.toolchain.tiny import tiny_bundle
+
+    bundle = firmware.load(tiny_bundle("nemotron_h"), trusted_keys)
+    compiler = GrammarCompiler(bundle.tokenizer_path, bundle.model.vocab_size, bundle.model.eos_token_ids)
+    tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
+    opens, think, eos = (tokenizer.token_id(t) for t in ("<TOOLCALL>", "<think>", "<SPECIAL_12>"))
+    assert opens is not None and think is not None and eos is not None
+    assert not any(compiler.tokenizer.is_special_token(t) for t in (opens, think))
+    assert compiler.tokenizer.is_special_token(eos)
+    constraint = compiler.constraint('start: "<TOOLCALL>[" "x"', "tools")
+    logits = np.zeros(bundle.model.vocab_size, dtype=np.float32)
+    assert np.isfinite(constraint.apply(logits)[opens])
+    constraint.accept(opens)  # (refused before: llguidance consumed it as a special token)
+
+
 MISTRAL_SMALL_CALLS = "{{- '[TOOL_CALLS]' + tool['function']['name'] + '[ARGS]' + arguments }}"
 
 
@@ -872,6 +913,9 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
     ("seed_oss", "seed_xml", '{"type": "function", "function": {"name": "get_weather"',
      "<seed:bos>assistant\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
      "<parameter=unit>c</parameter>\n</function>\n</seed:tool_call><seed:eos>", "<seed:bos>tool\n18 C<seed:eos>"),
+    ("nemotron_h", "nemotron", '<AVAILABLE_TOOLS>[{"name": "get_weather"',
+     '<SPECIAL_11>Assistant\n<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]'
+     "</TOOLCALL>\n<SPECIAL_12>", "<SPECIAL_11>User\n<TOOL_RESPONSE>[18 C]</TOOL_RESPONSE>"),
     ("gemma4", "gemma4", "<|tool>declaration:get_weather{",  # the results in the turn of the calls, which goes on
      '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>c<|"|>}<tool_call|>',
      '<tool_call|><|tool_response>response:get_weather{value:<|"|>18 C<|"|>}<tool_response|><|channel>thought\n'
