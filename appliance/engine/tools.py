@@ -8,21 +8,21 @@ A call is written in the format the model was trained on, found from its chat te
     </tool_call>
 
 Llama 3.1-3.3's JSON, `{"name": "get_weather", "parameters": {"city": "Paris"}}`, which their
-templates ask for, Mistral's `[TOOL_CALLS] [{"name": ..., "arguments": ...}]` (Granite's alike
-after `<|tool_call|>`), Mistral's later `[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`, or
-gpt-oss's message of its own on the commentary channel, ` to=functions.get_weather
+templates ask for, Mistral's `[TOOL_CALLS] [{"name": ..., "arguments": ...}]` (Granite's alike after
+`<|tool_call|>`), Mistral's later `[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`, or gpt-oss's
+message of its own on the commentary channel, ` to=functions.get_weather
 <|constrain|>json<|message|>{...}` after the channel's name (its header is the thought split's:
 reasoning.py), Qwen3.5's and Qwen3-Coder's XML, each argument an element whose text is its value
-(`QWEN_XML`), or LFM2's Python calls, `<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>`
-(`CallFormat.python`), or Nemotron Nano 2's list between its tags,
-`<TOOLCALL>[{"name": "get_weather", "arguments": {...}}]</TOOLCALL>`. A model that would write a call its own way and is held to another answers in text
-instead, in `auto`. Earlier calls reach the template as `tool_calls` where it renders them, else
-as text in the same format; their results in the template's tool turn or as Hermes'
-`<tool_response>` blocks (chat.py). The tools reach the model through the chat template (when it
-takes `tools`) or a system block of ours (which asks for the Hermes format), and the output is
-held to a grammar built from the request: free text, a JSON schema, or calls whose names and
-arguments are those the tools allow. So a parser that expects exactly that format (`CallParser`)
-is enough to turn the output back into calls, even on a 135M model.
+(`QWEN_XML`), LFM2's Python calls, `<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>`
+(`CallFormat.python`), or Nemotron Nano 2's list between its tags, `<TOOLCALL>[{"name":
+"get_weather", "arguments": {...}}]</TOOLCALL>`. A model that would write a call its own way and is
+held to another answers in text instead, in `auto`. Earlier calls reach the template as `tool_calls`
+where it renders them, else as text in the same format; their results in the template's tool turn or
+as Hermes' `<tool_response>` blocks (chat.py). The tools reach the model through the chat template
+(when it takes `tools`) or a system block of ours (which asks for the Hermes format), and the output
+is held to a grammar built from the request: free text, a JSON schema, or calls whose names and
+arguments are those the tools allow. So a parser that expects exactly that format (`CallParser`) is
+enough to turn the output back into calls, even on a 135M model.
 """
 
 from __future__ import annotations

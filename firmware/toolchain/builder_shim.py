@@ -171,6 +171,16 @@ the builder:
   transformers to 1.2e-6; int8 0.090. Its experts' blocks (Nemotron 3) are refused before the
   export.
 
+TII's Falcon-H1 (FalconH1ForCausalLM) has no class in the builder either:
+
+- `falcon_h1_as_mistral`, `falcon_h1_layers`: the config goes to the builder's Mistral class, which
+  gains its layers: attention and a Mamba 2 mixer side by side on the input norm's output, their
+  sum added to the stream, then the MLP; every layer keeps keys and values and Mamba's states. Its
+  µP multipliers are folded into the weights they scale (0.49 off without), the embedding's and
+  LM head's into the class's scales; the mixer's norm after the gate, before it or none, as its
+  config says. A tiny one with every multiplier set matches transformers to 1.4e-6 (6e-7 and
+  7.2e-7 with the other two norm options); int8 0.047.
+
 IBM's Granite SWA (GraniteSWAForCausalLM) has no class in the builder either:
 
 - `granite_swa_as_granite`, `granite_swa_layers`: the config is sent to the builder's Granite
@@ -352,9 +362,23 @@ def nemotron_h_as_nemotron(config: Any) -> None:
         config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
 
 
+def falcon_h1_as_mistral(config: Any) -> None:
+    """TII's Falcon-H1 goes to the builder's Mistral class (its attention and SwiGLU MLP), which
+    falcon_h1_layers gives its layers: every layer has attention's keys and values and Mamba's
+    states, whose shapes go in Qwen3.5's names, as Granite 4.0-H's."""
+    if getattr(config, "model_type", "") != "falcon_h1":
+        return
+    config.architectures = ["MistralForCausalLM"]
+    if not vars(config).get("head_dim"):
+        config.head_dim = config.hidden_size // config.num_attention_heads
+    config.linear_num_key_heads, config.linear_key_head_dim = config.mamba_n_groups, config.mamba_d_state
+    config.linear_num_value_heads, config.linear_value_head_dim = config.mamba_n_heads, config.mamba_d_head
+    config.linear_conv_kernel_dim = config.mamba_d_conv
+
+
 FIXES = (gemma4_per_layer_shapes, phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers,
          norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
-         granite4_mamba_as_linear_attention, nemotron_h_as_nemotron)  # fmt: skip
+         granite4_mamba_as_linear_attention, nemotron_h_as_nemotron, falcon_h1_as_mistral)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:
@@ -1184,7 +1208,8 @@ def _make_mamba(self: Any, layer_id: int, mamba: Any, root_input: str) -> None:
                                present_recurrent_state=self.output_names["present.recurrent"][layer_id],
                                q_num_heads=heads, kv_num_heads=heads, update_rule="gated", scale=1.0)  # fmt: skip
 
-    # y + D x (D per head), times silu(gate), RMS-normed over each group's channels, then scaled.
+    # y + D x (D per head); then the gate, silu(gate) times it, and an RMS norm over each group's
+    # channels, scaled: after the gate (Granite's, Nemotron-H's), before it, or none (Falcon-H1's options).
     self.make_initializer(mamba.D.reshape(heads, 1), f"{weights}.D", to=dtype)
     self.make_mul(f"{base}/D/Mul", [x, f"{weights}.D"], dtype, by_head)
     self.make_reshape(f"{base}/D/Reshape", [f"{base}/D/Mul/output_0", shape(0, 0, inner)], dtype, [*seq, inner])
@@ -1192,18 +1217,31 @@ def _make_mamba(self: Any, layer_id: int, mamba: Any, root_input: str) -> None:
                   [*seq, inner])  # fmt: skip
     self.make_sigmoid(f"{base}/gate/Sigmoid", gate, dtype, [*seq, inner])
     self.make_mul(f"{base}/gate/SiLU", [gate, f"{base}/gate/Sigmoid/output_0"], dtype, [*seq, inner])
-    self.make_mul(f"{base}/gate/Mul", [f"{base}/D/Add/output_0", f"{base}/gate/SiLU/output_0"], dtype,
-                  [*seq, inner])  # fmt: skip
-    self.make_reshape(f"{base}/norm/Reshape", [f"{base}/gate/Mul/output_0", shape(0, 0, groups, group_width)],
-                      dtype, [*seq, groups, group_width])  # fmt: skip
-    normed = _gemma4_norm(self, f"layers.{layer_id}.mamba.norm.group", f"{base}/norm/Reshape/output_0",
-                          torch.ones(group_width), [*seq, groups, group_width],
-                          mamba.norm.variance_epsilon)  # fmt: skip
-    self.make_reshape(f"{base}/norm/Reshape_back", [normed, shape(0, 0, inner)], dtype, [*seq, inner])
-    self.make_initializer(mamba.norm.weight, f"{weights}.norm.weight", to=dtype)
-    self.make_mul(f"{base}/norm/Mul", [f"{base}/norm/Reshape_back/output_0", f"{weights}.norm.weight"], dtype,
-                  [*seq, inner])  # fmt: skip
-    self.layernorm_attrs["skip_input"] = linear(mamba.out_proj, "out_proj", f"{base}/norm/Mul/output_0")
+
+    def gated(value: str) -> str:
+        self.make_mul(f"{base}/gate/Mul", [value, f"{base}/gate/SiLU/output_0"], dtype, [*seq, inner])
+        return f"{base}/gate/Mul/output_0"
+
+    def normed(value: str) -> str:
+        self.make_reshape(f"{base}/norm/Reshape", [value, shape(0, 0, groups, group_width)], dtype,
+                          [*seq, groups, group_width])  # fmt: skip
+        grouped = _gemma4_norm(self, f"layers.{layer_id}.mamba.norm.group", f"{base}/norm/Reshape/output_0",
+                               torch.ones(group_width), [*seq, groups, group_width],
+                               mamba.norm.variance_epsilon)  # fmt: skip
+        self.make_reshape(f"{base}/norm/Reshape_back", [grouped, shape(0, 0, inner)], dtype, [*seq, inner])
+        self.make_initializer(mamba.norm.weight, f"{weights}.norm.weight", to=dtype)
+        self.make_mul(f"{base}/norm/Mul", [f"{base}/norm/Reshape_back/output_0", f"{weights}.norm.weight"], dtype,
+                      [*seq, inner])  # fmt: skip
+        return f"{base}/norm/Mul/output_0"
+
+    y = f"{base}/D/Add/output_0"
+    if not getattr(mamba, "mamba_rms_norm", True):
+        y = gated(y)
+    elif getattr(mamba.norm, "norm_before_gate", False):
+        y = gated(normed(y))
+    else:
+        y = normed(gated(y))
+    self.layernorm_attrs["skip_input"] = linear(mamba.out_proj, "out_proj", y)
 
 
 def granite4_mamba_layers() -> None:
@@ -1316,6 +1354,83 @@ def nemotron_h_blocks() -> None:
     builders.NemotronModel = NemotronHModel
 
 
+def falcon_h1_layers() -> None:
+    """The builder's Mistral class, with Falcon-H1's layers where the config is one's: a norm, then
+    a Mamba 2 mixer (_make_mamba) and attention side by side on its output, their sum added to the
+    stream; a norm and the MLP. Its µP multipliers are folded into the weights they scale (the
+    attention's input, keys and output; the mixer's input, each projected channel and output; the
+    MLP's gate and output), the embedding's and the LM head's into the class's own scales."""
+    import builders
+    import torch
+    from builders.mistral import MistralModel
+
+    if getattr(builders.MistralModel, "_zerolayer_falcon", False):
+        return
+
+    class FalconH1Model(MistralModel):
+        _zerolayer_falcon = True
+
+        def __init__(self, config: Any, *args: Any) -> None:
+            super().__init__(config, *args)
+            self.falcon = config.model_type == "falcon_h1"
+            if not self.falcon:
+                return
+            self.embed_attrs["scale"], self.lm_head_attrs["scale"] = config.embedding_multiplier, \
+                config.lm_head_multiplier
+            self.multipliers = {name: getattr(config, name) for name in (
+                "attention_in_multiplier", "key_multiplier", "attention_out_multiplier", "ssm_in_multiplier",
+                "ssm_out_multiplier", "mlp_multipliers")}  # fmt: skip
+            # Every layer ("hybrid") has attention's keys and values and Mamba's states.
+            self.layer_types = ["full_attention"] * self.num_layers
+            for kind in ("key", "value"):
+                self.input_names[f"past_key_values.{kind}"] = self.make_cache_names(["full_attention"],
+                                                                                    f"past_key_values.{kind}")
+                self.output_names[f"present.{kind}"] = self.make_cache_names(["full_attention"], f"present.{kind}")
+            for kind in ("conv", "recurrent"):
+                self.input_names[f"past.{kind}"] = {i: f"past.{i}.{kind}" for i in range(self.num_layers)}
+                self.output_names[f"present.{kind}"] = {i: f"present.{i}.{kind}" for i in range(self.num_layers)}
+
+        def make_layer(self, layer_id: int, layer: Any) -> None:
+            if not self.falcon:
+                return super().make_layer(layer_id, layer)
+            self._fold(layer)
+            self.make_layernorm(layer_id, layer.input_layernorm, skip=not self.layernorm_attrs["first_layernorm"],
+                                simple=True, location="input")  # fmt: skip
+            normed = self.layernorm_attrs["output_0"]
+            _make_mamba(self, layer_id, layer.mamba, normed)
+            mixed = self.layernorm_attrs["skip_input"]
+            self.make_attention(layer_id, layer.self_attn, root_input=normed)
+            name = f"/model/layers.{layer_id}/mixers/Add"
+            self.make_add(name, [mixed, self.layernorm_attrs["skip_input"]], self.io_dtype,
+                          self.make_hidden_state_shape())  # fmt: skip
+            self.layernorm_attrs["skip_input"] = f"{name}/output_0"
+            self.make_layernorm(layer_id, layer.pre_ff_layernorm, skip=True, simple=True, location="post_attention")
+            self.make_mlp(layer_id, layer.feed_forward, root_input=self.layernorm_attrs["output_0"])
+            self.layernorm_attrs["first_layernorm"] = False
+            if layer_id == self.num_layers - 1:
+                self.layernorm_attrs["last_layernorm"] = True
+            return None
+
+        def _fold(self, layer: Any) -> None:
+            m, attention, mixer, mlp = self.multipliers, layer.self_attn, layer.mamba, layer.feed_forward
+            gate, down = m["mlp_multipliers"]
+            rows = mixer.mup_vector.reshape(-1)
+            scales = [(attention.q_proj, m["attention_in_multiplier"], 1.0),
+                      (attention.k_proj, m["attention_in_multiplier"] * m["key_multiplier"], m["key_multiplier"]),
+                      (attention.v_proj, m["attention_in_multiplier"], 1.0),
+                      (attention.o_proj, m["attention_out_multiplier"], m["attention_out_multiplier"]),
+                      (mixer.in_proj, rows[:, None] * m["ssm_in_multiplier"], rows),
+                      (mixer.out_proj, m["ssm_out_multiplier"], m["ssm_out_multiplier"]),
+                      (mlp.gate_proj, gate, gate), (mlp.down_proj, down, down)]  # fmt: skip
+            with torch.no_grad():
+                for linear, weight_scale, bias_scale in scales:
+                    linear.weight.mul_(weight_scale)
+                    if linear.bias is not None:
+                        linear.bias.mul_(bias_scale)
+
+    builders.MistralModel = FalconH1Model
+
+
 def _fix_config(config: Any) -> Any:
     text = getattr(config, "text_config", None)
     for c in (config, text) if text is not None else (config,):
@@ -1352,6 +1467,7 @@ def install() -> None:
     gemma4_shared_kv()
     granite4_mamba_layers()
     nemotron_h_blocks()
+    falcon_h1_layers()
     granite_swa_layers()
     lfm3_layers()
 

@@ -195,6 +195,14 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "mlp"],
         "num_hidden_layers": 6, "head_dim": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2,
         "ssm_state_size": 16, "conv_kernel": 4}),
+    # TII's Falcon-H1: attention and a Mamba 2 mixer side by side in every layer (8 heads of 16, B and C
+    # in 2 groups, a gate then a norm per group: as Falcon-H1-Tiny's), µP multipliers everywhere.
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", {
+        "mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16,
+        "mamba_rms_norm": True, "mamba_norm_before_gate": False, "embedding_multiplier": 5.0,
+        "lm_head_multiplier": 0.5, "mlp_multipliers": [0.8, 1.3], "key_multiplier": 0.7,
+        "attention_in_multiplier": 1.2, "attention_out_multiplier": 0.9, "ssm_multipliers": [0.5, 1.5, 0.8, 1.2, 2.0],
+        "ssm_in_multiplier": 1.1, "ssm_out_multiplier": 0.6}),
     "granite4": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
         "layer_types": ["attention", "attention"], "num_key_value_heads": 1, "num_local_experts": 0,
         "shared_intermediate_size": 128, "position_embedding_type": "rope", "embedding_multiplier": 12.0,
@@ -314,7 +322,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
                "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5", "granite4_h",
-               "granite4_moe", "nemotron_h")
+               "granite4_moe", "nemotron_h", "falcon_h1")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -694,6 +702,8 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "granite4_h": ("mamba.D", "mamba.dt_bias", "mamba.norm.weight",
                                                          "conv1d.bias", "q_proj.weight", "k_proj.weight"),
                                           "granite4_moe": ("experts.gate_up_proj", "experts.down_proj"),
+                                          "falcon_h1": ("mamba.D", "mamba.dt_bias", "mamba.norm.weight",
+                                                        "conv1d.bias", "q_proj.weight", "k_proj.weight"),
                                           "nemotron_h": ("mixer.D", "mixer.dt_bias", "mixer.norm.weight",
                                                          "conv1d.bias", "q_proj.weight", "k_proj.weight")}
 
