@@ -108,10 +108,13 @@ Glm4ForCausalLM) have no class in the builder either:
   pairs of neighbouring dimensions (interleaved; 0.078 off rotated by halves). Tiny ones match
   transformers to 1.2e-6 (OLMo 2), 1.5e-6 (OLMo 3), 1.9e-6 (EXAONE 4) and 2.9e-6 (GLM-4).
   Arcee's (ArceeForCausalLM, AFM) are sent there too: a Llama whose MLP has no gate (up, ReLU
-  squared, down), which the class now builds as its Nemotron class does; a tiny one, 1.2e-6. So
-  are ByteDance's Seed-OSS (a Llama with biased projections, 9.5e-7) and Stability's StableLM 2
-  (LayerNorms with biases where a Llama has RMS norms, a quarter of each head rotated: 2.4e-6; 7
-  off with RMS norms).
+  squared, down), which the class now builds as Nemotron's class does, but with each
+  projection's bias where it has one; a tiny one, 1.2e-6. So are ByteDance's Seed-OSS (a Llama
+  with biased projections, 9.5e-7), Stability's StableLM 2 (LayerNorms with biases where a Llama
+  has RMS norms, a quarter of each head rotated: 2.4e-6; 7 off with RMS norms), Mistral's
+  Ministral 8B (a Mistral whose layers slide but every fourth: 1.7e-6) and G42's Jais 2 (LayerNorms,
+  biases everywhere, Arcee's MLP: 1.2e-6; 3.5 off with the MLP's biases dropped, as Nemotron's
+  class drops them).
 
 Gemma 4 (Gemma4ForConditionalGeneration: 31B; Gemma4UnifiedForConditionalGeneration: 12B) has
 classes in the builder, written for an older transformers:
@@ -297,7 +300,10 @@ POST_NORMS_ONLY = (None, "post_attention_layernorm", None, "post_feedforward_lay
 # Families that are a Llama but for their MLP: up, ReLU squared, down (Nemotron's, without its norms).
 UNGATED_MLP_FAMILIES = {"arcee": "ArceeForCausalLM"}
 # Families that are a Llama as the builder's class builds it (biases where their projections have them).
-LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCausalLM"}
+LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCausalLM",
+                  "ministral": "MinistralForCausalLM", "jais2": "Jais2ForCausalLM"}
+# Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
+LAYER_NORM_FAMILIES = ("stablelm", "jais2")
 
 
 def post_norm_as_llama(config: Any) -> None:
@@ -628,7 +634,6 @@ def post_norm_layers() -> None:
     (interleaved) of part of each head."""
     import builders
     from builders.llama import LlamaModel
-    from builders.nemotron import NemotronModel
 
     if getattr(builders.LlamaModel, "_zerolayer_post_norm", False):
         return
@@ -645,7 +650,7 @@ def post_norm_layers() -> None:
                 self.attention_attrs.update(q_norm=True, k_norm=True)
             if config.model_type == "glm4":
                 self.rope_attrs["interleaved"] = 1
-            if config.model_type == "stablelm":  # LayerNorms with biases, not RMS norms
+            if config.model_type in LAYER_NORM_FAMILIES:  # LayerNorms with biases, not RMS norms
                 self.layernorm_attrs["simple"] = False
             # EXAONE 4's global layers have no RoPE where the model has sliding ones.
             types = getattr(config, "layer_types", None) or []
@@ -669,8 +674,19 @@ def post_norm_layers() -> None:
         def make_mlp_proj(self, layer_id: int, mlp: Any, root_input: str) -> None:
             if hasattr(mlp, "gate_proj"):
                 super().make_mlp_proj(layer_id, mlp, root_input)
-            else:  # Arcee's: up, the activation (ReLU squared), down
-                NemotronModel.make_mlp_proj(self, layer_id, mlp, root_input)
+                return
+            # Arcee's and Jais 2's: up, the activation (ReLU squared), down, each projection with its
+            # bias where it has one (Nemotron's class, whose MLP this is, drops them: Jais 2 was 3.5 off).
+            value = root_input
+            for name in ("up_proj", "down_proj"):
+                linear, base = getattr(mlp, name), f"/model/layers.{layer_id}/mlp/{name}"
+                value = f"{self.make_matmul(linear, f'{base}/MatMul', value)}/output_0"
+                if linear.bias is not None:
+                    self.make_add_bias(linear.bias, f"{base}/Add", root_input=value)
+                    value = f"{base}/Add/output_0"
+                if name == "up_proj":
+                    value = f"{self.make_activation(layer_id, root_input=value)}/output_0"
+            self.mlp_attrs["output_0"] = value
 
         def make_qk_norm(self, layer_id: int, attention: Any) -> None:
             if not self.whole_qk_norm:

@@ -310,6 +310,12 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # 128 (here 4 of them: a query projection as wide as the vocabulary, once taken for the LM head),
     # biases where a config has use_bias.
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {"head_dim": 128, "use_bias": True}),
+    # Mistral's Ministral 8B (2410): a Mistral whose layers slide but for every fourth.
+    "ministral": ("MinistralConfig", "MinistralForCausalLM", {
+        "num_hidden_layers": 4, "sliding_window": 16, "head_dim": 16,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]}),
+    # G42's Jais 2: a Llama with LayerNorms (biases), biased projections and an ungated ReLU-squared MLP.
+    "jais2": ("Jais2Config", "Jais2ForCausalLM", {"head_dim": 16}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -322,7 +328,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
                "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5", "granite4_h",
-               "granite4_moe", "nemotron_h", "falcon_h1")
+               "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -702,6 +708,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "granite4_h": ("mamba.D", "mamba.dt_bias", "mamba.norm.weight",
                                                          "conv1d.bias", "q_proj.weight", "k_proj.weight"),
                                           "granite4_moe": ("experts.gate_up_proj", "experts.down_proj"),
+                                          "jais2": ("_proj.bias", "layernorm.bias", "norm.bias"),
                                           "falcon_h1": ("mamba.D", "mamba.dt_bias", "mamba.norm.weight",
                                                         "conv1d.bias", "q_proj.weight", "k_proj.weight"),
                                           "nemotron_h": ("mixer.D", "mixer.dt_bias", "mixer.norm.weight",
