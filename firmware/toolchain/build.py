@@ -598,9 +598,10 @@ FEED_FORWARD_KINDS = {"mlp": ("NemotronHForCausalLM",)}
 # Recurrent layer kinds, each with the architectures whose export of it was checked against
 # transformers (a tiny model in the architecture matrix): their layers carry a fixed-size state per
 # request instead of keys and values (session.KVSlots): Qwen3.5's gated delta-net layers, LFM2's
-# short convolutions, Granite 4.0-H's Mamba 2 layers (builder_shim.granite4_mamba_layers).
+# short convolutions, the Mamba layers of Granite 4.0-H, Nemotron-H, Falcon-H1 and Jamba (builder_shim).
 RECURRENT_KINDS = {"linear_attention": ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-                                        "GraniteMoeHybridForCausalLM", "NemotronHForCausalLM"),
+                                        "GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "FalconH1ForCausalLM",
+                                        "JambaForCausalLM"),
                    "conv": ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration",
                             "Lfm3ForCausalLM")}
 

@@ -184,6 +184,15 @@ TII's Falcon-H1 (FalconH1ForCausalLM) has no class in the builder either:
   config says. A tiny one with every multiplier set matches transformers to 1.4e-6 (6e-7 and
   7.2e-7 with the other two norm options); int8 0.047.
 
+AI21's Jamba (JambaForCausalLM: Jamba Reasoning 3B, Jamba Mini) has no class in the builder either:
+
+- `jamba_as_mistral`, `falcon_h1_layers` (the class serves both): its layers are a norm, a Mamba (1)
+  mixer or attention without RoPE, a norm, the MLP or experts. The Mamba mixer (`_make_mamba1`) is
+  ONNX Runtime's linear attention with a head per channel and one value each, the state decaying
+  per state dimension (exp(dt * A)); its time step, B and C RMS-normed as Jamba's are (4 off
+  without); its experts' routing the softmax's top k as they are (0.44 off renormalized). A tiny
+  one matches transformers to 1.7e-6; int8 0.26.
+
 IBM's Granite SWA (GraniteSWAForCausalLM) has no class in the builder either:
 
 - `granite_swa_as_granite`, `granite_swa_layers`: the config is sent to the builder's Granite
@@ -382,9 +391,25 @@ def falcon_h1_as_mistral(config: Any) -> None:
     config.linear_conv_kernel_dim = config.mamba_d_conv
 
 
+def jamba_as_mistral(config: Any) -> None:
+    """AI21's Jamba goes to the builder's Mistral class, which falcon_h1_layers gives its layers (the
+    same class serves Falcon-H1's). Its Mamba layers' states in Qwen3.5's names: the convolution's
+    over x alone (no key channels), and a state of one value per channel and state dimension."""
+    if getattr(config, "model_type", "") != "jamba":
+        return
+    config.architectures = ["MistralForCausalLM"]
+    inner = config.mamba_expand * config.hidden_size
+    config.linear_num_key_heads, config.linear_key_head_dim = 0, config.mamba_d_state
+    config.linear_num_value_heads, config.linear_value_head_dim = inner, 1
+    config.linear_conv_kernel_dim = config.mamba_d_conv
+    if not vars(config).get("rope_parameters"):  # read by the builder, used by no layer (no RoPE anywhere)
+        config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+
+
 FIXES = (gemma4_per_layer_shapes, phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers,
          norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
-         granite4_mamba_as_linear_attention, nemotron_h_as_nemotron, falcon_h1_as_mistral)  # fmt: skip
+         granite4_mamba_as_linear_attention, nemotron_h_as_nemotron, falcon_h1_as_mistral,
+         jamba_as_mistral)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:
@@ -677,16 +702,10 @@ def post_norm_layers() -> None:
                 return
             # Arcee's and Jais 2's: up, the activation (ReLU squared), down, each projection with its
             # bias where it has one (Nemotron's class, whose MLP this is, drops them: Jais 2 was 3.5 off).
-            value = root_input
-            for name in ("up_proj", "down_proj"):
-                linear, base = getattr(mlp, name), f"/model/layers.{layer_id}/mlp/{name}"
-                value = f"{self.make_matmul(linear, f'{base}/MatMul', value)}/output_0"
-                if linear.bias is not None:
-                    self.make_add_bias(linear.bias, f"{base}/Add", root_input=value)
-                    value = f"{base}/Add/output_0"
-                if name == "up_proj":
-                    value = f"{self.make_activation(layer_id, root_input=value)}/output_0"
-            self.mlp_attrs["output_0"] = value
+            base = f"/model/layers.{layer_id}/mlp"
+            up = _linear(self, mlp.up_proj, f"{base}/up_proj", root_input)
+            act = f"{self.make_activation(layer_id, root_input=up)}/output_0"
+            self.mlp_attrs["output_0"] = _linear(self, mlp.down_proj, f"{base}/down_proj", act)
 
         def make_qk_norm(self, layer_id: int, attention: Any) -> None:
             if not self.whole_qk_norm:
@@ -1150,6 +1169,53 @@ def gemma4_shared_kv() -> None:
     _replace(Gemma4Model, "make_key_value_cache_names", make_names)
 
 
+def _int64s(*dims: int) -> str:
+    """The builder's constant of these int64s (a shape)."""
+    return f"/model/constants/INT64/{list(dims)}"
+
+
+def _linear(self: Any, module: Any, base: str, value: str) -> str:
+    """A Linear on `value` as the builder writes one: `base`/MatMul, then `base`/Add of its bias
+    where it has one; the output's name."""
+    value = f"{self.make_matmul(module, f'{base}/MatMul', value)}/output_0"
+    if module.bias is None:
+        return value
+    self.make_add_bias(module.bias, f"{base}/Add", root_input=value)
+    return f"{base}/Add/output_0"
+
+
+def _causal_conv(self: Any, layer_id: int, conv1d: Any, base: str, value: str) -> str:
+    """A Mamba layer's causal depthwise convolution (SiLU after it) of `value` [batch, sequence,
+    channels], whose last positions are the layer's conv state; the output, in the same layout."""
+    import torch
+
+    dtype, channels, weights = self.io_dtype, conv1d.weight.shape[0], f"model.layers.{layer_id}.mamba.conv1d"
+    self.make_transpose(f"{base}/conv_in/Transpose", value, dtype, ["batch_size", channels, "sequence_length"],
+                        [0, 2, 1])  # fmt: skip
+    self.make_initializer(conv1d.weight, f"{weights}.weight", to=dtype)
+    self.make_initializer(conv1d.bias if conv1d.bias is not None else torch.zeros(channels), f"{weights}.bias",
+                          to=dtype)  # fmt: skip
+    self.make_causal_conv_with_state(f"{base}/CausalConvWithState", root_input=f"{base}/conv_in/Transpose/output_0",
+                                     weight=f"{weights}.weight", bias=f"{weights}.bias", channels=channels,
+                                     past_conv_state=self.input_names["past.conv"][layer_id],
+                                     present_conv_state=self.output_names["present.conv"][layer_id])  # fmt: skip
+    self.make_transpose(f"{base}/conv_out/Transpose", f"{base}/CausalConvWithState/output_0", dtype,
+                        ["batch_size", "sequence_length", channels], [0, 2, 1])  # fmt: skip
+    return f"{base}/conv_out/Transpose/output_0"
+
+
+def _scan(self: Any, layer_id: int, base: str, shared: dict[str, str], values: str, decay: str, heads: int) -> str:
+    """A Mamba layer's selective scan as ONNX Runtime's linear attention, its gated rule: the
+    layer's recurrent state decays by exp(`decay`) and gains keys (shared["k"]) times `values`, and
+    queries (shared["q"]) read it; `heads` heads of both, no scaling. The output's name."""
+    self.make_linear_attention(f"{base}/LinearAttention", q_path=shared["q"], k_path=shared["k"], v_path=values,
+                               decay=decay, beta="", q_num_heads=heads, kv_num_heads=heads, update_rule="gated",
+                               past_recurrent_state=self.input_names["past.recurrent"][layer_id],
+                               present_recurrent_state=self.output_names["present.recurrent"][layer_id],
+                               scale=1.0)  # fmt: skip
+    return f"{base}/LinearAttention/output_0"
+
+
 def _make_mamba(self: Any, layer_id: int, mamba: Any, root_input: str) -> None:
     """A Mamba 2 mixer (transformers' GraniteMoeHybridMambaLayer, NemotronHMamba2Mixer): the input
     projection split into a gate, the convolved x, B and C, and each head's time step; the scan as
@@ -1163,35 +1229,14 @@ def _make_mamba(self: Any, layer_id: int, mamba: Any, root_input: str) -> None:
     inner, groups, state = mamba.intermediate_size, mamba.n_groups, mamba.ssm_state_size
     conv_dim, per_group, group_width, bc = mamba.conv_dim, heads // groups, inner // groups, groups * state
 
-    def shape(*dims: int) -> str:
-        return f"/model/constants/INT64/{list(dims)}"
-
-    def linear(module: Any, name: str, value: str) -> str:
-        value = f"{self.make_matmul(module, f'{base}/{name}/MatMul', value)}/output_0"
-        if module.bias is None:
-            return value
-        self.make_add_bias(module.bias, f"{base}/{name}/Add", root_input=value)
-        return f"{base}/{name}/Add/output_0"
-
     gate, xbc, dt = (f"{base}/in_proj/Split/output_{i}" for i in range(3))
-    self.make_split(f"{base}/in_proj/Split", [linear(mamba.in_proj, "in_proj", root_input),
-                    shape(inner, conv_dim, heads)], [gate, xbc, dt], [dtype] * 3,
+    self.make_split(f"{base}/in_proj/Split", [_linear(self, mamba.in_proj, f"{base}/in_proj", root_input),
+                    _int64s(inner, conv_dim, heads)], [gate, xbc, dt], [dtype] * 3,
                     [[*seq, inner], [*seq, conv_dim], [*seq, heads]])  # fmt: skip
 
-    # The causal convolution, SiLU after it, over channels first; its last positions are the conv state.
-    self.make_transpose(f"{base}/conv_in/Transpose", xbc, dtype, ["batch_size", conv_dim, "sequence_length"],
-                        [0, 2, 1])  # fmt: skip
-    self.make_initializer(mamba.conv1d.weight, f"{weights}.conv1d.weight", to=dtype)
-    conv_bias = mamba.conv1d.bias if mamba.conv1d.bias is not None else torch.zeros(conv_dim)
-    self.make_initializer(conv_bias, f"{weights}.conv1d.bias", to=dtype)
-    self.make_causal_conv_with_state(f"{base}/CausalConvWithState", root_input=f"{base}/conv_in/Transpose/output_0",
-                                     weight=f"{weights}.conv1d.weight", bias=f"{weights}.conv1d.bias",
-                                     channels=conv_dim, past_conv_state=self.input_names["past.conv"][layer_id],
-                                     present_conv_state=self.output_names["present.conv"][layer_id])  # fmt: skip
-    self.make_transpose(f"{base}/conv_out/Transpose", f"{base}/CausalConvWithState/output_0", dtype,
-                        [*seq, conv_dim], [0, 2, 1])  # fmt: skip
+    xbc = _causal_conv(self, layer_id, mamba.conv1d, base, xbc)
     x, b, c = (f"{base}/conv_out/Split/output_{i}" for i in range(3))
-    self.make_split(f"{base}/conv_out/Split", [f"{base}/conv_out/Transpose/output_0", shape(inner, bc, bc)],
+    self.make_split(f"{base}/conv_out/Split", [xbc, _int64s(inner, bc, bc)],
                     [x, b, c], [dtype] * 3, [[*seq, inner], [*seq, bc], [*seq, bc]])  # fmt: skip
 
     # dt = softplus(dt + dt_bias); the decay's log dt * A, A = -exp(A_log), per head.
@@ -1204,33 +1249,28 @@ def _make_mamba(self: Any, layer_id: int, mamba: Any, root_input: str) -> None:
 
     # Values dt * x, per head; keys B and queries C, each group's repeated for its heads.
     by_head = [*seq, heads, width]
-    self.make_reshape(f"{base}/x/Reshape", [x, shape(0, 0, heads, width)], dtype, by_head)
+    self.make_reshape(f"{base}/x/Reshape", [x, _int64s(0, 0, heads, width)], dtype, by_head)
     x = f"{base}/x/Reshape/output_0"
-    self.make_unsqueeze(f"{base}/dt/Unsqueeze", [dt, shape(-1)], dtype, [*seq, heads, 1])
+    self.make_unsqueeze(f"{base}/dt/Unsqueeze", [dt, _int64s(-1)], dtype, [*seq, heads, 1])
     self.make_mul(f"{base}/v/Mul", [x, f"{base}/dt/Unsqueeze/output_0"], dtype, by_head)
-    self.make_reshape(f"{base}/v/Reshape", [f"{base}/v/Mul/output_0", shape(0, 0, inner)], dtype, [*seq, inner])
+    self.make_reshape(f"{base}/v/Reshape", [f"{base}/v/Mul/output_0", _int64s(0, 0, inner)], dtype, [*seq, inner])
     shared = {}
     for tag, source in (("k", b), ("q", c)):
-        self.make_reshape(f"{base}/{tag}/Reshape", [source, shape(0, 0, groups, 1, state)], dtype,
+        self.make_reshape(f"{base}/{tag}/Reshape", [source, _int64s(0, 0, groups, 1, state)], dtype,
                           [*seq, groups, 1, state])  # fmt: skip
-        self.make_expand(f"{base}/{tag}/Expand", [f"{base}/{tag}/Reshape/output_0", shape(1, 1, 1, per_group, 1)],
+        self.make_expand(f"{base}/{tag}/Expand", [f"{base}/{tag}/Reshape/output_0", _int64s(1, 1, 1, per_group, 1)],
                          dtype, [*seq, groups, per_group, state])  # fmt: skip
         self.make_reshape(f"{base}/{tag}/Reshape_heads", [f"{base}/{tag}/Expand/output_0",
-                          shape(0, 0, heads * state)], dtype, [*seq, heads * state])  # fmt: skip
+                          _int64s(0, 0, heads * state)], dtype, [*seq, heads * state])  # fmt: skip
         shared[tag] = f"{base}/{tag}/Reshape_heads/output_0"
-    self.make_linear_attention(f"{base}/LinearAttention", q_path=shared["q"], k_path=shared["k"],
-                               v_path=f"{base}/v/Reshape/output_0", decay=f"{base}/decay/Mul/output_0", beta="",
-                               past_recurrent_state=self.input_names["past.recurrent"][layer_id],
-                               present_recurrent_state=self.output_names["present.recurrent"][layer_id],
-                               q_num_heads=heads, kv_num_heads=heads, update_rule="gated", scale=1.0)  # fmt: skip
+    scanned = _scan(self, layer_id, base, shared, f"{base}/v/Reshape/output_0", f"{base}/decay/Mul/output_0", heads)
 
     # y + D x (D per head); then the gate, silu(gate) times it, and an RMS norm over each group's
     # channels, scaled: after the gate (Granite's, Nemotron-H's), before it, or none (Falcon-H1's options).
     self.make_initializer(mamba.D.reshape(heads, 1), f"{weights}.D", to=dtype)
     self.make_mul(f"{base}/D/Mul", [x, f"{weights}.D"], dtype, by_head)
-    self.make_reshape(f"{base}/D/Reshape", [f"{base}/D/Mul/output_0", shape(0, 0, inner)], dtype, [*seq, inner])
-    self.make_add(f"{base}/D/Add", [f"{base}/LinearAttention/output_0", f"{base}/D/Reshape/output_0"], dtype,
-                  [*seq, inner])  # fmt: skip
+    self.make_reshape(f"{base}/D/Reshape", [f"{base}/D/Mul/output_0", _int64s(0, 0, inner)], dtype, [*seq, inner])
+    self.make_add(f"{base}/D/Add", [scanned, f"{base}/D/Reshape/output_0"], dtype, [*seq, inner])
     self.make_sigmoid(f"{base}/gate/Sigmoid", gate, dtype, [*seq, inner])
     self.make_mul(f"{base}/gate/SiLU", [gate, f"{base}/gate/Sigmoid/output_0"], dtype, [*seq, inner])
 
@@ -1239,12 +1279,12 @@ def _make_mamba(self: Any, layer_id: int, mamba: Any, root_input: str) -> None:
         return f"{base}/gate/Mul/output_0"
 
     def normed(value: str) -> str:
-        self.make_reshape(f"{base}/norm/Reshape", [value, shape(0, 0, groups, group_width)], dtype,
+        self.make_reshape(f"{base}/norm/Reshape", [value, _int64s(0, 0, groups, group_width)], dtype,
                           [*seq, groups, group_width])  # fmt: skip
         grouped = _gemma4_norm(self, f"layers.{layer_id}.mamba.norm.group", f"{base}/norm/Reshape/output_0",
                                torch.ones(group_width), [*seq, groups, group_width],
                                mamba.norm.variance_epsilon)  # fmt: skip
-        self.make_reshape(f"{base}/norm/Reshape_back", [grouped, shape(0, 0, inner)], dtype, [*seq, inner])
+        self.make_reshape(f"{base}/norm/Reshape_back", [grouped, _int64s(0, 0, inner)], dtype, [*seq, inner])
         self.make_initializer(mamba.norm.weight, f"{weights}.norm.weight", to=dtype)
         self.make_mul(f"{base}/norm/Mul", [f"{base}/norm/Reshape_back/output_0", f"{weights}.norm.weight"], dtype,
                       [*seq, inner])  # fmt: skip
@@ -1257,7 +1297,63 @@ def _make_mamba(self: Any, layer_id: int, mamba: Any, root_input: str) -> None:
         y = gated(normed(y))
     else:
         y = normed(gated(y))
-    self.layernorm_attrs["skip_input"] = linear(mamba.out_proj, "out_proj", y)
+    self.layernorm_attrs["skip_input"] = _linear(self, mamba.out_proj, f"{base}/out_proj", y)
+
+
+def _make_mamba1(self: Any, layer_id: int, mamba: Any, root_input: str) -> None:
+    """A Mamba (1) mixer (transformers' JambaMambaMixer): the input projection split into x and a
+    gate; x convolved (SiLU after) and projected to a low-rank time step, B and C (each RMS-normed
+    where the mixer has norms, as Jamba's); dt = softplus(dt_proj(...)) per channel; the scan as
+    gated linear attention with a head per channel, one value each: the state decays by
+    exp(dt * A) per state dimension and gains dt * x B; the output reads it with C; D's skip, the
+    gate."""
+    import torch
+
+    dtype, base, weights = self.io_dtype, f"/model/layers.{layer_id}/mamba", f"model.layers.{layer_id}.mamba"
+    seq, inner, state, rank = ["batch_size", "sequence_length"], mamba.intermediate_size, mamba.ssm_state_size, \
+        mamba.time_step_rank
+    wide = [*seq, inner]
+
+    x, gate = f"{base}/in_proj/Split/output_0", f"{base}/in_proj/Split/output_1"
+    projected = _linear(self, mamba.in_proj, f"{base}/in_proj", root_input)
+    self.make_split(f"{base}/in_proj/Split", [projected, _int64s(inner, inner)], [x, gate], [dtype] * 2,
+                    [wide, wide])  # fmt: skip
+    x = _causal_conv(self, layer_id, mamba.conv1d, base, x)
+
+    low, b, c = (f"{base}/x_proj/Split/output_{i}" for i in range(3))
+    self.make_split(f"{base}/x_proj/Split", [_linear(self, mamba.x_proj, f"{base}/x_proj", x),
+                    _int64s(rank, state, state)], [low, b, c], [dtype] * 3,
+                    [[*seq, rank], [*seq, state], [*seq, state]])  # fmt: skip
+    parts = {}
+    for name, value, width in (("dt", low, rank), ("b", b, state), ("c", c, state)):
+        norm = getattr(mamba, f"{name}_layernorm", None)
+        parts[name] = value if norm is None else _gemma4_norm(
+            self, f"layers.{layer_id}.mamba.{name}_layernorm", value, norm.weight, [*seq, width],
+            norm.variance_epsilon)  # fmt: skip
+    self.make_softplus(f"{base}/dt/Softplus", _linear(self, mamba.dt_proj, f"{base}/dt_proj", parts["dt"]), dtype, wide)
+    dt = f"{base}/dt/Softplus/output_0"
+    self.make_unsqueeze(f"{base}/dt/Unsqueeze", [dt, _int64s(-1)], dtype, [*wide, 1])
+    self.make_initializer(-torch.exp(mamba.A_log.float()), f"{weights}.A", to=dtype)
+    self.make_mul(f"{base}/decay/Mul", [f"{base}/dt/Unsqueeze/output_0", f"{weights}.A"], dtype, [*wide, state])
+    self.make_reshape(f"{base}/decay/Reshape", [f"{base}/decay/Mul/output_0", _int64s(0, 0, inner * state)], dtype,
+                      [*seq, inner * state])  # fmt: skip
+    self.make_mul(f"{base}/v/Mul", [x, dt], dtype, wide)
+    shared = {}
+    for tag, source in (("k", parts["b"]), ("q", parts["c"])):  # each channel's head reads the same B and C
+        self.make_unsqueeze(f"{base}/{tag}/Unsqueeze", [source, _int64s(2)], dtype, [*seq, 1, state])
+        self.make_expand(f"{base}/{tag}/Expand", [f"{base}/{tag}/Unsqueeze/output_0", _int64s(1, 1, inner, 1)], dtype,
+                         [*wide, state])  # fmt: skip
+        self.make_reshape(f"{base}/{tag}/Reshape", [f"{base}/{tag}/Expand/output_0", _int64s(0, 0, inner * state)],
+                          dtype, [*seq, inner * state])  # fmt: skip
+        shared[tag] = f"{base}/{tag}/Reshape/output_0"
+    scanned = _scan(self, layer_id, base, shared, f"{base}/v/Mul/output_0", f"{base}/decay/Reshape/output_0", inner)
+    self.make_initializer(mamba.D, f"{weights}.D", to=dtype)
+    self.make_mul(f"{base}/D/Mul", [x, f"{weights}.D"], dtype, wide)
+    self.make_add(f"{base}/D/Add", [scanned, f"{base}/D/Mul/output_0"], dtype, wide)
+    self.make_sigmoid(f"{base}/gate/Sigmoid", gate, dtype, wide)
+    self.make_mul(f"{base}/gate/SiLU", [gate, f"{base}/gate/Sigmoid/output_0"], dtype, wide)
+    self.make_mul(f"{base}/gate/Mul", [f"{base}/D/Add/output_0", f"{base}/gate/SiLU/output_0"], dtype, wide)
+    self.layernorm_attrs["skip_input"] = _linear(self, mamba.out_proj, f"{base}/out_proj", f"{base}/gate/Mul/output_0")
 
 
 def granite4_mamba_layers() -> None:
@@ -1376,9 +1472,12 @@ def falcon_h1_layers() -> None:
     stream; a norm and the MLP. Its µP multipliers are folded into the weights they scale (the
     attention's input, keys and output; the mixer's input, each projected channel and output; the
     MLP's gate and output), the embedding's and the LM head's into the class's own scales."""
+    import types
+
     import builders
     import torch
     from builders.mistral import MistralModel
+    from builders.qwen import Qwen35MoETextModel
 
     if getattr(builders.MistralModel, "_zerolayer_falcon", False):
         return
@@ -1388,7 +1487,10 @@ def falcon_h1_layers() -> None:
 
         def __init__(self, config: Any, *args: Any) -> None:
             super().__init__(config, *args)
-            self.falcon = config.model_type == "falcon_h1"
+            self.falcon, self.jamba = config.model_type == "falcon_h1", config.model_type == "jamba"
+            if self.jamba:  # experts: SwiGLU, the softmax's top k as they are (not renormalized)
+                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=False)
+                self.moe_intermediate_size = config.intermediate_size
             if not self.falcon:
                 return
             self.embed_attrs["scale"], self.lm_head_attrs["scale"] = config.embedding_multiplier, \
@@ -1407,6 +1509,8 @@ def falcon_h1_layers() -> None:
                 self.output_names[f"present.{kind}"] = {i: f"present.{i}.{kind}" for i in range(self.num_layers)}
 
         def make_layer(self, layer_id: int, layer: Any) -> None:
+            if self.jamba:
+                return self._make_jamba_layer(layer_id, layer)
             if not self.falcon:
                 return super().make_layer(layer_id, layer)
             self._fold(layer)
@@ -1426,6 +1530,30 @@ def falcon_h1_layers() -> None:
             if layer_id == self.num_layers - 1:
                 self.layernorm_attrs["last_layernorm"] = True
             return None
+
+        def _make_jamba_layer(self, layer_id: int, layer: Any) -> None:
+            """transformers' Jamba layers: a norm, a Mamba mixer or attention without RoPE; a norm, the
+            MLP or experts (router and SwiGLU experts, as Granite's)."""
+            self.make_layernorm(layer_id, layer.input_layernorm, skip=not self.layernorm_attrs["first_layernorm"],
+                                simple=True, location="input")  # fmt: skip
+            normed = self.layernorm_attrs["output_0"]
+            if getattr(layer, "mamba", None) is not None:
+                _make_mamba1(self, layer_id, layer.mamba, normed)
+            else:
+                with _unrotated(self):
+                    self.make_attention(layer_id, layer.self_attn, root_input=normed)
+            self.make_layernorm(layer_id, layer.pre_ff_layernorm, skip=True, simple=True, location="post_attention")
+            normed, forward = self.layernorm_attrs["output_0"], layer.feed_forward
+            if getattr(forward, "router", None) is None:
+                self.make_mlp(layer_id, forward, root_input=normed)
+            else:
+                routed = types.SimpleNamespace(gate=forward.router, experts=forward.experts)
+                Qwen35MoETextModel.make_moe_router(self, layer_id, routed, normed)
+                self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
+                self.layernorm_attrs["skip_input"] = _experts_op(self, layer_id, normed)
+            self.layernorm_attrs["first_layernorm"] = False
+            if layer_id == self.num_layers - 1:
+                self.layernorm_attrs["last_layernorm"] = True
 
         def _fold(self, layer: Any) -> None:
             m, attention, mixer, mlp = self.multipliers, layer.self_attn, layer.mamba, layer.feed_forward

@@ -203,6 +203,12 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "lm_head_multiplier": 0.5, "mlp_multipliers": [0.8, 1.3], "key_multiplier": 0.7,
         "attention_in_multiplier": 1.2, "attention_out_multiplier": 0.9, "ssm_multipliers": [0.5, 1.5, 0.8, 1.2, 2.0],
         "ssm_in_multiplier": 1.1, "ssm_out_multiplier": 0.6}),
+    # AI21's Jamba (Jamba Reasoning 3B, Jamba Mini): Mamba (1) layers (B, C and the time step RMS-normed)
+    # and attention without RoPE; every other layer's MLP experts (top 2 of 4).
+    "jamba": ("JambaConfig", "JambaForCausalLM", {
+        "num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1, "num_experts": 4,
+        "num_experts_per_tok": 2, "expert_layer_period": 2, "expert_layer_offset": 0, "mamba_d_state": 8,
+        "mamba_dt_rank": 8, "mamba_expand": 2}),
     "granite4": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
         "layer_types": ["attention", "attention"], "num_key_value_heads": 1, "num_local_experts": 0,
         "shared_intermediate_size": 128, "position_embedding_type": "rope", "embedding_multiplier": 12.0,
@@ -328,7 +334,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
                "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5", "granite4_h",
-               "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2")
+               "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -709,6 +715,9 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                                          "conv1d.bias", "q_proj.weight", "k_proj.weight"),
                                           "granite4_moe": ("experts.gate_up_proj", "experts.down_proj"),
                                           "jais2": ("_proj.bias", "layernorm.bias", "norm.bias"),
+                                          "jamba": ("mamba.D", "dt_proj.bias", "layernorm.weight", "conv1d.bias",
+                                                    "q_proj.weight", "k_proj.weight", "experts.gate_up_proj",
+                                                    "experts.down_proj"),
                                           "falcon_h1": ("mamba.D", "mamba.dt_bias", "mamba.norm.weight",
                                                         "conv1d.bias", "q_proj.weight", "k_proj.weight"),
                                           "nemotron_h": ("mixer.D", "mixer.dt_bias", "mixer.norm.weight",
