@@ -114,7 +114,10 @@ Glm4ForCausalLM) have no class in the builder either:
   has RMS norms, a quarter of each head rotated: 2.4e-6; 7 off with RMS norms), Mistral's
   Ministral 8B (a Mistral whose layers slide but every fourth: 1.7e-6) and G42's Jais 2 (LayerNorms,
   biases everywhere, Arcee's MLP: 1.2e-6; 3.5 off with the MLP's biases dropped, as Nemotron's
-  class drops them).
+  class drops them). Swiss AI's Apertus goes through post_norm_layers' class as a Llama with its
+  norms renamed, per-head query and key norms (1.2 off without) and Arcee's MLP whose activation,
+  xIELU, has learnt parameters per layer, written out of ONNX's elementwise operators (0.5 off
+  with them unsoftplus'd): 1.5e-6, int8 0.048.
 
 Gemma 4 (Gemma4ForConditionalGeneration: 31B; Gemma4UnifiedForConditionalGeneration: 12B) has
 classes in the builder, written for an older transformers:
@@ -300,11 +303,12 @@ def norm_epsilon(config: Any) -> None:
 
 # Families whose layers normalize each sublayer's output (post_norm_layers); GLM-4's normalize its input too.
 POST_NORM_FAMILIES = {"olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "exaone4": "Exaone4ForCausalLM",
-                      "glm4": "Glm4ForCausalLM"}  # fmt: skip
+                      "glm4": "Glm4ForCausalLM", "apertus": "ApertusForCausalLM"}  # fmt: skip
 # Each family's norms (Hugging Face module names): before the attention, after it, before the
 # MLP, after it; None where the layer has none.
 LAYER_NORMS = {"glm4": ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
-                        "post_mlp_layernorm")}
+                        "post_mlp_layernorm"),
+               "apertus": ("attention_layernorm", None, "feedforward_layernorm", None)}  # a Llama's, renamed
 POST_NORMS_ONLY = (None, "post_attention_layernorm", None, "post_feedforward_layernorm")
 # Families that are a Llama but for their MLP: up, ReLU squared, down (Nemotron's, without its norms).
 UNGATED_MLP_FAMILIES = {"arcee": "ArceeForCausalLM"}
@@ -649,6 +653,34 @@ def qwen3_moe_layers() -> None:
     builders.Qwen3Model = Qwen3MoeModel
 
 
+def _xielu(self: Any, act: Any, base: str, x: str) -> str:
+    """transformers' XIELUActivation (Apertus's) of `x`: alpha_p x^2 + beta x where x > 0, else
+    (expm1(min(x, eps)) - x) alpha_n + beta x, its alphas from its parameters (softplus'd)."""
+    import onnx_ir as ir
+    import torch.nn.functional as F
+
+    dtype, shape = self.io_dtype, self.make_hidden_state_shape(last_dim=self.intermediate_size)
+    number = f"/model/constants/{self.to_str_dtype(dtype)}"
+    alpha_p = float(F.softplus(act.alpha_p.float()).reshape(-1)[0])
+    alpha_n = float(act.beta.float() + F.softplus(act.alpha_n.float()).reshape(-1)[0])
+    beta, eps = float(act.beta), float(act.eps)
+    steps = [("Square", "Mul", [x, x]), ("Positive", "Mul", [f"{base}/Square/output_0", f"{number}/{alpha_p}"]),
+             ("Linear", "Mul", [x, f"{number}/{beta}"]),
+             ("PositiveSum", "Add", [f"{base}/Positive/output_0", f"{base}/Linear/output_0"]),
+             ("Min", "Min", [x, f"{number}/{eps}"]), ("Exp", "Exp", [f"{base}/Min/output_0"]),
+             ("Expm1", "Sub", [f"{base}/Exp/output_0", f"{number}/1.0"]),
+             ("LessX", "Sub", [f"{base}/Expm1/output_0", x]),
+             ("Negative", "Mul", [f"{base}/LessX/output_0", f"{number}/{alpha_n}"]),
+             ("NegativeSum", "Add", [f"{base}/Negative/output_0", f"{base}/Linear/output_0"]),
+             ("Greater", "Greater", [x, f"{number}/0.0"]),
+             ("Where", "Where", [f"{base}/Greater/output_0", f"{base}/PositiveSum/output_0",
+                                 f"{base}/NegativeSum/output_0"])]  # fmt: skip
+    for name, op, inputs in steps:
+        self.make_node(op, inputs=inputs, outputs=[f"{base}/{name}/output_0"], name=f"{base}/{name}")
+        self.make_value(f"{base}/{name}/output_0", ir.DataType.BOOL if op == "Greater" else dtype, shape=shape)
+    return f"{base}/Where/output_0"
+
+
 def post_norm_layers() -> None:
     """The builder's Llama class, with the layers of OLMo 2 and 3, EXAONE 4 and GLM-4 where the
     config is theirs: an RMS norm of the attention's and the MLP's outputs before each joins the
@@ -671,7 +703,7 @@ def post_norm_layers() -> None:
             self.post_norm = config.model_type in POST_NORM_FAMILIES
             self.whole_qk_norm = config.model_type in ("olmo2", "olmo3")
             self.norm_names = LAYER_NORMS.get(config.model_type, POST_NORMS_ONLY)
-            if config.model_type in ("olmo2", "olmo3", "exaone4"):
+            if config.model_type in ("olmo2", "olmo3", "exaone4", "apertus"):
                 self.attention_attrs.update(q_norm=True, k_norm=True)
             if config.model_type == "glm4":
                 self.rope_attrs["interleaved"] = 1
@@ -704,7 +736,10 @@ def post_norm_layers() -> None:
             # bias where it has one (Nemotron's class, whose MLP this is, drops them: Jais 2 was 3.5 off).
             base = f"/model/layers.{layer_id}/mlp"
             up = _linear(self, mlp.up_proj, f"{base}/up_proj", root_input)
-            act = f"{self.make_activation(layer_id, root_input=up)}/output_0"
+            if hasattr(mlp.act_fn, "alpha_p"):  # Apertus's xIELU, of learnt parameters per layer
+                act = _xielu(self, mlp.act_fn, f"{base}/act_fn/xIELU", up)
+            else:
+                act = f"{self.make_activation(layer_id, root_input=up)}/output_0"
             self.mlp_attrs["output_0"] = _linear(self, mlp.down_proj, f"{base}/down_proj", act)
 
         def make_qk_norm(self, layer_id: int, attention: Any) -> None:
