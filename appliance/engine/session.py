@@ -504,7 +504,7 @@ class ModelSession:
                 binding.bind_output(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
         for ok, ov, layer in self.shared_kv:
             shape, offset = [rows, *slots.shapes[layer][1:]], first * slots.layer_row_bytes[layer]
-            (k, v) = slots.pointers[layer]
+            k, v = slots.pointers[layer]
             for name, ptr in ((ok, k), (ov, v)):
                 binding.bind_output(name, slots.device, slots.device_id, slots.dtype, shape, ptr + offset)
         for spec, ptr in zip(self.states, slots.state_pointers, strict=True):

@@ -754,7 +754,7 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     kinds = sorted(set(layer_kinds(config)) - supported)
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
-                          f"(supported: {', '.join(ATTENTION_KINDS)})")  # fmt: skip
+                          f"(supported for {arch or 'this model'}: {', '.join(sorted(supported))})")  # fmt: skip
     refusal = gemma4_refusal(config) or stablelm_refusal(config)
     if refusal:
         raise BundleError(f"{model_dir.name}: {refusal}")
