@@ -645,6 +645,15 @@ def gemma4_refusal(config: dict[str, Any]) -> str | None:
     return None
 
 
+def cohere_refusal(config: dict[str, Any]) -> str | None:
+    """What of a Cohere config the build (its layers: builder_shim.falcon_h1_layers) would not
+    export, or None."""
+    if config.get("model_type") == "cohere" and config.get("use_qk_norm"):
+        return ("per-head query and key LayerNorms (use_qk_norm, as in Command R+) are not exported for Cohere's "
+                "models; not supported")
+    return None
+
+
 def stablelm_refusal(config: dict[str, Any]) -> str | None:
     """What of a StableLM config the builder's Llama class (which builds StableLM 2 1.6B and
     StableLM 3B's layers) would not export, or None."""
@@ -724,7 +733,8 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     - Gemma 4's experts (`enable_moe_block`, 26B A4B): ONNX Runtime's CPU MoE operator has no
       GeGLU, which they use (gemma4_refusal);
     - StableLM's per-head query and key LayerNorms and parallel residual (StableLM 2 12B's), which
-      the builder's Llama class, that builds its other models, does not (stablelm_refusal);
+      the builder's Llama class, that builds its other models, does not (stablelm_refusal), and
+      Cohere's per-head query and key LayerNorms (Command R+'s: cohere_refusal);
     - RoPE scaling other than the kinds checked against transformers (ROPE_TYPES), and scaling of
       the sliding layers' RoPE (Gemma 3 scales only its global layers'). transformers' dynamic
       NTK scaling, for one, changes the frequencies as a sequence grows past the original
@@ -755,7 +765,7 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported for {arch or 'this model'}: {', '.join(sorted(supported))})")  # fmt: skip
-    refusal = gemma4_refusal(config) or stablelm_refusal(config)
+    refusal = gemma4_refusal(config) or stablelm_refusal(config) or cohere_refusal(config)
     if refusal:
         raise BundleError(f"{model_dir.name}: {refusal}")
     for layers, rope_type in _rope_types(config):

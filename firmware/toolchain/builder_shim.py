@@ -196,6 +196,15 @@ AI21's Jamba (JambaForCausalLM: Jamba Reasoning 3B, Jamba Mini) has no class in 
   without); its experts' routing the softmax's top k as they are (0.44 off renormalized). A tiny
   one matches transformers to 1.7e-6; int8 0.26.
 
+Cohere's models (CohereForCausalLM: Aya Expanse, Command R; Cohere2ForCausalLM: Command R7B,
+Command A) have no class in the builder either:
+
+- `cohere_as_mistral`, `falcon_h1_layers` (the same class): one LayerNorm (no bias: a zero one
+  given) and attention and the MLP side by side on its output, neighbouring pairs rotated (0.68
+  off by halves), the logits scaled; Command R7B's global layers unrotated where the others slide
+  (0.31 off rotated). Tiny ones match transformers to 7.7e-7 and 1e-6; int8 0.077. Per-head query
+  and key norms (Command R+'s) are refused before the export.
+
 IBM's Granite SWA (GraniteSWAForCausalLM) has no class in the builder either:
 
 - `granite_swa_as_granite`, `granite_swa_layers`: the config is sent to the builder's Granite
@@ -410,10 +419,18 @@ def jamba_as_mistral(config: Any) -> None:
         config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
 
 
+def cohere_as_mistral(config: Any) -> None:
+    """Cohere's models (Command R7B, Command A: Cohere2ForCausalLM; Aya Expanse, Command R:
+    CohereForCausalLM) go to the builder's Mistral class, which falcon_h1_layers gives their
+    layers (attention and the MLP side by side)."""
+    if getattr(config, "model_type", "") in ("cohere", "cohere2"):
+        config.architectures = ["MistralForCausalLM"]
+
+
 FIXES = (gemma4_per_layer_shapes, phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers,
          norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
          granite4_mamba_as_linear_attention, nemotron_h_as_nemotron, falcon_h1_as_mistral,
-         jamba_as_mistral)  # fmt: skip
+         jamba_as_mistral, cohere_as_mistral)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:
@@ -1523,6 +1540,15 @@ def falcon_h1_layers() -> None:
         def __init__(self, config: Any, *args: Any) -> None:
             super().__init__(config, *args)
             self.falcon, self.jamba = config.model_type == "falcon_h1", config.model_type == "jamba"
+            self.cohere = config.model_type in ("cohere", "cohere2")
+            if self.cohere:  # LayerNorms (no biases), neighbouring pairs rotated, logits scaled
+                self.layernorm_attrs["simple"] = False
+                self.rope_attrs["interleaved"] = 1
+                self.lm_head_attrs["scale"] = config.logit_scale
+                # Command R7B's and Command A's global layers have no RoPE where the others slide.
+                types = list(getattr(config, "layer_types", None) or [])
+                self.unrotated = {i for i, kind in enumerate(types) if kind == "full_attention"
+                                  and "sliding_attention" in types}  # fmt: skip
             if self.jamba:  # experts: SwiGLU, the softmax's top k as they are (not renormalized)
                 self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=False)
                 self.moe_intermediate_size = config.intermediate_size
@@ -1546,6 +1572,8 @@ def falcon_h1_layers() -> None:
         def make_layer(self, layer_id: int, layer: Any) -> None:
             if self.jamba:
                 return self._make_jamba_layer(layer_id, layer)
+            if self.cohere:
+                return self._make_cohere_layer(layer_id, layer)
             if not self.falcon:
                 return super().make_layer(layer_id, layer)
             self._fold(layer)
@@ -1565,6 +1593,29 @@ def falcon_h1_layers() -> None:
             if layer_id == self.num_layers - 1:
                 self.layernorm_attrs["last_layernorm"] = True
             return None
+
+        def make_layernorm(self, layer_id: int, layernorm: Any, skip: bool, simple: bool, location: str) -> None:
+            if getattr(self, "cohere", False) and getattr(layernorm, "bias", None) is None:  # Cohere's have none
+                layernorm = types.SimpleNamespace(weight=layernorm.weight, bias=torch.zeros_like(layernorm.weight))
+            super().make_layernorm(layer_id, layernorm, skip, simple, location)
+
+        def _make_cohere_layer(self, layer_id: int, layer: Any) -> None:
+            """transformers' Cohere layers: one norm, and attention and the MLP on its output side by
+            side, their sum added to the stream."""
+            self.make_layernorm(layer_id, layer.input_layernorm, skip=not self.layernorm_attrs["first_layernorm"],
+                                simple=False, location="input")  # fmt: skip
+            normed = self.layernorm_attrs["output_0"]
+            with _unrotated(self) if layer_id in self.unrotated else contextlib.nullcontext():
+                self.make_attention(layer_id, layer.self_attn, root_input=normed)
+            attended = self.layernorm_attrs["skip_input"]
+            self.make_mlp(layer_id, layer.mlp, root_input=normed)
+            name = f"/model/layers.{layer_id}/parallel/Add"
+            self.make_add(name, [attended, self.layernorm_attrs["skip_input"]], self.io_dtype,
+                          self.make_hidden_state_shape())  # fmt: skip
+            self.layernorm_attrs["skip_input"] = f"{name}/output_0"
+            self.layernorm_attrs["first_layernorm"] = False
+            if layer_id == self.num_layers - 1:
+                self.layernorm_attrs["last_layernorm"] = True
 
         def _make_jamba_layer(self, layer_id: int, layer: Any) -> None:
             """transformers' Jamba layers: a norm, a Mamba mixer or attention without RoPE; a norm, the

@@ -325,6 +325,12 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # Swiss AI's Apertus: a Llama with per-head query and key norms, its norms renamed, an ungated MLP
     # whose activation (xIELU) has learnt parameters per layer, Llama 3's RoPE scaling.
     "apertus": ("ApertusConfig", "ApertusForCausalLM", {"head_dim": 16}),
+    # Cohere's Aya Expanse and Command R: attention and the MLP side by side after one LayerNorm (no
+    # bias), neighbouring pairs rotated, logits scaled.
+    "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.5, "tie_word_embeddings": True}),
+    # Command R7B's: three sliding layers in four, the fourth global without RoPE.
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {"num_hidden_layers": 4, "sliding_window": 16,
+                                                         "logit_scale": 0.5, "tie_word_embeddings": True}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -337,7 +343,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
                "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5", "granite4_h",
-               "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus")
+               "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus", "cohere", "cohere2")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -719,6 +725,8 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "granite4_moe": ("experts.gate_up_proj", "experts.down_proj"),
                                           "jais2": ("_proj.bias", "layernorm.bias", "norm.bias"),
                                           "apertus": ("act_fn.alpha_p", "act_fn.alpha_n"),
+                                          "cohere": ("q_proj.weight", "k_proj.weight"),
+                                          "cohere2": ("q_proj.weight", "k_proj.weight"),
                                           "jamba": ("mamba.D", "dt_proj.bias", "layernorm.weight", "conv1d.bias",
                                                     "q_proj.weight", "k_proj.weight", "experts.gate_up_proj",
                                                     "experts.down_proj"),

@@ -735,6 +735,18 @@ def test_what_of_gemma4_the_export_leaves_out_is_refused_before_export(tmp_path:
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
 
 
+def test_cohere_s_query_and_key_norms_are_refused_before_export(tmp_path: Path) -> None:
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import BuildOptions, build
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"architectures": ["CohereForCausalLM"], "model_type": "cohere",
+                                                "use_qk_norm": True}))  # fmt: skip
+    with pytest.raises(BundleError, match=r"per-head query and key LayerNorms \(use_qk_norm, as in Command R\+\)"):
+        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+
+
 @pytest.mark.parametrize("option", ["qk_layernorm", "use_parallel_residual"])
 def test_what_of_stablelm_the_export_leaves_out_is_refused_before_export(tmp_path: Path, option: str) -> None:
     from firmware.errors import BundleError
