@@ -365,14 +365,26 @@ def qwen3_moe_as_qwen3(config: Any) -> None:
         config.architectures = ["Qwen3ForCausalLM"]
 
 
+def _mamba_states(config: Any, groups: int, state: int, heads: int, width: int, kernel: int) -> None:
+    """The builder sizes recurrent layers' states from Qwen3.5's names: a Mamba layer's B and C are
+    its keys (`groups` of `state` dimensions), each head's x its values (`heads` of `width`), and its
+    convolution `kernel` wide over both (_make_mamba, _make_mamba1)."""
+    config.linear_num_key_heads, config.linear_key_head_dim = groups, state
+    config.linear_num_value_heads, config.linear_value_head_dim = heads, width
+    config.linear_conv_kernel_dim = kernel
+
+
+def _no_rope_table(config: Any) -> None:
+    """A RoPE entry for a model that rotates nowhere: the builder reads one, no layer uses it."""
+    if not vars(config).get("rope_parameters"):
+        config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+
+
 def granite4_mamba_as_linear_attention(config: Any) -> None:
     if getattr(config, "model_type", "") != "granitemoehybrid" or "linear_attention" not in config.layer_types:
         return
-    # The builder sizes the recurrent layers' states from Qwen3.5's names: B and C are its keys (a
-    # group each), each head's x its values (mamba_layers).
-    config.linear_num_key_heads, config.linear_key_head_dim = config.mamba_n_groups, config.mamba_d_state
-    config.linear_num_value_heads, config.linear_value_head_dim = config.mamba_n_heads, config.mamba_d_head
-    config.linear_conv_kernel_dim = config.mamba_d_conv
+    _mamba_states(config, config.mamba_n_groups, config.mamba_d_state, config.mamba_n_heads, config.mamba_d_head,
+                  config.mamba_d_conv)  # fmt: skip
 
 
 def nemotron_h_as_nemotron(config: Any) -> None:
@@ -383,11 +395,9 @@ def nemotron_h_as_nemotron(config: Any) -> None:
         return
     config.architectures = ["NemotronForCausalLM"]
     config.rms_norm_eps, config.hidden_act = config.layer_norm_epsilon, config.mlp_hidden_act
-    config.linear_num_key_heads, config.linear_key_head_dim = config.n_groups, config.ssm_state_size
-    config.linear_num_value_heads, config.linear_value_head_dim = config.mamba_num_heads, config.mamba_head_dim
-    config.linear_conv_kernel_dim = config.conv_kernel
-    if not vars(config).get("rope_parameters"):  # read by the builder, used by no layer (no RoPE anywhere)
-        config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+    _mamba_states(config, config.n_groups, config.ssm_state_size, config.mamba_num_heads, config.mamba_head_dim,
+                  config.conv_kernel)  # fmt: skip
+    _no_rope_table(config)
 
 
 def falcon_h1_as_mistral(config: Any) -> None:
@@ -399,9 +409,8 @@ def falcon_h1_as_mistral(config: Any) -> None:
     config.architectures = ["MistralForCausalLM"]
     if not vars(config).get("head_dim"):
         config.head_dim = config.hidden_size // config.num_attention_heads
-    config.linear_num_key_heads, config.linear_key_head_dim = config.mamba_n_groups, config.mamba_d_state
-    config.linear_num_value_heads, config.linear_value_head_dim = config.mamba_n_heads, config.mamba_d_head
-    config.linear_conv_kernel_dim = config.mamba_d_conv
+    _mamba_states(config, config.mamba_n_groups, config.mamba_d_state, config.mamba_n_heads, config.mamba_d_head,
+                  config.mamba_d_conv)  # fmt: skip
 
 
 def jamba_as_mistral(config: Any) -> None:
@@ -411,12 +420,8 @@ def jamba_as_mistral(config: Any) -> None:
     if getattr(config, "model_type", "") != "jamba":
         return
     config.architectures = ["MistralForCausalLM"]
-    inner = config.mamba_expand * config.hidden_size
-    config.linear_num_key_heads, config.linear_key_head_dim = 0, config.mamba_d_state
-    config.linear_num_value_heads, config.linear_value_head_dim = inner, 1
-    config.linear_conv_kernel_dim = config.mamba_d_conv
-    if not vars(config).get("rope_parameters"):  # read by the builder, used by no layer (no RoPE anywhere)
-        config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+    _mamba_states(config, 0, config.mamba_d_state, config.mamba_expand * config.hidden_size, 1, config.mamba_d_conv)
+    _no_rope_table(config)
 
 
 def cohere_as_mistral(config: Any) -> None:
@@ -611,6 +616,43 @@ def qwen35_l2norm_epsilon() -> None:
         self.make_mul(name, [root_input, f"{name}/Rsqrt/output_0"], dtype, shape)
 
     _replace(Qwen35TextModel, "make_lp_normalization", lambda _no_epsilon: l2norm)
+
+
+def _input_norm(self: Any, layer_id: int, norm: Any, simple: bool) -> str:
+    """A layer's first norm (adding the previous layer's output to the stream, but in the first
+    layer): its output's name."""
+    self.make_layernorm(layer_id, norm, skip=not self.layernorm_attrs["first_layernorm"], simple=simple,
+                        location="input")  # fmt: skip
+    return str(self.layernorm_attrs["output_0"])
+
+
+def _add_to_skip(self: Any, name: str, value: str) -> None:
+    """`value` added to what the layer has so far to add to the stream (two sublayers side by side)."""
+    self.make_add(name, [value, self.layernorm_attrs["skip_input"]], self.io_dtype, self.make_hidden_state_shape())
+    self.layernorm_attrs["skip_input"] = f"{name}/output_0"
+
+
+def _end_layer(self: Any, layer_id: int) -> None:
+    """What the builder's make_layer leaves at a layer's end: the next norm adds this layer's output
+    (the final norm, after the last layer)."""
+    self.layernorm_attrs["first_layernorm"] = False
+    if layer_id == self.num_layers - 1:
+        self.layernorm_attrs["last_layernorm"] = True
+
+
+def _experts(self: Any, layer_id: int, router: Any, experts: Any, root_input: str) -> str:
+    """A layer's routed SwiGLU experts (Granite's, Jamba's: a router Parameter of [experts,
+    hidden], fused gate-and-up weights [experts, 2 x width, hidden]) as the MoE operator: the
+    router, the experts' weights, the operator; its output."""
+    import types
+
+    from builders.qwen import Qwen35MoETextModel
+
+    routed = types.SimpleNamespace(gate=router, experts=experts)  # the names the builder reads
+    self.moe_intermediate_size = experts.down_proj.shape[-1]
+    Qwen35MoETextModel.make_moe_router(self, layer_id, routed, root_input)
+    self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
+    return _experts_op(self, layer_id, root_input)
 
 
 def _experts_op(self: Any, layer_id: int, root_input: str) -> str:
@@ -1175,7 +1217,6 @@ def gemma4_per_layer_inputs() -> None:
 
 
 def gemma4_shared_kv() -> None:
-    import torch
     from builders.gemma import Gemma4Model
 
     def make(make_input_proj: Any) -> Any:
@@ -1189,12 +1230,8 @@ def gemma4_shared_kv() -> None:
                 return
             # Keys and values of the last layer of its type that makes its own, before their norm
             # and rotation: this layer's key norm is that layer's, so its keys come out the same.
-            name = self.make_matmul(attention.q_proj, f"/model/layers.{layer_id}/attn/q_proj/MatMul", root_input)
-            self.attention_attrs["q_path"] = f"{name}/output_0"
-            if attention.q_proj.bias is not None and torch.count_nonzero(attention.q_proj.bias) > 0:
-                add = f"/model/layers.{layer_id}/attn/q_proj/Add"
-                self.make_add_bias(attention.q_proj.bias, add, root_input=self.attention_attrs["q_path"])
-                self.attention_attrs["q_path"] = f"{add}/output_0"
+            self.attention_attrs["q_path"] = _linear(self, attention.q_proj, f"/model/layers.{layer_id}/attn/q_proj",
+                                                     root_input)  # fmt: skip
             source, self.attention_attrs["k_path"], self.attention_attrs["v_path"], attention.k_norm = \
                 stored[attention.layer_type]
             vars(self).setdefault("_zerolayer_kv_source", {})[layer_id] = source
@@ -1411,10 +1448,7 @@ def _make_mamba1(self: Any, layer_id: int, mamba: Any, root_input: str) -> None:
 def granite4_mamba_layers() -> None:
     """The builder's Granite 4 class, with the Mamba 2 layers of Granite 4.0-H (the hybrids) and
     attention without RoPE where the config says so (their `position_embedding_type` "nope")."""
-    import types
-
     from builders.granite import GraniteMoEHybridModel
-    from builders.qwen import Qwen35MoETextModel
 
     def make_init(init: Any) -> Any:
         def keeping_position_type(self: Any, config: Any, *args: Any) -> None:
@@ -1432,15 +1466,8 @@ def granite4_mamba_layers() -> None:
             moe = getattr(self.current_layer, "block_sparse_moe", None)
             if moe is None:
                 return
-            shared = self.layernorm_attrs["skip_input"]
-            routed = types.SimpleNamespace(gate=moe.router, experts=moe.experts)  # the names the builder reads
-            self.moe_intermediate_size = moe.experts.down_proj.shape[-1]
-            Qwen35MoETextModel.make_moe_router(self, layer_id, routed, root_input)
-            self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
-            name = f"/model/layers.{layer_id}/moe/Add"
-            self.make_add(name, [_experts_op(self, layer_id, root_input), shared], self.io_dtype,
-                          self.make_hidden_state_shape())  # fmt: skip
-            self.layernorm_attrs["skip_input"] = f"{name}/output_0"
+            _add_to_skip(self, f"/model/layers.{layer_id}/moe/Add", _experts(self, layer_id, moe.router, moe.experts,
+                                                                              root_input))  # fmt: skip
 
         return shared_and_experts
 
@@ -1500,9 +1527,7 @@ def nemotron_h_blocks() -> None:
         def make_layer(self, layer_id: int, layer: Any) -> None:
             if not self.blocks:
                 return super().make_layer(layer_id, layer)
-            self.make_layernorm(layer_id, layer.norm, skip=not self.layernorm_attrs["first_layernorm"], simple=True,
-                                location="input")  # fmt: skip
-            normed, kind = self.layernorm_attrs["output_0"], self.layer_types[layer_id]
+            normed, kind = _input_norm(self, layer_id, layer.norm, simple=True), self.layer_types[layer_id]
             if kind == "linear_attention":
                 _make_mamba(self, layer_id, layer.mixer, normed)
             elif kind == "full_attention":
@@ -1510,9 +1535,7 @@ def nemotron_h_blocks() -> None:
                     self.make_attention(layer_id, layer.mixer, root_input=normed)
             else:  # "mlp" (build.py refuses the others)
                 self.make_mlp(layer_id, layer.mixer, root_input=normed)
-            self.layernorm_attrs["first_layernorm"] = False
-            if layer_id == self.num_layers - 1:
-                self.layernorm_attrs["last_layernorm"] = True
+            _end_layer(self, layer_id)
             return None
 
     builders.NemotronModel = NemotronHModel
@@ -1529,7 +1552,6 @@ def falcon_h1_layers() -> None:
     import builders
     import torch
     from builders.mistral import MistralModel
-    from builders.qwen import Qwen35MoETextModel
 
     if getattr(builders.MistralModel, "_zerolayer_falcon", False):
         return
@@ -1546,12 +1568,11 @@ def falcon_h1_layers() -> None:
                 self.rope_attrs["interleaved"] = 1
                 self.lm_head_attrs["scale"] = config.logit_scale
                 # Command R7B's and Command A's global layers have no RoPE where the others slide.
-                types = list(getattr(config, "layer_types", None) or [])
-                self.unrotated = {i for i, kind in enumerate(types) if kind == "full_attention"
-                                  and "sliding_attention" in types}  # fmt: skip
+                kinds = list(getattr(config, "layer_types", None) or [])
+                self.unrotated = {i for i, kind in enumerate(kinds) if kind == "full_attention"
+                                  and "sliding_attention" in kinds}  # fmt: skip
             if self.jamba:  # experts: SwiGLU, the softmax's top k as they are (not renormalized)
                 self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=False)
-                self.moe_intermediate_size = config.intermediate_size
             if not self.falcon:
                 return
             self.embed_attrs["scale"], self.lm_head_attrs["scale"] = config.embedding_multiplier, \
@@ -1577,21 +1598,14 @@ def falcon_h1_layers() -> None:
             if not self.falcon:
                 return super().make_layer(layer_id, layer)
             self._fold(layer)
-            self.make_layernorm(layer_id, layer.input_layernorm, skip=not self.layernorm_attrs["first_layernorm"],
-                                simple=True, location="input")  # fmt: skip
-            normed = self.layernorm_attrs["output_0"]
+            normed = _input_norm(self, layer_id, layer.input_layernorm, simple=True)
             _make_mamba(self, layer_id, layer.mamba, normed)
             mixed = self.layernorm_attrs["skip_input"]
             self.make_attention(layer_id, layer.self_attn, root_input=normed)
-            name = f"/model/layers.{layer_id}/mixers/Add"
-            self.make_add(name, [mixed, self.layernorm_attrs["skip_input"]], self.io_dtype,
-                          self.make_hidden_state_shape())  # fmt: skip
-            self.layernorm_attrs["skip_input"] = f"{name}/output_0"
+            _add_to_skip(self, f"/model/layers.{layer_id}/mixers/Add", mixed)
             self.make_layernorm(layer_id, layer.pre_ff_layernorm, skip=True, simple=True, location="post_attention")
             self.make_mlp(layer_id, layer.feed_forward, root_input=self.layernorm_attrs["output_0"])
-            self.layernorm_attrs["first_layernorm"] = False
-            if layer_id == self.num_layers - 1:
-                self.layernorm_attrs["last_layernorm"] = True
+            _end_layer(self, layer_id)
             return None
 
         def make_layernorm(self, layer_id: int, layernorm: Any, skip: bool, simple: bool, location: str) -> None:
@@ -1602,27 +1616,18 @@ def falcon_h1_layers() -> None:
         def _make_cohere_layer(self, layer_id: int, layer: Any) -> None:
             """transformers' Cohere layers: one norm, and attention and the MLP on its output side by
             side, their sum added to the stream."""
-            self.make_layernorm(layer_id, layer.input_layernorm, skip=not self.layernorm_attrs["first_layernorm"],
-                                simple=False, location="input")  # fmt: skip
-            normed = self.layernorm_attrs["output_0"]
+            normed = _input_norm(self, layer_id, layer.input_layernorm, simple=False)
             with _unrotated(self) if layer_id in self.unrotated else contextlib.nullcontext():
                 self.make_attention(layer_id, layer.self_attn, root_input=normed)
             attended = self.layernorm_attrs["skip_input"]
             self.make_mlp(layer_id, layer.mlp, root_input=normed)
-            name = f"/model/layers.{layer_id}/parallel/Add"
-            self.make_add(name, [attended, self.layernorm_attrs["skip_input"]], self.io_dtype,
-                          self.make_hidden_state_shape())  # fmt: skip
-            self.layernorm_attrs["skip_input"] = f"{name}/output_0"
-            self.layernorm_attrs["first_layernorm"] = False
-            if layer_id == self.num_layers - 1:
-                self.layernorm_attrs["last_layernorm"] = True
+            _add_to_skip(self, f"/model/layers.{layer_id}/parallel/Add", attended)
+            _end_layer(self, layer_id)
 
         def _make_jamba_layer(self, layer_id: int, layer: Any) -> None:
             """transformers' Jamba layers: a norm, a Mamba mixer or attention without RoPE; a norm, the
             MLP or experts (router and SwiGLU experts, as Granite's)."""
-            self.make_layernorm(layer_id, layer.input_layernorm, skip=not self.layernorm_attrs["first_layernorm"],
-                                simple=True, location="input")  # fmt: skip
-            normed = self.layernorm_attrs["output_0"]
+            normed = _input_norm(self, layer_id, layer.input_layernorm, simple=True)
             if getattr(layer, "mamba", None) is not None:
                 _make_mamba1(self, layer_id, layer.mamba, normed)
             else:
@@ -1633,13 +1638,8 @@ def falcon_h1_layers() -> None:
             if getattr(forward, "router", None) is None:
                 self.make_mlp(layer_id, forward, root_input=normed)
             else:
-                routed = types.SimpleNamespace(gate=forward.router, experts=forward.experts)
-                Qwen35MoETextModel.make_moe_router(self, layer_id, routed, normed)
-                self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
-                self.layernorm_attrs["skip_input"] = _experts_op(self, layer_id, normed)
-            self.layernorm_attrs["first_layernorm"] = False
-            if layer_id == self.num_layers - 1:
-                self.layernorm_attrs["last_layernorm"] = True
+                self.layernorm_attrs["skip_input"] = _experts(self, layer_id, forward.router, forward.experts, normed)
+            _end_layer(self, layer_id)
 
         def _fold(self, layer: Any) -> None:
             m, attention, mixer, mlp = self.multipliers, layer.self_attn, layer.mamba, layer.feed_forward
