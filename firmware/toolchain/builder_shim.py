@@ -205,6 +205,13 @@ Command A) have no class in the builder either:
   (0.31 off rotated). Tiny ones match transformers to 7.7e-7 and 1e-6; int8 0.077. Per-head query
   and key norms (Command R+'s) are refused before the export.
 
+Mistral's Mixtral (MixtralForCausalLM: Mixtral 8x7B and 8x22B, and the mixtures of experts made
+on its architecture) has no class in the builder either:
+
+- `mixtral_as_mistral`, `falcon_h1_layers` (the same class): Mistral's layers with experts in
+  place of the MLP: the router (softmax over the experts, the top k scaled to sum to 1: the MoE
+  operator's own routing) and SwiGLU experts, as Granite's.
+
 IBM's Granite SWA (GraniteSWAForCausalLM) has no class in the builder either:
 
 - `granite_swa_as_granite`, `granite_swa_layers`: the config is sent to the builder's Granite
@@ -432,10 +439,17 @@ def cohere_as_mistral(config: Any) -> None:
         config.architectures = ["MistralForCausalLM"]
 
 
+def mixtral_as_mistral(config: Any) -> None:
+    """Mistral's Mixtral goes to the builder's Mistral class, which falcon_h1_layers gives its
+    experts (the same class serves Falcon-H1's, Jamba's and Cohere's)."""
+    if getattr(config, "model_type", "") == "mixtral":
+        config.architectures = ["MistralForCausalLM"]
+
+
 FIXES = (gemma4_per_layer_shapes, phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers,
          norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
          granite4_mamba_as_linear_attention, nemotron_h_as_nemotron, falcon_h1_as_mistral,
-         jamba_as_mistral, cohere_as_mistral)  # fmt: skip
+         jamba_as_mistral, cohere_as_mistral, mixtral_as_mistral)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:
@@ -1546,7 +1560,8 @@ def falcon_h1_layers() -> None:
     a Mamba 2 mixer (_make_mamba) and attention side by side on its output, their sum added to the
     stream; a norm and the MLP. Its µP multipliers are folded into the weights they scale (the
     attention's input, keys and output; the mixer's input, each projected channel and output; the
-    MLP's gate and output), the embedding's and the LM head's into the class's own scales."""
+    MLP's gate and output), the embedding's and the LM head's into the class's own scales. It also
+    gives Jamba's, Cohere's and Mixtral's configs their layers (see this module's docstring)."""
     import types
 
     import builders
@@ -1571,8 +1586,9 @@ def falcon_h1_layers() -> None:
                 kinds = list(getattr(config, "layer_types", None) or [])
                 self.unrotated = {i for i, kind in enumerate(kinds) if kind == "full_attention"
                                   and "sliding_attention" in kinds}  # fmt: skip
-            if self.jamba:  # experts: SwiGLU, the softmax's top k as they are (not renormalized)
-                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=False)
+            self.mixtral = config.model_type == "mixtral"
+            if self.jamba or self.mixtral:  # experts: SwiGLU, the softmax's top k (Mixtral's scaled to sum to 1)
+                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=self.mixtral)
             if not self.falcon:
                 return
             self.embed_attrs["scale"], self.lm_head_attrs["scale"] = config.embedding_multiplier, \
@@ -1607,6 +1623,12 @@ def falcon_h1_layers() -> None:
             self.make_mlp(layer_id, layer.feed_forward, root_input=self.layernorm_attrs["output_0"])
             _end_layer(self, layer_id)
             return None
+
+        def get_moe_module(self, layer_id: int, layer: Any) -> Any:
+            return layer.mlp  # Mixtral's (the builder's base class reads `moe`)
+
+        def make_moe(self, layer_id: int, moe: Any, root_input: str) -> None:
+            self.layernorm_attrs["skip_input"] = _experts(self, layer_id, moe.gate, moe.experts, root_input)
 
         def make_layernorm(self, layer_id: int, layernorm: Any, skip: bool, simple: bool, location: str) -> None:
             if getattr(self, "cohere", False) and getattr(layernorm, "bias", None) is None:  # Cohere's have none

@@ -331,6 +331,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # Command R7B's: three sliding layers in four, the fourth global without RoPE.
     "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {"num_hidden_layers": 4, "sliding_window": 16,
                                                          "logit_scale": 0.5, "tie_word_embeddings": True}),
+    # Mixtral's: Mistral's layers with experts in place of the MLP (top 2 of 4, their weights scaled to sum to 1).
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -343,7 +345,8 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl", "qwen3_moe_dense",
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
                "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5", "granite4_h",
-               "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus", "cohere", "cohere2")
+               "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus", "cohere", "cohere2",
+               "mixtral")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -675,13 +678,15 @@ LFM2_TURNS = ChatStyle(LFM2_CHAT_TEMPLATE, ("<|pad|>", "<|startoftext|>", "<|end
                                             "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>"),
                        "<|startoftext|>", "<|im_end|>")  # fmt: skip
 QWEN35_TURNS = ChatStyle(QWEN35_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>"))
+MISTRAL_TURNS = ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]",
+                                                 "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+                                                 "[/TOOL_RESULTS]"), "<s>", "</s>")  # fmt: skip
 # Each family's template, with its special tokens, where it is not plain ChatML (Qwen2.5's and
 # Gemma 3's as published; the Gemma 3 270M firmware ships the latter too).
 CHAT_STYLES: dict[str, ChatStyle] = {
     "qwen2": ChatStyle(QWEN25_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos),  # takes tools
-    "mistral": ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]",
-                                                 "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
-                                                 "[/TOOL_RESULTS]"), "<s>", "</s>"),
+    "mistral": MISTRAL_TURNS,
+    "mixtral": MISTRAL_TURNS,  # Mixtral 8x22B's instruct template is Mistral 7B v0.3's
     # Mistral Small 3.x (the mistral3_vl fixture): its own call format (appliance/engine/tools.py).
     "mistral3": ChatStyle(MISTRAL_SMALL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]",
                                                         "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
