@@ -117,7 +117,10 @@ Glm4ForCausalLM) have no class in the builder either:
   class drops them). Swiss AI's Apertus goes through post_norm_layers' class as a Llama with its
   norms renamed, per-head query and key norms (1.2 off without) and Arcee's MLP whose activation,
   xIELU, has learnt parameters per layer, written out of ONNX's elementwise operators (0.5 off
-  with them unsoftplus'd): 1.5e-6, int8 0.048.
+  with them unsoftplus'd): 1.5e-6, int8 0.048. AllenAI's OLMoE (OlmoeForCausalLM) is a Llama with
+  OLMo 2's query and key norms over the whole projection and, in place of the MLP, SwiGLU experts
+  as Granite's, their routing the softmax's top k, scaled to sum to 1 where `norm_topk_prob`: 1.9e-6
+  (0.36 off scaled where it is not), int8 0.26.
 
 Gemma 4 (Gemma4ForConditionalGeneration: 31B; Gemma4UnifiedForConditionalGeneration: 12B) has
 classes in the builder, written for an older transformers:
@@ -330,7 +333,7 @@ POST_NORMS_ONLY = (None, "post_attention_layernorm", None, "post_feedforward_lay
 UNGATED_MLP_FAMILIES = {"arcee": "ArceeForCausalLM"}
 # Families that are a Llama as the builder's class builds it (biases where their projections have them).
 LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCausalLM",
-                  "ministral": "MinistralForCausalLM", "jais2": "Jais2ForCausalLM"}
+                  "ministral": "MinistralForCausalLM", "jais2": "Jais2ForCausalLM", "olmoe": "OlmoeForCausalLM"}
 # Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
 LAYER_NORM_FAMILIES = ("stablelm", "jais2")
 
@@ -338,8 +341,9 @@ LAYER_NORM_FAMILIES = ("stablelm", "jais2")
 def post_norm_as_llama(config: Any) -> None:
     """OLMo 2 and 3, EXAONE 4 and GLM-4 go to the builder's Llama class, which post_norm_layers
     gives their layers (the builder has a class for the first OLMo only); so do Arcee's models,
-    whose MLP it gives them too, ByteDance's Seed-OSS, a Llama with biased projections, and
-    Stability's StableLM, one with LayerNorms (post_norm_layers' class sets them)."""
+    whose MLP it gives them too, ByteDance's Seed-OSS, a Llama with biased projections,
+    Stability's StableLM, one with LayerNorms (post_norm_layers' class sets them), and OLMoE, one
+    with experts."""
     names = list(getattr(config, "architectures", None) or ())
     if names[:1] and names[0] in (*POST_NORM_FAMILIES.values(), *UNGATED_MLP_FAMILIES.values(),
                                   *LLAMA_FAMILIES.values()):  # fmt: skip
@@ -774,10 +778,13 @@ def post_norm_layers() -> None:
         def __init__(self, config: Any, *args: Any) -> None:
             super().__init__(config, *args)
             self.post_norm = config.model_type in POST_NORM_FAMILIES
-            self.whole_qk_norm = config.model_type in ("olmo2", "olmo3")
+            self.whole_qk_norm = config.model_type in ("olmo2", "olmo3", "olmoe")
             self.norm_names = LAYER_NORMS.get(config.model_type, POST_NORMS_ONLY)
-            if config.model_type in ("olmo2", "olmo3", "exaone4", "apertus"):
+            if config.model_type in ("olmo2", "olmo3", "olmoe", "exaone4", "apertus"):
                 self.attention_attrs.update(q_norm=True, k_norm=True)
+            if config.model_type == "olmoe":  # SwiGLU experts; the softmax's top k, scaled to sum to 1 where asked
+                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1,
+                                      normalize_routing_weights=bool(config.norm_topk_prob))  # fmt: skip
             if config.model_type == "glm4":
                 self.rope_attrs["interleaved"] = 1
             if config.model_type in LAYER_NORM_FAMILIES:  # LayerNorms with biases, not RMS norms
@@ -814,6 +821,12 @@ def post_norm_layers() -> None:
             else:
                 act = f"{self.make_activation(layer_id, root_input=up)}/output_0"
             self.mlp_attrs["output_0"] = _linear(self, mlp.down_proj, f"{base}/down_proj", act)
+
+        def get_moe_module(self, layer_id: int, layer: Any) -> Any:
+            return layer.mlp  # OLMoE's (the builder's base class reads `moe`)
+
+        def make_moe(self, layer_id: int, moe: Any, root_input: str) -> None:
+            self.layernorm_attrs["skip_input"] = _experts(self, layer_id, moe.gate, moe.experts, root_input)
 
         def make_qk_norm(self, layer_id: int, attention: Any) -> None:
             if not self.whole_qk_norm:

@@ -333,6 +333,9 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
                                                          "logit_scale": 0.5, "tie_word_embeddings": True}),
     # Mixtral's: Mistral's layers with experts in place of the MLP (top 2 of 4, their weights scaled to sum to 1).
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # OLMoE's (OLMoE-1B-7B): a Llama's layers with OLMo 2's query and key norms over the whole
+    # projection, and experts in place of the MLP (the softmax's top 2 of 4 as they are).
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -346,7 +349,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
                "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5", "granite4_h",
                "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus", "cohere", "cohere2",
-               "mixtral")
+               "mixtral", "olmoe")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
