@@ -120,7 +120,11 @@ Glm4ForCausalLM) have no class in the builder either:
   with them unsoftplus'd): 1.5e-6, int8 0.048. AllenAI's OLMoE (OlmoeForCausalLM) is a Llama with
   OLMo 2's query and key norms over the whole projection and, in place of the MLP, SwiGLU experts
   as Granite's, their routing the softmax's top k, scaled to sum to 1 where `norm_topk_prob`: 1.9e-6
-  (0.36 off scaled where it is not), int8 0.26.
+  (0.36 off scaled where it is not), int8 0.26. Qwen2-MoE (Qwen2MoeForCausalLM: Qwen1.5-MoE-A2.7B,
+  Qwen2-57B-A14B) is a Llama with Qwen2's biased projections and the same experts beside a shared
+  expert, which a sigmoid of its own gates (as the builder's Qwen3.5 MoE class writes it); the layers
+  `mlp_only_layers` or `decoder_sparse_step` leave dense keep their MLP: 2.1e-6 (0.43 off without
+  the shared expert), int8 0.14.
 
 Gemma 4 (Gemma4ForConditionalGeneration: 31B; Gemma4UnifiedForConditionalGeneration: 12B) has
 classes in the builder, written for an older transformers:
@@ -333,7 +337,8 @@ POST_NORMS_ONLY = (None, "post_attention_layernorm", None, "post_feedforward_lay
 UNGATED_MLP_FAMILIES = {"arcee": "ArceeForCausalLM"}
 # Families that are a Llama as the builder's class builds it (biases where their projections have them).
 LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCausalLM",
-                  "ministral": "MinistralForCausalLM", "jais2": "Jais2ForCausalLM", "olmoe": "OlmoeForCausalLM"}
+                  "ministral": "MinistralForCausalLM", "jais2": "Jais2ForCausalLM", "olmoe": "OlmoeForCausalLM",
+                  "qwen2_moe": "Qwen2MoeForCausalLM"}
 # Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
 LAYER_NORM_FAMILIES = ("stablelm", "jais2")
 
@@ -342,8 +347,8 @@ def post_norm_as_llama(config: Any) -> None:
     """OLMo 2 and 3, EXAONE 4 and GLM-4 go to the builder's Llama class, which post_norm_layers
     gives their layers (the builder has a class for the first OLMo only); so do Arcee's models,
     whose MLP it gives them too, ByteDance's Seed-OSS, a Llama with biased projections,
-    Stability's StableLM, one with LayerNorms (post_norm_layers' class sets them), and OLMoE, one
-    with experts."""
+    Stability's StableLM, one with LayerNorms (post_norm_layers' class sets them), and OLMoE and
+    Qwen2-MoE, ones with experts."""
     names = list(getattr(config, "architectures", None) or ())
     if names[:1] and names[0] in (*POST_NORM_FAMILIES.values(), *UNGATED_MLP_FAMILIES.values(),
                                   *LLAMA_FAMILIES.values()):  # fmt: skip
@@ -782,9 +787,11 @@ def post_norm_layers() -> None:
             self.norm_names = LAYER_NORMS.get(config.model_type, POST_NORMS_ONLY)
             if config.model_type in ("olmo2", "olmo3", "olmoe", "exaone4", "apertus"):
                 self.attention_attrs.update(q_norm=True, k_norm=True)
-            if config.model_type == "olmoe":  # SwiGLU experts; the softmax's top k, scaled to sum to 1 where asked
-                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1,
+            if config.model_type in ("olmoe", "qwen2_moe"):  # SwiGLU experts: the softmax's top k, scaled
+                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1,  # to sum to 1 where asked
                                       normalize_routing_weights=bool(config.norm_topk_prob))  # fmt: skip
+                self.intermediate_size = config.intermediate_size  # a dense layer's MLP (Qwen2-MoE's)
+                self.shared_expert_intermediate_size = getattr(config, "shared_expert_intermediate_size", 0)
             if config.model_type == "glm4":
                 self.rope_attrs["interleaved"] = 1
             if config.model_type in LAYER_NORM_FAMILIES:  # LayerNorms with biases, not RMS norms
@@ -826,7 +833,19 @@ def post_norm_layers() -> None:
             return layer.mlp  # OLMoE's (the builder's base class reads `moe`)
 
         def make_moe(self, layer_id: int, moe: Any, root_input: str) -> None:
-            self.layernorm_attrs["skip_input"] = _experts(self, layer_id, moe.gate, moe.experts, root_input)
+            if not hasattr(moe, "experts"):  # a layer that Qwen2-MoE's `mlp_only_layers` keeps dense
+                self.make_mlp(layer_id, moe, root_input)
+                return
+            routed = _experts(self, layer_id, moe.gate, moe.experts, root_input)
+            if getattr(moe, "shared_expert", None) is not None:  # Qwen2-MoE's, gated by a sigmoid, as Qwen3.5's
+                from builders.qwen import Qwen35MoETextModel
+
+                shared, gate = Qwen35MoETextModel.make_shared_expert(self, layer_id, moe.shared_expert,
+                                                                     moe.shared_expert_gate, root_input)  # fmt: skip
+                name = f"/model/layers.{layer_id}/moe/GatedAdd"
+                self.make_gated_add(name, routed, shared, gate, self.make_hidden_state_shape())
+                routed = f"{name}/output_0"
+            self.layernorm_attrs["skip_input"] = routed
 
         def make_qk_norm(self, layer_id: int, attention: Any) -> None:
             if not self.whole_qk_norm:

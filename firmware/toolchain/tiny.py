@@ -336,6 +336,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # OLMoE's (OLMoE-1B-7B): a Llama's layers with OLMo 2's query and key norms over the whole
     # projection, and experts in place of the MLP (the softmax's top 2 of 4 as they are).
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
+    # Qwen2-MoE's (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): Qwen2's attention, experts (the softmax's top 2
+    # of 4 as they are) beside a shared expert gated by a sigmoid; the first layer kept dense.
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+        "mlp_only_layers": [0], "num_hidden_layers": 3}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -349,7 +354,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
                "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5", "granite4_h",
                "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus", "cohere", "cohere2",
-               "mixtral", "olmoe")
+               "mixtral", "olmoe", "qwen2_moe")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
