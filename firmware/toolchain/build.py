@@ -187,15 +187,56 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     # The weights are read under the file's own model type (a windowed "llama" file becomes a
     # Mistral only after: transformers maps no GGUF names for Mistral).
     as_read = restored if restored.model_type == config.model_type else config
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=as_read, dtype=torch.float32)
+    read: Any = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=as_read, dtype=torch.float32,
+                                                     output_loading_info=True)  # fmt: skip
+    loaded, info = read
     config = restored
+    state = loaded.state_dict()
+    experts = _gguf_experts(gguf, config) if config.model_type == "mixtral" else {}
+    if experts:  # the loader read a Llama (no MLP): the experts are read from the file here
+        state = {k: v for k, v in state.items() if ".mlp." not in k} | experts
+    # The loader fills a weight the file lacks with random values, and says so only here.
+    unread = [k for k in info.get("missing_keys", ()) if not (experts and ".mlp." in k)
+              and not (k == "lm_head.weight" and config.tie_word_embeddings)]  # fmt: skip
+    if unread:
+        raise BundleError(f"{gguf}: the file has no tensors for {', '.join(sorted(unread)[:3])}"
+                          f"{f' and {len(unread) - 3} more' if len(unread) > 3 else ''} (a tensor layout this "
+                          "build does not read)")  # fmt: skip
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
+    missing, unexpected = plain.load_state_dict(state, strict=False)
     # A tied lm_head is absent from the state dict by design; anything else missing is a broken source.
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
         raise BundleError(f"{gguf}: weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
     plain.save_pretrained(out_dir)
+
+
+def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
+    """Mixtral's router and experts from a file llama.cpp wrote as a "llama" one (transformers' loader
+    reads none of them), dequantized, in transformers' names: the router [experts, hidden], the gate
+    and up projections joined [experts, 2 x width, hidden] and the down one [experts, hidden, width]."""
+    import torch
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    found = {}
+    for t in GGUFReader(str(gguf)).tensors:
+        if t.name.startswith("blk.") and t.name.endswith(("ffn_gate_inp.weight", "_exps.weight")):
+            shape = [int(d) for d in reversed(t.shape)]  # GGUF lists a tensor's dimensions innermost first
+            found[t.name] = torch.from_numpy(dequantize(t.data, t.tensor_type).astype("float32").reshape(shape))
+    def part(layer: int, kind: str) -> Any:
+        name = f"blk.{layer}.{kind}.weight"
+        if name not in found:
+            raise BundleError(f"{gguf}: a file with experts has no {name}")
+        return found[name]
+
+    out = {}
+    for i in range(int(config.num_hidden_layers)):
+        prefix = f"model.layers.{i}.mlp"
+        out[f"{prefix}.gate.weight"] = part(i, "ffn_gate_inp")
+        out[f"{prefix}.experts.gate_up_proj"] = torch.cat([part(i, "ffn_gate_exps"), part(i, "ffn_up_exps")], dim=1)
+        out[f"{prefix}.experts.down_proj"] = part(i, "ffn_down_exps")
+    return out
 
 
 def _gguf_metadata(gguf: Path) -> dict[str, Any]:
@@ -237,6 +278,9 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
       divisor (tensor rope_freqs), which the loader drops; see _llama3_rope.
     - A sliding window on a "llama" file (attention.sliding_window; llama.cpp writes Mistral as
       llama and writes no window, so only a file that states one): the model becomes a Mistral.
+    - Experts in a "llama" file (expert_count, expert_used_count: Mixtral, which llama.cpp writes
+      as a Llama): the model becomes a Mixtral (its router and experts read by _gguf_experts; the
+      loader read a Llama, whose MLP the file does not have).
     - Gemma 3's layer pattern: attention.sliding_window_pattern where the file has it (one flag
       per layer, or N: every Nth layer global), else llama.cpp's fixed five sliding to one global.
     - Gemma 2's and Gemma 3's query scale: the file has none; llama.cpp scales by 1/sqrt(head
@@ -283,6 +327,10 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
     if arch == "llama" and key("attention.sliding_window"):
         doc["model_type"], doc["sliding_window"], changed = "mistral", int(key("attention.sliding_window")), True
         doc["architectures"] = ["MistralForCausalLM"]
+    if arch == "llama" and key("expert_count"):  # Mixtral, which llama.cpp writes as a Llama with experts
+        doc.update(model_type="mixtral", architectures=["MixtralForCausalLM"],
+                   num_local_experts=int(key("expert_count")), num_experts_per_tok=int(key("expert_used_count")))
+        changed = True
     if arch in GEMMA_27B_LAYERS:  # the query scale, as llama.cpp applies it
         head_dim = int(doc.get("head_dim") or doc["hidden_size"] // doc["num_attention_heads"])
         big = int(doc["num_hidden_layers"]) == GEMMA_27B_LAYERS[arch]

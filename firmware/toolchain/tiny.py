@@ -354,7 +354,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified", "arcee",
                "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5", "granite4_h",
                "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus", "cohere", "cohere2",
-               "mixtral", "olmoe", "qwen2_moe")
+               "olmoe", "qwen2_moe")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (

@@ -12,6 +12,11 @@ What llama.cpp does per family, and so what is done here (transformers' GGUF loa
   which gguf_to_hf reads (see there). Llama 3.1's RoPE scaling, where a model has it, as the
   tensor rope_freqs (each frequency's divisor), llama.cpp's only record of it.
 - qwen2, qwen3: tensors as they are; Qwen3's head width as `attention.key_length`.
+- mixtral: written as architecture "llama" (llama.cpp converts Mixtral with its Llama class), with
+  `expert_count` and `expert_used_count`, the feed-forward length the experts' width; the router
+  as ffn_gate_inp and each layer's experts stacked as for qwen3moe (w1, w3 and w2 are the gate, up
+  and down projections). transformers' loader reads such a file as a plain Llama and leaves the
+  experts out; gguf_to_hf reads them itself.
 - qwen3moe: Qwen3's, and the experts: `expert_count`, `expert_used_count` and
   `expert_feed_forward_length`; the router as ffn_gate_inp, and each layer's experts (saved one
   by one) stacked into ffn_gate_exps, ffn_up_exps and ffn_down_exps ([experts, out, in] each).
@@ -69,6 +74,7 @@ GGUF_ARCHITECTURES = {
     "gemma3_linear": "gemma3",
     "lfm2": "lfm2",
     "qwen3_moe": "qwen3moe",
+    "mixtral": "llama",
 }
 # The names llama.cpp takes from each model card; transformers' loader reads a "llama" file as
 # Mistral only when the name is exactly "mistral", which no real Mistral file's is.
@@ -141,6 +147,9 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
     if config.get("head_dim"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if config.get("num_local_experts"):  # Mixtral's, written as a Llama with experts
+        w.add_expert_count(int(config["num_local_experts"]))
+        w.add_expert_used_count(int(config["num_experts_per_tok"]))
     if arch_name == "qwen3moe":
         w.add_expert_count(int(config.get("num_experts") or config["num_local_experts"]))  # transformers 5: the latter
         w.add_expert_used_count(int(config["num_experts_per_tok"]))
@@ -173,8 +182,8 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
             w.add_rope_scaling_factor(float(rope["factor"]))
 
     names = gguf.get_tensor_name_map(model_arch, n_layers)
-    if arch_name == "qwen3moe":  # each layer's experts stacked, one tensor per projection
-        tensors = _stacked_experts(tensors)
+    if arch_name == "qwen3moe" or config.get("num_local_experts"):  # each layer's experts stacked, one tensor
+        tensors = _stacked_experts(tensors)  # per projection
     for hf_name in sorted(tensors):
         data = tensors[hf_name].astype(np.float32)
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
@@ -205,7 +214,7 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
     w.close()
 
 
-_EXPERT = re.compile(r"(?P<layer>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>\w+_proj)\.weight$")
+_EXPERT = re.compile(r"(?P<layer>.*\.(mlp|block_sparse_moe)\.experts)\.(?P<e>\d+)\.(?P<proj>\w+_proj|w[123])\.weight$")
 
 
 def _stacked_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -261,7 +270,8 @@ def _fingerprint(arch: str) -> str:
 
     parts = [tiny_hf_dir(arch).name, Path(__file__).read_text()]
     parts += [inspect.getsource(getattr(build_module, f)) for f in
-              ("gguf_to_hf", "_gguf_metadata", "_restore_gguf_config", "_keep_byte_level_tokenizer")]  # fmt: skip
+              ("gguf_to_hf", "_gguf_metadata", "_restore_gguf_config", "_keep_byte_level_tokenizer",
+               "_gguf_experts")]  # fmt: skip
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
 
 

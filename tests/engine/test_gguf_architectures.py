@@ -107,6 +107,7 @@ RESTORED = {
     "phi3_longrope": {"rope_parameters.rope_type": "longrope",
                       "rope_parameters.original_max_position_embeddings": 1024},
     "mistral": {"model_type": "mistral", "sliding_window": 16},
+    "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
     "gemma2": {"query_pre_attn_scalar": 16},
     "gemma3": {"layer_types": ["sliding_attention", "full_attention"], "query_pre_attn_scalar": 16},
     "gemma3_linear": {"rope_parameters.full_attention.rope_type": "linear",
@@ -233,30 +234,47 @@ def test_a_rope_frequency_table_no_llama3_scaling_makes_is_refused(tmp_path: Pat
     which transformers' loader drops; gguf_to_hf finds the scaling that makes the table (the
     matrix above builds the llama_rope_llama3 fixture's file and checks it against transformers).
     A table no such scaling makes is refused."""
-    from gguf import GGUFReader, GGUFWriter
-
     from firmware.errors import BundleError
     from firmware.toolchain.build import gguf_to_hf
 
-    path = tiny_gguf("llama_rope_llama3")
     # The same file with a table no Llama 3 scaling makes.
+    bad = _rewritten(tiny_gguf("llama_rope_llama3"), tmp_path / "bad.gguf",
+                     lambda name, data: data[::-1].copy() if name == "rope_freqs.weight" else data)  # fmt: skip
+    with pytest.raises(BundleError, match="not one Llama 3's scaling makes"):
+        gguf_to_hf(bad, tmp_path / "hf")
+
+
+def test_a_file_without_a_tensor_the_model_needs_is_refused(tmp_path: Path) -> None:
+    """transformers' loader fills a weight the file has no tensor for with random values and only
+    says so in its loading info: a file of a layout it does not read (a Mixtral's experts, before
+    gguf_to_hf read them) built a model of random MLPs. Such a file is refused, naming the weight."""
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import gguf_to_hf
+
+    bad = _rewritten(tiny_gguf("llama"), tmp_path / "bad.gguf",
+                     lambda name, data: None if name == "blk.1.ffn_up.weight" else data)  # fmt: skip
+    with pytest.raises(BundleError, match=r"no tensors for model\.layers\.1\.mlp\.up_proj\.weight"):
+        gguf_to_hf(bad, tmp_path / "hf")
+
+
+def _rewritten(path: Path, out: Path, edit: Any) -> Path:
+    """The GGUF file at `path` written again to `out`, each tensor as `edit(name, data)` gives it
+    (None: left out)."""
+    from gguf import GGUFReader, GGUFWriter
+
     reader = GGUFReader(str(path))
-    bad = tmp_path / "bad.gguf"
-    writer = GGUFWriter(str(bad), "llama")
+    writer = GGUFWriter(str(out), str(reader.fields["general.architecture"].contents()))
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
-        value = field.contents()
-        kind = field.types[0]
-        writer.add_key_value(key, value, kind, sub_type=field.types[-1] if len(field.types) > 1 else None)
+        writer.add_key_value(key, field.contents(), field.types[0],
+                             sub_type=field.types[-1] if len(field.types) > 1 else None)  # fmt: skip
     for t in reader.tensors:
-        data = np.array(t.data)
-        if t.name == "rope_freqs.weight":
-            data = data[::-1].copy()
-        writer.add_tensor(t.name, data)
+        data = edit(t.name, np.array(t.data))
+        if data is not None:
+            writer.add_tensor(t.name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(BundleError, match="not one Llama 3's scaling makes"):
-        gguf_to_hf(bad, tmp_path / "hf")
+    return out
