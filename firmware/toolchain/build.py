@@ -239,6 +239,27 @@ def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
     return out
 
 
+# The GGUF architectures (llama.cpp's names) the build is checked on, each written as llama.cpp writes
+# it (tiny_gguf.GGUF_ARCHITECTURES): others may load through transformers' loader, or may not.
+GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "nemotron", "lfm2")
+
+
+def _gguf_hint(gguf: Path) -> str:
+    """What to tell the user of a GGUF file that could not be read."""
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(gguf)).fields.get("general.architecture")
+        arch = str(field.contents()) if field is not None else None
+    except Exception:  # not a GGUF file at all, or a truncated one
+        return "is it a whole GGUF file?"
+    checked = ", ".join(GGUF_CHECKED)
+    if arch is None or arch in GGUF_CHECKED:
+        return f"is it a whole GGUF file? (the build reads GGUF files of {checked})"
+    return (f"its architecture, {arch!r}, is not one the build reads from GGUF ({checked}); build the model from "
+            "its Hugging Face folder instead")
+
+
 def _gguf_metadata(gguf: Path) -> dict[str, Any]:
     """The file's key-value metadata (the token lists left out) and its small tensors: LongRoPE's
     factors, which transformers' loader does not map to any weight."""
@@ -585,8 +606,8 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
             except BundleError:
                 raise
             except Exception as exc:  # gguf's reader and transformers' loader raise whatever they hit
-                raise BundleError(f"{source.name}: cannot be read as a model ({type(exc).__name__}: {exc}); is it a "
-                                  "whole GGUF file of an architecture transformers loads?") from None  # fmt: skip
+                raise BundleError(f"{source.name}: cannot be read as a model ({type(exc).__name__}: {exc}); "
+                                  f"{_gguf_hint(source)}") from None  # fmt: skip
             step.done(t)
         if exported:
             refuse_unsupported_attention(hf_dir)

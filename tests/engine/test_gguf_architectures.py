@@ -37,7 +37,10 @@ def arch(request: pytest.FixtureRequest, trusted_keys: Path) -> tuple[str, firmw
 
 
 def test_every_fixture_architecture_but_the_folder_only_ones_has_a_gguf_form() -> None:
+    from firmware.toolchain.build import GGUF_CHECKED
+
     assert set(GGUF_ARCHITECTURES) == set(ARCHITECTURES) - set(FOLDER_ONLY)
+    assert set(GGUF_CHECKED) == set(GGUF_ARCHITECTURES.values())  # what a failed build names as read
 
 
 def _ids(bundle: firmware.Bundle, system: str | None = None) -> list[int]:
@@ -257,13 +260,26 @@ def test_a_file_without_a_tensor_the_model_needs_is_refused(tmp_path: Path) -> N
         gguf_to_hf(bad, tmp_path / "hf")
 
 
-def _rewritten(path: Path, out: Path, edit: Any) -> Path:
+def test_a_file_of_an_architecture_the_build_does_not_read_is_refused_naming_it(tmp_path: Path) -> None:
+    """transformers' loader fails on a gpt-oss file as llama.cpp writes it (its YaRN settings) with
+    a TypeError about arrays; the build says which architecture it was, which ones it reads, and
+    that the model's Hugging Face folder builds (here a file whose architecture no loader knows)."""
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import BuildOptions, build
+
+    odd = _rewritten(tiny_gguf("llama"), tmp_path / "odd.gguf", lambda _, data: data, arch="tiny-odd")
+    with pytest.raises(BundleError, match=r"'tiny-odd', is not one the build reads from GGUF \(llama, .*\); "
+                                          r"build the model from its Hugging Face folder"):  # fmt: skip
+        build(odd, tmp_path / "out", BuildOptions(precision="fp32"))
+
+
+def _rewritten(path: Path, out: Path, edit: Any, arch: str | None = None) -> Path:
     """The GGUF file at `path` written again to `out`, each tensor as `edit(name, data)` gives it
-    (None: left out)."""
+    (None: left out), under architecture `arch` (default: its own)."""
     from gguf import GGUFReader, GGUFWriter
 
     reader = GGUFReader(str(path))
-    writer = GGUFWriter(str(out), str(reader.fields["general.architecture"].contents()))
+    writer = GGUFWriter(str(out), arch or str(reader.fields["general.architecture"].contents()))
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
