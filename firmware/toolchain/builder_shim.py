@@ -315,6 +315,19 @@ def sliding_window_layers(config: Any) -> None:
         config.layer_types = ["sliding_attention"] * config.num_hidden_layers
 
 
+# The families whose attention transformers caps (tanh) by the config's attn_logit_softcapping.
+ATTENTION_SOFTCAP_FAMILIES = ("gemma2",)
+
+
+def attention_softcap_as_transformers(config: Any) -> None:
+    """The builder caps every family's attention logits where its config names a cap; transformers
+    caps Gemma 2's only (Gemma 3's config takes the field and its attention never reads it: a tiny
+    Gemma 3 with a cap of 5 was 0.24 off transformers, 2.9e-6 without)."""
+    if getattr(config, "attn_logit_softcapping", None) is not None and \
+            getattr(config, "model_type", "") not in ATTENTION_SOFTCAP_FAMILIES:
+        config.attn_logit_softcapping = None
+
+
 def norm_epsilon(config: Any) -> None:
     if "rms_norm_eps" in vars(config):
         return
@@ -455,10 +468,10 @@ def mixtral_as_mistral(config: Any) -> None:
         config.architectures = ["MistralForCausalLM"]
 
 
-FIXES = (gemma4_per_layer_shapes, phi3_default_rope, longrope_type, gemma3_rope_per_layer_type, sliding_window_layers,
-         norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
-         granite4_mamba_as_linear_attention, nemotron_h_as_nemotron, falcon_h1_as_mistral,
-         jamba_as_mistral, cohere_as_mistral, mixtral_as_mistral)  # fmt: skip
+FIXES = (attention_softcap_as_transformers, gemma4_per_layer_shapes, phi3_default_rope, longrope_type,
+         gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama,
+         granite_swa_as_granite, lfm3_as_lfm2, granite4_mamba_as_linear_attention, nemotron_h_as_nemotron,
+         falcon_h1_as_mistral, jamba_as_mistral, cohere_as_mistral, mixtral_as_mistral)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:

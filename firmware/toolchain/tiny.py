@@ -74,8 +74,10 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # Gemma 3 4B, 12B and 27B are published as Gemma3ForConditionalGeneration: a vision tower
     # beside the language model, whose text part the build exports. The tiny shape is the language
     # model's (the Gemma 3 fixture's); its image tokens lie past the tokenizer's 512.
+    # Its text config names an attention cap (as Gemma 2's configs do), which Gemma 3's attention never
+    # reads: nor must the export (builder_shim.attention_softcap_as_transformers).
     "gemma3_vl": ("Gemma3Config", "Gemma3ForConditionalGeneration", {
-        "text_config": {**GEMMA3_TINY, "vocab_size": 515},
+        "text_config": {**GEMMA3_TINY, "vocab_size": 515, "attn_logit_softcapping": 5.0},
         "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                           "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
         "mm_tokens_per_image": 4, "boi_token_index": 512, "eoi_token_index": 513, "image_token_index": 514,
@@ -106,6 +108,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}),
     # Gemma 2: sliding and global layers, soft-capped attention scores and logits; its LM head is
     # its embeddings, as in Gemma 2's models (llama.cpp writes no other).
+    # Gemma 2's caps; its query and key weights random (RANDOMIZED), so its attention's logits reach
+    # the cap of 50 as a real model's do, where a tiny one's never would.
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
         "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16, "tie_word_embeddings": True,
         "layer_types": ["sliding_attention", "full_attention"], "attn_logit_softcapping": 50.0,
@@ -731,6 +735,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
 # Parameters transformers initializes to zeros, made random in these fixtures so the export's
 # handling of them shows (a Granite SWA's sinks; Seed-OSS's biases, all of its projections').
 RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "seed_oss": ("_proj.bias",),
+                                          "gemma2": ("q_proj.weight", "k_proj.weight"),
                                           "ernie4_5": ("_proj.bias",),
                                           "stablelm": ("_proj.bias", "layernorm.bias", "norm.bias"),
                                           "granite4_h": ("mamba.D", "mamba.dt_bias", "mamba.norm.weight",
