@@ -32,6 +32,10 @@ the PyTorch weights with a config of their own, which stays as transformers made
   where a config names it otherwise: Phi-2's `layer_norm_eps` and Nemotron's `norm_eps` (1e-5
   both). A tiny Phi-2 was 0.05 off transformers' logits and a Nemotron 0.2, from the first
   position; with the config's own epsilon, 2e-6 and 3e-6.
+- `attention_softcap_as_transformers`: the builder caps any family's attention logits where its
+  config names `attn_logit_softcapping`; transformers caps Gemma 2's only (Gemma 3's config takes
+  the field, and its attention never reads it). A tiny Gemma 3 naming a cap of 5 was 0.56 off
+  transformers; the cap is dropped for every family but Gemma 2.
 - `sliding_window_layers`: the builder applies `sliding_window` only to layers that
   `config.layer_types` marks "sliding_attention", and gives a config without `layer_types`
   (Mistral's) full attention everywhere: a Mistral with a window of 16 was off by 1.8 in the

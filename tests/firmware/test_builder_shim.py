@@ -84,13 +84,29 @@ def test_the_families_given_the_llama_class_go_to_it_and_no_other() -> None:
     for config_class, arch in (("Olmo2Config", "Olmo2ForCausalLM"), ("Olmo3Config", "Olmo3ForCausalLM"),
                                ("Exaone4Config", "Exaone4ForCausalLM"), ("Glm4Config", "Glm4ForCausalLM"),
                                ("ArceeConfig", "ArceeForCausalLM"), ("SeedOssConfig", "SeedOssForCausalLM"),
-                               ("StableLmConfig", "StableLmForCausalLM")):  # fmt: skip
+                               ("StableLmConfig", "StableLmForCausalLM"), ("OlmoeConfig", "OlmoeForCausalLM"),
+                               ("Qwen2MoeConfig", "Qwen2MoeForCausalLM")):  # fmt: skip
         config = getattr(transformers, config_class)(**SHAPE, architectures=[arch])
         builder_shim.post_norm_as_llama(config)
         assert config.architectures == ["LlamaForCausalLM"], arch
     olmo = transformers.OlmoConfig(**SHAPE, architectures=["OlmoForCausalLM"])  # the builder's own OLMo class
     builder_shim.post_norm_as_llama(olmo)
     assert olmo.architectures == ["OlmoForCausalLM"]
+
+
+def test_mixtral_goes_to_the_mistral_class() -> None:
+    config = transformers.MixtralConfig(**SHAPE, architectures=["MixtralForCausalLM"])
+    builder_shim.mixtral_as_mistral(config)
+    assert config.architectures == ["MistralForCausalLM"]
+
+
+def test_an_attention_cap_is_kept_only_where_transformers_applies_it() -> None:
+    gemma3 = transformers.Gemma3TextConfig(**SHAPE, attn_logit_softcapping=5.0)
+    builder_shim.attention_softcap_as_transformers(gemma3)
+    assert gemma3.attn_logit_softcapping is None  # Gemma 3's attention never reads it
+    gemma2 = transformers.Gemma2Config(**SHAPE, attn_logit_softcapping=50.0)
+    builder_shim.attention_softcap_as_transformers(gemma2)
+    assert gemma2.attn_logit_softcapping == 50.0
 
 
 def test_granite_swa_goes_to_the_granite_class() -> None:
