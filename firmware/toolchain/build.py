@@ -480,7 +480,8 @@ def read_chat_template(model_dir: Path) -> str:
             for t in template:
                 if t.get("name") == "default":
                     return str(t["template"])
-    raise BundleError(f"{model_dir}: no chat template (chat_template.jinja or tokenizer_config.json)")
+    raise BundleError(f"{model_dir}: no chat template (chat_template.jinja or tokenizer_config.json); give one with "
+                      "--chat-template FILE (a base model's folder or GGUF file carries none)")  # fmt: skip
 
 
 def require_empty(out_dir: Path) -> None:
@@ -609,6 +610,8 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
                 raise BundleError(f"{source.name}: cannot be read as a model ({type(exc).__name__}: {exc}); "
                                   f"{_gguf_hint(source)}") from None  # fmt: skip
             step.done(t)
+        if options.chat_template is None:  # what the bundle must ship, checked before minutes of export
+            read_chat_template(hf_dir)
         if exported:
             refuse_unsupported_attention(hf_dir)
             require_tokenizer_files(hf_dir)
