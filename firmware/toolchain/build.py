@@ -610,11 +610,11 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
                 raise BundleError(f"{source.name}: cannot be read as a model ({type(exc).__name__}: {exc}); "
                                   f"{_gguf_hint(source)}") from None  # fmt: skip
             step.done(t)
-        if options.chat_template is None:  # what the bundle must ship, checked before minutes of export
-            read_chat_template(hf_dir)
         if exported:
             refuse_unsupported_attention(hf_dir)
             require_tokenizer_files(hf_dir)
+            if options.chat_template is None:  # what the bundle must ship, checked before minutes of export
+                read_chat_template(hf_dir)
             note_architecture(hf_dir, progress)
             quantized = f", blocks of {options.block_size}" if options.precision in QUANTIZED else ""
             t = step(f"exporting to ONNX ({options.precision}{quantized}, {options.target}) with the model builder")
@@ -717,25 +717,21 @@ def gemma4_refusal(config: dict[str, Any]) -> str | None:
     return None
 
 
-def cohere_refusal(config: dict[str, Any]) -> str | None:
-    """What of a Cohere config the build (its layers: builder_shim.falcon_h1_layers) would not
-    export, or None."""
-    if config.get("model_type") == "cohere" and config.get("use_qk_norm"):
-        return ("per-head query and key LayerNorms (use_qk_norm, as in Command R+) are not exported for Cohere's "
-                "models; not supported")
-    return None
+# Options of a family's config that the export leaves out, each of which changes the model's answers:
+# (model type, option, what it does, the family as its users know it). Refused before the export.
+UNEXPORTED_OPTIONS = (
+    ("stablelm", "qk_layernorm", "per-head query and key LayerNorms, as in StableLM 2 12B", "StableLM"),
+    ("stablelm", "use_parallel_residual", "attention and the MLP side by side, as in StableLM 2 12B", "StableLM"),
+    ("cohere", "use_qk_norm", "per-head query and key LayerNorms, as in Command R+", "Cohere's models"),
+    ("phi", "qk_layernorm", "query and key LayerNorms", "Phi"),  # a tiny Phi-2 with them was 0.88 off
+)
 
 
-def stablelm_refusal(config: dict[str, Any]) -> str | None:
-    """What of a StableLM config the builder's Llama class (which builds StableLM 2 1.6B and
-    StableLM 3B's layers) would not export, or None."""
-    if config.get("model_type") != "stablelm":
-        return None
-    found = [k for k in ("qk_layernorm", "use_parallel_residual") if config.get(k)]
-    if found:
-        return (f"{' and '.join(found)} (per-head query and key LayerNorms, attention and MLP side by side, as in "
-                "StableLM 2 12B) are not exported for StableLM; not supported")  # fmt: skip
-    return None
+def unexported_option(config: dict[str, Any]) -> str | None:
+    """What of a config the export would leave out (UNEXPORTED_OPTIONS), or None."""
+    found = [f"{option} ({what}) is not exported for {family}" for model_type, option, what, family in
+             UNEXPORTED_OPTIONS if config.get("model_type") == model_type and config.get(option)]  # fmt: skip
+    return f"{'; '.join(found)}; not supported" if found else None
 
 
 def _rope_types(config: dict[str, Any]) -> list[tuple[str | None, str]]:
@@ -804,9 +800,10 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
       the export answers differently from the model;
     - Gemma 4's experts (`enable_moe_block`, 26B A4B): ONNX Runtime's CPU MoE operator has no
       GeGLU, which they use (gemma4_refusal);
-    - StableLM's per-head query and key LayerNorms and parallel residual (StableLM 2 12B's), which
-      the builder's Llama class, that builds its other models, does not (stablelm_refusal), and
-      Cohere's per-head query and key LayerNorms (Command R+'s: cohere_refusal);
+    - options of a family's config that the export leaves out (UNEXPORTED_OPTIONS): StableLM's
+      per-head query and key LayerNorms and parallel residual (StableLM 2 12B's), which the
+      builder's Llama class, that builds its other models, does not; Cohere's per-head query and
+      key LayerNorms (Command R+'s); Phi's query and key LayerNorms;
     - RoPE scaling other than the kinds checked against transformers (ROPE_TYPES), and scaling of
       the sliding layers' RoPE (Gemma 3 scales only its global layers'). transformers' dynamic
       NTK scaling, for one, changes the frequencies as a sequence grows past the original
@@ -837,7 +834,7 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported for {arch or 'this model'}: {', '.join(sorted(supported))})")  # fmt: skip
-    refusal = gemma4_refusal(config) or stablelm_refusal(config) or cohere_refusal(config)
+    refusal = gemma4_refusal(config) or unexported_option(config)
     if refusal:
         raise BundleError(f"{model_dir.name}: {refusal}")
     for layers, rope_type in _rope_types(config):
