@@ -41,11 +41,15 @@ the PyTorch weights with a config of their own, which stays as transformers made
   (Mistral's) full attention everywhere: a Mistral with a window of 16 was off by 1.8 in the
   logits at 57 tokens. Every layer is marked sliding, as transformers runs it.
 
-Three fixes are to the builder's layers:
+Four fixes are to the builder's layers:
 
 - `gemma_embedding_scale`: Gemma multiplies its embeddings by sqrt(hidden_size); the builder
   rounds that to two decimals (25.3 for Gemma 3 270M's 25.2982, 7e-5 off), which moved the
   270M model's fp32 logits by up to 2.4e-3 from transformers'. The exact value is used.
+- `gpt_oss_layer_types`: the builder's gpt-oss class slides every even layer whatever the config's
+  `layer_types` say (the published models' alternation, sliding first); a tiny gpt-oss whose
+  layers are all global was 2.6 off transformers. The builder's own reading of `layer_types`, which
+  its other classes use, applies.
 - `olmo_layer_norm`: OLMo normalizes with a LayerNorm of no weights (mean-centred, epsilon 1e-5);
   the builder's OLMo class exports it as an RMS norm with the default epsilon 1e-6, and a tiny
   OLMo's logits were up to 1.0 off transformers' from the first position. Its norms are now
@@ -500,6 +504,23 @@ def gemma_embedding_scale() -> None:
         return exact_scale
 
     _replace(GemmaModel, "__init__", make)
+
+
+def gpt_oss_layer_types() -> None:
+    """The builder's gpt-oss class slides every even layer, whatever the config's `layer_types` say
+    (a tiny gpt-oss whose layers are all global was 2.6 off transformers); the builder's own reading
+    of `layer_types`, which every other class uses, applies instead (the published models alternate,
+    sliding first, which it reads the same)."""
+    from builders.gptoss import GPTOSSModel
+
+    def make(init: Any) -> Any:
+        def layer_types(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            vars(self).pop("is_local", None)  # the instance's lambda hid the class's method
+
+        return layer_types
+
+    _replace(GPTOSSModel, "__init__", make)
 
 
 def olmo_layer_norm() -> None:
@@ -1753,6 +1774,7 @@ def install() -> None:
     importlib.import_module("onnxruntime_genai.models")  # puts the builder's folder on sys.path
     importlib.import_module("builders")
     gemma_embedding_scale()
+    gpt_oss_layer_types()
     olmo_layer_norm()
     smollm3_no_rope_layers()
     rope_types_past_llama3()
