@@ -724,6 +724,7 @@ UNEXPORTED_OPTIONS = (
     ("stablelm", "use_parallel_residual", "attention and the MLP side by side, as in StableLM 2 12B", "StableLM"),
     ("cohere", "use_qk_norm", "per-head query and key LayerNorms, as in Command R+", "Cohere's models"),
     ("phi", "qk_layernorm", "query and key LayerNorms", "Phi"),  # a tiny Phi-2 with them was 0.88 off
+    ("lfm2", "conv_bias", "a bias on its short convolutions", "LFM2"),  # a tiny LFM2 with one was 6.2 off
 )
 
 

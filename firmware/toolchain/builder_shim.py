@@ -773,6 +773,19 @@ def qwen3_moe_layers() -> None:
     builders.Qwen3Model = Qwen3MoeModel
 
 
+def _ungated_mlp(self: Any, layer_id: int, mlp: Any, root_input: str) -> None:
+    """An MLP without a gate (Arcee's, Jais 2's, Apertus's, Nemotron-H's): up, the activation (ReLU
+    squared, or Apertus's xIELU), down, each projection with its bias where it has one (Nemotron's
+    class, whose MLP this is, drops them: Jais 2 was 3.5 off, a Nemotron-H with mlp_bias 5.2)."""
+    base = f"/model/layers.{layer_id}/mlp"
+    up = _linear(self, mlp.up_proj, f"{base}/up_proj", root_input)
+    if hasattr(mlp.act_fn, "alpha_p"):  # Apertus's xIELU, of learnt parameters per layer
+        act = _xielu(self, mlp.act_fn, f"{base}/act_fn/xIELU", up)
+    else:
+        act = f"{self.make_activation(layer_id, root_input=up)}/output_0"
+    self.mlp_attrs["output_0"] = _linear(self, mlp.down_proj, f"{base}/down_proj", act)
+
+
 def _xielu(self: Any, act: Any, base: str, x: str) -> str:
     """transformers' XIELUActivation (Apertus's) of `x`: alpha_p x^2 + beta x where x > 0, else
     (expm1(min(x, eps)) - x) alpha_n + beta x, its alphas from its parameters (softplus'd)."""
@@ -857,15 +870,7 @@ def post_norm_layers() -> None:
             if hasattr(mlp, "gate_proj"):
                 super().make_mlp_proj(layer_id, mlp, root_input)
                 return
-            # Arcee's and Jais 2's: up, the activation (ReLU squared), down, each projection with its
-            # bias where it has one (Nemotron's class, whose MLP this is, drops them: Jais 2 was 3.5 off).
-            base = f"/model/layers.{layer_id}/mlp"
-            up = _linear(self, mlp.up_proj, f"{base}/up_proj", root_input)
-            if hasattr(mlp.act_fn, "alpha_p"):  # Apertus's xIELU, of learnt parameters per layer
-                act = _xielu(self, mlp.act_fn, f"{base}/act_fn/xIELU", up)
-            else:
-                act = f"{self.make_activation(layer_id, root_input=up)}/output_0"
-            self.mlp_attrs["output_0"] = _linear(self, mlp.down_proj, f"{base}/down_proj", act)
+            _ungated_mlp(self, layer_id, mlp, root_input)  # Arcee's, Jais 2's, Apertus's
 
         def get_moe_module(self, layer_id: int, layer: Any) -> Any:
             return layer.mlp  # OLMoE's (the builder's base class reads `moe`)
@@ -1603,6 +1608,12 @@ def nemotron_h_blocks() -> None:
 
         def is_layer(self, module: Any) -> bool:
             return bool(super().is_layer(module)) or (self.blocks and type(module).__name__ == "NemotronHBlock")
+
+        def make_mlp_proj(self, layer_id: int, mlp: Any, root_input: str) -> None:
+            if self.blocks:
+                _ungated_mlp(self, layer_id, mlp, root_input)
+            else:
+                super().make_mlp_proj(layer_id, mlp, root_input)
 
         def has_final_norm(self, module: Any, orig_model: Any) -> bool:
             norm = getattr(getattr(orig_model, "model", None), "norm_f", None)

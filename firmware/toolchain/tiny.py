@@ -202,7 +202,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", {
         "layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "mlp"],
         "num_hidden_layers": 6, "head_dim": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2,
-        "ssm_state_size": 16, "conv_kernel": 4}),
+        "ssm_state_size": 16, "conv_kernel": 4, "mlp_bias": True}),  # (biases the published models lack: kept)
     # TII's Falcon-H1: attention and a Mamba 2 mixer side by side in every layer (8 heads of 16, B and C
     # in 2 groups, a gate then a norm per group: as Falcon-H1-Tiny's), µP multipliers everywhere.
     "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", {
@@ -755,7 +755,8 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "falcon_h1": ("mamba.D", "mamba.dt_bias", "mamba.norm.weight",
                                                         "conv1d.bias", "q_proj.weight", "k_proj.weight"),
                                           "nemotron_h": ("mixer.D", "mixer.dt_bias", "mixer.norm.weight",
-                                                         "conv1d.bias", "q_proj.weight", "k_proj.weight")}
+                                                         "conv1d.bias", "q_proj.weight", "k_proj.weight",
+                                                         "up_proj.bias", "down_proj.bias")}
 
 
 def chat_style(arch: str) -> ChatStyle:

@@ -745,7 +745,8 @@ def test_an_option_the_export_leaves_out_is_refused_before_export(tmp_path: Path
     from firmware.toolchain.build import BuildOptions, build
 
     model_type, option, _, family = entry
-    classes = {"stablelm": "StableLmForCausalLM", "cohere": "CohereForCausalLM", "phi": "PhiForCausalLM"}
+    classes = {"stablelm": "StableLmForCausalLM", "cohere": "CohereForCausalLM", "phi": "PhiForCausalLM",
+               "lfm2": "Lfm2ForCausalLM"}
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({"architectures": [classes[model_type]], "model_type": model_type,
