@@ -224,6 +224,7 @@ def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
         if t.name.startswith("blk.") and t.name.endswith(("ffn_gate_inp.weight", "_exps.weight")):
             shape = [int(d) for d in reversed(t.shape)]  # GGUF lists a tensor's dimensions innermost first
             found[t.name] = torch.from_numpy(dequantize(t.data, t.tensor_type).astype("float32").reshape(shape))
+
     def part(layer: int, kind: str) -> Any:
         name = f"blk.{layer}.{kind}.weight"
         if name not in found:

@@ -329,8 +329,8 @@ ATTENTION_SOFTCAP_FAMILIES = ("gemma2",)
 
 def attention_softcap_as_transformers(config: Any) -> None:
     """The builder caps every family's attention logits where its config names a cap; transformers
-    caps Gemma 2's only (Gemma 3's config takes the field and its attention never reads it: a tiny
-    Gemma 3 with a cap of 5 was 0.24 off transformers, 2.9e-6 without)."""
+    caps Gemma 2's only (Gemma 3's config takes the field and its attention never reads it: the
+    gemma3_vl fixture, whose config names a cap of 5, was 0.56 off transformers, 3.5e-6 without)."""
     if getattr(config, "attn_logit_softcapping", None) is not None and \
             getattr(config, "model_type", "") not in ATTENTION_SOFTCAP_FAMILIES:
         config.attn_logit_softcapping = None
@@ -776,7 +776,7 @@ def qwen3_moe_layers() -> None:
 def _ungated_mlp(self: Any, layer_id: int, mlp: Any, root_input: str) -> None:
     """An MLP without a gate (Arcee's, Jais 2's, Apertus's, Nemotron-H's): up, the activation (ReLU
     squared, or Apertus's xIELU), down, each projection with its bias where it has one (Nemotron's
-    class, whose MLP this is, drops them: Jais 2 was 3.5 off, a Nemotron-H with mlp_bias 5.2)."""
+    class, whose MLP this is, drops them: Jais 2 was 3.5 off, a Nemotron-H with mlp_bias 6.7)."""
     base = f"/model/layers.{layer_id}/mlp"
     up = _linear(self, mlp.up_proj, f"{base}/up_proj", root_input)
     if hasattr(mlp.act_fn, "alpha_p"):  # Apertus's xIELU, of learnt parameters per layer
@@ -838,8 +838,9 @@ def post_norm_layers() -> None:
             self.norm_names = LAYER_NORMS.get(config.model_type, POST_NORMS_ONLY)
             if config.model_type in ("olmo2", "olmo3", "olmoe", "exaone4", "apertus"):
                 self.attention_attrs.update(q_norm=True, k_norm=True)
-            if config.model_type in ("olmoe", "qwen2_moe"):  # SwiGLU experts: the softmax's top k, scaled
-                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1,  # to sum to 1 where asked
+            # SwiGLU experts: the softmax's top k, scaled to sum to 1 where the config asks.
+            if config.model_type in ("olmoe", "qwen2_moe"):
+                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1,
                                       normalize_routing_weights=bool(config.norm_topk_prob))  # fmt: skip
                 self.intermediate_size = config.intermediate_size  # a dense layer's MLP (Qwen2-MoE's)
                 self.shared_expert_intermediate_size = getattr(config, "shared_expert_intermediate_size", 0)
@@ -873,7 +874,7 @@ def post_norm_layers() -> None:
             _ungated_mlp(self, layer_id, mlp, root_input)  # Arcee's, Jais 2's, Apertus's
 
         def get_moe_module(self, layer_id: int, layer: Any) -> Any:
-            return layer.mlp  # OLMoE's (the builder's base class reads `moe`)
+            return layer.mlp  # OLMoE's and Qwen2-MoE's (the builder's base class reads `moe`)
 
         def make_moe(self, layer_id: int, moe: Any, root_input: str) -> None:
             if not hasattr(moe, "experts"):  # a layer that Qwen2-MoE's `mlp_only_layers` keeps dense

@@ -147,7 +147,7 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
     if config.get("head_dim"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    if config.get("num_local_experts"):  # Mixtral's, written as a Llama with experts
+    if arch_name == "llama" and config.get("num_local_experts"):  # Mixtral's, written as a Llama with experts
         w.add_expert_count(int(config["num_local_experts"]))
         w.add_expert_used_count(int(config["num_experts_per_tok"]))
     if arch_name == "qwen3moe":
@@ -182,8 +182,8 @@ def write_tiny_gguf(hf_dir: Path, out: Path, arch: str) -> None:
             w.add_rope_scaling_factor(float(rope["factor"]))
 
     names = gguf.get_tensor_name_map(model_arch, n_layers)
-    if arch_name == "qwen3moe" or config.get("num_local_experts"):  # each layer's experts stacked, one tensor
-        tensors = _stacked_experts(tensors)  # per projection
+    if arch_name == "qwen3moe" or config.get("num_local_experts"):  # each layer's experts stacked, one
+        tensors = _stacked_experts(tensors)  # tensor per projection
     for hf_name in sorted(tensors):
         data = tensors[hf_name].astype(np.float32)
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
