@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PACKAGES := appliance firmware image
 
-.PHONY: setup setup-test run test lint bench-engine bench-peers bench-kernel bench-protocol demo-firmware image image-test
+.PHONY: setup setup-test run test lint config-sweep bench-engine bench-peers bench-kernel bench-protocol demo-firmware image image-test
 
 setup:
 	@bash scripts/setup.sh
@@ -30,6 +30,11 @@ test: lint
 
 bench-engine: setup demo-firmware
 	$(PY) -m bench.engine $(ARGS)
+
+# Config options the published checkpoints leave unset, on tiny models of every family, each against
+# transformers (tests/engine/test_config_sweep.py; about 40 minutes, not part of `make test`).
+config-sweep: setup-test
+	$(VENV)/bin/pytest -q -m config_sweep tests/engine/test_config_sweep.py
 
 # Against llama.cpp's own server on the same model (builds llama-server once, about 12 minutes; then about 3).
 bench-peers: setup demo-firmware

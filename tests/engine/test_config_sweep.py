@@ -1,0 +1,134 @@
+"""Config options the published checkpoints leave unset, tried on tiny models of the families the
+build checks (`make config-sweep`, about 40 minutes on 2 cores; not part of `make test`).
+
+Each variant is a fixture of tiny.py with some options changed, its biases and norm weights made
+random (transformers initializes them to zeros and ones, under which a dropped one does not show),
+built to fp32 firmware and compared with transformers over the architecture matrix's conversation:
+the prefill's logits and one decoding step's within 1e-4. A variant the build cannot export as
+transformers runs it must be refused before the export, naming the option.
+
+What it found, each mended or refused since: a Gemma 3 config naming an attention cap (its
+attention never reads one; the builder applied it: 0.24 off), a gpt-oss whose layers do not
+alternate (the builder's class slid every even layer: 3 off), a Nemotron-H with MLP biases (the
+builder's class dropped them: 5.2 off), and a Phi with query and key norms or an LFM2 with a
+convolution bias (both dropped by the builder: 0.88 and 6.2 off, now refused).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_architectures import CONVERSATION
+
+import firmware
+from appliance.engine import ModelSession
+from appliance.engine.chat import ChatTemplate
+from appliance.engine.tokenizer import TextTokenizer
+from firmware.toolchain import tiny
+
+# Options changed on a fixture: (the fixture, the options, what the refusal says, or None: it builds).
+Variant = tuple[str, dict[str, Any], str | None]
+VARIANTS: dict[str, Variant] = {
+    "llama_biases": ("llama", {"attention_bias": True, "mlp_bias": True}, None),
+    "llama_tied": ("llama", {"tie_word_embeddings": True}, None),
+    "llama_head_dim": ("llama", {"head_dim": 32}, None),
+    "llama_mha": ("llama", {"num_key_value_heads": 4}, None),
+    "llama_mqa": ("llama", {"num_key_value_heads": 1}, None),
+    "llama_gelu": ("llama", {"hidden_act": "gelu_pytorch_tanh"}, None),
+    "llama_dynamic_rope": ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0,
+                                                         "factor": 2.0}}, "RoPE scaling 'dynamic'"),
+    "qwen2_tied": ("qwen2", {"tie_word_embeddings": True}, None),
+    "qwen2_window": ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}, None),
+    "qwen3_tied_mqa": ("qwen3", {"tie_word_embeddings": True, "num_key_value_heads": 1}, None),
+    "qwen3_attention_bias": ("qwen3", {"attention_bias": True}, None),
+    "qwen3_window": ("qwen3", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 2}, None),
+    "qwen3_moe_unscaled": ("qwen3_moe", {"norm_topk_prob": False}, None),
+    "qwen3_moe_sparse_step": ("qwen3_moe", {"decoder_sparse_step": 2, "num_hidden_layers": 3}, None),
+    "mistral_head_dim": ("mistral", {"head_dim": 32, "sliding_window": None}, None),
+    "mistral_tied": ("mistral", {"tie_word_embeddings": True}, None),
+    "mixtral_window": ("mixtral", {"sliding_window": 16}, None),
+    "olmoe_scaled": ("olmoe", {"norm_topk_prob": True}, None),
+    "phi3_tied": ("phi3", {"tie_word_embeddings": True}, None),
+    "phi3_window": ("phi3", {"sliding_window": 16}, None),
+    # Phi-4-mini's shape: heads of 128, three quarters rotated, LongRoPE past an original context of 64.
+    "phi4_mini_shape": ("phi3_longrope", {
+        "hidden_size": 256, "intermediate_size": 512, "original_max_position_embeddings": 64, "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "original_max_position_embeddings": 64, "short_factor": [1.0 + 0.02 * i for i in range(48)],
+            "long_factor": [1.0 + 0.3 * i for i in range(48)]}}, None),
+    "phi_qk_norms": ("phi", {"qk_layernorm": True}, r"qk_layernorm \(.*\) is not exported for Phi"),
+    "gemma2_uncapped": ("gemma2", {"final_logit_softcapping": None, "attn_logit_softcapping": None}, None),
+    "gemma2_query_scale": ("gemma2", {"query_pre_attn_scalar": 8}, None),
+    "gemma3_caps": ("gemma3", {"final_logit_softcapping": 3.0, "attn_logit_softcapping": 5.0}, None),
+    "gemma3_query_scale": ("gemma3", {"query_pre_attn_scalar": 8}, None),
+    "gemma3_three_layers": ("gemma3", {"num_hidden_layers": 3,
+                                       "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
+                            None),
+    "gemma3_attention_bias": ("gemma3", {"attention_bias": True}, None),
+    "granite_tied": ("granite", {"tie_word_embeddings": True, "num_key_value_heads": 1}, None),
+    "granite_biases": ("granite", {"attention_bias": True, "mlp_bias": True}, None),
+    "gpt_oss_limit": ("gpt_oss", {"swiglu_limit": 7.0, "num_key_value_heads": 1}, None),
+    "hunyuan_biases": ("hunyuan", {"num_key_value_heads": 1, "attention_bias": True}, None),
+    "exaone4_global": ("exaone4", {"layer_types": ["full_attention", "full_attention"], "sliding_window": None},
+                       None),
+    "smollm3_window": ("smollm3", {"use_sliding_window": True, "sliding_window": 16, "no_rope_layers": [1, 1]}, None),
+    "olmo2_mqa": ("olmo2", {"num_key_value_heads": 1}, None),
+    "glm4_mqa": ("glm4", {"num_key_value_heads": 1}, None),
+    "stablelm_mqa": ("stablelm", {"num_key_value_heads": 1, "use_qkv_bias": False}, None),
+    "nemotron_full_rotary": ("nemotron", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                              "partial_rotary_factor": 1.0}}, None),
+    "nemotron_h_biases": ("nemotron_h", {"mamba_proj_bias": True, "use_conv_bias": False, "attention_bias": True},
+                          None),
+    "lfm2_three_layers": ("lfm2", {"layer_types": ["conv", "full_attention", "conv"], "full_attn_idxs": [1],
+                                   "num_hidden_layers": 3}, None),
+    "lfm2_tied": ("lfm2", {"tie_word_embeddings": True}, None),
+    "lfm2_conv_bias": ("lfm2", {"conv_bias": True}, r"conv_bias \(.*\) is not exported for LFM2"),
+    "falcon_h1_biases": ("falcon_h1", {"mamba_proj_bias": True, "mamba_conv_bias": False, "attention_bias": True,
+                                       "mlp_bias": True}, None),
+    "jamba_biases": ("jamba", {"mamba_proj_bias": True, "mamba_conv_bias": False}, None),
+    "granite4_h_rotated": ("granite4_h", {"position_embedding_type": "rope", "attention_bias": True}, None),
+    "cohere_attention_bias": ("cohere", {"attention_bias": True}, None),
+}  # fmt: skip
+# And every other fixture as it is, but for its random biases and norm weights.
+VARIANTS.update({f"{name}_as_is": (name, {}, None) for name in tiny.ARCHITECTURES})
+RANDOM = ("bias", "norm.weight", "layernorm.weight", "norm_f.weight")
+
+
+@pytest.mark.config_sweep
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_config_variant_answers_as_transformers_or_is_refused(name: str, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import torch
+    import transformers
+
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import BuildOptions, build
+    from firmware.toolchain.devkit import dev_trusted_keys, ensure_dev_key
+
+    base, options, refused = VARIANTS[name]
+    config_class, model_class, extra = tiny.ARCHITECTURES[base]
+    monkeypatch.setitem(tiny.ARCHITECTURES, name, (config_class, model_class, {**extra, **options}))
+    monkeypatch.setitem(tiny.CHAT_STYLES, name, tiny.chat_style(base))
+    monkeypatch.setitem(tiny.RANDOMIZED, name, (*tiny.RANDOMIZED.get(base, ()), *RANDOM))
+    tiny.make_tiny_hf(tmp_path / "hf", arch=name)
+    out = tmp_path / "bundle"
+    if refused is not None:
+        with pytest.raises(BundleError, match=refused):
+            build(tmp_path / "hf", out, BuildOptions(precision="fp32"), key=ensure_dev_key(), progress=lambda _: None)
+        return
+    build(tmp_path / "hf", out, BuildOptions(precision="fp32"), key=ensure_dev_key(), progress=lambda _: None)
+    bundle = firmware.load(out, dev_trusted_keys())
+    tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
+    ids = ChatTemplate(bundle.chat_template, tokenizer).prompt(CONVERSATION).ids
+    hf = getattr(transformers, model_class).from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].numpy()
+    session = ModelSession(bundle)
+    cache = session.new_cache(len(ids))
+    prefill = session.forward(cache, np.array(ids[:-1], dtype=np.int64))
+    step = session.forward(cache, np.array(ids[-1:], dtype=np.int64))
+    assert np.abs(prefill - ref[-2]).max() <= 1e-4, name
+    assert np.abs(step - ref[-1]).max() <= 1e-4, name
