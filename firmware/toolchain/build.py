@@ -195,17 +195,17 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     experts = _gguf_experts(gguf, config) if config.model_type == "mixtral" else {}
     if experts:  # the loader read a Llama (no MLP): the experts are read from the file here
         state = {k: v for k, v in state.items() if ".mlp." not in k} | experts
+    # A tied lm_head is absent from a state dict by design; anything else missing is a broken source.
+    by_design = {"lm_head.weight"} if config.tie_word_embeddings else set()
     # The loader fills a weight the file lacks with random values, and says so only here.
-    unread = [k for k in info.get("missing_keys", ()) if not (experts and ".mlp." in k)
-              and not (k == "lm_head.weight" and config.tie_word_embeddings)]  # fmt: skip
+    unread = [k for k in info.get("missing_keys", ()) if k not in by_design and not (experts and ".mlp." in k)]
     if unread:
         raise BundleError(f"{gguf}: the file has no tensors for {', '.join(sorted(unread)[:3])}"
                           f"{f' and {len(unread) - 3} more' if len(unread) > 3 else ''} (a tensor layout this "
                           "build does not read)")  # fmt: skip
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(state, strict=False)
-    # A tied lm_head is absent from the state dict by design; anything else missing is a broken source.
-    missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
+    missing = [m for m in missing if m not in by_design]
     if missing or unexpected:
         raise BundleError(f"{gguf}: weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
     plain.save_pretrained(out_dir)
@@ -805,7 +805,7 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     - options of a family's config that the export leaves out (UNEXPORTED_OPTIONS): StableLM's
       per-head query and key LayerNorms and parallel residual (StableLM 2 12B's), which the
       builder's Llama class, that builds its other models, does not; Cohere's per-head query and
-      key LayerNorms (Command R+'s); Phi's query and key LayerNorms;
+      key LayerNorms (Command R+'s); Phi's query and key LayerNorms; LFM2's convolution bias;
     - RoPE scaling other than the kinds checked against transformers (ROPE_TYPES), and scaling of
       the sliding layers' RoPE (Gemma 3 scales only its global layers'). transformers' dynamic
       NTK scaling, for one, changes the frequencies as a sequence grows past the original

@@ -702,7 +702,7 @@ def _end_layer(self: Any, layer_id: int) -> None:
 
 
 def _experts(self: Any, layer_id: int, router: Any, experts: Any, root_input: str) -> str:
-    """A layer's routed SwiGLU experts (Granite's, Jamba's: a router Parameter of [experts,
+    """A layer's routed SwiGLU experts (Granite's, Jamba's, _layer_moe's: a router Parameter of [experts,
     hidden], fused gate-and-up weights [experts, 2 x width, hidden]) as the MoE operator: the
     router, the experts' weights, the operator; its output."""
     import types
@@ -729,6 +729,31 @@ def _experts_op(self: Any, layer_id: int, root_input: str) -> str:
     return f"{name}/output_0"
 
 
+def _mlp_of(self: Any, layer_id: int, layer: Any) -> Any:
+    """A layer's feed-forward module, where transformers names it `mlp` (the builder's base class reads `moe`)."""
+    return layer.mlp
+
+
+def _layer_moe(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
+    """The builder's make_moe for transformers' fused-expert layers (Qwen3's, Mixtral's, OLMoE's,
+    Qwen2-MoE's): the MLP of a layer the config keeps dense (`mlp_only_layers`), else the routed
+    SwiGLU experts (_experts) and, where the layer has one, a shared expert gated by a sigmoid
+    (Qwen2-MoE's, as the builder's Qwen3.5 MoE class writes it)."""
+    if not hasattr(moe, "experts"):
+        self.make_mlp(layer_id, moe, root_input)
+        return
+    routed = _experts(self, layer_id, moe.gate, moe.experts, root_input)
+    if getattr(moe, "shared_expert", None) is not None:
+        from builders.qwen import Qwen35MoETextModel
+
+        shared, gate = Qwen35MoETextModel.make_shared_expert(self, layer_id, moe.shared_expert,
+                                                             moe.shared_expert_gate, root_input)  # fmt: skip
+        name = f"/model/layers.{layer_id}/moe/GatedAdd"
+        self.make_gated_add(name, routed, shared, gate, self.make_hidden_state_shape())
+        routed = f"{name}/output_0"
+    self.layernorm_attrs["skip_input"] = routed
+
+
 def qwen3_moe_layers() -> None:
     """The builder's Qwen3 class, with the layers of Qwen3's mixture-of-experts models where a
     config has experts (Qwen3-30B-A3B and the Qwen3-Coder ones): Qwen3's attention, then a router
@@ -736,7 +761,7 @@ def qwen3_moe_layers() -> None:
     operator's own routing) and SwiGLU experts, without Qwen3.5's shared expert; the layers that
     `mlp_only_layers` or `decoder_sparse_step` leave dense keep their MLP."""
     import builders
-    from builders.qwen import Qwen3Model, Qwen35MoETextModel
+    from builders.qwen import Qwen3Model
 
     if getattr(builders.Qwen3Model, "_zerolayer_moe", False):
         return
@@ -749,26 +774,10 @@ def qwen3_moe_layers() -> None:
             if self.moe_attrs["num_experts"]:
                 self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1,
                                       normalize_routing_weights=bool(config.norm_topk_prob))  # fmt: skip
-                self.moe_intermediate_size = config.moe_intermediate_size
                 self.intermediate_size = config.intermediate_size  # the dense layers' (the builder took the experts')
 
-        def get_moe_module(self, layer_id: int, layer: Any) -> Any:
-            return layer.mlp
-
-        def make_moe(self, layer_id: int, moe: Any, root_input: str) -> None:
-            if not hasattr(moe, "experts"):  # a dense layer
-                self.make_mlp(layer_id, moe, root_input)
-            else:
-                super().make_moe(layer_id, moe, root_input)
-
-        def make_moe_preprocessing(self, layer_id: int, moe: Any, root_input: str) -> None:
-            self.make_interleaved_swiglu_moe_preprocessing(layer_id, moe)
-
-        make_moe_router = Qwen35MoETextModel.make_moe_router
-
-        def make_moe_subgraph(self, layer_id: int, moe: Any, root_input: str) -> str:
-            self.layernorm_attrs["skip_input"] = _experts_op(self, layer_id, root_input)
-            return str(self.layernorm_attrs["skip_input"])
+        get_moe_module = _mlp_of
+        make_moe = _layer_moe
 
     builders.Qwen3Model = Qwen3MoeModel
 
@@ -873,23 +882,8 @@ def post_norm_layers() -> None:
                 return
             _ungated_mlp(self, layer_id, mlp, root_input)  # Arcee's, Jais 2's, Apertus's
 
-        def get_moe_module(self, layer_id: int, layer: Any) -> Any:
-            return layer.mlp  # OLMoE's and Qwen2-MoE's (the builder's base class reads `moe`)
-
-        def make_moe(self, layer_id: int, moe: Any, root_input: str) -> None:
-            if not hasattr(moe, "experts"):  # a layer that Qwen2-MoE's `mlp_only_layers` keeps dense
-                self.make_mlp(layer_id, moe, root_input)
-                return
-            routed = _experts(self, layer_id, moe.gate, moe.experts, root_input)
-            if getattr(moe, "shared_expert", None) is not None:  # Qwen2-MoE's, gated by a sigmoid, as Qwen3.5's
-                from builders.qwen import Qwen35MoETextModel
-
-                shared, gate = Qwen35MoETextModel.make_shared_expert(self, layer_id, moe.shared_expert,
-                                                                     moe.shared_expert_gate, root_input)  # fmt: skip
-                name = f"/model/layers.{layer_id}/moe/GatedAdd"
-                self.make_gated_add(name, routed, shared, gate, self.make_hidden_state_shape())
-                routed = f"{name}/output_0"
-            self.layernorm_attrs["skip_input"] = routed
+        get_moe_module = _mlp_of  # OLMoE's and Qwen2-MoE's experts
+        make_moe = _layer_moe
 
         def make_qk_norm(self, layer_id: int, attention: Any) -> None:
             if not self.whole_qk_norm:
@@ -1706,11 +1700,8 @@ def falcon_h1_layers() -> None:
             _end_layer(self, layer_id)
             return None
 
-        def get_moe_module(self, layer_id: int, layer: Any) -> Any:
-            return layer.mlp  # Mixtral's (the builder's base class reads `moe`)
-
-        def make_moe(self, layer_id: int, moe: Any, root_input: str) -> None:
-            self.layernorm_attrs["skip_input"] = _experts(self, layer_id, moe.gate, moe.experts, root_input)
+        get_moe_module = _mlp_of  # Mixtral's experts
+        make_moe = _layer_moe
 
         def make_layernorm(self, layer_id: int, layernorm: Any, skip: bool, simple: bool, location: str) -> None:
             if getattr(self, "cohere", False) and getattr(layernorm, "bias", None) is None:  # Cohere's have none

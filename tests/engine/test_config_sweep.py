@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_architectures import CONVERSATION
+from test_architectures import CONVERSATION, _hf_logits
 
 import firmware
 from appliance.engine import ModelSession
@@ -123,9 +123,8 @@ def test_a_config_variant_answers_as_transformers_or_is_refused(name: str, tmp_p
     bundle = firmware.load(out, dev_trusted_keys())
     tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
     ids = ChatTemplate(bundle.chat_template, tokenizer).prompt(CONVERSATION).ids
-    hf = getattr(transformers, model_class).from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
-    with torch.no_grad():
-        ref = hf(torch.tensor([ids])).logits[0].numpy()
+    ref = _hf_logits(getattr(transformers, model_class).from_pretrained(tmp_path / "hf", dtype=torch.float32).eval(),
+                     ids)
     session = ModelSession(bundle)
     cache = session.new_cache(len(ids))
     prefill = session.forward(cache, np.array(ids[:-1], dtype=np.int64))
