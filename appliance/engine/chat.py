@@ -180,8 +180,15 @@ class ChatTemplate:
                     raise
         ids, offsets = self.tokenizer.encode(text)
 
-        def token_at(head: str) -> int | None:
-            """The first token at or after the end of `head`, where the prompt begins with it."""
+        def start(k: int) -> int | None:
+            """Where message k begins: the first token after the first k messages, rendered alone,
+            where the prompt begins with them. A template may refuse them alone, which is no
+            client's mistake (Llama 3.1's, given tools, wants a user message after the system one;
+            Qwen3.5's a user query): that boundary is not known."""
+            try:
+                head = self.render(docs[:k], add_generation_prompt=False, **extra)
+            except InvalidRequest:
+                return None
             if not text.startswith(head):
                 return None
             return next((i for i, off in enumerate(offsets) if off >= len(head)), len(ids))
@@ -190,8 +197,7 @@ class ChatTemplate:
         # final one (that boundary is also a message's).
         answered = docs[-1]["role"] != "assistant" or "tool_calls" in docs[-1]
         last = len(docs) + answered
-        starts = {k: token_at(self.render(docs[:k], add_generation_prompt=False, **extra))
-                  for k in range(max(1, last - BOUNDARY_MESSAGES), last)}  # fmt: skip
+        starts = {k: start(k) for k in range(max(1, last - BOUNDARY_MESSAGES), last)}
         return Prompt(ids=ids, message_starts=sorted({s for s in starts.values() if s is not None}), text=text,
                       call_format=self.call_format, history_end=starts.get(len(docs)))  # fmt: skip
 
@@ -200,10 +206,12 @@ class ChatTemplate:
         user and assistant turns to alternate (Gemma's, Mistral's) refuses what the OpenAI API
         takes and clients send: two turns of one role in a row (tool results, then a question) get
         there as one turn, as the Messages API combines them; then a system message after the
-        conversation began is folded into the next user turn, as those templates fold the first."""
+        conversation began is folded into the next user turn, as those templates fold the first; and
+        where a template has no system role at all (Gemma 2's refuses one), the first too."""
         refused: InvalidRequest | None = None
         tried: list[list[dict[str, Any]]] = []
-        for candidate in (docs, _one_turn_per_role(docs), _one_turn_per_role(_late_system_folded(docs))):
+        for candidate in (docs, _one_turn_per_role(docs), _one_turn_per_role(_systems_folded(docs, first=False)),
+                          _one_turn_per_role(_systems_folded(docs, first=True))):  # fmt: skip
             if candidate in tried:
                 continue
             tried.append(candidate)
@@ -296,13 +304,13 @@ def _late_systems(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [d for d in docs[first:] if d["role"] == "system"]
 
 
-def _late_system_folded(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """System messages after the conversation began, put at the head of the next user turn (or
-    of one of their own at the end)."""
+def _systems_folded(docs: list[dict[str, Any]], first: bool) -> list[dict[str, Any]]:
+    """System messages after the conversation began (`first`: all of them), put at the head of
+    the next user turn (or of one of their own at the end)."""
     out: list[dict[str, Any]] = []
     pending: list[str] = []
     for doc in docs:
-        if doc["role"] == "system" and any(d["role"] != "system" for d in out):
+        if doc["role"] == "system" and (first or any(d["role"] != "system" for d in out)):
             pending.append(doc["content"])
             continue
         if pending and doc["role"] == "user":

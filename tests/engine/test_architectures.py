@@ -31,6 +31,7 @@ from appliance.engine.chat import ChatTemplate, Prompt
 from appliance.engine.request import TokenLogprob
 from appliance.engine.session import MASK_WIDTH_STEP
 from appliance.engine.tokenizer import TextTokenizer
+from appliance.engine.tools import OutputRules, PastCall, Tool
 from firmware.toolchain.build import UNEXPORTED_OPTIONS
 from firmware.toolchain.tiny import ARCHITECTURES, tiny_bundle, tiny_hf_dir
 
@@ -41,6 +42,8 @@ CONVERSATION = (
     Message("user", "And what does break do inside a while loop with an else clause?"),
 )
 SHORT = (Message("user", "What does the with statement do?"),)
+WEATHER = Tool("get_weather", "The weather in a city now.",
+               {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
 
 
 @pytest.fixture(scope="module", params=OTHERS)
@@ -367,19 +370,15 @@ def test_a_template_that_takes_tools_gets_them_as_transformers_passes_them() -> 
     default one); ours renders it from the request's tools as apply_chat_template(tools=...) does."""
     from transformers import AutoTokenizer
 
-    from appliance.engine.tools import OutputRules, Tool
-
-    weather = Tool("get_weather", "The weather in a city now.",
-                   {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})  # fmt: skip
     template = _folder_template("qwen2")
     assert template.takes_tools
     hf = AutoTokenizer.from_pretrained(tiny_hf_dir("qwen2"))
     for system in (None, "You answer in one short sentence."):
-        prompt = template.prompt(CONVERSATION, system=system, output=OutputRules(tools=(weather,)))
+        prompt = template.prompt(CONVERSATION, system=system, output=OutputRules(tools=(WEATHER,)))
         docs = ([{"role": "system", "content": system}] if system else []) + [
             {"role": m.role, "content": m.content} for m in CONVERSATION
         ]
-        assert prompt.ids == hf_chat_ids(hf, docs, tools=[weather.as_function()])
+        assert prompt.ids == hf_chat_ids(hf, docs, tools=[WEATHER.as_function()])
         assert '"name": "get_weather"' in prompt.text and "<tools>" in prompt.text
 
 
@@ -389,17 +388,13 @@ def test_a_template_that_takes_tools_gets_them_as_transformers_passes_them() -> 
 def test_earlier_calls_and_results_reach_a_model_as_its_template_writes_calls_and_tool_messages(name: str) -> None:
     from transformers import AutoTokenizer
 
-    from appliance.engine.tools import OutputRules, PastCall, Tool
-
-    weather = Tool("get_weather", "The weather in a city now.",
-                   {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})  # fmt: skip
     thought = "Two cities: two calls."  # gpt-oss's template shows it before the call (the others, not)
     turns = (Message("user", "Weather in Paris and Rome?"),
              Message("assistant", "", (PastCall("get_weather", '{"city": "Paris"}'),
                                        PastCall("get_weather", '{"city": "Rome"}')), thought=thought),
              Message("user", "", results=(("18 C", False), ("down", True))))  # fmt: skip
     template = _folder_template(name)
-    prompt = template.prompt(turns, output=OutputRules(tools=(weather,)))
+    prompt = template.prompt(turns, output=OutputRules(tools=(WEATHER,)))
     calls = [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
              for city in ("Paris", "Rome")]  # fmt: skip
     docs = [{"role": "user", "content": "Weather in Paris and Rome?"},
@@ -409,7 +404,7 @@ def test_earlier_calls_and_results_reach_a_model_as_its_template_writes_calls_an
         docs[1] = {"role": "assistant", "content": '<|tool_call_start|>[get_weather(city="Paris"), '
                                                   'get_weather(city="Rome")]<|tool_call_end|>'}  # fmt: skip
     hf = AutoTokenizer.from_pretrained(tiny_hf_dir(name))
-    assert prompt.ids == hf_chat_ids(hf, docs, tools=[weather.as_function()])
+    assert prompt.ids == hf_chat_ids(hf, docs, tools=[WEATHER.as_function()])
     assert (f"<|channel|>analysis<|message|>{thought}<|end|>" in prompt.text) == (name == "gpt_oss")
     if name == "gpt_oss":  # its template refuses a thought beside text and a call: the thought is left out
         said = template.prompt((turns[0], dataclasses.replace(turns[1], content="Checking."), turns[2]))
@@ -450,23 +445,21 @@ ONE_CALL_A_TURN = (
 
 
 def test_earlier_calls_a_template_refuses_as_tool_calls_reach_it_as_text_in_its_format() -> None:
-    from appliance.engine.tools import LLAMA3_JSON, OutputRules, PastCall, Tool
+    from appliance.engine.tools import LLAMA3_JSON
 
     template = ChatTemplate(ONE_CALL_A_TURN, _folder_template("llama").tokenizer)
     assert template.takes_tool_calls and template.call_format is LLAMA3_JSON
-    weather = Tool("get_weather", "The weather in a city now.", {"type": "object"})
     paris, rome = PastCall("get_weather", '{"city": "Paris"}'), PastCall("get_weather", '{"city": "Rome"}')
     for calls, written in (((paris,), '<|assistant|>{"name": "get_weather", "parameters": {"city": "Paris"}}<|end|>'),
                            ((paris, rome), '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
                                            '{"name": "get_weather", "parameters": {"city": "Rome"}}')):  # fmt: skip
         turns = (Message("user", "Weather?"), Message("assistant", "", calls, thought="Two cities."))
-        assert written in template.prompt((*turns, Message("user", "And?")), output=OutputRules((weather,))).text
+        assert written in template.prompt((*turns, Message("user", "And?")), output=OutputRules((WEATHER,))).text
 
 
 @pytest.mark.parametrize("name", ["gemma3", "mistral"])
 def test_a_template_that_wants_roles_to_alternate_gets_turns_of_one_role_as_one(name: str) -> None:
     from appliance.engine.errors import InvalidRequest
-    from appliance.engine.tools import PastCall
 
     template = _folder_template(name)
     two = template.prompt((Message("user", "Here is the context."), Message("user", "What now?")))
@@ -488,6 +481,53 @@ def test_a_system_message_later_on_is_where_the_template_puts_it_or_heads_the_ne
     text = template.prompt((*hello, Message("system", "Answer in French."), Message("user", "And now?"))).text
     folded = template.prompt((*hello, Message("user", "Answer in French.\n\nAnd now?"))).text
     assert "Answer in French." in text and (text == folded) != in_place
+
+
+# Gemma 2's template as published (abridged): no system role, and it says so.
+NO_SYSTEM_ROLE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{{ '<start_of_turn>' + message['role'] + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+
+def test_a_template_without_a_system_role_gets_system_prompts_at_the_head_of_the_next_user_turn() -> None:
+    """Gemma 2's refused every request with a system prompt (or tools, which reach it in one)."""
+    template = ChatTemplate(NO_SYSTEM_ROLE, _folder_template("llama").tokenizer)
+    turns = (Message("user", "Hi."), Message("assistant", "Hello."), Message("system", "In French."),
+             Message("user", "And now?"))  # fmt: skip
+    assert template.prompt(turns, system="Be brief.").text == template.prompt(
+        (Message("user", "Be brief.\n\nHi."), turns[1], Message("user", "In French.\n\nAnd now?"))).text
+    assert "get_weather" in template.prompt(SHORT, output=OutputRules(tools=(WEATHER,))).text
+
+
+# Llama 3.1's way with tools (abridged): they go in the first user message, and the template refuses
+# a conversation without one, as it refuses the system message alone.
+TOOLS_IN_THE_FIRST_USER_MESSAGE = (
+    "{%- if messages[0]['role'] == 'system' %}{%- set system = messages[0]['content'] %}"
+    "{%- set messages = messages[1:] %}{%- else %}{%- set system = '' %}{%- endif %}"
+    "{{- '<|system|>' + system + '<|end|>' }}{%- if tools %}{%- if messages | length == 0 %}"
+    "{{- raise_exception(\"Cannot put tools in the first user message when there's no first user message!\") }}"
+    "{%- endif %}{{- '<|user|>' + (tools | tojson) + messages[0]['content'] + '<|end|>' }}"
+    "{%- set messages = messages[1:] %}{%- endif %}"
+    "{%- for message in messages %}{{- '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>' }}{%- endif %}"
+)
+
+
+def test_a_template_that_refuses_the_conversation_s_first_messages_alone_still_renders_it_whole() -> None:
+    """Message boundaries come from rendering the conversation's first messages alone; Llama
+    3.1's template refuses the system message alone when there are tools, and every request
+    with both was refused for it. Where the system message ends is not known; where each of the
+    others does is."""
+    template = ChatTemplate(TOOLS_IN_THE_FIRST_USER_MESSAGE, _folder_template("llama").tokenizer)
+    prompt = template.prompt(CONVERSATION, system="Be brief.", output=OutputRules(tools=(WEATHER,)))
+    assert "Be brief." in prompt.text and "get_weather" in prompt.text
+    ends = [len(template.tokenizer.encode(prompt.text[:prompt.text.index(said) + len(said) + len("<|end|>")])[0])
+            for said in (m.content for m in CONVERSATION)]  # fmt: skip
+    assert prompt.message_starts == ends
 
 
 # What newer templates use of transformers' environment beyond the families' own templates.
