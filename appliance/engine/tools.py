@@ -14,8 +14,9 @@ message of its own on the commentary channel, ` to=functions.get_weather
 <|constrain|>json<|message|>{...}` after the channel's name (its header is the thought split's:
 reasoning.py), Qwen3.5's and Qwen3-Coder's XML, each argument an element whose text is its value
 (`QWEN_XML`), LFM2's Python calls, `<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>`
-(`CallFormat.python`), or Nemotron Nano 2's list between its tags, `<TOOLCALL>[{"name":
-"get_weather", "arguments": {...}}]</TOOLCALL>`. A model that would write a call its own way and is
+(`CallFormat.python`), Nemotron Nano 2's list between its tags, `<TOOLCALL>[{"name":
+"get_weather", "arguments": {...}}]</TOOLCALL>`, or Apertus' between its tokens, each call keyed by
+its name: `<|tools_prefix|>[{"get_weather": {...}}]<|tools_suffix|>`. A model that would write a call its own way and is
 held to another answers in text instead, in `auto`. Earlier calls reach the template as `tool_calls`
 where it renders them, else as text in the same format; their results in the template's tool turn or
 as Hermes' `<tool_response>` blocks (chat.py). The tools reach the model through the chat template
@@ -126,10 +127,14 @@ PARAM_OPEN = "<parameter="
 # without Qwen's newlines around their values:
 #   <seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>\n</seed:tool_call>
 SEED_CALL = ("<seed:tool_call>", "</seed:tool_call>")
-# LFM2's templates list the tools between special tokens; its models write a turn's calls as a
-# Python list of calls between two more: <|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>.
+# LFM2's templates list the tools (between special tokens, or LFM2.5-Instruct's without them); its
+# models write a turn's calls as a Python list of calls between two more special tokens:
+#   <|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>
 PYTHON_CALLS = ("<|tool_call_start|>", "<|tool_call_end|>")
-PYTHON_TOOL_LIST = "<|tool_list_start|>"
+PYTHON_TOOL_LISTS = ("<|tool_list_start|>", "List of tools: [")
+# Swiss AI's Apertus lists a turn's calls between two special tokens, each call an object whose one
+# key is the tool's name: <|tools_prefix|>[{"get_weather": {"city": "Paris"}}]<|tools_suffix|>.
+APERTUS_CALLS = ("<|tools_prefix|>", "<|tools_suffix|>")
 # gpt-oss writes `<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{...}`,
 # one call a turn (<|call|> ends the turn: the caller runs it and sends its result back).
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>")
@@ -171,9 +176,13 @@ def call_format(template: str, token_id: Callable[[str], int | None],
         return CallFormat("gemma4", opens, opens + "call:", "", closes, "", gemma=True,
                           specials=((opens, open_id), (closes, close_id), (quote, quote_id)))  # fmt: skip
     (opens, closes), (open_id, close_id) = PYTHON_CALLS, (token_id(t) for t in PYTHON_CALLS)
-    if open_id is not None and close_id is not None and (opens in template or PYTHON_TOOL_LIST in template):
+    if open_id is not None and close_id is not None and any(t in template for t in (opens, *PYTHON_TOOL_LISTS)):
         return CallFormat("python", opens, "", "(", ")", ", ", open="[", end="]" + closes, marker=opens,
                           specials=((opens, open_id), (closes, close_id)), python=True)  # fmt: skip
+    (opens, closes), (open_id, close_id) = APERTUS_CALLS, (token_id(t) for t in APERTUS_CALLS)
+    if open_id is not None and close_id is not None and opens in template:
+        return CallFormat("apertus", opens, '{"', '": ', "}", ", ", open="[", end="]" + closes, marker=opens,
+                          specials=((opens, open_id), (closes, close_id)))  # fmt: skip
     marker, args = MISTRAL_ARGS
     marker_id, args_id = token_id(marker), token_id(args)
     if marker_id is not None and args_id is not None and marker in template and args in template:

@@ -488,6 +488,31 @@ LFM2_CHAT_TEMPLATE = (
     '{{- content + "<|im_end|>\n" -}}{%- endfor -%}'
     '{%- if add_generation_prompt -%}{{- "<|im_start|>assistant\n" -}}{%- endif -%}'
 )
+# Apertus' template (abridged: its tools as JSON, not TypeScript): a developer turn declares the
+# tools; an assistant turn writes its calls between two special tokens, each call an object keyed by
+# the tool's name, and their results follow them in the same turn as a list.
+APERTUS_CHAT_TEMPLATE = (
+    "{{- bos_token -}}{%- if messages and messages[0].role == 'system' -%}"
+    "{{ '<|system_start|>' + messages[0].content + '<|system_end|>' }}{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{{ '<|system_start|>You are Apertus, a helpful assistant.<|system_end|>' }}"
+    "{%- set loop_messages = messages -%}{%- endif -%}{{ '<|developer_start|>Deliberation: disabled\n' }}"
+    "{%- if tools -%}{{ 'Tool Capabilities:\n' }}{%- for tool in tools -%}{{ tool.function | tojson + '\n' }}"
+    "{%- endfor -%}{%- else -%}{{ 'Tool Capabilities: disabled' }}{%- endif -%}{{ '<|developer_end|>' }}"
+    "{%- set ns = namespace(in_assistant=false, in_tool=false) -%}{%- for message in loop_messages -%}"
+    "{%- if message.role == 'user' -%}{%- if ns.in_tool -%}{{ ']' }}{%- set ns.in_tool = false -%}{%- endif -%}"
+    "{%- if ns.in_assistant -%}{{ '<|assistant_end|>' }}{%- set ns.in_assistant = false -%}{%- endif -%}"
+    "{{ '<|user_start|>' + message.content + '<|user_end|>' }}{%- elif message.role == 'assistant' -%}"
+    "{%- if not ns.in_assistant -%}{{ '<|assistant_start|>' }}{%- set ns.in_assistant = true -%}{%- endif -%}"
+    "{%- if ns.in_tool -%}{{ ']' }}{%- set ns.in_tool = false -%}{%- endif -%}{{ message.content }}"
+    "{%- if message.tool_calls -%}{{ '<|tools_prefix|>[' }}{%- for call in message.tool_calls -%}"
+    "{{ '{\"' + call.function.name + '\": ' + call.function.arguments | tojson + '}' }}"
+    "{%- if not loop.last -%}{{ ', ' }}{%- endif -%}{%- endfor -%}{{ ']<|tools_suffix|>' }}{%- endif -%}"
+    "{%- elif message.role == 'tool' -%}{%- if not ns.in_assistant -%}"
+    "{{ raise_exception('Tool message outside of assistant') }}{%- endif -%}{%- if not ns.in_tool -%}{{ '[' }}"
+    "{%- set ns.in_tool = true -%}{%- else -%}{{ ', ' }}{%- endif -%}{{ message.content }}{%- endif -%}"
+    "{%- endfor -%}{%- if ns.in_tool -%}{{ ']' }}{%- endif -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant_start|>' }}{%- endif -%}"
+)
 # Phi-3.5-mini-instruct's template, as published.
 PHI3_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
@@ -693,6 +718,10 @@ LFM2_TURNS = ChatStyle(LFM2_CHAT_TEMPLATE, ("<|pad|>", "<|startoftext|>", "<|end
                                             "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
                                             "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>"),
                        "<|startoftext|>", "<|im_end|>")  # fmt: skip
+APERTUS_TURNS = ChatStyle(APERTUS_CHAT_TEMPLATE, ("<pad>", "<s>", "<|system_start|>", "<|system_end|>",
+                                                 "<|developer_start|>", "<|developer_end|>", "<|user_start|>",
+                                                 "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
+                                                 "<|tools_prefix|>", "<|tools_suffix|>"), "<s>", "<|assistant_end|>")
 QWEN35_TURNS = ChatStyle(QWEN35_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>"))
 MISTRAL_TURNS = ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]",
                                                  "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
@@ -729,6 +758,8 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "lfm2": LFM2_TURNS,
     "lfm3": LFM2_TURNS,
     "seed_oss": SEED_TURNS,
+    # Apertus lists a turn's calls between its own tokens, each keyed by its tool's name.
+    "apertus": APERTUS_TURNS,
     "nemotron_h": NEMOTRON_H_TURNS,
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",
                                                  "<|message|>", "<|end|>", "<|return|>", "<|constrain|>", "<|call|>"),

@@ -144,6 +144,30 @@ def test_nemotron_calls_are_read_between_its_tags_as_text_or_as_special_tokens(c
     assert _parse(format_calls(calls, special), chunk, fmt=special)[1:] == (_parse(written, chunk, fmt=text)[1:])
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_apertus_calls_are_read_keyed_by_their_names_between_its_tokens(chunk: int) -> None:
+    from firmware.toolchain.tiny import APERTUS_CHAT_TEMPLATE
+
+    fmt = call_format(APERTUS_CHAT_TEMPLATE, {"<|tools_prefix|>": 20, "<|tools_suffix|>": 21}.get)
+    paris = '{"city": "Paris", "unit": "c"}'
+    written = format_calls([PastCall("get_weather", paris), PastCall("get_time", "{}")], fmt)
+    assert (fmt.name, fmt.marker_id) == ("apertus", 20)
+    assert written == f'<|tools_prefix|>[{{"get_weather": {paris}}}, {{"get_time": {{}}}}]<|tools_suffix|>'
+    assert _parse(written, chunk, fmt=fmt) == ("", [("get_weather", paris), ("get_time", "{}")], 2)
+    # Without the marker, what looks like calls is text (the grammar allows no such text anyway).
+    assert _parse('[{"a": {}}] is a list', chunk, fmt=fmt) == ('[{"a": {}}] is a list', [], 0)
+    assert call_format(APERTUS_CHAT_TEMPLATE, {}.get) is HERMES  # no such tokens
+
+
+def test_lfm2_5_s_template_lists_tools_without_lfm2_s_tokens_and_its_model_writes_python_calls() -> None:
+    """LFM2.5-Instruct's template lists the tools as "List of tools: [...]" with no special token
+    around them (LFM2's has <|tool_list_start|>); its model writes LFM2's Python calls all the same."""
+    lfm25 = '{%- if tools -%}{{ "<|im_start|>system\nList of tools: [" + (tools | map("tojson") | join(", ")) + "]" }}'
+    ids = {"<|tool_call_start|>": 10, "<|tool_call_end|>": 11}
+    assert call_format(lfm25, ids.get).name == "python"
+    assert call_format(lfm25, {}.get) is HERMES  # a vocabulary without LFM2's call tokens: not LFM2's
+
+
 def test_a_tag_the_tokenizer_decodes_as_text_is_text_to_the_grammar(trusted_keys: Path) -> None:
     """llguidance takes every added token written as a tag for a special one; Nemotron's <TOOLCALL>
     and Qwen's <tool_call> decode as text. A grammar whose text begins with one forced that token
@@ -913,6 +937,9 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
     ("seed_oss", "seed_xml", '{"type": "function", "function": {"name": "get_weather"',
      "<seed:bos>assistant\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
      "<parameter=unit>c</parameter>\n</function>\n</seed:tool_call><seed:eos>", "<seed:bos>tool\n18 C<seed:eos>"),
+    ("apertus", "apertus", 'Tool Capabilities:\n{"name": "get_weather"',  # the results in the turn of the calls
+     '<|assistant_start|><|tools_prefix|>[{"get_weather": {"city": "Paris", "unit": "c"}}]<|tools_suffix|>',
+     "<|tools_suffix|>[18 C]<|assistant_start|>"),
     ("nemotron_h", "nemotron", '<AVAILABLE_TOOLS>[{"name": "get_weather"',
      '<SPECIAL_11>Assistant\n<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]'
      "</TOOLCALL>\n<SPECIAL_12>", "<SPECIAL_11>User\n<TOOL_RESPONSE>[18 C]</TOOL_RESPONSE>"),
