@@ -110,18 +110,23 @@ def test_the_tags_are_found_where_the_vocabulary_has_them_and_the_template_write
     assert ThinkTags.of(tok, "{{ messages }}") is None  # a template that never writes them
 
 
-def test_magistral_tags_are_found_as_well(engine: Engine, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("open_tag", "close_tag", "template"), [
+    ("[THINK]", "[/THINK]", "{{ system }}Write your thought between [THINK] and [/THINK]."),  # Magistral
+    ("<|inner_prefix|>", "<|inner_suffix|>", "{%- set inner_token = '<|inner_prefix|>' -%}"),  # Apertus' deliberation
+    ("<|START_THINKING|>", "<|END_THINKING|>", "{{ '<|START_THINKING|>' + message.tool_plan }}"),  # Command R7B's
+])  # fmt: skip
+def test_other_families_tags_are_found_as_well(engine: Engine, tmp_path: Path, open_tag: str, close_tag: str,
+                                               template: str) -> None:  # fmt: skip
     from tokenizers import Tokenizer
 
     from appliance.engine.tokenizer import TextTokenizer
 
     vocab = Tokenizer.from_file(str(engine.bundle.tokenizer_path))
-    vocab.add_special_tokens(["[THINK]", "[/THINK]"])
+    vocab.add_special_tokens([open_tag, close_tag])
     vocab.save(str(tmp_path / "tokenizer.json"))
     tok = TextTokenizer(tmp_path / "tokenizer.json", tmp_path / "absent.json")
-    template = "{{ system }}Write your thought between [THINK] and [/THINK]."
     tags = ThinkTags.of(tok, template)
-    assert tags is not None and (tags.open_id, tags.close_id) == (tok.token_id("[THINK]"), tok.token_id("[/THINK]"))
+    assert tags is not None and (tags.open_id, tags.close_id) == (tok.token_id(open_tag), tok.token_id(close_tag))
     assert tok.encode("\n\n")[0][0] in tags.blank_ids
 
 
