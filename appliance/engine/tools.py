@@ -14,16 +14,16 @@ message of its own on the commentary channel, ` to=functions.get_weather
 <|constrain|>json<|message|>{...}` after the channel's name (its header is the thought split's:
 reasoning.py), Qwen3.5's and Qwen3-Coder's XML, each argument an element whose text is its value
 (`QWEN_XML`), LFM2's Python calls, `<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>`
-(`CallFormat.python`), Nemotron Nano 2's list between its tags, `<TOOLCALL>[{"name":
-"get_weather", "arguments": {...}}]</TOOLCALL>`, or Apertus' between its tokens, each call keyed by
-its name: `<|tools_prefix|>[{"get_weather": {...}}]<|tools_suffix|>`. A model that would write a call its own way and is
-held to another answers in text instead, in `auto`. Earlier calls reach the template as `tool_calls`
-where it renders them, else as text in the same format; their results in the template's tool turn or
-as Hermes' `<tool_response>` blocks (chat.py). The tools reach the model through the chat template
-(when it takes `tools`) or a system block of ours (which asks for the Hermes format), and the output
-is held to a grammar built from the request: free text, a JSON schema, or calls whose names and
-arguments are those the tools allow. So a parser that expects exactly that format (`CallParser`) is
-enough to turn the output back into calls, even on a 135M model.
+(`CallFormat.python`), Nemotron Nano 2's list between its tags, `<TOOLCALL>[{"name": "get_weather",
+"arguments": {...}}]</TOOLCALL>`, or Apertus' between its tokens, each call keyed by its name:
+`<|tools_prefix|>[{"get_weather": {...}}]<|tools_suffix|>`. A model that would write a call its own
+way and is held to another answers in text instead, in `auto`. Earlier calls reach the template as
+`tool_calls` where it renders them, else as text in the same format; their results in the template's
+tool turn or as Hermes' `<tool_response>` blocks (chat.py). The tools reach the model through the
+chat template (when it takes `tools`) or a system block of ours (which asks for the Hermes format),
+and the output is held to a grammar built from the request: free text, a JSON schema, or calls whose
+names and arguments are those the tools allow. So a parser that expects exactly that format
+(`CallParser`) is enough to turn the output back into calls, even on a 135M model.
 """
 
 from __future__ import annotations
