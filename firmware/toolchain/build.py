@@ -168,7 +168,7 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     """Dequantize a GGUF checkpoint into a plain float32 Hugging Face folder.
 
     transformers loads a GGUF but refuses save_pretrained on it, so the weights are moved into a
-    fresh model built from the same config with the quantization config dropped. What its loader
+    fresh model of the same config with the quantization config dropped. What its loader
     leaves out of the config, though the file states it, is put back first (_restore_gguf_config),
     and a byte-level tokenizer is kept byte-level (_keep_byte_level_tokenizer).
     """
@@ -203,11 +203,16 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
         raise BundleError(f"{gguf}: the file has no tensors for {', '.join(sorted(unread)[:3])}"
                           f"{f' and {len(unread) - 3} more' if len(unread) > 3 else ''} (a tensor layout this "
                           "build does not read)")  # fmt: skip
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = plain.load_state_dict(state, strict=False)
+    # The fresh model is made without weights (on the meta device) and takes the loaded tensors as
+    # they are: no second copy of the model, nor a random initialization of one, which a 1B model's
+    # build paid in gigabytes and minutes.
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(state, strict=False, assign=True)
     missing = [m for m in missing if m not in by_design]
     if missing or unexpected:
         raise BundleError(f"{gguf}: weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    plain.tie_weights()  # a tied LM head: the embeddings, not a weight left on the meta device
     plain.save_pretrained(out_dir)
 
 
