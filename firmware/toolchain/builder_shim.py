@@ -181,6 +181,11 @@ shared MLP only (a Mamba layer has no `self_attn`):
   MLP, which the class left out (a tiny one was 1.4 off without them): the router (softmax of the
   top k, the MoE operator's renormalized routing: 0.016 off without) and SwiGLU experts, as for
   Qwen3's mixture-of-experts models. A tiny one matches transformers to 3.6e-7; int8 0.019.
+- `granite_moe_as_granite4`: Granite 3.x's mixture-of-experts models (GraniteMoeForCausalLM,
+  GraniteMoeSharedForCausalLM) go to the same class, their layers all attention with RoPE; a layer
+  without a shared MLP gets Granite's layer with the experts as its MLP. Tiny ones match
+  transformers to 8.6e-7 and, with the shared MLP, 7.5e-7 (0.54 off with the top k's weights not
+  renormalized); int8 0.021 and 0.029.
 
 NVIDIA's Nemotron-H (NemotronHForCausalLM: Nemotron Nano 2, Nemotron-H 4B and 8B) has no class in
 the builder:
@@ -417,6 +422,19 @@ def _no_rope_table(config: Any) -> None:
         config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
 
 
+def granite_moe_as_granite4(config: Any) -> None:
+    """IBM's Granite 3.x mixture-of-experts models (GraniteMoeForCausalLM: granite-3.1-1b-a400m and
+    3b-a800m; GraniteMoeSharedForCausalLM, with a shared MLP beside the experts) go to the builder's
+    Granite 4 class, whose layers granite4_mamba_layers gives their experts: attention layers with
+    RoPE, and no shared MLP where the model has none."""
+    if getattr(config, "model_type", "") not in ("granitemoe", "granitemoeshared"):
+        return
+    config.architectures = ["GraniteMoeHybridForCausalLM"]
+    config.layer_types = ["full_attention"] * config.num_hidden_layers
+    config.position_embedding_type = "rope"
+    config.shared_intermediate_size = getattr(config, "shared_intermediate_size", 0) or 0
+
+
 def granite4_mamba_as_linear_attention(config: Any) -> None:
     if getattr(config, "model_type", "") != "granitemoehybrid" or "linear_attention" not in config.layer_types:
         return
@@ -478,7 +496,8 @@ def mixtral_as_mistral(config: Any) -> None:
 
 FIXES = (attention_softcap_as_transformers, gemma4_per_layer_shapes, phi3_default_rope, longrope_type,
          gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama,
-         granite_swa_as_granite, lfm3_as_lfm2, granite4_mamba_as_linear_attention, nemotron_h_as_nemotron,
+         granite_swa_as_granite, lfm3_as_lfm2, granite_moe_as_granite4, granite4_mamba_as_linear_attention,
+         nemotron_h_as_nemotron,
          falcon_h1_as_mistral, jamba_as_mistral, cohere_as_mistral, mixtral_as_mistral)  # fmt: skip
 
 
@@ -1532,7 +1551,7 @@ def _make_mamba1(self: Any, layer_id: int, mamba: Any, root_input: str) -> None:
 def granite4_mamba_layers() -> None:
     """The builder's Granite 4 class, with the Mamba 2 layers of Granite 4.0-H (the hybrids) and
     attention without RoPE where the config says so (their `position_embedding_type` "nope")."""
-    from builders.granite import GraniteMoEHybridModel
+    from builders.granite import GraniteModel, GraniteMoEHybridModel
 
     def make_init(init: Any) -> Any:
         def keeping_position_type(self: Any, config: Any, *args: Any) -> None:
@@ -1545,9 +1564,13 @@ def granite4_mamba_layers() -> None:
 
     def make_mlp(make_mlp: Any) -> Any:
         def shared_and_experts(self: Any, layer_id: int, mlp: Any, root_input: str) -> None:
-            """transformers' GraniteMoeHybridDecoderLayer: the experts' output plus the shared MLP's."""
-            make_mlp(self, layer_id, mlp, root_input)
+            """transformers' GraniteMoeHybridDecoderLayer: the experts' output plus the shared MLP's
+            (Granite 3.x MoE's GraniteMoeDecoderLayer: the experts' alone)."""
             moe = getattr(self.current_layer, "block_sparse_moe", None)
+            if mlp is moe:
+                self.layernorm_attrs["skip_input"] = _experts(self, layer_id, moe.router, moe.experts, root_input)
+                return
+            make_mlp(self, layer_id, mlp, root_input)
             if moe is None:
                 return
             _add_to_skip(self, f"/model/layers.{layer_id}/moe/Add", _experts(self, layer_id, moe.router, moe.experts,
@@ -1558,7 +1581,11 @@ def granite4_mamba_layers() -> None:
     def make_layer(make_layer: Any) -> Any:
         def keeping_layer(self: Any, layer_id: int, layer: Any) -> None:
             self.current_layer = layer
-            make_layer(self, layer_id, layer)
+            if hasattr(layer, "shared_mlp"):
+                make_layer(self, layer_id, layer)
+            else:  # Granite 3.x MoE's layer: Granite's, its experts as its MLP (the class reads the shared one)
+                layer.mlp = layer.block_sparse_moe
+                GraniteModel.make_layer(self, layer_id, layer)
 
         return keeping_layer
 

@@ -221,6 +221,16 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "layer_types": ["attention", "attention"], "num_key_value_heads": 1, "num_local_experts": 0,
         "shared_intermediate_size": 128, "position_embedding_type": "rope", "embedding_multiplier": 12.0,
         "logits_scaling": 4.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125}),
+    # IBM's Granite 3.x mixture-of-experts models (granite-3.1-1b-a400m, 3b-a800m): Granite's multipliers
+    # and attention with RoPE; each layer's MLP SwiGLU experts (top 2 of 4), no shared one.
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", {
+        "num_key_value_heads": 1, "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+        "embedding_multiplier": 12.0, "logits_scaling": 4.0, "residual_multiplier": 0.22, "attention_multiplier": 0.1}),
+    # And with a shared SwiGLU MLP beside the experts (GraniteMoeShared).
+    "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", {
+        "num_key_value_heads": 1, "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+        "shared_intermediate_size": 48, "embedding_multiplier": 12.0, "logits_scaling": 4.0,
+        "residual_multiplier": 0.22, "attention_multiplier": 0.1}),
     # Qwen2.5-VL's and Qwen3-VL's image-and-text checkpoints (the vision tower left out of the export):
     # multimodal RoPE over three position planes (Qwen3-VL's interleaved, with query and key norms).
     "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", {
@@ -362,7 +372,8 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "qwen3_moe_dense", "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified",
                "arcee", "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5",
                "granite4_h", "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus",
-               "cohere", "cohere2", "olmoe", "qwen2_moe")
+               "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
+               "granitemoeshared")
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -776,6 +787,8 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "granite4_h": ("mamba.D", "mamba.dt_bias", "mamba.norm.weight",
                                                          "conv1d.bias", "q_proj.weight", "k_proj.weight"),
                                           "granite4_moe": ("experts.gate_up_proj", "experts.down_proj"),
+                                          "granitemoe": ("experts.gate_up_proj", "experts.down_proj"),
+                                          "granitemoeshared": ("experts.gate_up_proj", "experts.down_proj"),
                                           "jais2": ("_proj.bias", "layernorm.bias", "norm.bias"),
                                           "apertus": ("act_fn.alpha_p", "act_fn.alpha_n"),
                                           "cohere": ("q_proj.weight", "k_proj.weight"),

@@ -100,6 +100,20 @@ def test_mixtral_goes_to_the_mistral_class() -> None:
     assert config.architectures == ["MistralForCausalLM"]
 
 
+def test_granite_3_moe_goes_to_the_granite_4_class_with_rope_and_its_shared_mlp_where_it_has_one() -> None:
+    for config, shared in ((transformers.GraniteMoeConfig(**SHAPE, architectures=["GraniteMoeForCausalLM"]), 0),
+                           (transformers.GraniteMoeSharedConfig(**SHAPE, shared_intermediate_size=48,
+                                                                architectures=["GraniteMoeSharedForCausalLM"]), 48)):
+        builder_shim.granite_moe_as_granite4(config)
+        assert config.architectures == ["GraniteMoeHybridForCausalLM"]
+        assert config.layer_types == ["full_attention"] * config.num_hidden_layers
+        assert (config.position_embedding_type, config.shared_intermediate_size) == ("rope", shared)
+    granite4 = transformers.GraniteMoeHybridConfig(**SHAPE, architectures=["GraniteMoeHybridForCausalLM"],
+                                                   position_embedding_type="nope")  # fmt: skip
+    builder_shim.granite_moe_as_granite4(granite4)
+    assert granite4.position_embedding_type == "nope"  # Granite 4's own config is its own
+
+
 def test_an_attention_cap_is_kept_only_where_transformers_applies_it() -> None:
     gemma3 = transformers.Gemma3TextConfig(**SHAPE, attn_logit_softcapping=5.0)
     builder_shim.attention_softcap_as_transformers(gemma3)
