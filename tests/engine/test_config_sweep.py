@@ -70,6 +70,8 @@ VARIANTS: dict[str, Variant] = {
     "gemma3_attention_bias": ("gemma3", {"attention_bias": True}, None),
     "granite_tied": ("granite", {"tie_word_embeddings": True, "num_key_value_heads": 1}, None),
     "granite_biases": ("granite", {"attention_bias": True, "mlp_bias": True}, None),
+    "granitemoe_untied_biases": ("granitemoe", {"tie_word_embeddings": False, "attention_bias": True}, None),
+    "granitemoe_top1": ("granitemoeshared", {"num_experts_per_tok": 1, "num_key_value_heads": 4}, None),
     "gpt_oss_limit": ("gpt_oss", {"swiglu_limit": 7.0, "num_key_value_heads": 1}, None),
     "hunyuan_biases": ("hunyuan", {"num_key_value_heads": 1, "attention_bias": True}, None),
     "exaone4_global": ("exaone4", {"layer_types": ["full_attention", "full_attention"], "sliding_window": None},
