@@ -247,7 +247,8 @@ def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
 
 # The GGUF architectures (llama.cpp's names) the build is checked on, each written as llama.cpp writes
 # it (tiny_gguf.GGUF_ARCHITECTURES): others may load through transformers' loader, or may not.
-GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "nemotron", "lfm2")
+GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "nemotron", "lfm2", "qwen35",
+                "qwen35moe")
 
 
 def _gguf_hint(gguf: Path) -> str:
@@ -318,6 +319,9 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
       10000, which Gemma 3's checkpoints use.
     - Gemma 3's linear RoPE scaling of the global layers (rope.scaling.type and factor, as
       Gemma 3 4B, 12B and 27B have): dropped, leaving their positions unscaled.
+    - Qwen3.5's layer pattern (attention.recurrent_layers: which layers are linear attention): made
+      from `full_attention_interval` instead, which the published models follow (every fourth layer
+      full) and a file need not (its tensors were then not found).
     """
     from transformers import AutoConfig
 
@@ -379,6 +383,9 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
             full = dict(rope.get("full_attention") or {})
             full.update(rope_type="linear", factor=float(key("rope.scaling.factor")))
             rope["full_attention"], doc["rope_parameters"] = full, rope
+        changed = True
+    if arch in ("qwen35", "qwen35moe") and isinstance(key("attention.recurrent_layers"), list):
+        doc["layer_types"] = ["linear_attention" if r else "full_attention" for r in key("attention.recurrent_layers")]
         changed = True
     if not changed:
         return config
@@ -678,6 +685,7 @@ FEED_FORWARD_KINDS = {"mlp": ("NemotronHForCausalLM",)}
 # request instead of keys and values (session.KVSlots): Qwen3.5's gated delta-net layers, LFM2's
 # short convolutions, the Mamba layers of Granite 4.0-H, Nemotron-H, Falcon-H1 and Jamba (builder_shim).
 RECURRENT_KINDS = {"linear_attention": ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+                                        "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                                         "GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "FalconH1ForCausalLM",
                                         "JambaForCausalLM"),
                    "conv": ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration",

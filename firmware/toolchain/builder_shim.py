@@ -83,12 +83,21 @@ And one to how the builder finds the LM head:
   vocabulary (512 both) had its logits computed from a layer's MLP input, 3.1 off transformers
   from the first position. Only the model's own `lm_head` is taken.
 
-And two to Qwen3.5:
+And four to Qwen3.5:
 
 - `qwen35_text_positions`: the builder gives Qwen3.5 a position input of three rows (multimodal
   RoPE: time, height and width), then hands it to RoPE operators that take one: no Qwen3.5 export
   could run a single token. Text has the same position on all three, which is plain RoPE, so the
   input is the usual one row per sequence.
+- `qwen35_rope_as_text`: its published configs name multimodal RoPE's sections (`mrope_section`:
+  11, 11 and 10 of the 32 rotated pairs, interleaved), from which the builder writes an operator
+  that takes positions of three rows, which qwen35_text_positions gave it one of: the export was
+  refused at its load check ("position_ids is expected to have shape (3, ...)"). Text has the same
+  position on all three rows, plain RoPE over the same frequencies, so the sections are left out.
+  The tiny fixtures name them as the published configs do (1.9e-6 from transformers).
+- `qwen3_5_text_as_conditional`: its language model saved alone (Qwen3_5ForCausalLM, as a GGUF
+  file of it dequantizes) goes to the same classes, which the builder names only by the
+  image-and-text checkpoints' architectures.
 - `qwen35_l2norm_epsilon`: its linear-attention layers normalize queries and keys as
   x / sqrt(sum(x^2) + 1e-6); the builder's LpNormalization has no epsilon, and a tiny Qwen3.5 was
   4e-3 off transformers' logits from the first position (1.4e-6 with transformers' epsilon set to
@@ -400,6 +409,31 @@ def lfm3_as_lfm2(config: Any) -> None:
     config.rope_parameters = {"rope_type": "default", "rope_theta": by_type["sliding_attention"]["rope_theta"]}
 
 
+def qwen3_5_text_as_conditional(config: Any) -> None:
+    """Qwen3.5's language model saved alone (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM: what a
+    GGUF file of it dequantizes to) goes to the builder's Qwen3.5 classes, which it names only by the
+    image-and-text checkpoints' architectures (the vision tower is left out of the export anyway)."""
+    names = {"Qwen3_5ForCausalLM": "Qwen3_5ForConditionalGeneration",
+             "Qwen3_5MoeForCausalLM": "Qwen3_5MoeForConditionalGeneration"}  # fmt: skip
+    first = list(getattr(config, "architectures", None) or ())[:1]
+    if first and first[0] in names:
+        config.architectures = [names[first[0]]]
+
+
+def qwen35_rope_as_text(config: Any) -> None:
+    """Qwen3.5's published configs name multimodal RoPE's sections (`mrope_section`), from which
+    the builder writes an operator that takes a position of three rows, which qwen35_text_positions
+    gave it one of: no such export could run a token. Text has the same position on all three
+    rows, which is plain RoPE over the same frequencies, so the sections are left out."""
+    if list(getattr(config, "architectures", None) or ())[:1] not in (["Qwen3_5ForConditionalGeneration"],
+                                                                     ["Qwen3_5MoeForConditionalGeneration"]):
+        return
+    text = getattr(config, "text_config", None) or config
+    rope = dict(getattr(text, "rope_parameters", None) or {})
+    if "mrope_section" in rope:
+        text.rope_parameters = {k: v for k, v in rope.items() if k not in ("mrope_section", "mrope_interleaved")}
+
+
 def qwen3_moe_as_qwen3(config: Any) -> None:
     """Qwen3's mixture-of-experts checkpoints go to the builder's Qwen3 class, which
     qwen3_moe_layers gives their experts (the builder has no class of their own)."""
@@ -495,10 +529,10 @@ def mixtral_as_mistral(config: Any) -> None:
 
 
 FIXES = (attention_softcap_as_transformers, gemma4_per_layer_shapes, phi3_default_rope, longrope_type,
-         gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon, qwen3_moe_as_qwen3, post_norm_as_llama,
-         granite_swa_as_granite, lfm3_as_lfm2, granite_moe_as_granite4, granite4_mamba_as_linear_attention,
-         nemotron_h_as_nemotron,
-         falcon_h1_as_mistral, jamba_as_mistral, cohere_as_mistral, mixtral_as_mistral)  # fmt: skip
+         gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon, qwen3_5_text_as_conditional,
+         qwen35_rope_as_text, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
+         granite_moe_as_granite4, granite4_mamba_as_linear_attention, nemotron_h_as_nemotron, falcon_h1_as_mistral,
+         jamba_as_mistral, cohere_as_mistral, mixtral_as_mistral)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:

@@ -32,7 +32,11 @@ GEMMA3_LOCAL_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 QWEN35_TINY: dict[str, Any] = {
     "text_config": {"head_dim": 32, "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
                     "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-                    "linear_conv_kernel_dim": 4},
+                    "linear_conv_kernel_dim": 4,
+                    # RoPE as the published configs give it: multimodal RoPE's sections (of the 4 rotated
+                    # pairs: the published models rotate 32 in sections of 11, 11 and 10), interleaved.
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                        "mrope_section": [2, 1, 1], "mrope_interleaved": True}},
     "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
                       "num_position_embeddings": 64},
     "image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}
@@ -368,7 +372,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
                "phi", "hunyuan", "smollm3", "gpt_oss", "gpt_oss_global", "llama_rope_linear", "qwen2_yarn",
-               "hunyuan_alpha", "qwen3_5", "qwen3_5_moe", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl",
+               "hunyuan_alpha", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl",
                "qwen3_moe_dense", "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified",
                "arcee", "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5",
                "granite4_h", "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus",

@@ -44,7 +44,9 @@ token types (special added tokens as CONTROL), merges, the special ids and the c
 
 Checked against llama.cpp's own converter where its source is cached (bench/llama_server.sh puts it
 there): the same tensors bit for bit and the same metadata but for general.* and the two keys named
-above (tests/engine/test_gguf_architectures.py).
+above (tests/engine/test_gguf_architectures.py). Qwen3.5's files (CONVERTED) are that converter's
+own: its conversion (value heads reordered, fused projections split, the decay's exponent negated,
+norms shifted) is not repeated here.
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ GGUF_ARCHITECTURES = {
     "qwen3_moe": "qwen3moe",
     "mixtral": "llama",
 }
+# Fixtures whose GGUF file llama.cpp's own converter writes (llama_cpp_convert), for families whose
+# conversion this module does not repeat: Qwen3.5's reorders its linear attention's value heads,
+# splits its fused projections, negates the exponent of its decay and shifts its norms.
+CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe"}
+GGUF_ARCHITECTURES.update(CONVERTED)
 # The names llama.cpp takes from each model card; transformers' loader reads a "llama" file as
 # Mistral only when the name is exactly "mistral", which no real Mistral file's is.
 MODEL_NAMES = {"mistral": "Tiny Mistral Instruct"}
@@ -275,6 +282,57 @@ def _fingerprint(arch: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
 
 
+# llama.cpp's own converter, run on the fixture's folder as a user would, with three stand-ins for
+# what a tiny fixture lacks: its BPE is in no table of known pre-tokenizers (llama.cpp hashes real
+# vocabularies; "gpt-2" is the split it was trained with), it has no SentencePiece model to try
+# first, and a Phi-3, a Gemma 2 and a Nemotron are read as BPE (as llama.cpp does for Phi-4-mini,
+# whose config names GPT2Tokenizer; its Gemma 2 and Nemotron converters know only SentencePiece).
+_CONVERT = """
+import sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
+import convert_hf_to_gguf
+import conversion.base as base
+import conversion.gemma as gemma
+import conversion.nemotron as nemotron
+import conversion.phi as phi
+
+def no_sentencepiece(self):
+    raise FileNotFoundError("tokenizer.model")
+
+base.TextModel._create_vocab_sentencepiece = no_sentencepiece
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()
+gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
+nemotron.NemotronModel.set_vocab = lambda self: self._set_vocab_gpt2()
+sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
+convert_hf_to_gguf.main()
+"""
+
+
+def llama_cpp_source() -> Path:
+    """llama.cpp's source, as bench/llama_server.sh fetches it (from the llama-cpp-python sdist on
+    PyPI) and caches it; fetched here the first time."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "llama_server.sh"
+    done = subprocess.run(["bash", str(script), "--source-only"], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama.cpp's source could not be fetched: {done.stderr[-2000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def llama_cpp_convert(hf_dir: Path, out: Path, *options: str) -> None:
+    """`hf_dir` written as an F32 GGUF file by llama.cpp's convert_hf_to_gguf.py, as a user would
+    run it, with its `options`."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _CONVERT, str(llama_cpp_source()), *options, "--outtype", "f32",
+                          "--outfile", str(out), str(hf_dir)], capture_output=True, text=True)  # fmt: skip
+    if run.returncode != 0:
+        raise RuntimeError(f"llama.cpp's converter failed on {hf_dir}: {run.stderr[-2000:]}")
+
+
 def tiny_gguf(arch: str = "llama") -> Path:
     """The GGUF file of the tiny fixture `arch`, written once and cached."""
     import os
@@ -287,7 +345,10 @@ def tiny_gguf(arch: str = "llama") -> Path:
     path = d / f"tiny-{arch}-{_fingerprint(arch)}.gguf"
     if not path.is_file():
         tmp = d / f".{path.name}.{os.getpid()}.tmp"
-        write_tiny_gguf(tiny_hf_dir(arch), tmp, arch)
+        if arch in CONVERTED:  # (without the multi-token prediction layer the published models have)
+            llama_cpp_convert(tiny_hf_dir(arch), tmp, "--no-mtp")
+        else:
+            write_tiny_gguf(tiny_hf_dir(arch), tmp, arch)
         tmp.rename(path)
     return path
 

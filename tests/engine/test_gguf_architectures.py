@@ -19,7 +19,7 @@ from appliance.engine.chat import ChatTemplate
 from appliance.engine.tokenizer import TextTokenizer
 from firmware.toolchain.build import read_chat_template
 from firmware.toolchain.tiny import ARCHITECTURES, FOLDER_ONLY, tiny_bundle, tiny_hf_dir
-from firmware.toolchain.tiny_gguf import GGUF_ARCHITECTURES, tiny_gguf, tiny_gguf_bundle
+from firmware.toolchain.tiny_gguf import CONVERTED, GGUF_ARCHITECTURES, llama_cpp_convert, tiny_gguf, tiny_gguf_bundle
 
 CONVERSATION = (
     Message("user", "Explain the for statement and how the else clause of a loop works."),
@@ -65,22 +65,24 @@ def test_the_gguf_tokenizer_and_template_give_the_folder_s_token_ids(
     """The bundle built from the GGUF renders and tokenizes a chat as the one built from the folder
     does, and transformers reads from the GGUF the tokenizer of the folder's tokenizer.json.
 
-    Except for Qwen2, both bundles also give the folder's own ids: the model builder re-saves a
-    tokenizer by model type, and Qwen2Tokenizer splits text by Qwen2's rule, which this fixture's
-    BPE (trained with GPT-2's) was not made with; the doubled spaces here split differently. It
-    does so from either source; a real Qwen2 vocabulary is made with that rule."""
+    Except for Qwen's, both bundles also give the folder's own ids: the model builder re-saves a
+    tokenizer by model type, and Qwen2Tokenizer splits text by Qwen's rule, which these fixtures'
+    BPE (trained with GPT-2's) was not made with; the doubled spaces here split differently. Qwen2's
+    and Qwen3.5 MoE's do so from either source; the dense Qwen3.5's only from the folder (transformers
+    reads its file's tokenizer with the file's own rule, here GPT-2's). A real Qwen vocabulary is
+    made with Qwen's rule, and a real file names it."""
     from transformers import AutoTokenizer
 
     name, from_gguf, from_folder = arch
-    ids = _ids(from_gguf, system)
-    assert ids == _ids(from_folder, system), name
+    ids, folder_ids = _ids(from_gguf, system), _ids(from_folder, system)
     assert from_gguf.chat_template == from_folder.chat_template, name
     folder = tiny_hf_dir(name)
     tok = TextTokenizer(folder / "tokenizer.json", folder / "tokenizer_config.json")
     own = ChatTemplate(read_chat_template(folder), tok).prompt(CONVERSATION, system=system).ids
     path = tiny_gguf(name)
     assert _hf_chat_ids(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name), system) == own, name
-    assert (ids == own) == (name != "qwen2"), name
+    qwen_rule = {"qwen2": (False, True), "qwen3_5": (True, False), "qwen3_5_moe": (False, True)}
+    assert (ids == own, ids == folder_ids) == qwen_rule.get(name, (True, True)), name
 
 
 def test_prefill_logits_and_16_greedy_steps_match_the_folder_s_bundle(
@@ -139,61 +141,20 @@ def test_the_dequantized_folder_keeps_what_the_gguf_states(name: str, tmp_path: 
             assert np.allclose(ours["rope_parameters"][key], theirs["rope_parameters"][key]), key
 
 
-# llama.cpp's own converter, run on the fixture's folder as a user would, with three stand-ins for
-# what a tiny fixture lacks: its BPE is in no table of known pre-tokenizers (llama.cpp hashes real
-# vocabularies; "gpt-2" is the split it was trained with), it has no SentencePiece model to try
-# first, and a Phi-3, a Gemma 2 and a Nemotron are read as BPE (as llama.cpp does for Phi-4-mini,
-# whose config names GPT2Tokenizer; its Gemma 2 and Nemotron converters know only SentencePiece).
-_CONVERT = """
-import sys
-sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
-import convert_hf_to_gguf
-import conversion.base as base
-import conversion.gemma as gemma
-import conversion.nemotron as nemotron
-import conversion.phi as phi
-
-def no_sentencepiece(self):
-    raise FileNotFoundError("tokenizer.model")
-
-base.TextModel._create_vocab_sentencepiece = no_sentencepiece
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()
-gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
-nemotron.NemotronModel.set_vocab = lambda self: self._set_vocab_gpt2()
-sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
-convert_hf_to_gguf.main()
-"""
 # Keys ours writes that llama.cpp's converter does not: the two tiny_gguf.py names (a window on a
 # "llama" file, Gemma 3's layer pattern), and general.* (names and labels llama.cpp makes up).
 OUR_KEYS = {"mistral": {"llama.attention.sliding_window"}, "gemma3": {"gemma3.attention.sliding_window_pattern"}}
 
 
-def _llama_cpp_source() -> Path:
-    """llama.cpp's source, as bench/llama_server.sh fetches it (from the llama-cpp-python sdist on
-    PyPI) and caches it; fetched here the first time."""
-    import subprocess
-
-    script = Path(__file__).resolve().parents[2] / "bench" / "llama_server.sh"
-    done = subprocess.run(["bash", str(script), "--source-only"], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return Path(done.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.parametrize("name", sorted(GGUF_ARCHITECTURES))
+@pytest.mark.parametrize("name", sorted(set(GGUF_ARCHITECTURES) - set(CONVERTED)))
 def test_the_gguf_is_what_llama_cpp_s_converter_writes(name: str, tmp_path: Path) -> None:
     """Tensors bit for bit (after llama.cpp's permutations and norm shifts) and every metadata key
-    and value, against convert_hf_to_gguf.py from the llama.cpp source bench/llama_server.sh caches."""
-    import subprocess
-    import sys
-
+    and value, against convert_hf_to_gguf.py from the llama.cpp source bench/llama_server.sh caches
+    (the CONVERTED fixtures' files are its own)."""
     from gguf import GGUFReader
 
-    src = _llama_cpp_source()
     out = tmp_path / "llama-cpp.gguf"
-    run = subprocess.run([sys.executable, "-c", _CONVERT, str(src), "--outtype", "f32", "--outfile", str(out),
-                          str(tiny_hf_dir(name))], capture_output=True, text=True)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
+    llama_cpp_convert(tiny_hf_dir(name), out)
     theirs, ours = GGUFReader(str(out)), GGUFReader(str(tiny_gguf(name)))
 
     def metadata(reader: GGUFReader) -> dict[str, Any]:

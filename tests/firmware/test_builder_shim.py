@@ -100,6 +100,25 @@ def test_mixtral_goes_to_the_mistral_class() -> None:
     assert config.architectures == ["MistralForCausalLM"]
 
 
+def test_qwen3_5_s_language_model_alone_goes_to_its_class_and_its_text_rope_is_plain() -> None:
+    rope = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True}  # as the published configs give it  # fmt: skip
+    alone = transformers.Qwen3_5TextConfig(**SHAPE, rope_parameters=dict(rope), architectures=["Qwen3_5ForCausalLM"])
+    builder_shim.qwen3_5_text_as_conditional(alone)
+    builder_shim.qwen35_rope_as_text(alone)
+    assert alone.architectures == ["Qwen3_5ForConditionalGeneration"]
+    assert alone.rope_parameters == {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
+    whole = transformers.Qwen3_5Config(text_config={**SHAPE, "rope_parameters": dict(rope)},
+                                       architectures=["Qwen3_5ForConditionalGeneration"])  # fmt: skip
+    builder_shim.qwen35_rope_as_text(whole)
+    assert "mrope_section" not in whole.text_config.rope_parameters
+    vl = transformers.Qwen3VLConfig(text_config={"rope_parameters": {"rope_type": "default", "rope_theta": 5e6,
+                                                                     "mrope_section": [24, 20, 20]}},
+                                    architectures=["Qwen3VLForConditionalGeneration"])  # fmt: skip
+    builder_shim.qwen35_rope_as_text(vl)
+    assert vl.text_config.rope_parameters["mrope_section"] == [24, 20, 20]  # Qwen3-VL's positions are three rows
+
+
 def test_granite_3_moe_goes_to_the_granite_4_class_with_rope_and_its_shared_mlp_where_it_has_one() -> None:
     for config, shared in ((transformers.GraniteMoeConfig(**SHAPE, architectures=["GraniteMoeForCausalLM"]), 0),
                            (transformers.GraniteMoeSharedConfig(**SHAPE, shared_intermediate_size=48,
