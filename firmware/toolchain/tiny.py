@@ -795,6 +795,9 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "granitemoeshared": ("experts.gate_up_proj", "experts.down_proj"),
                                           "jais2": ("_proj.bias", "layernorm.bias", "norm.bias"),
                                           "apertus": ("act_fn.alpha_p", "act_fn.alpha_n"),
+                                          # Each layer's output scale (published models' are not 1).
+                                          "gemma4": ("layer_scalar",), "gemma4_e": ("layer_scalar",),
+                                          "gemma4_text": ("layer_scalar",), "gemma4_unified": ("layer_scalar",),
                                           "cohere": ("q_proj.weight", "k_proj.weight"),
                                           "cohere2": ("q_proj.weight", "k_proj.weight"),
                                           "jamba": ("mamba.D", "dt_proj.bias", "layernorm.weight", "conv1d.bias",
@@ -855,9 +858,15 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
     # Rows past the tokenizer (a multimodal model's image tokens, which a prompt never holds) are
     # zeroed, so greedy decoding never picks them either: one of 512 random logits is above zero.
     with torch.no_grad():
-        for name, weight in model.named_parameters():  # what transformers initializes to zeros, where it is checked
+        # What transformers initializes to zeros or ones, where it is checked; a buffer is a scale
+        # (Gemma 4's layer scalars), kept near one (six small ones in a row leave logits whose
+        # rounding alone is 1e-4 apart).
+        for name, weight in model.named_parameters():
             if name.endswith(RANDOMIZED.get(arch, ())):
                 weight.normal_()
+        for name, weight in model.named_buffers():
+            if name.endswith(RANDOMIZED.get(arch, ())):
+                weight.uniform_(0.5, 1.5)
         model.lm_head.weight.mul_(8.0)
         model.lm_head.weight[tok.get_vocab_size() :] = 0.0
     model.save_pretrained(out_dir)
