@@ -7,6 +7,7 @@ model builder, run as a subprocess so its memory is returned when it ends.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -16,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -173,32 +174,36 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     and a byte-level tokenizer is kept byte-level (_keep_byte_level_tokenizer).
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     folder, name = str(gguf.parent), gguf.name
     metadata = _gguf_metadata(gguf)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    tokenizer.save_pretrained(out_dir)
+    gguf_tokenizer(gguf).save_pretrained(out_dir)
     _keep_byte_level_tokenizer(out_dir, metadata)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    restored = _restore_gguf_config(config, metadata)
-    # The weights are read under the file's own model type (a windowed "llama" file becomes a
-    # Mistral only after: transformers maps no GGUF names for Mistral).
-    as_read = restored if restored.model_type == config.model_type else config
-    read: Any = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=as_read, dtype=torch.float32,
-                                                     output_loading_info=True)  # fmt: skip
+    with _gguf_reading(metadata):
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        if hasattr(config, "quantization_config"):
+            delattr(config, "quantization_config")
+        restored = _restore_gguf_config(config, metadata)
+        # The weights are read under the file's own model type (a windowed "llama" file becomes a
+        # Mistral only after: transformers maps no GGUF names for Mistral).
+        as_read = restored if restored.model_type == config.model_type else config
+        read: Any = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=as_read, dtype=torch.float32,
+                                                         output_loading_info=True)  # fmt: skip
     loaded, info = read
     config = restored
     state = loaded.state_dict()
     experts = _gguf_experts(gguf, config) if config.model_type == "mixtral" else {}
     if experts:  # the loader read a Llama (no MLP): the experts are read from the file here
         state = {k: v for k, v in state.items() if ".mlp." not in k} | experts
+    scales = {f"model.layers.{i}.layer_scalar": torch.tensor(metadata[f"tensor.blk.{i}.layer_output_scale.weight"])
+              for i in range(config.num_hidden_layers) if f"tensor.blk.{i}.layer_output_scale.weight" in metadata}
+    state |= scales  # Gemma 4's, which the loader maps to no weight  # fmt: skip
     # A tied lm_head is absent from a state dict by design; anything else missing is a broken source.
     by_design = {"lm_head.weight"} if config.tie_word_embeddings else set()
     # The loader fills a weight the file lacks with random values, and says so only here.
-    unread = [k for k in info.get("missing_keys", ()) if k not in by_design and not (experts and ".mlp." in k)]
+    unread = [k for k in info.get("missing_keys", ()) if k not in by_design and k not in scales
+              and not (experts and ".mlp." in k)]  # fmt: skip
     if unread:
         raise BundleError(f"{gguf}: the file has no tensors for {', '.join(sorted(unread)[:3])}"
                           f"{f' and {len(unread) - 3} more' if len(unread) > 3 else ''} (a tensor layout this "
@@ -248,7 +253,7 @@ def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
 # The GGUF architectures (llama.cpp's names) the build is checked on, each written as llama.cpp writes
 # it (tiny_gguf.GGUF_ARCHITECTURES): others may load through transformers' loader, or may not.
 GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "nemotron", "lfm2", "qwen35",
-                "qwen35moe")
+                "qwen35moe", "gemma4")
 
 
 def _gguf_hint(gguf: Path) -> str:
@@ -268,8 +273,9 @@ def _gguf_hint(gguf: Path) -> str:
 
 
 def _gguf_metadata(gguf: Path) -> dict[str, Any]:
-    """The file's key-value metadata (the token lists left out) and its small tensors: LongRoPE's
-    factors, which transformers' loader does not map to any weight."""
+    """The file's key-value metadata (the token lists left out), its tensors' shapes (`shapes`,
+    outermost first, as torch lists them) and its small tensors that transformers' loader maps to no
+    weight: LongRoPE's factors, llama.cpp's RoPE frequency tables and Gemma 4's layer scales."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(gguf))
@@ -278,10 +284,100 @@ def _gguf_metadata(gguf: Path) -> dict[str, Any]:
         if key not in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
                        "tokenizer.ggml.scores")
     }  # fmt: skip
+    meta["shapes"] = {t.name: [int(d) for d in reversed(t.shape)] for t in reader.tensors}
     for tensor in reader.tensors:
-        if tensor.name.startswith(("rope_factors_", "rope_freqs")):
+        if tensor.name.startswith(("rope_factors_", "rope_freqs")) or ".layer_output_scale." in tensor.name:
             meta[f"tensor.{tensor.name}"] = [float(x) for x in tensor.data.reshape(-1)]
     return meta
+
+
+@contextlib.contextmanager
+def _gguf_config_read_as(arch: str, config: Any) -> Iterator[None]:
+    """transformers reads a GGUF file's config again wherever it is given the file (its tokenizer's
+    loader too, which takes no config), from its own table of the architectures it rebuilds a
+    config for; meanwhile, `config` is that table's entry for `arch`."""
+    from transformers.integrations.gguf import gguf_config_mapping
+
+    table = gguf_config_mapping.GGUF_CONFIG_ARCHS
+    before = table.get(arch)
+    table[arch] = lambda metadata, tensor_names: config.to_dict()
+    try:
+        yield
+    finally:
+        if before is None:
+            table.pop(arch, None)
+        else:
+            table[arch] = before
+
+
+def _gguf_reading(metadata: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+    """Where transformers reads the file's config itself (its tokenizer's loader does, given no
+    config), the config the build reads from it (Gemma 4's, which transformers cannot)."""
+    if metadata.get("general.architecture") == "gemma4":
+        return _gguf_config_read_as("gemma4", _gemma4_config(metadata))
+    return contextlib.nullcontext()
+
+
+def gguf_tokenizer(gguf: Path) -> Any:
+    """The GGUF file's tokenizer, as transformers reads it for the build."""
+    from transformers import AutoTokenizer
+
+    with _gguf_reading(_gguf_metadata(gguf)):
+        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def _gemma4_config(meta: dict[str, Any]) -> Any:
+    """Gemma 4's config, from what llama.cpp writes of it. transformers' loader reads none: it takes
+    the per-layer lists of key-value heads and MLP widths llama.cpp writes for single numbers, and
+    maps none of the layer pattern, the global layers' head width, their partial rotation (a
+    frequency table whose unrotated pairs turn at 1e30), the layers that share earlier layers' keys
+    and values, or the per-layer inputs."""
+    from transformers import Gemma4TextConfig
+
+    def key(name: str) -> Any:
+        return meta.get(f"gemma4.{name}")
+
+    if key("expert_count"):
+        raise BundleError("a Gemma 4 GGUF file with experts (26B A4B) is not one the build reads; build it from its "
+                          "Hugging Face folder instead")  # fmt: skip
+    shapes, n = meta["shapes"], int(key("block_count"))
+
+    def per_layer(value: Any) -> list[int]:
+        return [int(v) for v in value] if isinstance(value, list) else [int(value)] * n
+
+    types = ["sliding_attention" if s else "full_attention" for s in key("attention.sliding_window_pattern")]
+    kv, widths = per_layer(key("attention.head_count_kv")), per_layer(key("feed_forward_length"))
+    head_swa, head_full = int(key("attention.key_length_swa")), int(key("attention.key_length"))
+    shared = int(key("attention.shared_kv_layers") or 0)
+    swa_kv = kv[types.index("sliding_attention")] if "sliding_attention" in types else kv[0]
+    per_layer_config = {str(i): {"head_dim": head_full, **({"num_key_value_heads": kv[i]} if kv[i] != swa_kv else {})}
+                        for i, t in enumerate(types) if t == "full_attention"}  # fmt: skip
+    freqs = meta.get("tensor.rope_freqs.weight") or [1.0] * (head_full // 2)
+    rope_swa = {"rope_type": "default", "rope_theta": float(key("rope.freq_base_swa") or 10000.0)}
+    if int(key("rope.dimension_count_swa") or head_swa) != head_swa:
+        rope_swa["partial_rotary_factor"] = int(key("rope.dimension_count_swa")) / head_swa
+    per_input = int(key("embedding_length_per_layer_input") or 0)
+    doc: dict[str, Any] = dict(  # (per_layer_config is a keyword the config class takes but does not declare)
+        architectures=["Gemma4ForCausalLM"], vocab_size=shapes["token_embd.weight"][0],
+        hidden_size=int(key("embedding_length")), intermediate_size=widths[0], num_hidden_layers=n,
+        num_attention_heads=int(key("attention.head_count")), num_key_value_heads=swa_kv, head_dim=head_swa,
+        per_layer_config=per_layer_config, layer_types=types, sliding_window=int(key("attention.sliding_window")),
+        max_position_embeddings=int(key("context_length")),
+        rms_norm_eps=float(f"{float(key('attention.layer_norm_rms_epsilon')):.7g}"),  # stored as a float32
+        final_logit_softcapping=key("final_logit_softcapping"), tie_word_embeddings="output.weight" not in shapes,
+        rope_parameters={"sliding_attention": rope_swa, "full_attention": {
+            "rope_type": "proportional", "rope_theta": float(key("rope.freq_base")),
+            "partial_rotary_factor": 2 * sum(1 for f in freqs if f == 1.0) / head_full}},
+        # A global layer without values of its own uses its keys (the last `shared` layers have neither).
+        attention_k_eq_v=any(t == "full_attention" and f"blk.{i}.attn_v.weight" not in shapes
+                             for i, t in enumerate(types[: n - shared])),
+        num_kv_shared_layers=shared, use_double_wide_mlp=any(w != widths[0] for w in widths),
+        hidden_size_per_layer_input=per_input,
+        vocab_size_per_layer_input=shapes["per_layer_token_embd.weight"][0] if per_input else 262_144,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+    )  # fmt: skip
+    return Gemma4TextConfig(**doc)
 
 
 # The layer count of the Gemma models whose queries llama.cpp scales by the width over the heads

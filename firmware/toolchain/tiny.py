@@ -373,8 +373,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
                "phi", "hunyuan", "smollm3", "gpt_oss", "gpt_oss_global", "llama_rope_linear", "qwen2_yarn",
                "hunyuan_alpha", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl",
-               "qwen3_moe_dense", "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4", "gemma4_unified",
-               "arcee", "granite_swa", "lfm3", "gemma4_text", "seed_oss", "stablelm", "gemma4_e", "ernie4_5",
+               "qwen3_moe_dense", "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4_unified",
+               "arcee", "granite_swa", "lfm3", "seed_oss", "stablelm", "ernie4_5",
                "granite4_h", "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus",
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
                "granitemoeshared")

@@ -44,9 +44,10 @@ token types (special added tokens as CONTROL), merges, the special ids and the c
 
 Checked against llama.cpp's own converter where its source is cached (bench/llama_server.sh puts it
 there): the same tensors bit for bit and the same metadata but for general.* and the two keys named
-above (tests/engine/test_gguf_architectures.py). Qwen3.5's files (CONVERTED) are that converter's
-own: its conversion (value heads reordered, fused projections split, the decay's exponent negated,
-norms shifted) is not repeated here.
+above (tests/engine/test_gguf_architectures.py). Qwen3.5's and Gemma 4's files (CONVERTED) are that
+converter's own: its conversion of them (Qwen3.5's value heads reordered, fused projections split,
+decay's exponent negated and norms shifted; Gemma 4's per-layer lists and frequency table) is not
+repeated here.
 """
 
 from __future__ import annotations
@@ -80,8 +81,13 @@ GGUF_ARCHITECTURES = {
 }
 # Fixtures whose GGUF file llama.cpp's own converter writes (llama_cpp_convert), for families whose
 # conversion this module does not repeat: Qwen3.5's reorders its linear attention's value heads,
-# splits its fused projections, negates the exponent of its decay and shifts its norms.
-CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe"}
+# splits its fused projections, negates the exponent of its decay and shifts its norms; Gemma 4's
+# writes per-layer lists, a frequency table for its partial rotation and its per-layer inputs.
+CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "gemma4": "gemma4", "gemma4_e": "gemma4",
+             "gemma4_text": "gemma4"}
+# What the converter is told for them: the published Qwen3.5 models have a multi-token prediction
+# layer, which a tiny one lacks.
+CONVERT_OPTIONS = {"qwen3_5": ("--no-mtp",), "qwen3_5_moe": ("--no-mtp",)}
 GGUF_ARCHITECTURES.update(CONVERTED)
 # The names llama.cpp takes from each model card; transformers' loader reads a "llama" file as
 # Mistral only when the name is exactly "mistral", which no real Mistral file's is.
@@ -278,14 +284,14 @@ def _fingerprint(arch: str) -> str:
     parts = [tiny_hf_dir(arch).name, Path(__file__).read_text()]
     parts += [inspect.getsource(getattr(build_module, f)) for f in
               ("gguf_to_hf", "_gguf_metadata", "_restore_gguf_config", "_keep_byte_level_tokenizer",
-               "_gguf_experts")]  # fmt: skip
+               "_gguf_experts", "_gemma4_config", "gguf_tokenizer")]  # fmt: skip
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
 
 
 # llama.cpp's own converter, run on the fixture's folder as a user would, with three stand-ins for
 # what a tiny fixture lacks: its BPE is in no table of known pre-tokenizers (llama.cpp hashes real
 # vocabularies; "gpt-2" is the split it was trained with), it has no SentencePiece model to try
-# first, and a Phi-3, a Gemma 2 and a Nemotron are read as BPE (as llama.cpp does for Phi-4-mini,
+# first, and a Phi-3, a Gemma 2, a Gemma 4 and a Nemotron are read as BPE (as llama.cpp does for Phi-4-mini,
 # whose config names GPT2Tokenizer; its Gemma 2 and Nemotron converters know only SentencePiece).
 _CONVERT = """
 import sys
@@ -303,6 +309,7 @@ base.TextModel._create_vocab_sentencepiece = no_sentencepiece
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()
 gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
+gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 nemotron.NemotronModel.set_vocab = lambda self: self._set_vocab_gpt2()
 sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
 convert_hf_to_gguf.main()
@@ -345,8 +352,8 @@ def tiny_gguf(arch: str = "llama") -> Path:
     path = d / f"tiny-{arch}-{_fingerprint(arch)}.gguf"
     if not path.is_file():
         tmp = d / f".{path.name}.{os.getpid()}.tmp"
-        if arch in CONVERTED:  # (without the multi-token prediction layer the published models have)
-            llama_cpp_convert(tiny_hf_dir(arch), tmp, "--no-mtp")
+        if arch in CONVERTED:
+            llama_cpp_convert(tiny_hf_dir(arch), tmp, *CONVERT_OPTIONS.get(arch, ()))
         else:
             write_tiny_gguf(tiny_hf_dir(arch), tmp, arch)
         tmp.rename(path)

@@ -71,7 +71,7 @@ def test_the_gguf_tokenizer_and_template_give_the_folder_s_token_ids(
     and Qwen3.5 MoE's do so from either source; the dense Qwen3.5's only from the folder (transformers
     reads its file's tokenizer with the file's own rule, here GPT-2's). A real Qwen vocabulary is
     made with Qwen's rule, and a real file names it."""
-    from transformers import AutoTokenizer
+    from firmware.toolchain.build import gguf_tokenizer
 
     name, from_gguf, from_folder = arch
     ids, folder_ids = _ids(from_gguf, system), _ids(from_folder, system)
@@ -80,7 +80,7 @@ def test_the_gguf_tokenizer_and_template_give_the_folder_s_token_ids(
     tok = TextTokenizer(folder / "tokenizer.json", folder / "tokenizer_config.json")
     own = ChatTemplate(read_chat_template(folder), tok).prompt(CONVERSATION, system=system).ids
     path = tiny_gguf(name)
-    assert _hf_chat_ids(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name), system) == own, name
+    assert _hf_chat_ids(gguf_tokenizer(path), system) == own, name
     qwen_rule = {"qwen2": (False, True), "qwen3_5": (True, False), "qwen3_5_moe": (False, True)}
     assert (ids == own, ids == folder_ids) == qwen_rule.get(name, (True, True)), name
 
