@@ -218,7 +218,36 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     if missing or unexpected:
         raise BundleError(f"{gguf}: weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
     plain.tie_weights()  # a tied LM head: the embeddings, not a weight left on the meta device
+    end = _template_end_of_turn(out_dir)
+    ends = list(config.eos_token_id) if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    if end is not None and end not in ends:
+        # A file names one end of generation (Gemma's <eos>); its template ends a turn with another
+        # (<end_of_turn>), which the Hugging Face folder's generation_config.json lists and a GGUF
+        # file does not: without it, the model writes the next turns itself.
+        plain.config.eos_token_id = [*(e for e in ends if e is not None), end]
     plain.save_pretrained(out_dir)
+
+
+def _template_end_of_turn(hf_dir: Path) -> int | None:
+    """The special token the folder's chat template ends an assistant turn with, or None. Harmony's
+    (gpt-oss's) messages end with one that does not end generation, so none is given for it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    template = tokenizer.chat_template
+    if not isinstance(template, str) or "<|channel|>" in template:
+        return None
+    probe = "zerolayer probe answer"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"},
+                                              {"role": "assistant", "content": probe}], tokenize=False)  # fmt: skip
+    except Exception:  # a template that refuses the probe says nothing of its turns
+        return None
+    after = str(text).partition(probe)[2].lstrip()
+    specials = sorted({t.content for t in tokenizer.added_tokens_decoder.values() if t.special}, key=len, reverse=True)
+    found = next((t for t in specials if after.startswith(t)), None)
+    ids: Any = None if found is None else tokenizer.convert_tokens_to_ids(found)
+    return ids if isinstance(ids, int) else None
 
 
 def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:

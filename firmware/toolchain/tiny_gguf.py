@@ -284,7 +284,7 @@ def _fingerprint(arch: str) -> str:
     parts = [tiny_hf_dir(arch).name, Path(__file__).read_text()]
     parts += [inspect.getsource(getattr(build_module, f)) for f in
               ("gguf_to_hf", "_gguf_metadata", "_restore_gguf_config", "_keep_byte_level_tokenizer",
-               "_gguf_experts", "_gemma4_config", "gguf_tokenizer")]  # fmt: skip
+               "_gguf_experts", "_gemma4_config", "gguf_tokenizer", "_template_end_of_turn")]  # fmt: skip
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
 
 

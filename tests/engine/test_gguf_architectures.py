@@ -221,6 +221,26 @@ def test_a_file_without_a_tensor_the_model_needs_is_refused(tmp_path: Path) -> N
         gguf_to_hf(bad, tmp_path / "hf")
 
 
+def test_a_file_whose_end_of_generation_is_not_its_template_s_end_of_turn_stops_at_both(tmp_path: Path) -> None:
+    """Gemma's files name <eos>; their template ends each turn with <end_of_turn>, which the
+    Hugging Face folder's generation_config.json lists and the file does not: the model wrote the
+    next turns itself. The build adds the template's end of turn."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    from firmware.toolchain.build import gguf_to_hf
+
+    vocab = Tokenizer.from_file(str(tiny_hf_dir("gemma3") / "tokenizer.json"))
+    eos, turn = vocab.token_to_id("<eos>"), vocab.token_to_id("<end_of_turn>")
+    file = _rewritten(tiny_gguf("gemma3"), tmp_path / "eos.gguf", lambda name, data: data,
+                      fields={"tokenizer.ggml.eos_token_id": eos})  # fmt: skip
+    gguf_to_hf(file, tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == [eos, turn]
+    gguf_to_hf(tiny_gguf("gemma3"), tmp_path / "as-is")  # (the fixture's file names <end_of_turn> itself)
+    assert json.loads((tmp_path / "as-is" / "config.json").read_text())["eos_token_id"] == turn
+
+
 def test_a_file_of_an_architecture_the_build_does_not_read_is_refused_naming_it(tmp_path: Path) -> None:
     """transformers' loader fails on a gpt-oss file as llama.cpp writes it (its YaRN settings) with
     a TypeError about arrays; the build says which architecture it was, which ones it reads, and
@@ -234,9 +254,9 @@ def test_a_file_of_an_architecture_the_build_does_not_read_is_refused_naming_it(
         build(odd, tmp_path / "out", BuildOptions(precision="fp32"))
 
 
-def _rewritten(path: Path, out: Path, edit: Any, arch: str | None = None) -> Path:
+def _rewritten(path: Path, out: Path, edit: Any, arch: str | None = None, fields: dict[str, Any] | None = None) -> Path:
     """The GGUF file at `path` written again to `out`, each tensor as `edit(name, data)` gives it
-    (None: left out), under architecture `arch` (default: its own)."""
+    (None: left out), under architecture `arch` (default: its own), with `fields`' values."""
     from gguf import GGUFReader, GGUFWriter
 
     reader = GGUFReader(str(path))
@@ -244,7 +264,7 @@ def _rewritten(path: Path, out: Path, edit: Any, arch: str | None = None) -> Pat
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
-        writer.add_key_value(key, field.contents(), field.types[0],
+        writer.add_key_value(key, (fields or {}).get(key, field.contents()), field.types[0],
                              sub_type=field.types[-1] if len(field.types) > 1 else None)  # fmt: skip
     for t in reader.tensors:
         data = edit(t.name, np.array(t.data))
