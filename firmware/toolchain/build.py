@@ -196,9 +196,10 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     experts = _gguf_experts(gguf, config) if config.model_type == "mixtral" else {}
     if experts:  # the loader read a Llama (no MLP): the experts are read from the file here
         state = {k: v for k, v in state.items() if ".mlp." not in k} | experts
+    # Gemma 4's layer scales, which the loader maps to no weight.
     scales = {f"model.layers.{i}.layer_scalar": torch.tensor(metadata[f"tensor.blk.{i}.layer_output_scale.weight"])
               for i in range(config.num_hidden_layers) if f"tensor.blk.{i}.layer_output_scale.weight" in metadata}
-    state |= scales  # Gemma 4's, which the loader maps to no weight  # fmt: skip
+    state |= scales
     # A tied lm_head is absent from a state dict by design; anything else missing is a broken source.
     by_design = {"lm_head.weight"} if config.tie_word_embeddings else set()
     # The loader fills a weight the file lacks with random values, and says so only here.
