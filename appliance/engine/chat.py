@@ -145,16 +145,20 @@ class ChatTemplate:
             raise InvalidRequest(f"the chat template failed on these messages: {exc}", "messages") from None
 
     def prompt(self, messages: Sequence[Message], system: str | None = None, output: OutputRules | None = None,
-               thinking: bool | None = None, effort: str | None = None) -> Prompt:  # fmt: skip
+               thinking: bool | None = None, effort: str | None = None,
+               budget: int | None = None) -> Prompt:  # fmt: skip
         """The rendered, tokenized conversation. A final assistant message is continued, not
         answered (the answer carries on from its last character). The output rules' tools and
         schema are shown to the model: the grammar holds it to them, but it writes better
         arguments and values when it knows what they are for. `thinking`, where given, is the
-        template's `enable_thinking`, and `effort` its `reasoning_effort` (a template that does not
-        read them ignores them)."""
+        template's `enable_thinking`, `effort` its `reasoning_effort` and `budget` (thought tokens)
+        its `thinking_budget`, which Seed-OSS's reads instead of a switch: 0 when thinking is off (a
+        template that does not read them ignores them)."""
         extra: dict[str, Any] = {} if thinking is None else {"enable_thinking": thinking}
         if effort is not None:
             extra["reasoning_effort"] = effort
+        if thinking is False or budget is not None:
+            extra["thinking_budget"] = 0 if thinking is False else budget
         blocks = [system] if system else []
         tools = output.tools if output is not None else ()
         if tools and self.takes_tools:

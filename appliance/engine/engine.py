@@ -599,7 +599,7 @@ class Engine:
             ids, _ = self.tokenizer.encode(request.raw_prompt, add_special_tokens=True)
             return Prompt(ids=ids, message_starts=[], text=request.raw_prompt)
         return self.template.prompt(request.messages, request.system, request.output, request.thinking,
-                                    request.reasoning_effort)  # fmt: skip
+                                    request.reasoning_effort, request.thinking_budget)  # fmt: skip
 
     def count_tokens(self, request: GenerationRequest) -> int:
         """Prompt tokens as the engine would see them; no context check (counting a long prompt is no error)."""

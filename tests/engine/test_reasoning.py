@@ -138,6 +138,23 @@ def test_the_template_switch_is_passed_and_left_unset_by_default(engine: Engine)
     assert prompt(True).endswith("<|im_start|>assistant\n") and prompt(None) == prompt(True)
 
 
+def test_a_template_that_reads_a_thinking_budget_gets_the_request_s_and_none_when_thinking_is_off(
+        engine: Engine) -> None:  # fmt: skip
+    """Seed-OSS's template reads `thinking_budget`, not a switch: 0 closes the thought in the prompt."""
+    from appliance.engine.chat import ChatTemplate
+
+    template = ChatTemplate("{{ 'budget=' ~ (thinking_budget if thinking_budget is defined else 'unset') }}"
+                            "{% for m in messages %}{{ m.content }}{% endfor %}", engine.tokenizer)  # fmt: skip
+    for thinking, budget, said in ((None, None, "unset"), (False, None, "0"), (True, 512, "512"), (None, 64, "64")):
+        assert template.prompt((QUESTION,), thinking=thinking, budget=budget).text.startswith(f"budget={said}")
+    own, engine.template = engine.template, template  # the request's budget, as the engine renders it
+    try:
+        rendered = engine.prepare(GenerationRequest(messages=(QUESTION,), thinking_budget=300)).text
+        assert rendered.startswith("budget=300")
+    finally:
+        engine.template = own
+
+
 def test_a_prompt_that_opens_a_thought_streams_it_apart_until_max_tokens(engine: Engine) -> None:
     thought, answer, done, _ = _run(engine, _ask(24))
     assert thought and answer == ""
