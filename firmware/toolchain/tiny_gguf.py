@@ -1,7 +1,8 @@
-"""The tiny fixtures (tiny.py) written as GGUF files, the way llama.cpp's convert_hf_to_gguf.py
-writes each family, so the `--from X.gguf` build path is checked per architecture without a
-download. Tensors stay F32, so a bundle built from the file can be compared with the one built from
-the Hugging Face folder (tiny.tiny_bundle) to float32 rounding.
+"""The tiny fixtures (tiny.py) written as GGUF files, the way llama.cpp's convert_hf_to_gguf.py writes
+each family, so the `--from X.gguf` build path is checked per architecture without a model download
+(and, but for the CONVERTED families, without llama.cpp's source). Tensors stay F32, so a bundle
+built from the file can be compared with the one built from the Hugging Face folder
+(tiny.tiny_bundle) to float32 rounding.
 
 What llama.cpp does per family, and so what is done here (transformers' GGUF loader undoes it):
 
@@ -291,8 +292,9 @@ def _fingerprint(arch: str) -> str:
 # llama.cpp's own converter, run on the fixture's folder as a user would, with three stand-ins for
 # what a tiny fixture lacks: its BPE is in no table of known pre-tokenizers (llama.cpp hashes real
 # vocabularies; "gpt-2" is the split it was trained with), it has no SentencePiece model to try
-# first, and a Phi-3, a Gemma 2, a Gemma 4 and a Nemotron are read as BPE (as llama.cpp does for Phi-4-mini,
-# whose config names GPT2Tokenizer; its Gemma 2 and Nemotron converters know only SentencePiece).
+# first, and a Phi-3, a Gemma 2, a Gemma 4 and a Nemotron are read as BPE (as llama.cpp does for
+# Phi-4-mini, whose config names GPT2Tokenizer; its Gemma converters and its Nemotron one know only
+# SentencePiece or Gemma 4's own tokenizer).
 _CONVERT = """
 import sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
