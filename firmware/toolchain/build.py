@@ -178,7 +178,7 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
 
     folder, name = str(gguf.parent), gguf.name
     metadata = _gguf_metadata(gguf)
-    gguf_tokenizer(gguf).save_pretrained(out_dir)
+    gguf_tokenizer(gguf, metadata).save_pretrained(out_dir)
     _keep_byte_level_tokenizer(out_dir, metadata)
     with _gguf_reading(metadata):
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
@@ -348,11 +348,12 @@ def _gguf_reading(metadata: dict[str, Any]) -> contextlib.AbstractContextManager
     return contextlib.nullcontext()
 
 
-def gguf_tokenizer(gguf: Path) -> Any:
-    """The GGUF file's tokenizer, as transformers reads it for the build."""
+def gguf_tokenizer(gguf: Path, metadata: dict[str, Any] | None = None) -> Any:
+    """The GGUF file's tokenizer, as transformers reads it for the build (`metadata`: the file's, if
+    already read)."""
     from transformers import AutoTokenizer
 
-    with _gguf_reading(_gguf_metadata(gguf)):
+    with _gguf_reading(metadata if metadata is not None else _gguf_metadata(gguf)):
         return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
 

@@ -409,15 +409,18 @@ def lfm3_as_lfm2(config: Any) -> None:
     config.rope_parameters = {"rope_type": "default", "rope_theta": by_type["sliding_attention"]["rope_theta"]}
 
 
+# Qwen3.5's language model saved alone -> the image-and-text checkpoints' architecture the builder names.
+QWEN3_5_CONDITIONAL = {"Qwen3_5ForCausalLM": "Qwen3_5ForConditionalGeneration",
+                       "Qwen3_5MoeForCausalLM": "Qwen3_5MoeForConditionalGeneration"}  # fmt: skip
+
+
 def qwen3_5_text_as_conditional(config: Any) -> None:
     """Qwen3.5's language model saved alone (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM: what a
     GGUF file of it dequantizes to) goes to the builder's Qwen3.5 classes, which it names only by the
     image-and-text checkpoints' architectures (the vision tower is left out of the export anyway)."""
-    names = {"Qwen3_5ForCausalLM": "Qwen3_5ForConditionalGeneration",
-             "Qwen3_5MoeForCausalLM": "Qwen3_5MoeForConditionalGeneration"}  # fmt: skip
     first = list(getattr(config, "architectures", None) or ())[:1]
-    if first and first[0] in names:
-        config.architectures = [names[first[0]]]
+    if first and first[0] in QWEN3_5_CONDITIONAL:
+        config.architectures = [QWEN3_5_CONDITIONAL[first[0]]]
 
 
 def qwen35_rope_as_text(config: Any) -> None:
@@ -425,8 +428,8 @@ def qwen35_rope_as_text(config: Any) -> None:
     the builder writes an operator that takes a position of three rows, which qwen35_text_positions
     gave it one of: no such export could run a token. Text has the same position on all three
     rows, which is plain RoPE over the same frequencies, so the sections are left out."""
-    if list(getattr(config, "architectures", None) or ())[:1] not in (["Qwen3_5ForConditionalGeneration"],
-                                                                     ["Qwen3_5MoeForConditionalGeneration"]):
+    first = list(getattr(config, "architectures", None) or ())[:1]
+    if not first or first[0] not in QWEN3_5_CONDITIONAL.values():
         return
     text = getattr(config, "text_config", None) or config
     rope = dict(getattr(text, "rope_parameters", None) or {})
@@ -1601,14 +1604,15 @@ def granite4_mamba_layers() -> None:
             """transformers' GraniteMoeHybridDecoderLayer: the experts' output plus the shared MLP's
             (Granite 3.x MoE's GraniteMoeDecoderLayer: the experts' alone)."""
             moe = getattr(self.current_layer, "block_sparse_moe", None)
-            if mlp is moe:
-                self.layernorm_attrs["skip_input"] = _experts(self, layer_id, moe.router, moe.experts, root_input)
-                return
-            make_mlp(self, layer_id, mlp, root_input)
+            if mlp is not moe:
+                make_mlp(self, layer_id, mlp, root_input)
             if moe is None:
                 return
-            _add_to_skip(self, f"/model/layers.{layer_id}/moe/Add", _experts(self, layer_id, moe.router, moe.experts,
-                                                                              root_input))  # fmt: skip
+            experts = _experts(self, layer_id, moe.router, moe.experts, root_input)
+            if mlp is moe:
+                self.layernorm_attrs["skip_input"] = experts
+            else:
+                _add_to_skip(self, f"/model/layers.{layer_id}/moe/Add", experts)
 
         return shared_and_experts
 
