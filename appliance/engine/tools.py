@@ -16,14 +16,17 @@ reasoning.py), Qwen3.5's and Qwen3-Coder's XML, each argument an element whose t
 (`QWEN_XML`), LFM2's Python calls, `<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>`
 (`CallFormat.python`), Nemotron Nano 2's list between its tags, `<TOOLCALL>[{"name": "get_weather",
 "arguments": {...}}]</TOOLCALL>`, or Apertus' between its tokens, each call keyed by its name:
-`<|tools_prefix|>[{"get_weather": {...}}]<|tools_suffix|>`. A model that would write a call its own
-way and is held to another answers in text instead, in `auto`. Earlier calls reach the template as
-`tool_calls` where it renders them, else as text in the same format; their results in the template's
-tool turn or as Hermes' `<tool_response>` blocks (chat.py). The tools reach the model through the
-chat template (when it takes `tools`) or a system block of ours (which asks for the Hermes format),
-and the output is held to a grammar built from the request: free text, a JSON schema, or calls whose
-names and arguments are those the tools allow. So a parser that expects exactly that format
-(`CallParser`) is enough to turn the output back into calls, even on a 135M model.
+`<|tools_prefix|>[{"get_weather": {...}}]<|tools_suffix|>`, or Command R7B's numbered list,
+`<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {...}}\n]<|END_ACTION|>`
+(its text answer between `<|START_RESPONSE|>` and `<|END_RESPONSE|>`: `CallFormat.text_wrap`). A
+model that would write a call its own way and is held to another answers in text instead, in
+`auto`. Earlier calls reach the template as `tool_calls` where it renders them, else as text in the
+same format; their results in the template's tool turn or as Hermes' `<tool_response>` blocks
+(chat.py). The tools reach the model through the chat template (when it takes `tools`) or a system
+block of ours (which asks for the Hermes format), and the output is held to a grammar built from the
+request: free text, a JSON schema, or calls whose names and arguments are those the tools allow. So
+a parser that expects exactly that format (`CallParser`) is enough to turn the output back into
+calls, even on a 135M model.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ from typing import Any
 from appliance.engine.errors import InvalidRequest
 
 MAX_PARALLEL_CALLS = 8  # calls in one turn when parallel calls are allowed: a small model may otherwise loop
+# Where a format's `head` holds the call's id, which the model numbers its calls with (Command R7B's
+# count the conversation's calls): digits, as many as CALL_ID_DIGITS.
+CALL_ID = "{id}"
+CALL_ID_DIGITS = 4
 
 
 @dataclass(frozen=True)
@@ -72,16 +79,19 @@ class CallFormat:
     # The arguments are written in Gemma 4's notation (`gemma_arguments`), not as JSON. Its special
     # tokens are kept in the answer's text (`StreamDecoder`'s `kept`): a string's delimiters are one.
     gemma: bool = False
+    # Special tokens the model writes its text answer between (Command R7B's <|START_RESPONSE|> and
+    # <|END_RESPONSE|>), which a grammar for the answer allows around it.
+    text_wrap: tuple[tuple[str, int], tuple[str, int]] | None = None
 
-    def format(self, name: str, arguments: str) -> str:
-        """A call as the model would have written it (`arguments`: JSON text)."""
+    def format(self, name: str, arguments: str, index: int = 0) -> str:
+        """A call as the model would have written it (`arguments`: JSON text), the turn's `index`-th."""
         if self.params:
             arguments = xml_params(arguments, self.param_head_end, self.param_close)
         elif self.python:
             arguments = python_kwargs(arguments)
         elif self.gemma:
             arguments = gemma_arguments(arguments)
-        return f"{self.head}{name}{self.args_open}{arguments}{self.close}"
+        return f"{self.head.replace(CALL_ID, str(index))}{name}{self.args_open}{arguments}{self.close}"
 
     @property
     def marker_id(self) -> int | None:
@@ -101,10 +111,12 @@ class CallFormat:
         return text
 
     def lark(self, text: str) -> str:
-        """`text` as a sequence of the grammar: its special tokens by id, the rest as strings."""
+        """`text` as a sequence of the grammar: its special tokens by id, a call's id as digits, the
+        rest as strings."""
         ids = dict(self.specials)
-        pieces = re.split("(" + "|".join(map(re.escape, ids)) + ")", text) if ids else [text]
-        return " ".join(f"<[{ids[p]}]>" if p in ids else json.dumps(p, ensure_ascii=False) for p in pieces if p)
+        pieces = re.split("(" + "|".join(map(re.escape, [*ids, CALL_ID])) + ")", text)
+        return " ".join(f"<[{ids[p]}]>" if p in ids else f"/[0-9]{{1,{CALL_ID_DIGITS}}}/" if p == CALL_ID
+                        else json.dumps(p, ensure_ascii=False) for p in pieces if p)  # fmt: skip
 
 
 HERMES = CallFormat("hermes", "<tool_call>", '<tool_call>\n{"name": "', '", "arguments": ', "}\n</tool_call>", "\n")
@@ -135,6 +147,11 @@ PYTHON_TOOL_LISTS = ("<|tool_list_start|>", "List of tools: [")
 # Swiss AI's Apertus lists a turn's calls between two special tokens, each call an object whose one
 # key is the tool's name: <|tools_prefix|>[{"get_weather": {"city": "Paris"}}]<|tools_suffix|>.
 APERTUS_CALLS = ("<|tools_prefix|>", "<|tools_suffix|>")
+# Cohere's Command R7B (and Command A) list a turn's calls, numbered, between two special tokens,
+# one to a line, and write a text answer between two others:
+#   <|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {...}}\n]<|END_ACTION|>
+COMMAND_ACTIONS = ("<|START_ACTION|>", "<|END_ACTION|>")
+COMMAND_RESPONSES = ("<|START_RESPONSE|>", "<|END_RESPONSE|>")
 # gpt-oss writes `<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{...}`,
 # one call a turn (<|call|> ends the turn: the caller runs it and sends its result back).
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>")
@@ -179,6 +196,14 @@ def call_format(template: str, token_id: Callable[[str], int | None],
     if open_id is not None and close_id is not None and any(t in template for t in (opens, *PYTHON_TOOL_LISTS)):
         return CallFormat("python", opens, "", "(", ")", ", ", open="[", end="]" + closes, marker=opens,
                           specials=((opens, open_id), (closes, close_id)), python=True)  # fmt: skip
+    (opens, closes), (open_id, close_id) = COMMAND_ACTIONS, (token_id(t) for t in COMMAND_ACTIONS)
+    if open_id is not None and close_id is not None and opens in template and '"tool_name"' in template:
+        (starts, ends), (start_id, end_id) = COMMAND_RESPONSES, (token_id(t) for t in COMMAND_RESPONSES)
+        wrap = ((starts, start_id), (ends, end_id)) if start_id is not None and end_id is not None else None
+        return CallFormat("command", opens, '{"tool_call_id": "' + CALL_ID + '", "tool_name": "', '", "parameters": ',
+                          "}", ",\n    ", open="[\n    ", end="\n]" + closes, marker=opens,
+                          specials=((opens, open_id), (closes, close_id), *(wrap or ())),
+                          text_wrap=wrap)  # fmt: skip
     (opens, closes), (open_id, close_id) = APERTUS_CALLS, (token_id(t) for t in APERTUS_CALLS)
     if open_id is not None and close_id is not None and opens in template:
         return CallFormat("apertus", opens, '{"', '": ', "}", ", ", open="[", end="]" + closes, marker=opens,
@@ -434,7 +459,8 @@ def _literal(node: ast.expr) -> Any:
 
 def format_calls(calls: Sequence[PastCall], fmt: CallFormat) -> str:
     """A turn's earlier calls as the model would have written them."""
-    return fmt.marker + fmt.open + fmt.separator.join(fmt.format(c.name, c.arguments) for c in calls) + fmt.end
+    written = (fmt.format(c.name, c.arguments, i) for i, c in enumerate(calls))
+    return fmt.marker + fmt.open + fmt.separator.join(written) + fmt.end
 
 
 def format_results(results: Sequence[tuple[str, bool]]) -> str:
@@ -474,9 +500,12 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
     if not rules.constrained:
         return None
     if rules.json_schema is not None:
-        text = "text: " + schema_rule(rules.json_schema, rules.schema_strict)
+        text = "answer: " + schema_rule(rules.json_schema, rules.schema_strict)
     else:  # free text that does not begin as a call would (so a call is never half-written as text)
-        text = f"text: TEXT\nTEXT: /(.|\\n)*/ & ~/ ?{re.escape(fmt.opening)}(.|\\n)*/"
+        text = f"answer: TEXT\nTEXT: /(.|\\n)*/ & ~/ ?{re.escape(fmt.opening)}(.|\\n)*/"
+    # The answer as it is, or between the tokens the model wraps its text in.
+    wrapped = f" | {fmt.lark(fmt.text_wrap[0][0])} answer {fmt.lark(fmt.text_wrap[1][0])}" if fmt.text_wrap else ""
+    text = f"text: answer{wrapped}\n{text}"
     if not rules.calls_allowed:
         return f"start: text\n{text}\n"
     tools = rules.choice.callable(rules.tools)
@@ -794,6 +823,31 @@ class CallArguments:
 Part = TextPart | CallStart | CallArguments
 
 
+def _head_end(text: str, head: str) -> int | None:
+    """Where `head` (a call's opening, CALL_ID in it standing for digits) ends in `text`; None where
+    `text` may yet become it, -1 where it cannot."""
+    at = 0
+    for n, piece in enumerate(head.split(CALL_ID)):
+        if n:  # the call's id
+            digits = at
+            while digits < len(text) and text[digits] in "0123456789":
+                digits += 1
+            if digits - at > CALL_ID_DIGITS:
+                return -1
+            if digits == len(text):
+                return None
+            if digits == at:
+                return -1
+            at = digits
+        got = text[at : at + len(piece)]
+        if not piece.startswith(got):
+            return -1
+        if len(got) < len(piece):
+            return None
+        at += len(piece)
+    return at
+
+
 class RepeatGuard:
     """Holds each call after a turn's first until it is complete, and ends the turn when one
     repeats an earlier call exactly (name and arguments): a small model may loop on the call it
@@ -899,16 +953,15 @@ class CallParser:
             expect = self._first if self.calls == 0 else self._next
             if self.calls == 0 and expect.startswith(" ") and not self.buf.startswith(" "):
                 expect = expect[1:]  # decoding dropped the space of the answer's first token
-            if len(self.buf) < len(expect):
-                if not expect.startswith(self.buf):
-                    self.mode = "text"
+            head = _head_end(self.buf, expect)
+            if head is None:
                 return
-            if not self.buf.startswith(expect):
+            if head < 0:
                 self.mode = "text"
                 return
             # The name ends where what opens the arguments does, or (where that is all special
             # tokens) where the arguments' object begins.
-            end = self.buf.find(self._args_open[:1] or "{", len(expect))
+            end = self.buf.find(self._args_open[:1] or "{", head)
             if end < 0:
                 return
             if not self.buf.startswith(self._args_open, end):
@@ -916,7 +969,7 @@ class CallParser:
                     return
                 self.mode = "text"
                 return
-            name = self.buf[len(expect) : end]
+            name = self.buf[head:end]
             out.append(CallStart(self.calls, name))
             self.calls += 1
             self.buf = self.buf[end + len(self._args_open) :]

@@ -737,6 +737,47 @@ APERTUS_TURNS = ChatStyle(APERTUS_CHAT_TEMPLATE, ("<pad>", "<s>", "<|system_star
                                                  "<|developer_start|>", "<|developer_end|>", "<|user_start|>",
                                                  "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
                                                  "<|tools_prefix|>", "<|tools_suffix|>"), "<s>", "<|assistant_end|>")
+# Cohere's Command R7B (abridged): turns between tokens of its own, the tools listed in the system
+# turn; the model writes a turn's calls as a numbered list between <|START_ACTION|> and <|END_ACTION|>
+# and its text between <|START_RESPONSE|> and <|END_RESPONSE|>; the results come back in a system
+# turn. Its generation prompt closes an empty plan unless thinking is asked for, and is written
+# whether asked for or not.
+COMMAND_R7B_CHAT_TEMPLATE = (
+    "{{ bos_token }}{%- set ns = namespace(calls=0, results=0) -%}"
+    "{{ '<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|># System Preamble\nYou are Command.' }}{%- if tools -%}"
+    "{{ '\n## Available Tools\n```json\n[\n' }}{%- for tool in tools -%}"
+    "{{ '    {\"name\": \"' + tool.function.name + '\", \"description\": \"' + tool.function.description"
+    " + '\", \"parameters\": ' + tool.function.parameters | tojson + ', \"responses\": null}' }}"
+    "{{ ',\n' if not loop.last else '\n' }}{%- endfor -%}{{ ']\n```' }}{%- endif -%}"
+    "{%- if messages and messages[0].role == 'system' -%}{{ '\n# Developer Preamble\n' + messages[0].content }}"
+    "{%- endif -%}{{ '<|END_OF_TURN_TOKEN|>' }}{%- for message in messages -%}"
+    "{%- if message.role == 'system' and not loop.first -%}"
+    "{{ '<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>' + message.content + '<|END_OF_TURN_TOKEN|>' }}"
+    "{%- elif message.role == 'user' -%}"
+    "{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + message.content + '<|END_OF_TURN_TOKEN|>' }}"
+    "{%- elif message.role == 'assistant' -%}{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}"
+    "{%- if message.tool_calls -%}{{ '<|START_THINKING|>' + (message.reasoning_content or '') + '<|END_THINKING|>'"
+    " + '<|START_ACTION|>[\n    ' }}{%- for call in message.tool_calls -%}"
+    "{{ '{\"tool_call_id\": \"' + ns.calls | string + '\", \"tool_name\": \"' + call.function.name"
+    " + '\", \"parameters\": ' + call.function.arguments | tojson + '}' }}{{ ',\n    ' if not loop.last }}"
+    "{%- set ns.calls = ns.calls + 1 -%}{%- endfor -%}{{ '\n]<|END_ACTION|><|END_OF_TURN_TOKEN|>' }}"
+    "{%- else -%}{{ '<|START_RESPONSE|>' + message.content + '<|END_RESPONSE|><|END_OF_TURN_TOKEN|>' }}{%- endif -%}"
+    "{%- elif message.role == 'tool' -%}{%- if loop.previtem is not defined or loop.previtem.role != 'tool' -%}"
+    "{{ '<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|><|START_TOOL_RESULT|>[' }}{%- else -%}{{ ',' }}{%- endif -%}"
+    "{{ '\n    {\"tool_call_id\": \"' + ns.results | string + '\", \"results\": {\"0\": ' + message.content"
+    " | tojson + '}, \"is_error\": null}' }}{%- set ns.results = ns.results + 1 -%}"
+    "{%- if loop.nextitem is not defined or loop.nextitem.role != 'tool' -%}"
+    "{{ '\n]<|END_TOOL_RESULT|><|END_OF_TURN_TOKEN|>' }}{%- endif -%}{%- endif -%}{%- endfor -%}"
+    "{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}"
+    "{%- if not enable_thinking -%}{{ '<|START_THINKING|><|END_THINKING|>' }}{%- endif -%}"
+)
+COMMAND_R7B_TURNS = ChatStyle(COMMAND_R7B_CHAT_TEMPLATE, ("<PAD>", "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>",
+                                                         "<|START_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>",
+                                                         "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|START_THINKING|>",
+                                                         "<|END_THINKING|>", "<|START_ACTION|>", "<|END_ACTION|>",
+                                                         "<|START_RESPONSE|>", "<|END_RESPONSE|>",
+                                                         "<|START_TOOL_RESULT|>", "<|END_TOOL_RESULT|>"),
+                              "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")  # fmt: skip
 QWEN35_TURNS = ChatStyle(QWEN35_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>"))
 MISTRAL_TURNS = ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]",
                                                  "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
@@ -775,6 +816,8 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "seed_oss": SEED_TURNS,
     # Apertus lists a turn's calls between its own tokens, each keyed by its tool's name.
     "apertus": APERTUS_TURNS,
+    # Command R7B lists a turn's calls, numbered, between its own tokens (the cohere2 fixture).
+    "cohere2": COMMAND_R7B_TURNS,
     "nemotron_h": NEMOTRON_H_TURNS,
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",
                                                  "<|message|>", "<|end|>", "<|return|>", "<|constrain|>", "<|call|>"),

@@ -159,6 +159,63 @@ def test_apertus_calls_are_read_keyed_by_their_names_between_its_tokens(chunk: i
     assert call_format(APERTUS_CHAT_TEMPLATE, {}.get) is HERMES  # no such tokens
 
 
+COMMAND_IDS = {"<|START_ACTION|>": 30, "<|END_ACTION|>": 31, "<|START_RESPONSE|>": 32, "<|END_RESPONSE|>": 33}
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_command_r7b_calls_are_read_numbered_one_to_a_line_between_its_tokens(chunk: int) -> None:
+    from firmware.toolchain.tiny import COMMAND_R7B_CHAT_TEMPLATE
+
+    fmt = call_format(COMMAND_R7B_CHAT_TEMPLATE, COMMAND_IDS.get)
+    paris = '{"city": "Paris", "unit": "c"}'
+    written = format_calls([PastCall("get_weather", paris), PastCall("get_time", "{}")], fmt)
+    assert (fmt.name, fmt.marker_id) == ("command", 30)
+    assert written == ('<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": '
+                       f'{paris}}},\n    {{"tool_call_id": "1", "tool_name": "get_time", "parameters": {{}}}}\n]'
+                       "<|END_ACTION|>")  # fmt: skip
+    two = [("get_weather", paris), ("get_time", "{}")]
+    assert _parse(written, chunk, fmt=fmt) == ("", two, 2)
+    # The model numbers its calls on from the conversation's earlier ones.
+    assert _parse(written.replace('"0"', '"12"').replace('"1"', '"13"'), chunk, fmt=fmt) == ("", two, 2)
+    for not_an_id in ('"c0"', '""', '"12345"'):
+        assert _parse(written.replace('"0"', not_an_id), chunk, fmt=fmt)[1] == []
+    # Without the marker, what looks like calls is text (the grammar allows no such text anyway).
+    assert _parse(fmt.visible(written), chunk, fmt=fmt) == (fmt.visible(written), [], 0)
+    assert call_format(COMMAND_R7B_CHAT_TEMPLATE, {}.get) is HERMES  # no such tokens
+
+
+def test_command_r7b_s_grammar_holds_its_numbered_calls_and_allows_its_text_between_its_response_tokens(
+        trusted_keys: Path) -> None:  # fmt: skip
+    from firmware.toolchain.tiny import tiny_bundle
+
+    bundle = firmware.load(tiny_bundle("cohere2"), trusted_keys)
+    compiler = GrammarCompiler(bundle.tokenizer_path, bundle.model.vocab_size, bundle.model.eos_token_ids)
+    engine = Engine(bundle, EngineConfig(intra_op_threads=1))
+    try:
+        fmt = engine.template.call_format
+    finally:
+        engine.close()
+    assert fmt.name == "command" and fmt.text_wrap is not None
+    (_, start), (_, end) = fmt.text_wrap
+
+    def accepts(rules: OutputRules, pieces: list[str | int]) -> bool:
+        lark = grammar(rules, fmt)
+        assert lark is not None
+        constraint = compiler.constraint(lark, "tools" if rules.tools else rules.schema_field)
+        tokens = [t for p in pieces for t in ([p] if isinstance(p, int) else compiler.tokenizer.tokenize_str(p))]
+        return all(constraint.matcher.consume_token(t) for t in tokens) and bool(constraint.matcher.is_accepting())
+
+    auto = OutputRules((WEATHER, CLOCK))
+    action = dict(fmt.specials)["<|START_ACTION|>"], dict(fmt.specials)["<|END_ACTION|>"]
+    call = '[\n    {"tool_call_id": "3", "tool_name": "get_time", "parameters": {}}\n]'
+    assert accepts(auto, [action[0], call, action[1]])
+    assert not accepts(auto, [action[0], call.replace('"3"', '"x"'), action[1]])
+    assert accepts(auto, [start, "It is sunny.", end]) and accepts(auto, ["It is sunny."])
+    assert not accepts(auto, [start, "It is sunny."])  # opened, so closed
+    schema = OutputRules(json_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    assert accepts(schema, [start, '{"n": 3}', end]) and not accepts(schema, [start, "three", end])
+
+
 def test_lfm2_5_s_template_lists_tools_without_lfm2_s_tokens_and_its_model_writes_python_calls() -> None:
     """LFM2.5-Instruct's template lists the tools as "List of tools: [...]" with no special token
     around them (LFM2's has <|tool_list_start|>); its model writes LFM2's Python calls all the same."""
@@ -943,6 +1000,11 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
     ("nemotron_h", "nemotron", '<AVAILABLE_TOOLS>[{"name": "get_weather"',
      '<SPECIAL_11>Assistant\n<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]'
      "</TOOLCALL>\n<SPECIAL_12>", "<SPECIAL_11>User\n<TOOL_RESPONSE>[18 C]</TOOL_RESPONSE>"),
+    ("cohere2", "command", '## Available Tools\n```json\n[\n    {"name": "get_weather"',  # Command R7B
+     '<|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|><|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": '
+     '"get_weather", "parameters": {"city": "Paris", "unit": "c"}}\n]<|END_ACTION|>',
+     '<|SYSTEM_TOKEN|><|START_TOOL_RESULT|>[\n    {"tool_call_id": "0", "results": {"0": "18 C"}, "is_error": null}'
+     "\n]<|END_TOOL_RESULT|>"),
     ("gemma4", "gemma4", "<|tool>declaration:get_weather{",  # the results in the turn of the calls, which goes on
      '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>c<|"|>}<tool_call|>',
      '<tool_call|><|tool_response>response:get_weather{value:<|"|>18 C<|"|>}<tool_response|><|channel>thought\n'
