@@ -822,7 +822,9 @@ RECURRENT_KINDS = {"linear_attention": ("Qwen3_5ForConditionalGeneration", "Qwen
 # RoPE scaling whose export rotates as transformers does, each checked on a tiny model
 # (tests/engine/test_architectures.py: llama_rope_*, qwen2_yarn, gemma3_linear, phi3_longrope).
 # "ntk_alpha" is HunYuan's NTK scaling with a fixed alpha, which its checkpoints call "dynamic".
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "ntk_alpha")
+# "dynamic" (transformers' dynamic NTK, as InternLM3's) rotates as plain RoPE up to the model's
+# max_position_embeddings and only past it grows its base: the context is capped there (exact_positions).
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "ntk_alpha", "dynamic")
 
 
 def _rope_entries(config: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
@@ -887,15 +889,23 @@ def _rope_types(config: dict[str, Any]) -> list[tuple[str | None, str]]:
     return found
 
 
-def exact_positions(config: dict[str, Any]) -> int | None:
-    """How many positions the export answers as transformers does, where that is fewer than the
-    model's context (None: all of them). Ministral 3 scales its queries by position past its
-    original context (`llama_4_scaling_beta`: 1 + beta * log(1 + position // original)); the
-    builder leaves the scale out, so its export is exact only inside the original context (a tiny
-    one matched transformers within 2.9e-6 there and was 4.9e-4 off past it)."""
-    for _, entry in _rope_entries(config.get("text_config", config)):
+def exact_positions(config: dict[str, Any]) -> tuple[int, str] | None:
+    """How many positions the export answers as transformers does, where that may be fewer than
+    the model's context, and why (None: all of them). Ministral 3 scales its queries by position
+    past its original context (`llama_4_scaling_beta`: 1 + beta * log(1 + position // original));
+    the builder leaves the scale out, so its export is exact only inside the original context (a
+    tiny one matched transformers within 2.9e-6 there and was 4.9e-4 off past it). Dynamic NTK
+    RoPE grows its base past max_position_embeddings as the sequence does, which the export's one
+    table of frequencies (builder_shim.dynamic_ntk_as_default) cannot follow."""
+    text = config.get("text_config", config)
+    for _, entry in _rope_entries(text):
         if entry.get("llama_4_scaling_beta") and entry.get("original_max_position_embeddings"):
-            return int(entry["original_max_position_embeddings"])
+            return (int(entry["original_max_position_embeddings"]), "past its original context the model scales its "
+                    "queries by position (llama_4_scaling_beta), which the export leaves out")  # fmt: skip
+        kind = entry.get("rope_type") or entry.get("type")
+        if kind == "dynamic" and not entry.get("alpha") and text.get("max_position_embeddings"):
+            return (int(text["max_position_embeddings"]), "past max_position_embeddings the model's dynamic NTK RoPE "
+                    "grows its base with the sequence, which the export's one table of frequencies cannot follow")
     return None
 
 
@@ -903,18 +913,17 @@ def cap_context_where_the_export_ends(hf_dir: Path, genai_dir: Path, progress: P
     """Serve no more positions than the export is exact for (exact_positions): each graph's
     genai_config.json context_length, which the engine sizes its slots and refuses prompts by."""
     config_file = hf_dir / "config.json"
-    limit = exact_positions(json.loads(config_file.read_text())) if config_file.is_file() else None
-    if limit is None:
+    exact = exact_positions(json.loads(config_file.read_text())) if config_file.is_file() else None
+    if exact is None:
         return
+    limit, why = exact
     for graph_dir in (genai_dir, genai_dir / CUDA_GRAPH_DIR):
         genai_file = graph_dir / "genai_config.json"
         if not genai_file.is_file():
             continue
         doc = json.loads(genai_file.read_text())
         if doc["model"]["context_length"] > limit:
-            progress(f"note: context capped at {limit} positions (from {doc['model']['context_length']}): past its "
-                     "original context the model scales its queries by position (llama_4_scaling_beta), which the "
-                     "export leaves out")  # fmt: skip
+            progress(f"note: context capped at {limit} positions (from {doc['model']['context_length']}): {why}")
             doc["model"]["context_length"] = limit
             genai_file.write_text(json.dumps(doc, indent=4) + "\n")
 
@@ -996,9 +1005,9 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
 def checked_architectures() -> tuple[str, ...]:
     """The model classes make test checks against transformers: those of the tiny fixtures
     (tests/engine/test_architectures.py and test_gguf_architectures.py build each)."""
-    from firmware.toolchain.tiny import ARCHITECTURES  # imported here: tiny builds through this module
+    from firmware.toolchain.tiny import ARCHITECTURES, PUBLISHED_AS  # imported here: tiny builds through this module
 
-    return tuple(dict.fromkeys(model for _, model, _ in ARCHITECTURES.values()))
+    return tuple(dict.fromkeys([*(model for _, model, _ in ARCHITECTURES.values()), *PUBLISHED_AS.values()]))
 
 
 def architecture(hf_dir: Path) -> str | None:

@@ -373,7 +373,8 @@ UNGATED_MLP_FAMILIES = {"arcee": "ArceeForCausalLM"}
 # Families that are a Llama as the builder's class builds it (biases where their projections have them).
 LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCausalLM",
                   "ministral": "MinistralForCausalLM", "jais2": "Jais2ForCausalLM", "olmoe": "OlmoeForCausalLM",
-                  "qwen2_moe": "Qwen2MoeForCausalLM"}
+                  "qwen2_moe": "Qwen2MoeForCausalLM", "helium": "HeliumForCausalLM",
+                  "internlm3": "InternLM3ForCausalLM"}
 # Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
 LAYER_NORM_FAMILIES = ("stablelm", "jais2")
 
@@ -435,6 +436,16 @@ def qwen35_rope_as_text(config: Any) -> None:
     rope = dict(getattr(text, "rope_parameters", None) or {})
     if "mrope_section" in rope:
         text.rope_parameters = {k: v for k, v in rope.items() if k not in ("mrope_section", "mrope_interleaved")}
+
+
+def dynamic_ntk_as_default(config: Any) -> None:
+    """transformers' dynamic NTK RoPE (InternLM3's) rotates as plain RoPE up to the model's
+    max_position_embeddings, past which the bundle serves nothing (build.exact_positions): the
+    builder, which has no such type, gets plain RoPE over the same base. (HunYuan's "dynamic" has a
+    fixed alpha, which its builder class reads.)"""
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict) and rope.get("rope_type") == "dynamic" and not rope.get("alpha"):
+        config.rope_parameters = {**{k: v for k, v in rope.items() if k != "factor"}, "rope_type": "default"}
 
 
 def qwen3_moe_as_qwen3(config: Any) -> None:
@@ -531,8 +542,8 @@ def mixtral_as_mistral(config: Any) -> None:
         config.architectures = ["MistralForCausalLM"]
 
 
-FIXES = (attention_softcap_as_transformers, gemma4_per_layer_shapes, phi3_default_rope, longrope_type,
-         gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon, qwen3_5_text_as_conditional,
+FIXES = (dynamic_ntk_as_default, attention_softcap_as_transformers, gemma4_per_layer_shapes, phi3_default_rope,
+         longrope_type, gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon, qwen3_5_text_as_conditional,
          qwen35_rope_as_text, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
          granite_moe_as_granite4, granite4_mamba_as_linear_attention, nemotron_h_as_nemotron, falcon_h1_as_mistral,
          jamba_as_mistral, cohere_as_mistral, mixtral_as_mistral)  # fmt: skip
@@ -909,7 +920,7 @@ def post_norm_layers() -> None:
                                       normalize_routing_weights=bool(config.norm_topk_prob))  # fmt: skip
                 self.intermediate_size = config.intermediate_size  # a dense layer's MLP (Qwen2-MoE's)
                 self.shared_expert_intermediate_size = getattr(config, "shared_expert_intermediate_size", 0)
-            if config.model_type == "glm4":
+            if config.model_type in ("glm4", "helium"):  # neighbouring pairs turned together
                 self.rope_attrs["interleaved"] = 1
             if config.model_type in LAYER_NORM_FAMILIES:  # LayerNorms with biases, not RMS norms
                 self.layernorm_attrs["simple"] = False

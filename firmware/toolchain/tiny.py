@@ -347,6 +347,13 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # Swiss AI's Apertus: a Llama with per-head query and key norms, its norms renamed, an ungated MLP
     # whose activation (xIELU) has learnt parameters per layer, Llama 3's RoPE scaling.
     "apertus": ("ApertusConfig", "ApertusForCausalLM", {"head_dim": 16}),
+    # Kyutai's Helium (Helium 1 2B): a Llama whose RoPE turns neighbouring pairs.
+    "helium": ("HeliumConfig", "HeliumForCausalLM", {"head_dim": 16, "rms_norm_eps": 1e-8}),
+    # Shanghai AI Lab's InternLM3: a Llama, which transformers runs it as (PUBLISHED_AS: its own
+    # class's name), with dynamic NTK RoPE (plain RoPE inside max_position_embeddings, where the
+    # build caps the context: build.exact_positions).
+    "internlm3": ("InternLM3Config", "LlamaForCausalLM", {"head_dim": 16, "rope_parameters": {
+        "rope_type": "dynamic", "factor": 6.0, "rope_theta": 50000000.0}}),
     # Cohere's Aya Expanse and Command R: attention and the MLP side by side after one LayerNorm (no
     # bias), neighbouring pairs rotated, logits scaled.
     "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.5, "tie_word_embeddings": True}),
@@ -377,7 +384,10 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "arcee", "granite_swa", "lfm3", "seed_oss", "stablelm", "ernie4_5",
                "granite4_h", "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus",
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
-               "granitemoeshared")
+               "granitemoeshared", "helium", "internlm3")
+# The class a family's published checkpoints name in config.json where transformers runs them as
+# another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
+PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -912,6 +922,8 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
                 weight.uniform_(0.5, 1.5)
         model.lm_head.weight.mul_(8.0)
         model.lm_head.weight[tok.get_vocab_size() :] = 0.0
+    if arch in PUBLISHED_AS:
+        model.config.architectures = [PUBLISHED_AS[arch]]
     model.save_pretrained(out_dir)
 
 
@@ -920,7 +932,8 @@ def _fingerprint(arch: str) -> str:
     (The Llama fixture keeps its plain names: it has not changed since they were chosen.)"""
     if arch == "llama":
         return ""
-    spec = repr((ARCHITECTURES[arch], chat_style(arch), *((RANDOMIZED[arch],) if arch in RANDOMIZED else ())))
+    spec = repr((ARCHITECTURES[arch], chat_style(arch), *((RANDOMIZED[arch],) if arch in RANDOMIZED else ()),
+                 *((PUBLISHED_AS[arch],) if arch in PUBLISHED_AS else ())))
     return "-" + hashlib.sha256(spec.encode()).hexdigest()[:8]
 
 

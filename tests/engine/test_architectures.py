@@ -8,9 +8,9 @@ prefill lane beside a decoding stream identical to each alone. Mistral's sliding
 check runs past the window; Qwen3 has per-head norms, Phi-3 partial rotary, and gpt-oss experts,
 attention sinks and a clamped SwiGLU. The RoPE scaling kinds the build serves (build.ROPE_TYPES)
 each have a fixture: Llama 3.1's, linear (a Llama's, and Gemma 3's on its global layers only), YaRN
-with transformers' default blend, HunYuan's fixed-alpha NTK and Phi-3's LongRoPE. Each family's chat
-template renders the same token ids as transformers' apply_chat_template, system prompt and (for
-Qwen2.5's) tools included."""
+with transformers' default blend, HunYuan's fixed-alpha NTK, dynamic NTK (InternLM3's) and Phi-3's
+LongRoPE. Each family's chat template renders the same token ids as transformers'
+apply_chat_template, system prompt and (for Qwen2.5's) tools included."""
 
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ import asyncio
 import dataclasses
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import numpy as np
 import pytest
@@ -242,6 +244,18 @@ def _same_answers(together: list[list[tuple[str, float]]], alone: list[list[tupl
         assert np.allclose([p for _, p in got], [p for _, p in want], rtol=0, atol=1e-5), name
 
 
+def _held_until(done: Any, decode: Any, pause_s: float = 0.01) -> Any:
+    """`decode`, each call `pause_s` later until `done()`: a stream whose answer would end in a few
+    milliseconds is still decoding when a newcomer arrives (the answers do not change)."""
+
+    def held(*args: Any) -> Any:
+        if not done():
+            time.sleep(pause_s)
+        return decode(*args)
+
+    return held
+
+
 def _alone_then_beside(engine: Engine, requests: tuple[GenerationRequest, ...], patch: Any,
                        beside: Any) -> tuple[list[list[tuple[str, float]]], list[list[tuple[str, float]]]]:  # fmt: skip
     """Each request's answer alone, then `patch()` and the answers `beside()` gives; the engine is
@@ -281,8 +295,14 @@ def test_a_long_prompt_on_the_prefill_lane_beside_a_decoding_stream_answers_as_a
         return real_run(owner, cache, ids, start, end, *rest)
 
     # Rendered beforehand, so the newcomer reaches the scheduler as soon as the stream has its second
-    # token, while even a tiny model's short answer (9 tokens, some) is still decoding.
+    # token, while even a tiny model's short answer (9 tokens, some) is still decoding; and each of
+    # the stream's steps waits a little until the lane has begun (13 tokens took InternLM3's 3 ms).
     long_prompt = engine.prepare(long)
+
+    def patch() -> None:
+        worker.lane.run = run
+        for session in {id(s): s for s in (worker.session, worker.decode_half) if s is not None}.values():
+            session.decode = _held_until(lambda: bool(ranges), session.decode)
 
     async def beside() -> list[list[tuple[str, float]]]:
         started = asyncio.Event()
@@ -291,7 +311,7 @@ def test_a_long_prompt_on_the_prefill_lane_beside_a_decoding_stream_answers_as_a
         newcomer = await _answer(engine, long, prompt=long_prompt)
         return [await decoding, newcomer]
 
-    alone, together = _alone_then_beside(engine, (stream, long), lambda: setattr(worker.lane, "run", run), beside)
+    alone, together = _alone_then_beside(engine, (stream, long), patch, beside)
     # The newcomer's prompt went to the lane (the stream's ran alone); whether the lane or, once the
     # stream ended, the steps finished it depends on the machine's speed.
     assert ranges and ranges[0][0] == 0, name
@@ -796,20 +816,20 @@ def test_an_option_the_export_leaves_out_is_refused_before_export(tmp_path: Path
 
 
 @pytest.mark.parametrize(("rope", "refused"), [
-    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "RoPE scaling 'dynamic' is not exported"),
-    ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, "RoPE scaling 'proportional'"),
+    ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, "RoPE scaling 'proportional' is not "
+                                                                             "exported"),
     ({"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 8.0},
                           "full_attention": {"rope_type": "linear", "factor": 8.0}}},
      "RoPE scaling 'linear' on its sliding_attention layers"),
 ])  # fmt: skip
 def test_rope_scaling_the_export_does_not_compute_as_transformers_is_refused_before_export(
         tmp_path: Path, rope: dict[str, object], refused: str) -> None:  # fmt: skip
-    """Dynamic NTK scaling changes the frequencies as a sequence grows, which one precomputed table
-    cannot follow; a kind no tiny model checks is not served; Gemma 3's local layers rotate plainly
-    in the export (builder_shim.gemma3_plain_local_rope). The kinds that are checked, HunYuan's
-    fixed-alpha "dynamic" and Phi-3's old name for LongRoPE pass."""
+    """A kind no tiny model checks is not served; Gemma 3's local layers rotate plainly in the
+    export (builder_shim.gemma3_plain_local_rope). The kinds that are checked, HunYuan's fixed-alpha
+    "dynamic", dynamic NTK (served only as far as it rotates plainly) and Phi-3's old name for
+    LongRoPE pass."""
     from firmware.errors import BundleError
-    from firmware.toolchain.build import BuildOptions, _rope_types, build
+    from firmware.toolchain.build import BuildOptions, _rope_types, build, exact_positions
 
     hf = tmp_path / "hf"
     hf.mkdir()
@@ -817,6 +837,8 @@ def test_rope_scaling_the_export_does_not_compute_as_transformers_is_refused_bef
     with pytest.raises(BundleError, match=refused):
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
     assert _rope_types({"rope_scaling": {"type": "dynamic", "alpha": 1000.0}}) == [(None, "ntk_alpha")]
+    dynamic = {"rope_scaling": {"type": "dynamic", "factor": 6.0}, "max_position_embeddings": 32768}
+    assert _rope_types(dynamic) == [(None, "dynamic")] and exact_positions(dynamic) == (32768, ANY)
     assert _rope_types({"rope_scaling": {"type": "su", "short_factor": [1.0]}}) == [(None, "longrope")]
     assert _rope_types({}) == [(None, "default")]
 
@@ -871,5 +893,6 @@ def test_ministral3_is_served_only_as_far_as_its_export_is_exact(trusted_keys: P
     bundle = firmware.load(tiny_bundle("ministral3_vl"), trusted_keys)
     config = json.loads((tiny_hf_dir("ministral3_vl") / "config.json").read_text())
     assert config["text_config"]["max_position_embeddings"] == 2048
-    assert exact_positions(config) == bundle.model.context_length == 1024
+    exact = exact_positions(config)
+    assert exact is not None and exact[0] == bundle.model.context_length == 1024
     assert exact_positions(json.loads((tiny_hf_dir("mistral3_vl") / "config.json").read_text())) is None

@@ -39,7 +39,7 @@ VARIANTS: dict[str, Variant] = {
     "llama_mqa": ("llama", {"num_key_value_heads": 1}, None),
     "llama_gelu": ("llama", {"hidden_act": "gelu_pytorch_tanh"}, None),
     "llama_dynamic_rope": ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0,
-                                                         "factor": 2.0}}, "RoPE scaling 'dynamic'"),
+                                                         "factor": 2.0}}, None),
     "qwen2_tied": ("qwen2", {"tie_word_embeddings": True}, None),
     "qwen2_window": ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}, None),
     "qwen3_tied_mqa": ("qwen3", {"tie_word_embeddings": True, "num_key_value_heads": 1}, None),
