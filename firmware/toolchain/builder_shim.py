@@ -374,7 +374,7 @@ UNGATED_MLP_FAMILIES = {"arcee": "ArceeForCausalLM"}
 LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCausalLM",
                   "ministral": "MinistralForCausalLM", "jais2": "Jais2ForCausalLM", "olmoe": "OlmoeForCausalLM",
                   "qwen2_moe": "Qwen2MoeForCausalLM", "helium": "HeliumForCausalLM",
-                  "internlm3": "InternLM3ForCausalLM"}
+                  "internlm3": "InternLM3ForCausalLM", "nanochat": "NanoChatForCausalLM"}
 # Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
 LAYER_NORM_FAMILIES = ("stablelm", "jais2")
 
@@ -862,6 +862,34 @@ def _ungated_mlp(self: Any, layer_id: int, mlp: Any, root_input: str) -> None:
     self.mlp_attrs["output_0"] = _linear(self, mlp.down_proj, f"{base}/down_proj", act)
 
 
+def _nanochat_as_llama(model: Any) -> None:
+    """Karpathy's nanochat, in place, as the Llama the builder's class builds (with per-head query
+    and key norms and an ungated MLP): its norms have no weights (ones, then); it normalizes the
+    embeddings before the first layer, which is the table's rows normalized; it turns each head's
+    halves the other way (cat(x2, -x1)), which is the usual turn of the head with its second half
+    negated, and negating that half in the query's and the key's rows changes no product of the two
+    (nor their per-head norms, taken after the turn: it keeps their lengths); its MLP is fc1, the
+    activation, fc2."""
+    import torch
+
+    config = model.config
+    width = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    norms = [m for m in model.modules() if type(m).__name__ == "NanoChatRMSNorm"]
+    with torch.no_grad():
+        for norm in norms:
+            norm.weight = torch.nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
+        table = model.model.embed_tokens.weight
+        table.mul_(torch.rsqrt(table.float().pow(2).mean(-1, keepdim=True) + config.rms_norm_eps).to(table.dtype))
+        for layer in model.model.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            attention.q_norm.weight = torch.nn.Parameter(torch.ones(width), requires_grad=False)
+            attention.k_norm.weight = torch.nn.Parameter(torch.ones(width), requires_grad=False)
+            for projection in (attention.q_proj, attention.k_proj):
+                rows = projection.weight.view(-1, width, projection.weight.shape[-1])
+                rows[:, width // 2 :].neg_()
+            mlp.up_proj, mlp.down_proj, mlp.act_fn = mlp.fc1, mlp.fc2, mlp.activation_fn
+
+
 def _xielu(self: Any, act: Any, base: str, x: str) -> str:
     """transformers' XIELUActivation (Apertus's) of `x`: alpha_p x^2 + beta x where x > 0, else
     (expm1(min(x, eps)) - x) alpha_n + beta x, its alphas from its parameters (softplus'd)."""
@@ -912,7 +940,7 @@ def post_norm_layers() -> None:
             self.post_norm = config.model_type in POST_NORM_FAMILIES
             self.whole_qk_norm = config.model_type in ("olmo2", "olmo3", "olmoe")
             self.norm_names = LAYER_NORMS.get(config.model_type, POST_NORMS_ONLY)
-            if config.model_type in ("olmo2", "olmo3", "olmoe", "exaone4", "apertus"):
+            if config.model_type in ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat"):
                 self.attention_attrs.update(q_norm=True, k_norm=True)
             # SwiGLU experts: the softmax's top k, scaled to sum to 1 where the config asks.
             if config.model_type in ("olmoe", "qwen2_moe"):
@@ -931,6 +959,12 @@ def post_norm_layers() -> None:
             self.rope_local_theta = getattr(config, "rope_local_base_freq", None)  # gemma3_rope_per_layer_type's
             if self.post_norm and self.rope_local_theta is not None:
                 _global_and_plain_local_caches(self)
+
+        def load_weights(self, input_path: str) -> Any:
+            model = super().load_weights(input_path)
+            if getattr(model.config, "model_type", None) == "nanochat":
+                _nanochat_as_llama(model)
+            return model
 
         def make_rotary_embedding_caches(self, **kwargs: Any) -> Any:
             two_tables = getattr(self, "post_norm", False) and self.rope_local_theta is not None

@@ -354,6 +354,10 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # build caps the context: build.exact_positions).
     "internlm3": ("InternLM3Config", "LlamaForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "factor": 6.0, "rope_theta": 50000000.0}}),
+    # Karpathy's nanochat: norms without weights (one more before the first layer), per-head query
+    # and key norms after RoPE, which turns each head's halves the other way, an ungated ReLU-squared
+    # MLP (fc1, fc2) and capped logits.
+    "nanochat": ("NanoChatConfig", "NanoChatForCausalLM", {}),
     # Cohere's Aya Expanse and Command R: attention and the MLP side by side after one LayerNorm (no
     # bias), neighbouring pairs rotated, logits scaled.
     "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.5, "tie_word_embeddings": True}),
@@ -384,7 +388,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "arcee", "granite_swa", "lfm3", "seed_oss", "stablelm", "ernie4_5",
                "granite4_h", "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus",
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
-               "granitemoeshared", "helium", "internlm3")
+               "granitemoeshared", "helium", "internlm3", "nanochat")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
