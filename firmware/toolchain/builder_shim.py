@@ -374,7 +374,7 @@ UNGATED_MLP_FAMILIES = {"arcee": "ArceeForCausalLM"}
 LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCausalLM",
                   "ministral": "MinistralForCausalLM", "jais2": "Jais2ForCausalLM", "olmoe": "OlmoeForCausalLM",
                   "qwen2_moe": "Qwen2MoeForCausalLM", "helium": "HeliumForCausalLM",
-                  "internlm3": "InternLM3ForCausalLM", "nanochat": "NanoChatForCausalLM"}
+                  "internlm3": "InternLM3ForCausalLM", "nanochat": "NanoChatForCausalLM", "glm": "GlmForCausalLM"}
 # Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
 LAYER_NORM_FAMILIES = ("stablelm", "jais2")
 
@@ -948,7 +948,7 @@ def post_norm_layers() -> None:
                                       normalize_routing_weights=bool(config.norm_topk_prob))  # fmt: skip
                 self.intermediate_size = config.intermediate_size  # a dense layer's MLP (Qwen2-MoE's)
                 self.shared_expert_intermediate_size = getattr(config, "shared_expert_intermediate_size", 0)
-            if config.model_type in ("glm4", "helium"):  # neighbouring pairs turned together
+            if config.model_type in ("glm", "glm4", "helium"):  # neighbouring pairs turned together
                 self.rope_attrs["interleaved"] = 1
             if config.model_type in LAYER_NORM_FAMILIES:  # LayerNorms with biases, not RMS norms
                 self.layernorm_attrs["simple"] = False

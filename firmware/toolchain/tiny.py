@@ -284,6 +284,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # GLM-4 (the 0414 models): a norm before and after the attention and the MLP, biased query, key
     # and value projections, and half of each head rotated by pairs of neighbouring dimensions.
     "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 32}),
+    # GLM-4 9B (glm-4-9b-chat-hf) and GLM-Edge: GLM-4-0414's layers without its post norms.
+    "glm": ("GlmConfig", "GlmForCausalLM", {"head_dim": 32}),
     # Gemma 4 (31B's shape; 26B A4B's without its experts): five sliding layers to one global, whose
     # heads are fewer (its keys serve as its values) and twice as wide, rotated over a quarter of
     # their width (proportional RoPE); query, key and value norms, a scale on each layer's output,
@@ -388,7 +390,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "arcee", "granite_swa", "lfm3", "seed_oss", "stablelm", "ernie4_5",
                "granite4_h", "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus",
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
-               "granitemoeshared", "helium", "internlm3", "nanochat")
+               "granitemoeshared", "helium", "internlm3", "nanochat", "glm")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
