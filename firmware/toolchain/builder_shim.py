@@ -353,7 +353,7 @@ def attention_softcap_as_transformers(config: Any) -> None:
 def norm_epsilon(config: Any) -> None:
     if "rms_norm_eps" in vars(config):
         return
-    for name in ("layer_norm_eps", "norm_eps", "layer_norm_epsilon"):
+    for name in ("layer_norm_eps", "norm_eps", "layer_norm_epsilon", "norm_epsilon"):
         if isinstance(vars(config).get(name), float):
             config.rms_norm_eps = vars(config)[name]
             return
@@ -374,9 +374,10 @@ UNGATED_MLP_FAMILIES = {"arcee": "ArceeForCausalLM"}
 LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCausalLM",
                   "ministral": "MinistralForCausalLM", "jais2": "Jais2ForCausalLM", "olmoe": "OlmoeForCausalLM",
                   "qwen2_moe": "Qwen2MoeForCausalLM", "helium": "HeliumForCausalLM",
-                  "internlm3": "InternLM3ForCausalLM", "nanochat": "NanoChatForCausalLM", "glm": "GlmForCausalLM"}
+                  "internlm3": "InternLM3ForCausalLM", "nanochat": "NanoChatForCausalLM", "glm": "GlmForCausalLM",
+                  "starcoder2": "Starcoder2ForCausalLM"}
 # Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
-LAYER_NORM_FAMILIES = ("stablelm", "jais2")
+LAYER_NORM_FAMILIES = ("stablelm", "jais2", "starcoder2")
 
 
 def post_norm_as_llama(config: Any) -> None:
@@ -964,6 +965,10 @@ def post_norm_layers() -> None:
             model = super().load_weights(input_path)
             if getattr(model.config, "model_type", None) == "nanochat":
                 _nanochat_as_llama(model)
+            for layer in getattr(getattr(model, "model", None), "layers", ()):
+                mlp: Any = getattr(layer, "mlp", None)
+                if hasattr(mlp, "c_fc"):  # StarCoder2's ungated MLP, under the names _ungated_mlp reads
+                    mlp.up_proj, mlp.down_proj, mlp.act_fn = mlp.c_fc, mlp.c_proj, mlp.act
             return model
 
         def make_rotary_embedding_caches(self, **kwargs: Any) -> Any:

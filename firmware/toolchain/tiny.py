@@ -360,6 +360,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # and key norms after RoPE, which turns each head's halves the other way, an ungated ReLU-squared
     # MLP (fc1, fc2) and capped logits.
     "nanochat": ("NanoChatConfig", "NanoChatForCausalLM", {}),
+    # BigCode's StarCoder2: a Mistral with LayerNorms (biases), biased projections and an ungated GELU
+    # MLP (c_fc, c_proj), every layer sliding, the embeddings tied to the LM head (a large epsilon, so
+    # that the norms show it: `norm_epsilon`, which builder_shim.norm_epsilon reads).
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {"sliding_window": 16, "tie_word_embeddings": True,
+                                                                 "norm_epsilon": 0.05}),
     # Cohere's Aya Expanse and Command R: attention and the MLP side by side after one LayerNorm (no
     # bias), neighbouring pairs rotated, logits scaled.
     "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.5, "tie_word_embeddings": True}),
@@ -390,7 +395,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "arcee", "granite_swa", "lfm3", "seed_oss", "stablelm", "ernie4_5",
                "granite4_h", "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus",
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
-               "granitemoeshared", "helium", "internlm3", "nanochat", "glm")
+               "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
@@ -853,6 +858,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "granitemoe": ("experts.gate_up_proj", "experts.down_proj"),
                                           "granitemoeshared": ("experts.gate_up_proj", "experts.down_proj"),
                                           "jais2": ("_proj.bias", "layernorm.bias", "norm.bias"),
+                                          "starcoder2": ("_proj.bias", "c_fc.bias", "layernorm.bias", "norm.bias"),
                                           "apertus": ("act_fn.alpha_p", "act_fn.alpha_n"),
                                           # Each layer's output scale (published models' are not 1).
                                           "gemma4": ("layer_scalar",), "gemma4_e": ("layer_scalar",),
