@@ -376,6 +376,8 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "qwen2_moe": "Qwen2MoeForCausalLM", "helium": "HeliumForCausalLM",
                   "internlm3": "InternLM3ForCausalLM", "nanochat": "NanoChatForCausalLM", "glm": "GlmForCausalLM",
                   "starcoder2": "Starcoder2ForCausalLM"}
+# Ungated MLPs' (up, down, activation) under other names: nanochat's, StarCoder2's.
+UNGATED_MLP_NAMES = (("fc1", "fc2", "activation_fn"), ("c_fc", "c_proj", "act"))
 # Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
 LAYER_NORM_FAMILIES = ("stablelm", "jais2", "starcoder2")
 
@@ -869,8 +871,7 @@ def _nanochat_as_llama(model: Any) -> None:
     embeddings before the first layer, which is the table's rows normalized; it turns each head's
     halves the other way (cat(x2, -x1)), which is the usual turn of the head with its second half
     negated, and negating that half in the query's and the key's rows changes no product of the two
-    (nor their per-head norms, taken after the turn: it keeps their lengths); its MLP is fc1, the
-    activation, fc2."""
+    (nor their per-head norms, taken after the turn: it keeps their lengths)."""
     import torch
 
     config = model.config
@@ -882,13 +883,12 @@ def _nanochat_as_llama(model: Any) -> None:
         table = model.model.embed_tokens.weight
         table.mul_(torch.rsqrt(table.float().pow(2).mean(-1, keepdim=True) + config.rms_norm_eps).to(table.dtype))
         for layer in model.model.layers:
-            attention, mlp = layer.self_attn, layer.mlp
+            attention = layer.self_attn
             attention.q_norm.weight = torch.nn.Parameter(torch.ones(width), requires_grad=False)
             attention.k_norm.weight = torch.nn.Parameter(torch.ones(width), requires_grad=False)
             for projection in (attention.q_proj, attention.k_proj):
                 rows = projection.weight.view(-1, width, projection.weight.shape[-1])
                 rows[:, width // 2 :].neg_()
-            mlp.up_proj, mlp.down_proj, mlp.act_fn = mlp.fc1, mlp.fc2, mlp.activation_fn
 
 
 def _xielu(self: Any, act: Any, base: str, x: str) -> str:
@@ -967,8 +967,9 @@ def post_norm_layers() -> None:
                 _nanochat_as_llama(model)
             for layer in getattr(getattr(model, "model", None), "layers", ()):
                 mlp: Any = getattr(layer, "mlp", None)
-                if hasattr(mlp, "c_fc"):  # StarCoder2's ungated MLP, under the names _ungated_mlp reads
-                    mlp.up_proj, mlp.down_proj, mlp.act_fn = mlp.c_fc, mlp.c_proj, mlp.act
+                for up, down, act in UNGATED_MLP_NAMES:  # under the names _ungated_mlp reads
+                    if hasattr(mlp, up):
+                        mlp.up_proj, mlp.down_proj, mlp.act_fn = getattr(mlp, up), getattr(mlp, down), getattr(mlp, act)
             return model
 
         def make_rotary_embedding_caches(self, **kwargs: Any) -> Any:
