@@ -246,7 +246,10 @@ IBM's Granite SWA (GraniteSWAForCausalLM) has no class in the builder either:
 - `granite_swa_as_granite`, `granite_swa_layers`: the config is sent to the builder's Granite
   class, which gains its attention: a learnable sink per head (the operator's head_sink, as
   gpt-oss's; 0.021 off without), and RoPE at each layer's own base (`layer_rope_theta`: a table per
-  base, 8.4e-4 off with one; none where it is 0). A tiny one matches transformers to 3.6e-7.
+  base, 8.4e-4 off with one; none where it is 0). A tiny one matches transformers to 3.6e-7. Its
+  mixture-of-experts models (GraniteMoeSWAForCausalLM, granite-swash-3b-a600m) go to the Granite 4
+  class, as Granite 3's do (`granite_moe_as_granite4`), which gains the same attention: 2.9e-6 (1.5
+  off without it).
 
 Liquid's LFM3 (Lfm3ForCausalLM) has no class in the builder either:
 
@@ -477,11 +480,14 @@ def granite_moe_as_granite4(config: Any) -> None:
     """IBM's Granite 3.x mixture-of-experts models (GraniteMoeForCausalLM: granite-3.1-1b-a400m and
     3b-a800m; GraniteMoeSharedForCausalLM, with a shared MLP beside the experts) go to the builder's
     Granite 4 class, whose layers granite4_mamba_layers gives their experts: attention layers with
-    RoPE, and no shared MLP where the model has none."""
-    if getattr(config, "model_type", "") not in ("granitemoe", "granitemoeshared"):
+    RoPE, and no shared MLP where the model has none. So do Granite SWA's (GraniteMoeSWAForCausalLM:
+    granite-swash-3b-a600m), whose attention granite_swa_layers gives that class too."""
+    model_type = getattr(config, "model_type", "")
+    if model_type not in ("granitemoe", "granitemoeshared", "granitemoe_swa"):
         return
     config.architectures = ["GraniteMoeHybridForCausalLM"]
-    config.layer_types = ["full_attention"] * config.num_hidden_layers
+    if model_type != "granitemoe_swa":  # (Granite SWA's say which layers slide)
+        config.layer_types = ["full_attention"] * config.num_hidden_layers
     config.position_embedding_type = "rope"
     config.shared_intermediate_size = getattr(config, "shared_intermediate_size", 0) or 0
 
@@ -1060,13 +1066,48 @@ def post_norm_layers() -> None:
     builders.LlamaModel = PostNormModel
 
 
-def granite_swa_layers() -> None:
-    """The builder's Granite class, with Granite SWA's attention where the config is theirs: a
-    learnable sink per head (an extra logit in each softmax's denominator, as gpt-oss's: the
-    operator's head_sink), and RoPE of each layer's own base (`layer_rope_theta`; 0: none), one
-    table per base. (The builder windows the layers `layer_types` marks sliding itself.)"""
-    import builders
+# Granite SWA's model types: the dense one (the builder's Granite class) and the experts' (its Granite 4 class).
+GRANITE_SWA_TYPES = ("granite_swa", "granitemoe_swa")
+
+
+def _granite_swa_attention(self: Any, config: Any) -> None:
+    """Granite SWA's attention, on a builder class being made: a learnable sink per head (an extra
+    logit in each softmax's denominator, as gpt-oss's: the operator's head_sink), and RoPE of each
+    layer's own base (`layer_rope_theta`; 0: none), one table per base (`_granite_layer_table`)."""
     from builders.base import Model
+
+    self.layer_thetas = []
+    if config.model_type not in GRANITE_SWA_TYPES:
+        return
+    self.attention_attrs["sinks"] = True
+    self.layer_thetas = [float(t) for t in config.layer_rope_theta]
+    self.tables = {}
+    for k, theta in enumerate(sorted({t for t in self.layer_thetas if t})):
+        names = (f"cos_cache_{k}", f"sin_cache_{k}")
+        self.rope_attrs.update(create_caches=True, theta=theta)
+        Model.make_rotary_embedding_caches(self, cos_cache_name=names[0], sin_cache_name=names[1])
+        self.tables[theta] = names
+    self.layer = 0
+
+
+def _granite_layer_table(self: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The RoPE table of the layer being made (`self.layer`), where the layers have their own bases."""
+    if not getattr(self, "layer_thetas", None) or "cos_cache_name" in kwargs:
+        return kwargs
+    cos, sin = self.tables[self.layer_thetas[self.layer]]
+    return {"cos_cache_name": cos, "sin_cache_name": sin}
+
+
+def _granite_rotates(self: Any, layer_id: int) -> bool:
+    """Whether layer `layer_id`'s attention has RoPE (a Granite SWA's layer of base 0 has none)."""
+    self.layer = layer_id
+    return not getattr(self, "layer_thetas", None) or bool(self.layer_thetas[layer_id])
+
+
+def granite_swa_layers() -> None:
+    """The builder's Granite class, with Granite SWA's attention where the config is theirs
+    (`_granite_swa_attention`). (The builder windows the layers `layer_types` marks sliding itself.)"""
+    import builders
     from builders.granite import GraniteModel
 
     if getattr(builders.GraniteModel, "_zerolayer_swa", False):
@@ -1077,28 +1118,13 @@ def granite_swa_layers() -> None:
 
         def __init__(self, config: Any, *args: Any) -> None:
             super().__init__(config, *args)
-            self.layer_thetas: list[float] = []
-            if config.model_type != "granite_swa":
-                return
-            self.attention_attrs["sinks"] = True
-            self.layer_thetas = [float(t) for t in config.layer_rope_theta]
-            self.tables: dict[float, tuple[str, str]] = {}
-            for k, theta in enumerate(sorted({t for t in self.layer_thetas if t})):
-                names = (f"cos_cache_{k}", f"sin_cache_{k}")
-                self.rope_attrs.update(create_caches=True, theta=theta)
-                Model.make_rotary_embedding_caches(self, cos_cache_name=names[0], sin_cache_name=names[1])
-                self.tables[theta] = names
-            self.layer = 0
+            _granite_swa_attention(self, config)
 
         def make_rotary_embedding_caches(self, **kwargs: Any) -> Any:
-            if self.layer_thetas and "cos_cache_name" not in kwargs:
-                cos, sin = self.tables[self.layer_thetas[self.layer]]
-                kwargs = {"cos_cache_name": cos, "sin_cache_name": sin}
-            return super().make_rotary_embedding_caches(**kwargs)
+            return super().make_rotary_embedding_caches(**_granite_layer_table(self, kwargs))
 
         def make_attention(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
-            self.layer = layer_id
-            if not self.layer_thetas or self.layer_thetas[layer_id]:
+            if _granite_rotates(self, layer_id):
                 super().make_attention(layer_id, attention, root_input, **kwargs)
                 return
             with _unrotated(self):
@@ -1647,8 +1673,15 @@ def granite4_mamba_layers() -> None:
             self.rotates = getattr(config, "position_embedding_type", None) == "rope"
             if self.moe_attrs["num_experts"]:  # SwiGLU experts; the top k's softmax is the router's, renormalized
                 self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=True)
+            _granite_swa_attention(self, config)  # Granite SWA's experts' model
 
         return keeping_position_type
+
+    def make_caches(make_caches: Any) -> Any:
+        def layer_table(self: Any, **kwargs: Any) -> Any:
+            return make_caches(self, **_granite_layer_table(self, kwargs))
+
+        return layer_table
 
     def make_mlp(make_mlp: Any) -> Any:
         def shared_and_experts(self: Any, layer_id: int, mlp: Any, root_input: str) -> None:
@@ -1682,7 +1715,7 @@ def granite4_mamba_layers() -> None:
         def mamba_or_attention(self: Any, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
             if self.layer_types[layer_id] == "linear_attention":
                 _make_mamba(self, layer_id, self.current_layer.mamba, root_input)
-            elif self.rotates:
+            elif self.rotates and _granite_rotates(self, layer_id):
                 make_attention(self, layer_id, attention, root_input, **kwargs)
             else:
                 with _unrotated(self):
@@ -1694,6 +1727,7 @@ def granite4_mamba_layers() -> None:
     _replace(GraniteMoEHybridModel, "make_layer", make_layer)
     _replace(GraniteMoEHybridModel, "make_attention", make_attention)
     _replace(GraniteMoEHybridModel, "make_mlp", make_mlp)
+    _replace(GraniteMoEHybridModel, "make_rotary_embedding_caches", make_caches)
 
 
 def nemotron_h_blocks() -> None:

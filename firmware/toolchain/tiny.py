@@ -235,6 +235,12 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "num_key_value_heads": 1, "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
         "shared_intermediate_size": 48, "embedding_multiplier": 12.0, "logits_scaling": 4.0,
         "residual_multiplier": 0.22, "attention_multiplier": 0.1}),
+    # And Granite SWA's (granite-swash-3b-a600m): its attention (a sink per head, three sliding layers
+    # in four, RoPE at each layer's own base, none where it is 0) with the shared MLP and experts.
+    "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM", {
+        "num_hidden_layers": 4, "sliding_window": 16, "layer_rope_theta": [0, 10000.0, 10000.0, 500000.0],
+        "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32, "shared_intermediate_size": 48,
+        "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2, "logits_scaling": 2.0}),
     # Qwen2.5-VL's and Qwen3-VL's image-and-text checkpoints (the vision tower left out of the export):
     # multimodal RoPE over three position planes (Qwen3-VL's interleaved, with query and key norms).
     "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", {
@@ -395,7 +401,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "arcee", "granite_swa", "lfm3", "seed_oss", "stablelm", "ernie4_5",
                "granite4_h", "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus",
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
-               "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2")
+               "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
@@ -857,6 +863,8 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "granite4_moe": ("experts.gate_up_proj", "experts.down_proj"),
                                           "granitemoe": ("experts.gate_up_proj", "experts.down_proj"),
                                           "granitemoeshared": ("experts.gate_up_proj", "experts.down_proj"),
+                                          "granitemoe_swa": ("experts.gate_up_proj", "experts.down_proj",
+                                                             "self_attn.sinks"),
                                           "jais2": ("_proj.bias", "layernorm.bias", "norm.bias"),
                                           "starcoder2": ("_proj.bias", "c_fc.bias", "layernorm.bias", "norm.bias"),
                                           "apertus": ("act_fn.alpha_p", "act_fn.alpha_n"),
