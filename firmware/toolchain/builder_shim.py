@@ -270,6 +270,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import runpy
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -341,7 +342,7 @@ def sliding_window_layers(config: Any) -> None:
 
 
 # The families whose attention transformers caps (tanh) by the config's attn_logit_softcapping.
-ATTENTION_SOFTCAP_FAMILIES = ("gemma2",)
+ATTENTION_SOFTCAP_FAMILIES = ("gemma2", "vaultgemma")
 
 
 def attention_softcap_as_transformers(config: Any) -> None:
@@ -364,12 +365,14 @@ def norm_epsilon(config: Any) -> None:
 
 # Families whose layers normalize each sublayer's output (post_norm_layers); GLM-4's normalize its input too.
 POST_NORM_FAMILIES = {"olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "exaone4": "Exaone4ForCausalLM",
-                      "glm4": "Glm4ForCausalLM", "apertus": "ApertusForCausalLM"}  # fmt: skip
+                      "glm4": "Glm4ForCausalLM", "apertus": "ApertusForCausalLM",
+                      "vaultgemma": "VaultGemmaForCausalLM"}  # fmt: skip
 # Each family's norms (Hugging Face module names): before the attention, after it, before the
 # MLP, after it; None where the layer has none.
 LAYER_NORMS = {"glm4": ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
                         "post_mlp_layernorm"),
-               "apertus": ("attention_layernorm", None, "feedforward_layernorm", None)}  # a Llama's, renamed
+               "apertus": ("attention_layernorm", None, "feedforward_layernorm", None),  # a Llama's, renamed
+               "vaultgemma": ("input_layernorm", None, "pre_feedforward_layernorm", None)}  # Gemma 2's, less two
 POST_NORMS_ONLY = (None, "post_attention_layernorm", None, "post_feedforward_layernorm")
 # Families that are a Llama but for their MLP: up, ReLU squared, down (Nemotron's, without its norms).
 UNGATED_MLP_FAMILIES = {"arcee": "ArceeForCausalLM"}
@@ -957,6 +960,10 @@ def post_norm_layers() -> None:
                 self.shared_expert_intermediate_size = getattr(config, "shared_expert_intermediate_size", 0)
             if config.model_type in ("glm", "glm4", "helium"):  # neighbouring pairs turned together
                 self.rope_attrs["interleaved"] = 1
+            if config.model_type == "vaultgemma":  # Gemma 2's embedding scale, norms (1 + w) and query scale
+                self.embed_attrs["scale"] = math.sqrt(self.hidden_size)
+                self.layernorm_attrs["add_offset"] = 1
+                self.attention_attrs["scale"] = config.query_pre_attn_scalar**-0.5
             if config.model_type in LAYER_NORM_FAMILIES:  # LayerNorms with biases, not RMS norms
                 self.layernorm_attrs["simple"] = False
             # EXAONE 4's global layers have no RoPE where the model has sliding ones.

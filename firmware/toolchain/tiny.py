@@ -371,6 +371,10 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # that the norms show it: `norm_epsilon`, which builder_shim.norm_epsilon reads).
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {"sliding_window": 16, "tie_word_embeddings": True,
                                                                  "norm_epsilon": 0.05}),
+    # Google's VaultGemma: Gemma 2's layers without the norms after the attention and the MLP.
+    "vaultgemma": ("VaultGemmaConfig", "VaultGemmaForCausalLM", {
+        "num_hidden_layers": 4, "sliding_window": 16, "head_dim": 16, "query_pre_attn_scalar": 24,
+        "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0, "tie_word_embeddings": True}),
     # Cohere's Aya Expanse and Command R: attention and the MLP side by side after one LayerNorm (no
     # bias), neighbouring pairs rotated, logits scaled.
     "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.5, "tie_word_embeddings": True}),
@@ -401,7 +405,8 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "arcee", "granite_swa", "lfm3", "seed_oss", "stablelm", "ernie4_5",
                "granite4_h", "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus",
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
-               "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa")
+               "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
+               "vaultgemma")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
@@ -856,6 +861,8 @@ CHAT_STYLES: dict[str, ChatStyle] = {
 # handling of them shows (a Granite SWA's sinks; Seed-OSS's biases, all of its projections').
 RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "seed_oss": ("_proj.bias",),
                                           "gemma2": ("q_proj.weight", "k_proj.weight"),
+                                          "vaultgemma": ("q_proj.weight", "k_proj.weight", "layernorm.weight",
+                                                         "norm.weight"),
                                           "ernie4_5": ("_proj.bias",),
                                           "stablelm": ("_proj.bias", "layernorm.bias", "norm.bias"),
                                           "granite4_h": ("mamba.D", "mamba.dt_bias", "mamba.norm.weight",
