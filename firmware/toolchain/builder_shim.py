@@ -366,14 +366,16 @@ def norm_epsilon(config: Any) -> None:
 # Families whose layers normalize each sublayer's output (post_norm_layers); GLM-4's normalize its input too.
 POST_NORM_FAMILIES = {"olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "exaone4": "Exaone4ForCausalLM",
                       "glm4": "Glm4ForCausalLM", "apertus": "ApertusForCausalLM",
-                      "vaultgemma": "VaultGemmaForCausalLM"}  # fmt: skip
+                      "vaultgemma": "VaultGemmaForCausalLM", "hyperclovax": "HyperCLOVAXForCausalLM"}  # fmt: skip
 # Each family's norms (Hugging Face module names): before the attention, after it, before the
 # MLP, after it; None where the layer has none.
 LAYER_NORMS = {"glm4": ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
                         "post_mlp_layernorm"),
                "apertus": ("attention_layernorm", None, "feedforward_layernorm", None),  # a Llama's, renamed
-               "vaultgemma": ("input_layernorm", None, "pre_feedforward_layernorm", None)}  # Gemma 2's, less two
+               "vaultgemma": ("input_layernorm", None, "pre_feedforward_layernorm", None),  # Gemma 2's, less two
+               "hyperclovax": ("input_layernorm", "post_norm1", "post_attention_layernorm", "post_norm2")}
 POST_NORMS_ONLY = (None, "post_attention_layernorm", None, "post_feedforward_layernorm")
+LLAMA_NORMS = ("input_layernorm", None, "post_attention_layernorm", None)  # (HyperCLOVA X's without post norms)
 # Families that are a Llama but for their MLP: up, ReLU squared, down (Nemotron's, without its norms).
 UNGATED_MLP_FAMILIES = {"arcee": "ArceeForCausalLM"}
 # Families that are a Llama as the builder's class builds it (biases where their projections have them).
@@ -900,6 +902,24 @@ def _nanochat_as_llama(model: Any) -> None:
                 rows[:, width // 2 :].neg_()
 
 
+def _residual_multiplier_folded(model: Any) -> None:
+    """HyperCLOVA X's sublayer outputs, scaled by `residual_multiplier` before they join the
+    residual stream: the scale folded into the last weights before the sum (each post norm's
+    weight, or where the model has none, the output projection's and the MLP's down projection's)."""
+    import torch
+
+    scale = float(model.config.residual_multiplier)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if model.config.use_post_norm:
+                last = [layer.post_norm1.weight, layer.post_norm2.weight]
+            else:
+                last = [layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight]
+                last += [b for b in (layer.self_attn.o_proj.bias, layer.mlp.down_proj.bias) if b is not None]
+            for weight in last:
+                weight.mul_(scale)
+
+
 def _xielu(self: Any, act: Any, base: str, x: str) -> str:
     """transformers' XIELUActivation (Apertus's) of `x`: alpha_p x^2 + beta x where x > 0, else
     (expm1(min(x, eps)) - x) alpha_n + beta x, its alphas from its parameters (softplus'd)."""
@@ -960,6 +980,12 @@ def post_norm_layers() -> None:
                 self.shared_expert_intermediate_size = getattr(config, "shared_expert_intermediate_size", 0)
             if config.model_type in ("glm", "glm4", "helium"):  # neighbouring pairs turned together
                 self.rope_attrs["interleaved"] = 1
+            if config.model_type == "hyperclovax":  # Granite's multipliers, but the logits' (a factor here)
+                self.embed_attrs["scale"] = config.embedding_multiplier
+                self.attention_attrs["scale"] = config.attention_multiplier
+                self.lm_head_attrs["scale"] = config.logits_scaling
+                if not config.use_post_norm:
+                    self.norm_names = LLAMA_NORMS
             if config.model_type == "vaultgemma":  # Gemma 2's embedding scale, norms (1 + w) and query scale
                 self.embed_attrs["scale"] = math.sqrt(self.hidden_size)
                 self.layernorm_attrs["add_offset"] = 1
@@ -978,6 +1004,8 @@ def post_norm_layers() -> None:
             model = super().load_weights(input_path)
             if getattr(model.config, "model_type", None) == "nanochat":
                 _nanochat_as_llama(model)
+            if getattr(model.config, "model_type", None) == "hyperclovax":
+                _residual_multiplier_folded(model)
             for layer in getattr(getattr(model, "model", None), "layers", ()):
                 mlp: Any = getattr(layer, "mlp", None)
                 for up, down, act in UNGATED_MLP_NAMES:  # under the names _ungated_mlp reads

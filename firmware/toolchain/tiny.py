@@ -371,6 +371,13 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # that the norms show it: `norm_epsilon`, which builder_shim.norm_epsilon reads).
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {"sliding_window": 16, "tie_word_embeddings": True,
                                                                  "norm_epsilon": 0.05}),
+    # Naver's HyperCLOVA X (SEED Think): Granite's multipliers (the logits' a factor, not a divisor)
+    # and a norm after each sublayer, before its scaled output joins the residual stream; and without them.
+    "hyperclovax": ("HyperCLOVAXConfig", "HyperCLOVAXForCausalLM", {
+        "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2, "logits_scaling": 2.0}),
+    "hyperclovax_plain": ("HyperCLOVAXConfig", "HyperCLOVAXForCausalLM", {
+        "use_post_norm": False, "attention_bias": True, "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
+        "attention_multiplier": 0.2, "logits_scaling": 2.0}),
     # Google's VaultGemma: Gemma 2's layers without the norms after the attention and the MLP.
     "vaultgemma": ("VaultGemmaConfig", "VaultGemmaForCausalLM", {
         "num_hidden_layers": 4, "sliding_window": 16, "head_dim": 16, "query_pre_attn_scalar": 24,
@@ -406,7 +413,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "granite4_h", "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus",
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
                "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
-               "vaultgemma")
+               "vaultgemma", "hyperclovax", "hyperclovax_plain")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
@@ -861,6 +868,8 @@ CHAT_STYLES: dict[str, ChatStyle] = {
 # handling of them shows (a Granite SWA's sinks; Seed-OSS's biases, all of its projections').
 RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "seed_oss": ("_proj.bias",),
                                           "gemma2": ("q_proj.weight", "k_proj.weight"),
+                                          "hyperclovax": ("post_norm1.weight", "post_norm2.weight"),
+                                          "hyperclovax_plain": ("_proj.bias",),
                                           "vaultgemma": ("q_proj.weight", "k_proj.weight", "layernorm.weight",
                                                          "norm.weight"),
                                           "ernie4_5": ("_proj.bias",),
