@@ -1738,9 +1738,10 @@ def granite4_mamba_layers() -> None:
     def make_layer(make_layer: Any) -> Any:
         def keeping_layer(self: Any, layer_id: int, layer: Any) -> None:
             self.current_layer = layer
-            if hasattr(layer, "shared_mlp"):
+            if getattr(layer, "shared_mlp", None) is not None:
                 make_layer(self, layer_id, layer)
-            else:  # Granite 3.x MoE's layer: Granite's, its experts as its MLP (the class reads the shared one)
+            else:  # Granite 3.x MoE's layer (or one whose shared MLP is of width 0): Granite's, its experts
+                # as its MLP (the class reads the shared one)
                 layer.mlp = layer.block_sparse_moe
                 GraniteModel.make_layer(self, layer_id, layer)
 

@@ -1,5 +1,5 @@
 """Config options the published checkpoints leave unset, tried on tiny models of the families the
-build checks (`make config-sweep`, 18 minutes on 2 cores; not part of `make test`).
+build checks (`make config-sweep`, about 25 minutes on 2 cores; not part of `make test`).
 
 Each variant is a fixture of tiny.py with some options changed, its biases and norm weights made
 random (transformers initializes them to zeros and ones, under which a dropped one does not show),
@@ -10,8 +10,9 @@ transformers runs it must be refused before the export, naming the option.
 What it found, each mended or refused since: a Gemma 3 config naming an attention cap (its
 attention never reads one; the builder applied it: 0.24 off), a gpt-oss whose layers do not
 alternate (the builder's class slid every even layer: 3 off), a Nemotron-H with MLP biases (the
-builder's class dropped them: 5.2 off), and a Phi with query and key norms or an LFM2 with a
-convolution bias (both dropped by the builder: 0.88 and 6.2 off, now refused).
+builder's class dropped them: 5.2 off), a Granite MoE whose shared MLP has width 0 (the export
+failed: transformers leaves the layer's shared MLP None), and a Phi with query and key norms or an
+LFM2 with a convolution bias (both dropped by the builder: 0.88 and 6.2 off, now refused).
 """
 
 from __future__ import annotations
@@ -93,6 +94,16 @@ VARIANTS: dict[str, Variant] = {
     "jamba_biases": ("jamba", {"mamba_proj_bias": True, "mamba_conv_bias": False}, None),
     "granite4_h_rotated": ("granite4_h", {"position_embedding_type": "rope", "attention_bias": True}, None),
     "cohere_attention_bias": ("cohere", {"attention_bias": True}, None),
+    "helium_biases": ("helium", {"attention_bias": True, "mlp_bias": True, "num_key_value_heads": 1}, None),
+    "internlm3_biases": ("internlm3", {"qkv_bias": True, "bias": True}, None),
+    "nanochat_gqa": ("nanochat", {"num_key_value_heads": 2}, None),
+    "starcoder2_plain": ("starcoder2", {"use_bias": False, "tie_word_embeddings": False, "sliding_window": None}, None),
+    "glm_mqa": ("glm", {"num_key_value_heads": 1, "attention_bias": False}, None),
+    "vaultgemma_global": ("vaultgemma", {"layer_types": ["full_attention"] * 4, "attn_logit_softcapping": None},
+                          None),
+    "granitemoe_swa_one_base": ("granitemoe_swa", {"shared_intermediate_size": 0, "layer_rope_theta": None}, None),
+    "granitemoeshared_unshared": ("granitemoeshared", {"shared_intermediate_size": 0}, None),
+    "hyperclovax_tied": ("hyperclovax", {"tie_word_embeddings": True, "num_key_value_heads": 1}, None),
 }  # fmt: skip
 # And every other fixture as it is, but for its random biases and norm weights.
 VARIANTS.update({f"{name}_as_is": (name, {}, None) for name in tiny.ARCHITECTURES})
