@@ -158,7 +158,8 @@ classes in the builder, written for an older transformers:
   first layer). A layer without a router gets the dense class's MLP. Tiny ones (31B's shape, and
   12B's) match transformers to 9.1e-6 over 117 positions. The language model saved alone
   (Gemma4ForCausalLM, which the builder does not know) goes to the same class, its weights
-  loaded as they are (the class strips the whole checkpoint's prefix from them): 5.7e-6.
+  loaded as they are (the class strips the whole checkpoint's prefix from them): 5.7e-6; so does
+  12B's (Gemma4UnifiedForCausalLM, whose config names no experts at all): 1.6e-5.
 - `gemma4_per_layer_inputs`: Gemma 4 E2B and E4B give every layer an input of its own per token
   (a second embedding table of layers x 256 per token, plus a projection of the main embedding,
   normed), which gates a small projection added after the layer's MLP, before its scalar. The
@@ -310,8 +311,10 @@ def longrope_type(config: Any) -> None:
 def gemma4_per_layer_shapes(config: Any) -> None:
     if not str(getattr(config, "model_type", "")).startswith("gemma4"):
         return
-    if list(getattr(config, "architectures", None) or ())[:1] == ["Gemma4ForCausalLM"]:
+    if list(getattr(config, "architectures", None) or ())[:1] in (["Gemma4ForCausalLM"], ["Gemma4UnifiedForCausalLM"]):
         config.architectures = ["Gemma4ForConditionalGeneration"]  # its language model alone (gemma4_dense_mlp)
+        for name in ("num_experts", "top_k_experts", "moe_intermediate_size"):  # (the unified model's has none)
+            setattr(config, name, getattr(config, name, None))
     config.allow_global_per_layer_attribute_access = True
     if not config.model_type.endswith("_text"):
         return
@@ -1311,7 +1314,8 @@ def gemma4_dense_mlp() -> None:
         def load_text_only_or_whole(self: Any, input_path: str) -> Any:
             config_file = Path(self.model_name_or_path) / "config.json"
             names = json.loads(config_file.read_text()).get("architectures") if config_file.is_file() else None
-            if names == ["Gemma4ForCausalLM"]:  # its weights are the language model's own: no prefix to strip
+            if names in (["Gemma4ForCausalLM"], ["Gemma4UnifiedForCausalLM"]):  # the language model's own weights:
+                # no prefix to strip
                 return Model.load_weights(self, input_path)
             return load_weights(self, input_path)
         return load_text_only_or_whole

@@ -321,6 +321,10 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
             "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
             "attention_k_eq_v": True, "sliding_window": 16, "final_logit_softcapping": 30.0,
             "tie_word_embeddings": True}}),
+    # And its language model saved alone (Gemma4UnifiedForCausalLM: a text fine-tune of Gemma 4 12B).
+    "gemma4_unified_text": ("Gemma4UnifiedTextConfig", "Gemma4UnifiedForCausalLM", {
+        "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True, "sliding_window": 16, "final_logit_softcapping": 30.0, "tie_word_embeddings": True}),
     # Arcee's AFM models: a Llama whose MLP is ungated (up, ReLU squared, down), with YaRN as published.
     "arcee": ("ArceeConfig", "ArceeForCausalLM", {"rope_parameters": {
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 512}}),
@@ -413,7 +417,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "granite4_h", "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus",
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
                "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
-               "vaultgemma", "hyperclovax", "hyperclovax_plain")
+               "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
@@ -887,6 +891,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           # Each layer's output scale (published models' are not 1).
                                           "gemma4": ("layer_scalar",), "gemma4_e": ("layer_scalar",),
                                           "gemma4_text": ("layer_scalar",), "gemma4_unified": ("layer_scalar",),
+                                          "gemma4_unified_text": ("layer_scalar",),
                                           "cohere": ("q_proj.weight", "k_proj.weight"),
                                           "cohere2": ("q_proj.weight", "k_proj.weight"),
                                           "jamba": ("mamba.D", "dt_proj.bias", "layernorm.weight", "conv1d.bias",
