@@ -107,6 +107,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
                             "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
         "vision_config": PIXTRAL_TINY, "image_token_index": 512, "spatial_merge_size": 2,
     }),
+    # Ministral 3's language model saved alone (Ministral3ForCausalLM).
+    "ministral3": ("Ministral3Config", "Ministral3ForCausalLM", {
+        "sliding_window": None, "head_dim": 16, "max_position_embeddings": 2048, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0, "original_max_position_embeddings": 1024,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}}),
     # Granite scales the embeddings, each residual branch, the attention scores and the logits by
     # constants of its own (none of them the neutral value here, so a dropped one shows).
     "granite": ("GraniteConfig", "GraniteForCausalLM", {
@@ -417,7 +422,8 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "granite4_h", "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus",
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
                "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
-               "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text")
+               "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
+               "ministral3")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}

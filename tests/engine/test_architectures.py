@@ -890,9 +890,10 @@ def test_ministral3_is_served_only_as_far_as_its_export_is_exact(trusted_keys: P
     which the matrix checks it), so no request reaches past it."""
     from firmware.toolchain.build import exact_positions
 
-    bundle = firmware.load(tiny_bundle("ministral3_vl"), trusted_keys)
-    config = json.loads((tiny_hf_dir("ministral3_vl") / "config.json").read_text())
-    assert config["text_config"]["max_position_embeddings"] == 2048
-    exact = exact_positions(config)
-    assert exact is not None and exact[0] == bundle.model.context_length == 1024
+    for name in ("ministral3_vl", "ministral3"):  # and its language model saved alone
+        bundle = firmware.load(tiny_bundle(name), trusted_keys)
+        config = json.loads((tiny_hf_dir(name) / "config.json").read_text())
+        assert config.get("text_config", config)["max_position_embeddings"] == 2048
+        exact = exact_positions(config)
+        assert exact is not None and exact[0] == bundle.model.context_length == 1024, name
     assert exact_positions(json.loads((tiny_hf_dir("mistral3_vl") / "config.json").read_text())) is None
