@@ -141,7 +141,18 @@ Glm4ForCausalLM) have no class in the builder either:
   Qwen2-57B-A14B) is a Llama with Qwen2's biased projections and the same experts beside a shared
   expert, which a sigmoid of its own gates (as the builder's Qwen3.5 MoE class writes it); the layers
   `mlp_only_layers` or `decoder_sparse_step` leave dense keep their MLP: 2.1e-6 (0.43 off without
-  the shared expert), int8 0.14.
+  the shared expert), int8 0.14. Then, each a Llama to the class but for what is said: Kyutai's
+  Helium and GLM-4 9B / GLM-Edge (GlmForCausalLM: GLM-4's layers without its post norms) rotate
+  neighbouring pairs (1.9e-6 each); InternLM3 (InternLM3ForCausalLM, which transformers runs as a
+  Llama), 1.9e-6, with dynamic NTK RoPE built as plain RoPE (`dynamic_ntk_as_default`); Ministral 3's
+  language model saved alone (Ministral3ForCausalLM), 2.4e-6; StarCoder2 (LayerNorms, biases, an
+  ungated GELU MLP under other names: `UNGATED_MLP_NAMES`), 1.7e-6; Karpathy's nanochat
+  (`_nanochat_as_llama`: weightless norms, a norm before the first layer folded into the embedding
+  table, its reversed head turn as the usual one with half of each query and key head negated),
+  1.7e-6; Google's VaultGemma (Gemma 2's embedding scale, norms, query scale and attention cap, but
+  two norms a layer), 1.2e-6; Naver's HyperCLOVA X (Granite's multipliers, the logits' a factor, a
+  norm after each sublayer, the residual multiplier folded into its weight or, without post norms,
+  into the projections before the sum: `_residual_multiplier_folded`), 6.3e-6 and 3.3e-6.
 
 Gemma 4 (Gemma4ForConditionalGeneration: 31B; Gemma4UnifiedForConditionalGeneration: 12B) has
 classes in the builder, written for an older transformers:
@@ -1314,8 +1325,8 @@ def gemma4_dense_mlp() -> None:
         def load_text_only_or_whole(self: Any, input_path: str) -> Any:
             config_file = Path(self.model_name_or_path) / "config.json"
             names = json.loads(config_file.read_text()).get("architectures") if config_file.is_file() else None
-            if names in (["Gemma4ForCausalLM"], ["Gemma4UnifiedForCausalLM"]):  # the language model's own weights:
-                # no prefix to strip
+            # The language model saved alone: its weights are its own, no prefix to strip.
+            if names in (["Gemma4ForCausalLM"], ["Gemma4UnifiedForCausalLM"]):
                 return Model.load_weights(self, input_path)
             return load_weights(self, input_path)
         return load_text_only_or_whole
