@@ -1016,9 +1016,10 @@ def post_norm_layers() -> None:
 
         def load_weights(self, input_path: str) -> Any:
             model = super().load_weights(input_path)
-            if getattr(model.config, "model_type", None) == "nanochat":
+            model_type = getattr(model.config, "model_type", None)
+            if model_type == "nanochat":
                 _nanochat_as_llama(model)
-            if getattr(model.config, "model_type", None) == "hyperclovax":
+            if model_type == "hyperclovax":
                 _residual_multiplier_folded(model)
             for layer in getattr(getattr(model, "model", None), "layers", ()):
                 mlp: Any = getattr(layer, "mlp", None)

@@ -49,6 +49,20 @@ GPT_OSS_TINY: dict[str, object] = {
     "layer_types": ["sliding_attention", "full_attention"], "max_position_embeddings": 4096, "rope_parameters": {
         "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
         "truncate": False, "original_max_position_embeddings": 128}}  # fmt: skip
+# Parts two fixtures share (a family's image-and-text checkpoint and its language model saved
+# alone; Granite's dense and expert variants), written once so that the two stay the same model.
+MINISTRAL3_TEXT: dict[str, object] = {
+    "sliding_window": None, "head_dim": 16, "max_position_embeddings": 2048, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0, "original_max_position_embeddings": 1024,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}}
+GEMMA4_UNIFIED_TEXT: dict[str, object] = {
+    "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
+    "attention_k_eq_v": True, "sliding_window": 16, "final_logit_softcapping": 30.0, "tie_word_embeddings": True}
+GRANITE_MULTIPLIERS: dict[str, object] = {
+    "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2, "logits_scaling": 2.0}
+GRANITE_SWA_LAYERS: dict[str, object] = {
+    "num_hidden_layers": 4, "sliding_window": 16, "layer_rope_theta": [0, 10000.0, 10000.0, 500000.0]}
+
 ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     # The widths real models' heads have, where the tiny ones are 16-32 wide: 128 (Llama 3.2 3B,
@@ -100,24 +114,14 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "vision_config": PIXTRAL_TINY, "image_token_index": 512, "spatial_merge_size": 2,
     }),
     "ministral3_vl": ("Mistral3Config", "Mistral3ForConditionalGeneration", {
-        "text_config": {"model_type": "ministral3", "sliding_window": None, "vocab_size": 513, "head_dim": 16,
-                        "max_position_embeddings": 2048, "rope_parameters": {
-                            "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
-                            "original_max_position_embeddings": 1024, "beta_fast": 32.0, "beta_slow": 1.0,
-                            "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
+        "text_config": {"model_type": "ministral3", **MINISTRAL3_TEXT, "vocab_size": 513},
         "vision_config": PIXTRAL_TINY, "image_token_index": 512, "spatial_merge_size": 2,
     }),
     # Ministral 3's language model saved alone (Ministral3ForCausalLM).
-    "ministral3": ("Ministral3Config", "Ministral3ForCausalLM", {
-        "sliding_window": None, "head_dim": 16, "max_position_embeddings": 2048, "rope_parameters": {
-            "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0, "original_max_position_embeddings": 1024,
-            "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}}),
+    "ministral3": ("Ministral3Config", "Ministral3ForCausalLM", MINISTRAL3_TEXT),
     # Granite scales the embeddings, each residual branch, the attention scores and the logits by
     # constants of its own (none of them the neutral value here, so a dropped one shows).
-    "granite": ("GraniteConfig", "GraniteForCausalLM", {
-        "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2,
-        "logits_scaling": 2.0,
-    }),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", GRANITE_MULTIPLIERS),
     # Gemma (the first): Gemma's norms (one plus the weight) and scaled embeddings, GELU.
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}),
     # Gemma 2: sliding and global layers, soft-capped attention scores and logits; its LM head is
@@ -243,9 +247,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # And Granite SWA's (granite-swash-3b-a600m): its attention (a sink per head, three sliding layers
     # in four, RoPE at each layer's own base, none where it is 0) with the shared MLP and experts.
     "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM", {
-        "num_hidden_layers": 4, "sliding_window": 16, "layer_rope_theta": [0, 10000.0, 10000.0, 500000.0],
-        "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32, "shared_intermediate_size": 48,
-        "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2, "logits_scaling": 2.0}),
+        **GRANITE_SWA_LAYERS, "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+        "shared_intermediate_size": 48, **GRANITE_MULTIPLIERS}),
     # Qwen2.5-VL's and Qwen3-VL's image-and-text checkpoints (the vision tower left out of the export):
     # multimodal RoPE over three position planes (Qwen3-VL's interleaved, with query and key norms).
     "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", {
@@ -322,22 +325,15 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # Gemma 4 12B (Gemma4UnifiedForConditionalGeneration: images and audio projected straight into
     # the language model, which is Gemma 4's dense one).
     "gemma4_unified": ("Gemma4UnifiedConfig", "Gemma4UnifiedForConditionalGeneration", {
-        "tie_word_embeddings": True, "text_config": {
-            "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
-            "attention_k_eq_v": True, "sliding_window": 16, "final_logit_softcapping": 30.0,
-            "tie_word_embeddings": True}}),
+        "tie_word_embeddings": True, "text_config": GEMMA4_UNIFIED_TEXT}),
     # And its language model saved alone (Gemma4UnifiedForCausalLM: a text fine-tune of Gemma 4 12B).
-    "gemma4_unified_text": ("Gemma4UnifiedTextConfig", "Gemma4UnifiedForCausalLM", {
-        "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
-        "attention_k_eq_v": True, "sliding_window": 16, "final_logit_softcapping": 30.0, "tie_word_embeddings": True}),
+    "gemma4_unified_text": ("Gemma4UnifiedTextConfig", "Gemma4UnifiedForCausalLM", GEMMA4_UNIFIED_TEXT),
     # Arcee's AFM models: a Llama whose MLP is ungated (up, ReLU squared, down), with YaRN as published.
     "arcee": ("ArceeConfig", "ArceeForCausalLM", {"rope_parameters": {
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 512}}),
     # IBM's Granite SWA: Granite with sliding layers (three in four), a learnable sink per head, and
     # RoPE of each layer's own base, none in some (here the global layer's).
-    "granite_swa": ("GraniteSWAConfig", "GraniteSWAForCausalLM", {
-        "num_hidden_layers": 4, "sliding_window": 16, "layer_rope_theta": [0, 10000.0, 10000.0, 500000.0],
-        "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2, "logits_scaling": 2.0}),
+    "granite_swa": ("GraniteSWAConfig", "GraniteSWAForCausalLM", {**GRANITE_SWA_LAYERS, **GRANITE_MULTIPLIERS}),
     # Liquid's LFM3: LFM2's convolutions between attention layers, sliding ones among them, norms
     # after each operator and feed-forward too, a sigmoid gate per head on the attention's output,
     # and RoPE per layer type (proportional over half of each head on the full layers).
