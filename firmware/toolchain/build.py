@@ -33,6 +33,7 @@ from firmware.manifest import (
     describe_files,
 )
 from firmware.signing import load_private_key, sign_manifest
+from firmware.toolchain import gpt_families
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
@@ -449,6 +450,10 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
     - Qwen3.5's layer pattern (attention.recurrent_layers: which layers are linear attention): made
       from `full_attention_interval` instead, which the published models follow (every fourth layer
       full) and a file need not (its tensors were then not found).
+    - GPT-2's position table (context_length): the loader puts it in `n_ctx`, which GPT2Config does
+      not read for the table's rows (`n_positions`): a file of other than 1024 rows did not load.
+      (Its MLP's width is GPT-2's four times the hidden size, as llama.cpp writes it whatever the
+      model's: a file of another does not load, and says so.)
     """
     from transformers import AutoConfig
 
@@ -511,6 +516,8 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
             full.update(rope_type="linear", factor=float(key("rope.scaling.factor")))
             rope["full_attention"], doc["rope_parameters"] = full, rope
         changed = True
+    if arch == "gpt2":
+        doc["n_positions"], changed = int(key("context_length")), True
     if arch in ("qwen35", "qwen35moe") and isinstance(key("attention.recurrent_layers"), list):
         doc["layer_types"] = ["linear_attention" if r else "full_attention" for r in key("attention.recurrent_layers")]
         changed = True
@@ -868,6 +875,8 @@ UNEXPORTED_OPTIONS = (
     ("cohere", "use_qk_norm", "per-head query and key LayerNorms, as in Command R+", "Cohere's models"),
     ("phi", "qk_layernorm", "query and key LayerNorms", "Phi"),  # a tiny Phi-2 with them was 0.88 off
     ("lfm2", "conv_bias", "a bias on its short convolutions", "LFM2"),  # a tiny LFM2 with one was 6.2 off
+    ("opt", "_remove_final_layer_norm", "no norm after the last layer", "OPT"),
+    ("gpt2", "add_cross_attention", "cross-attention (an encoder-decoder's decoder)", "GPT-2"),
 )
 
 
@@ -985,7 +994,7 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported for {arch or 'this model'}: {', '.join(sorted(supported))})")  # fmt: skip
-    refusal = gemma4_refusal(config) or unexported_option(config)
+    refusal = gemma4_refusal(config) or unexported_option(config) or gpt_families.refusal(config)
     if refusal:
         raise BundleError(f"{model_dir.name}: {refusal}")
     for layers, rope_type in _rope_types(config):

@@ -152,7 +152,10 @@ Glm4ForCausalLM) have no class in the builder either:
   1.7e-6; Google's VaultGemma (Gemma 2's embedding scale, norms, query scale and attention cap, but
   two norms a layer), 1.2e-6; Naver's HyperCLOVA X (Granite's multipliers, the logits' a factor, a
   norm after each sublayer, the residual multiplier folded into its weight or, without post norms,
-  into the projections before the sum: `_residual_multiplier_folded`), 6.3e-6 and 3.3e-6.
+  into the projections before the sum: `_residual_multiplier_folded`), 6.3e-6 and 3.3e-6; GPT-2,
+  GPT-BigCode and OPT, rebuilt under a Llama's module names (`gpt_families.as_llama`) with no RoPE
+  and a learned row per position added to the embeddings (`_learned_positions_added`, gathered by
+  a `position_ids` input), 1.4e-6, 1.2e-5 and 2.0e-6.
 
 Gemma 4 (Gemma4ForConditionalGeneration: 31B; Gemma4UnifiedForConditionalGeneration: 12B) has
 classes in the builder, written for an older transformers:
@@ -290,6 +293,8 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from firmware.toolchain import gpt_families
+
 
 def _get(self: Any) -> Any:
     if "rope_theta" in self.__dict__:
@@ -401,7 +406,7 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
 # Ungated MLPs' (up, down, activation) under other names: nanochat's, StarCoder2's.
 UNGATED_MLP_NAMES = (("fc1", "fc2", "activation_fn"), ("c_fc", "c_proj", "act"))
 # Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
-LAYER_NORM_FAMILIES = ("stablelm", "jais2", "starcoder2")
+LAYER_NORM_FAMILIES = ("stablelm", "jais2", "starcoder2", *gpt_families.GPT_FAMILIES)
 
 
 def post_norm_as_llama(config: Any) -> None:
@@ -574,7 +579,7 @@ FIXES = (dynamic_ntk_as_default, attention_softcap_as_transformers, gemma4_per_l
          longrope_type, gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon, qwen3_5_text_as_conditional,
          qwen35_rope_as_text, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
          granite_moe_as_granite4, granite4_mamba_as_linear_attention, nemotron_h_as_nemotron, falcon_h1_as_mistral,
-         jamba_as_mistral, cohere_as_mistral, mixtral_as_mistral)  # fmt: skip
+         jamba_as_mistral, cohere_as_mistral, mixtral_as_mistral, gpt_families.config_as_llama)  # fmt: skip
 
 
 def _replace(cls: Any, method: str, make: Callable[[Any], Any]) -> None:
@@ -916,6 +921,18 @@ def _nanochat_as_llama(model: Any) -> None:
                 rows[:, width // 2 :].neg_()
 
 
+def _learned_positions_added(self: Any, embeddings: str, positions: Any) -> str:
+    """The tokens' `embeddings` plus each one's position's row of the table (gathered by the graph's
+    position_ids): the sum's name."""
+    base, table = "/model/embed_positions", "model.embed_positions.weight"
+    self.make_initializer(positions, table, to=self.io_dtype)
+    self.make_node("Gather", inputs=[table, self.input_names["position_ids"]], outputs=[f"{base}/Gather/output_0"],
+                   name=f"{base}/Gather")  # fmt: skip
+    self.make_value(f"{base}/Gather/output_0", self.io_dtype, shape=self.make_hidden_state_shape())
+    self.make_add(f"{base}/Add", [embeddings, f"{base}/Gather/output_0"], self.io_dtype, self.make_hidden_state_shape())
+    return f"{base}/Add/output_0"
+
+
 def _residual_multiplier_folded(model: Any) -> None:
     """HyperCLOVA X's sublayer outputs, scaled by `residual_multiplier` before they join the
     residual stream: the scale folded into the last weights before the sum (each post norm's
@@ -1010,6 +1027,9 @@ def post_norm_layers() -> None:
             types = getattr(config, "layer_types", None) or []
             hybrid = config.model_type == "exaone4" and getattr(config, "sliding_window", None)
             self.unrotated = {i for i, kind in enumerate(types) if hybrid and kind != "sliding_attention"}
+            if config.model_type in gpt_families.GPT_FAMILIES:  # learned positions (make_embedding), no RoPE
+                self.unrotated = set(range(self.num_layers))
+                self.input_names["position_ids"] = "position_ids"
             self.rope_local_theta = getattr(config, "rope_local_base_freq", None)  # gemma3_rope_per_layer_type's
             if self.post_norm and self.rope_local_theta is not None:
                 _global_and_plain_local_caches(self)
@@ -1021,12 +1041,21 @@ def post_norm_layers() -> None:
                 _nanochat_as_llama(model)
             if model_type == "hyperclovax":
                 _residual_multiplier_folded(model)
+            if model_type in gpt_families.GPT_FAMILIES:
+                return gpt_families.as_llama(model)
             for layer in getattr(getattr(model, "model", None), "layers", ()):
                 mlp: Any = getattr(layer, "mlp", None)
                 for up, down, act in UNGATED_MLP_NAMES:  # under the names _ungated_mlp reads
                     if hasattr(mlp, up):
                         mlp.up_proj, mlp.down_proj, mlp.act_fn = getattr(mlp, up), getattr(mlp, down), getattr(mlp, act)
             return model
+
+        def make_embedding_lookup(self, embedding: Any, basename: str, lm_head: Any) -> str:
+            looked_up = str(super().make_embedding_lookup(embedding, basename, lm_head))
+            positions = getattr(self.weights, "zerolayer_positions", None)
+            if positions is None:
+                return looked_up
+            return _learned_positions_added(self, looked_up, positions)  # gpt_families' models
 
         def make_rotary_embedding_caches(self, **kwargs: Any) -> Any:
             two_tables = getattr(self, "post_norm", False) and self.rope_local_theta is not None

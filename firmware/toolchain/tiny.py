@@ -376,6 +376,16 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # that the norms show it: `norm_epsilon`, which builder_shim.norm_epsilon reads).
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {"sliding_window": 16, "tie_word_embeddings": True,
                                                                  "norm_epsilon": 0.05}),
+    # OpenAI's GPT-2 (and DistilGPT2, DialoGPT, ...): LayerNorms, biases everywhere, a learned row per
+    # position added to each token's embedding (no RoPE), GELU (tanh), the embeddings tied to the LM
+    # head; its projections are Conv1D (input-major) and its queries, keys and values one projection.
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", {"tie_word_embeddings": True, "n_ctx": 2048}),
+    # BigCode's GPT-BigCode (SantaCoder, StarCoder 1, WizardCoder): GPT-2's layers with one key and
+    # value head for all query heads (multi-query), Linear projections.
+    "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", {"n_inner": 96, "tie_word_embeddings": True}),
+    # Meta's OPT (125M, 1.3B, ... and Galactica): learned positions (their table two rows in), ReLU,
+    # separate biased projections.
+    "opt": ("OPTConfig", "OPTForCausalLM", {"ffn_dim": 96, "word_embed_proj_dim": 64, "tie_word_embeddings": True}),
     # Naver's HyperCLOVA X (SEED Think): Granite's multipliers (the logits' a factor, not a divisor)
     # and a norm after each sublayer, before its scaled output joins the residual stream; and without them.
     "hyperclovax": ("HyperCLOVAXConfig", "HyperCLOVAXForCausalLM", {
@@ -419,7 +429,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
                "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
-               "ministral3")
+               "ministral3", "gpt_bigcode", "opt")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
@@ -872,6 +882,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
 
 # Parameters transformers initializes to zeros, made random in these fixtures so the export's
 # handling of them shows (a Granite SWA's sinks; Seed-OSS's biases, all of its projections').
+GPT2_RANDOMIZED = (".bias", "ln_1.weight", "ln_2.weight", "ln_f.weight", "wpe.weight", "c_attn.weight")
 RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "seed_oss": ("_proj.bias",),
                                           "gemma2": ("q_proj.weight", "k_proj.weight"),
                                           "hyperclovax": ("post_norm1.weight", "post_norm2.weight"),
@@ -890,6 +901,10 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "jais2": ("_proj.bias", "layernorm.bias", "norm.bias"),
                                           "starcoder2": ("_proj.bias", "c_fc.bias", "layernorm.bias", "norm.bias"),
                                           "apertus": ("act_fn.alpha_p", "act_fn.alpha_n"),
+                                          # Biases, LayerNorms' and the position table (initialized
+                                          # near 0, where a misplaced row would hardly show).
+                                          "gpt2": GPT2_RANDOMIZED, "gpt_bigcode": GPT2_RANDOMIZED,
+                                          "opt": (".bias", "embed_positions.weight"),
                                           # Each layer's output scale (published models' are not 1).
                                           "gemma4": ("layer_scalar",), "gemma4_e": ("layer_scalar",),
                                           "gemma4_text": ("layer_scalar",), "gemma4_unified": ("layer_scalar",),
@@ -960,8 +975,8 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
         for name, weight in model.named_parameters():
             if name.endswith(RANDOMIZED.get(arch, ())):
                 weight.normal_()
-        for name, weight in model.named_buffers():
-            if name.endswith(RANDOMIZED.get(arch, ())):
+        for name, weight in model.named_buffers():  # (GPT-BigCode's causal mask, a "bias" too, is not a scale)
+            if name.endswith(RANDOMIZED.get(arch, ())) and weight.is_floating_point():
                 weight.uniform_(0.5, 1.5)
         model.lm_head.weight.mul_(8.0)
         model.lm_head.weight[tok.get_vocab_size() :] = 0.0

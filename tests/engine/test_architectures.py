@@ -35,6 +35,7 @@ from appliance.engine.session import MASK_WIDTH_STEP
 from appliance.engine.tokenizer import TextTokenizer
 from appliance.engine.tools import OutputRules, PastCall, Tool
 from firmware.toolchain.build import UNEXPORTED_OPTIONS
+from firmware.toolchain.gpt_families import GPT_FAMILIES
 from firmware.toolchain.tiny import ARCHITECTURES, tiny_bundle, tiny_hf_dir
 
 OTHERS = sorted(set(ARCHITECTURES) - {"llama"})  # the Llama fixture has its own module
@@ -806,12 +807,26 @@ def test_an_option_the_export_leaves_out_is_refused_before_export(tmp_path: Path
 
     model_type, option, _, family = entry
     classes = {"stablelm": "StableLmForCausalLM", "cohere": "CohereForCausalLM", "phi": "PhiForCausalLM",
-               "lfm2": "Lfm2ForCausalLM"}
+               "lfm2": "Lfm2ForCausalLM", **GPT_FAMILIES}
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({"architectures": [classes[model_type]], "model_type": model_type,
                                                 option: True}))  # fmt: skip
     with pytest.raises(BundleError, match=rf"{option} \(.*\) is not exported for {re.escape(family)}; not supported"):
+        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+
+
+def test_opt_with_its_norms_after_each_sublayer_is_refused_before_export(tmp_path: Path) -> None:
+    """opt-350m normalizes each sublayer's output after the residual sum, which the export (its
+    norms before each sublayer) does not: refused, naming the option."""
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import BuildOptions, build
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"architectures": ["OPTForCausalLM"], "model_type": "opt",
+                                                "do_layer_norm_before": False}))  # fmt: skip
+    with pytest.raises(BundleError, match=r"do_layer_norm_before: false.*not supported"):
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
 
 

@@ -103,6 +103,15 @@ VARIANTS: dict[str, Variant] = {
                           None),
     "granitemoe_swa_one_base": ("granitemoe_swa", {"shared_intermediate_size": 0, "layer_rope_theta": None}, None),
     "granitemoeshared_unshared": ("granitemoeshared", {"shared_intermediate_size": 0}, None),
+    # GPT-2's scores unscaled, or scaled by the layer's index too (both a factor on the queries).
+    "gpt2_unscaled": ("gpt2", {"scale_attn_weights": False, "n_inner": 96}, None),
+    "gpt2_by_layer": ("gpt2", {"scale_attn_by_inverse_layer_idx": True, "activation_function": "gelu"}, None),
+    "gpt_bigcode_mha": ("gpt_bigcode", {"multi_query": False, "activation_function": "relu"}, None),
+    # OPT's projections between a narrower embedding and the layers (folded), its biases off; its
+    # norms after each sublayer (opt-350m's) and no final norm are refused.
+    "opt_projected": ("opt", {"word_embed_proj_dim": 32, "enable_bias": False, "tie_word_embeddings": False}, None),
+    "opt_post_norm": ("opt", {"do_layer_norm_before": False}, "do_layer_norm_before"),
+    "opt_no_final_norm": ("opt", {"_remove_final_layer_norm": True}, "_remove_final_layer_norm"),
     "hyperclovax_tied": ("hyperclovax", {"tie_word_embeddings": True, "num_key_value_heads": 1}, None),
 }  # fmt: skip
 # And every other fixture as it is, but for its random biases and norm weights.

@@ -1,0 +1,189 @@
+"""GPT-2, GPT-BigCode (SantaCoder, StarCoder 1) and OPT as the Llama the builder's class builds.
+
+The model builder has no class for these older families, and their layers are a Llama's in all but
+names and three details, which the builder's Llama class is given (builder_shim.post_norm_layers):
+LayerNorms with biases (as StableLM's), an MLP without a gate (up, GELU or ReLU, down), and no RoPE:
+each position has a learned row added to its token's embedding (`zerolayer_positions`, which the
+class gathers by the graph's `position_ids` input). Here a loaded transformers model is rebuilt,
+weights shared, as modules under the names the builder reads (`model.embed_tokens`,
+`model.layers[i].input_layernorm`, `.self_attn.q_proj`, ..., `model.norm`, `lm_head`); what the
+export does differently is folded into the weights where it can be (a GPT-2 that scales its scores
+by the layer's index, OPT's projections between a narrower embedding and the layers) and refused
+where it cannot (OPT's norms after each sublayer, opt-350m's).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from firmware.errors import BundleError
+
+# model_type -> the transformers class a checkpoint of it names.
+GPT_FAMILIES = {"gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM", "opt": "OPTForCausalLM"}
+# OPT's position table starts two rows in (a padding offset fairseq left in it).
+OPT_POSITION_OFFSET = 2
+
+
+def config_as_llama(config: Any) -> None:
+    """The config fields the builder's Llama class reads, from what these families call them."""
+    kind = getattr(config, "model_type", None)
+    if kind not in GPT_FAMILIES:
+        return
+    heads = config.num_attention_heads
+    config.architectures = ["LlamaForCausalLM"]
+    config.head_dim = config.hidden_size // heads
+    config.num_key_value_heads = 1 if getattr(config, "multi_query", False) else heads
+    config.hidden_act = config.activation_function
+    config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}  # read, never applied: no layer rotates
+    if kind == "opt":
+        config.intermediate_size = config.ffn_dim
+        config.rms_norm_eps = 1e-5  # torch's LayerNorm default, which OPT's layers keep
+    else:
+        config.intermediate_size = config.n_inner or 4 * config.hidden_size
+        config.rms_norm_eps = config.layer_norm_epsilon
+
+
+def refusal(config: dict[str, Any]) -> str | None:
+    """Why a config.json of these families cannot be exported as they run it (None: it can);
+    build.UNEXPORTED_OPTIONS names the options whose presence alone refuses one."""
+    if config.get("model_type") == "opt" and config.get("do_layer_norm_before") is False:
+        return ("OPT with its norms after each sublayer (do_layer_norm_before: false, as opt-350m) is not "
+                "supported: the export normalizes each sublayer's input")  # fmt: skip
+    return None
+
+
+def as_llama(model: Any) -> Any:
+    """The loaded transformers `model` as modules under the builder's Llama names (weights shared
+    where they are used as they are, new ones where they are split, transposed or folded)."""
+    import torch
+
+    kind = model.config.model_type
+    with torch.no_grad():
+        if kind == "opt":
+            return _opt(model)
+        return _gpt2(model)
+
+
+def _gpt2(model: Any) -> Any:
+    """GPT-2 (its projections are Conv1D: weights stored input-major) and GPT-BigCode (Linear; its
+    keys and values one head wide where it is multi-query)."""
+    import torch
+
+    config, body = model.config, model.transformer
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    width = hidden // heads
+    conv = config.model_type == "gpt2"
+    layers = []
+    for index, block in enumerate(body.h):
+        qkv_weight = block.attn.c_attn.weight.T if conv else block.attn.c_attn.weight
+        qkv_bias = block.attn.c_attn.bias
+        if conv or getattr(config, "multi_query", False):
+            kv = hidden if conv else width
+            q, k, v = ((qkv_weight[a:b], qkv_bias[a:b]) for a, b in ((0, hidden), (hidden, hidden + kv),
+                                                                     (hidden + kv, hidden + 2 * kv)))  # fmt: skip
+        else:  # GPT-BigCode with as many key heads as query heads: [query, key, value] per head
+            q, k, v = _per_head_thirds(qkv_weight, qkv_bias, heads, width)
+        # The export scales scores by 1/sqrt(width); GPT-2's config may ask for none, or for a
+        # further 1/(layer + 1): both are a factor on the queries.
+        scale = (1.0 if getattr(config, "scale_attn_weights", True) else math.sqrt(width)) / (
+            index + 1 if getattr(config, "scale_attn_by_inverse_layer_idx", False) else 1)  # fmt: skip
+        q = (q[0] * scale, q[1] * scale)
+        out, up, down = (_weight_and_bias(p, conv) for p in (block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj))
+        layers.append(_layer(block.ln_1, (q, k, v, out), block.ln_2, up, block.mlp.act, down))
+    head = torch.nn.Linear(hidden, config.vocab_size, bias=False)
+    head.weight = model.lm_head.weight
+    return _as_llama_model(model.config, body.wte, layers, body.ln_f, head, body.wpe.weight)
+
+
+def _opt(model: Any) -> Any:
+    """OPT: Llama's names but for its norms, its ungated MLP (fc1, fc2) and its output projection;
+    where its embedding is narrower than its layers, the projections in and out folded into the
+    embedding table and the LM head (two linear maps in a row are one)."""
+    import torch
+
+    config, decoder = model.config, model.model.decoder
+    layers = []
+    for block in decoder.layers:
+        attention = block.self_attn
+        qkv = tuple(_weight_and_bias(p, False) for p in (attention.q_proj, attention.k_proj, attention.v_proj))
+        layers.append(_layer(block.self_attn_layer_norm, (*qkv, _weight_and_bias(attention.out_proj, False)),
+                             block.final_layer_norm, _weight_and_bias(block.fc1, False), block.activation_fn,
+                             _weight_and_bias(block.fc2, False)))  # fmt: skip
+    table, head_weight = decoder.embed_tokens.weight, model.lm_head.weight
+    if decoder.project_in is not None:
+        table = table @ decoder.project_in.weight.T
+    if decoder.project_out is not None:
+        head_weight = head_weight @ decoder.project_out.weight
+    embedding = torch.nn.Embedding(config.vocab_size, config.hidden_size)
+    embedding.weight = torch.nn.Parameter(table, requires_grad=False)
+    head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+    head.weight = torch.nn.Parameter(head_weight, requires_grad=False)
+    positions = decoder.embed_positions.weight[OPT_POSITION_OFFSET:]
+    return _as_llama_model(config, embedding, layers, decoder.final_layer_norm, head, positions)
+
+
+def _per_head_thirds(weight: Any, bias: Any, heads: int, width: int) -> tuple[tuple[Any, Any], ...]:
+    """A fused projection laid out [query, key, value] per head, as three of [head, width] rows."""
+    rows = weight.reshape(heads, 3, width, -1)
+    sums = bias.reshape(heads, 3, width) if bias is not None else None
+    return tuple((rows[:, i].reshape(heads * width, -1), sums[:, i].reshape(-1) if sums is not None else None)
+                 for i in range(3))  # fmt: skip
+
+
+def _weight_and_bias(projection: Any, conv: bool) -> tuple[Any, Any]:
+    """A projection's weight as a Linear stores it (output-major) and its bias."""
+    return (projection.weight.T if conv else projection.weight), projection.bias
+
+
+def _linear(weight_and_bias: tuple[Any, Any]) -> Any:
+    import torch
+
+    weight, bias = weight_and_bias
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    linear.weight = torch.nn.Parameter(weight.contiguous(), requires_grad=False)
+    if bias is not None:
+        linear.bias = torch.nn.Parameter(bias.contiguous(), requires_grad=False)
+    return linear
+
+
+def _layer(before_attention: Any, attention: tuple[tuple[Any, Any], ...], before_mlp: Any,
+           up: tuple[Any, Any], act: Any, down: tuple[Any, Any]) -> Any:  # fmt: skip
+    import torch
+
+    self_attn = torch.nn.Module()
+    for name, projection in zip(("q_proj", "k_proj", "v_proj", "o_proj"), attention, strict=True):
+        setattr(self_attn, name, _linear(projection))
+    mlp = torch.nn.Module()
+    mlp.up_proj, mlp.down_proj, mlp.act_fn = _linear(up), _linear(down), act
+    layer = _decoder_layer()
+    layer.input_layernorm, layer.self_attn, layer.post_attention_layernorm, layer.mlp = (
+        before_attention, self_attn, before_mlp, mlp)  # fmt: skip
+    return layer
+
+
+def _as_llama_model(config: Any, embedding: Any, layers: list[Any], norm: Any, head: Any, positions: Any) -> Any:
+    import torch
+
+    if positions.shape[0] < config.max_position_embeddings:
+        raise BundleError(f"the position table has {positions.shape[0]} rows for a context of "
+                          f"{config.max_position_embeddings}")  # fmt: skip
+    body = torch.nn.Module()
+    body.embed_tokens, body.layers, body.norm = embedding, torch.nn.ModuleList(layers), norm
+    root = torch.nn.Module()
+    root.model, root.lm_head = body, head  # in this order: the builder takes modules as they come
+    root.config = config
+    root.zerolayer_positions = positions.detach()  # a tensor, not a module: not taken for the embedding
+    return root
+
+
+_LAYER_CLASS: list[Any] = []
+
+
+def _decoder_layer() -> Any:
+    """A new layer module, of a class whose name ends as the builder's test for a layer wants."""
+    import torch
+
+    if not _LAYER_CLASS:
+        _LAYER_CLASS.append(type("GptDecoderLayer", (torch.nn.Module,), {}))
+    return _LAYER_CLASS[0]()
