@@ -1,10 +1,11 @@
-"""GPT-2, GPT-BigCode (SantaCoder, StarCoder 1) and OPT as the Llama the builder's class builds.
+"""GPT-2, GPT-BigCode (SantaCoder, StarCoder 1), OPT and GPT-NeoX as the Llama the builder's class builds.
 
 The model builder has no class for these older families, and their layers are a Llama's in all but
 names and three details, which the builder's Llama class is given (builder_shim.post_norm_layers):
-LayerNorms with biases (as StableLM's), an MLP without a gate (up, GELU or ReLU, down), and no RoPE:
-each position has a learned row added to its token's embedding (`zerolayer_positions`, which the
-class gathers by the graph's `position_ids` input). Here a loaded transformers model is rebuilt,
+LayerNorms with biases (as StableLM's), an MLP without a gate (up, GELU or ReLU, down), and but for
+GPT-NeoX's no RoPE: each position has a learned row added to its token's embedding
+(`zerolayer_positions`, which the class gathers by the graph's `position_ids` input); GPT-NeoX's
+attention and MLP run side by side (its parallel residual). Here a loaded transformers model is rebuilt,
 weights shared, as modules under the names the builder reads (`model.embed_tokens`,
 `model.layers[i].input_layernorm`, `.self_attn.q_proj`, ..., `model.norm`, `lm_head`); what the
 export does differently is folded into the weights where it can be (a GPT-2 that scales its scores
@@ -20,7 +21,10 @@ from typing import Any
 from firmware.errors import BundleError
 
 # model_type -> the transformers class a checkpoint of it names.
-GPT_FAMILIES = {"gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM", "opt": "OPTForCausalLM"}
+GPT_FAMILIES = {"gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM", "opt": "OPTForCausalLM",
+                "gpt_neox": "GPTNeoXForCausalLM"}
+# Those of them whose positions are a learned table (GPT-NeoX rotates a part of each head instead).
+LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "opt")
 # OPT's position table starts two rows in (a padding offset fairseq left in it).
 OPT_POSITION_OFFSET = 2
 
@@ -34,6 +38,9 @@ def config_as_llama(config: Any) -> None:
     config.architectures = ["LlamaForCausalLM"]
     config.head_dim = config.hidden_size // heads
     config.num_key_value_heads = 1 if getattr(config, "multi_query", False) else heads
+    if kind == "gpt_neox":  # its rotated part of each head, which the builder reads from the config itself
+        config.partial_rotary_factor = float(config.rope_parameters.get("partial_rotary_factor", 1.0))
+        return
     config.hidden_act = config.activation_function
     config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}  # read, never applied: no layer rotates
     if kind == "opt":
@@ -62,6 +69,8 @@ def as_llama(model: Any) -> Any:
     with torch.no_grad():
         if kind == "opt":
             return _opt(model)
+        if kind == "gpt_neox":
+            return _gpt_neox(model)
         return _gpt2(model)
 
 
@@ -123,6 +132,24 @@ def _opt(model: Any) -> Any:
     return _as_llama_model(config, embedding, layers, decoder.final_layer_norm, head, positions)
 
 
+def _gpt_neox(model: Any) -> Any:
+    """GPT-NeoX (Pythia, Dolly 2, RedPajama-INCITE): Llama's layers with LayerNorms and biases, its
+    queries, keys and values one projection laid out per head, an ungated MLP; where
+    `use_parallel_residual` (most of them), the attention and the MLP read the same residual
+    stream, each through its own norm, and their outputs join it together (the builder's class is
+    told: builder_shim's parallel layer)."""
+    config, body = model.config, model.gpt_neox
+    heads = config.num_attention_heads
+    layers = []
+    for block in body.layers:
+        attention, mlp = block.attention, block.mlp
+        qkv = _per_head_thirds(attention.query_key_value.weight, attention.query_key_value.bias, heads,
+                               config.hidden_size // heads)  # fmt: skip
+        out, up, down = (_weight_and_bias(p, False) for p in (attention.dense, mlp.dense_h_to_4h, mlp.dense_4h_to_h))
+        layers.append(_layer(block.input_layernorm, (*qkv, out), block.post_attention_layernorm, up, mlp.act, down))
+    return _as_llama_model(config, body.embed_in, layers, body.final_layer_norm, model.lm_head, None)
+
+
 def _per_head_thirds(weight: Any, bias: Any, heads: int, width: int) -> tuple[tuple[Any, Any], ...]:
     """A fused projection laid out [query, key, value] per head, as three of [head, width] rows."""
     rows = weight.reshape(heads, 3, width, -1)
@@ -162,10 +189,11 @@ def _layer(before_attention: Any, attention: tuple[tuple[Any, Any], ...], before
     return layer
 
 
-def _as_llama_model(config: Any, embedding: Any, layers: list[Any], norm: Any, head: Any, positions: Any) -> Any:
+def _as_llama_model(config: Any, embedding: Any, layers: list[Any], norm: Any, head: Any,
+                    positions: Any | None) -> Any:  # fmt: skip
     import torch
 
-    if positions.shape[0] < config.max_position_embeddings:
+    if positions is not None and positions.shape[0] < config.max_position_embeddings:
         raise BundleError(f"the position table has {positions.shape[0]} rows for a context of "
                           f"{config.max_position_embeddings}")  # fmt: skip
     body = torch.nn.Module()
@@ -173,7 +201,8 @@ def _as_llama_model(config: Any, embedding: Any, layers: list[Any], norm: Any, h
     root = torch.nn.Module()
     root.model, root.lm_head = body, head  # in this order: the builder takes modules as they come
     root.config = config
-    root.zerolayer_positions = positions.detach()  # a tensor, not a module: not taken for the embedding
+    if positions is not None:  # a tensor, not a module: not taken for the embedding
+        root.zerolayer_positions = positions.detach()
     return root
 
 

@@ -386,6 +386,14 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # Meta's OPT (125M, 1.3B, ... and Galactica): learned positions (their table two rows in), ReLU,
     # separate biased projections.
     "opt": ("OPTConfig", "OPTForCausalLM", {"ffn_dim": 96, "word_embed_proj_dim": 64, "tie_word_embeddings": True}),
+    # EleutherAI's GPT-NeoX (Pythia, and Dolly 2, RedPajama-INCITE): LayerNorms, biases, a quarter
+    # of each head rotated (heads of 64, as Pythia's: the attention operator rotates widths of 16s),
+    # queries, keys and values one projection laid out per head, and the attention and the MLP side
+    # by side, each after its own norm.
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"hidden_size": 128, "num_attention_heads": 2,
+                                                          "rope_parameters": {"rope_type": "default",
+                                                                              "rope_theta": 10000.0,
+                                                                              "partial_rotary_factor": 0.25}}),
     # Naver's HyperCLOVA X (SEED Think): Granite's multipliers (the logits' a factor, not a divisor)
     # and a norm after each sublayer, before its scaled output joins the residual stream; and without them.
     "hyperclovax": ("HyperCLOVAXConfig", "HyperCLOVAXForCausalLM", {
@@ -429,7 +437,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
                "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
-               "ministral3", "gpt_bigcode", "opt")
+               "ministral3", "gpt_bigcode", "opt", "gpt_neox")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
@@ -905,6 +913,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           # near 0, where a misplaced row would hardly show).
                                           "gpt2": GPT2_RANDOMIZED, "gpt_bigcode": GPT2_RANDOMIZED,
                                           "opt": (".bias", "embed_positions.weight"),
+                                          "gpt_neox": (".bias", "layernorm.weight", "layer_norm.weight"),
                                           # Each layer's output scale (published models' are not 1).
                                           "gemma4": ("layer_scalar",), "gemma4_e": ("layer_scalar",),
                                           "gemma4_text": ("layer_scalar",), "gemma4_unified": ("layer_scalar",),

@@ -112,6 +112,12 @@ VARIANTS: dict[str, Variant] = {
     "opt_projected": ("opt", {"word_embed_proj_dim": 32, "enable_bias": False, "tie_word_embeddings": False}, None),
     "opt_post_norm": ("opt", {"do_layer_norm_before": False}, "do_layer_norm_before"),
     "opt_no_final_norm": ("opt", {"_remove_final_layer_norm": True}, "_remove_final_layer_norm"),
+    # GPT-NeoX's layers one after the other (no parallel residual), without attention biases; half
+    # of each head rotated at another base.
+    "gpt_neox_sequential": ("gpt_neox", {"use_parallel_residual": False, "attention_bias": False,
+                                         "tie_word_embeddings": True}, None),
+    "gpt_neox_half_rotated": ("gpt_neox", {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
+                                                               "partial_rotary_factor": 0.5}}, None),
     "hyperclovax_tied": ("hyperclovax", {"tie_word_embeddings": True, "num_key_value_heads": 1}, None),
 }  # fmt: skip
 # And every other fixture as it is, but for its random biases and norm weights.
