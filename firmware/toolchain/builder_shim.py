@@ -341,8 +341,36 @@ def gemma4_per_layer_shapes(config: Any) -> None:
     config.num_global_key_value_heads = layer.num_key_value_heads
 
 
+# Gemma 3n's checkpoints: the image-audio-and-text one and its language model saved alone.
+GEMMA3N = ("Gemma3nForConditionalGeneration", "Gemma3nForCausalLM")
+
+
+def gemma3n_as_gemma4(config: Any) -> None:
+    """Gemma 3n (E2B, E4B) goes to the builder's Gemma 4 class, whose attention it has (query, key
+    and value norms, no score scale, RoPE per layer type, the keys and values of the last layers
+    shared: gemma4_shared_kv) and whose per-layer inputs it has too (gemma4_per_layer_inputs); its
+    layers' AltUp streams, LAuReL block and sparse MLP gates are gemma3n_layers'. The class reads
+    the global layers' shape apart, which in 3n is every layer's, and one MLP width (3n's may
+    differ per layer: each MLP is built at its own)."""
+    if str(getattr(config, "model_type", "")) not in ("gemma3n", "gemma3n_text"):
+        return
+    if list(getattr(config, "architectures", None) or ())[:1] and config.architectures[0] in GEMMA3N:
+        config.architectures = ["Gemma4ForConditionalGeneration"]
+    if config.model_type == "gemma3n":
+        return
+    config.global_head_dim, config.num_global_key_value_heads = config.head_dim, config.num_key_value_heads
+    config.attention_k_eq_v = False
+    rope = {kind: dict(entry) for kind, entry in config.rope_parameters.items()}
+    rope["full_attention"].setdefault("partial_rotary_factor", 1.0)
+    config.rope_parameters = rope
+    widths = config.intermediate_size
+    config.intermediate_size = max(widths) if isinstance(widths, list) else widths
+    for name in ("num_experts", "top_k_experts", "moe_intermediate_size"):
+        setattr(config, name, None)
+
+
 def gemma3_rope_per_layer_type(config: Any) -> None:
-    if str(getattr(config, "model_type", "")).startswith("gemma4") or config.model_type == "lfm3":
+    if str(getattr(config, "model_type", "")).startswith(("gemma4", "gemma3n")) or config.model_type == "lfm3":
         return  # (Gemma 4's builder class reads them per type; lfm3_as_lfm2 keeps LFM3's aside)
     params = getattr(config, "rope_parameters", None)
     if not isinstance(params, dict) or "full_attention" not in params or "rope_type" in params:
@@ -576,7 +604,8 @@ def mixtral_as_mistral(config: Any) -> None:
         config.architectures = ["MistralForCausalLM"]
 
 
-FIXES = (dynamic_ntk_as_default, attention_softcap_as_transformers, gemma4_per_layer_shapes, phi3_default_rope,
+FIXES = (dynamic_ntk_as_default, attention_softcap_as_transformers, gemma4_per_layer_shapes, gemma3n_as_gemma4,
+         phi3_default_rope,
          longrope_type, gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon, qwen3_5_text_as_conditional,
          qwen35_rope_as_text, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
          granite_moe_as_granite4, granite4_mamba_as_linear_attention, nemotron_h_as_nemotron, falcon_h1_as_mistral,
@@ -1381,12 +1410,29 @@ def gemma4_dense_mlp() -> None:
             config_file = Path(self.model_name_or_path) / "config.json"
             names = json.loads(config_file.read_text()).get("architectures") if config_file.is_file() else None
             # The language model saved alone: its weights are its own, no prefix to strip.
-            if names in (["Gemma4ForCausalLM"], ["Gemma4UnifiedForCausalLM"]):
+            if names == ["Gemma3nForConditionalGeneration"]:
+                return _gemma3n_language_model(self.model_name_or_path)
+            if names in (["Gemma4ForCausalLM"], ["Gemma4UnifiedForCausalLM"], ["Gemma3nForCausalLM"]):
                 return Model.load_weights(self, input_path)
             return load_weights(self, input_path)
         return load_text_only_or_whole
 
     _replace(Gemma4MoEModel, "load_weights", make_load)
+
+
+def _gemma3n_language_model(folder: str) -> Any:
+    """Gemma 3n's image-audio-and-text checkpoint (as published): its language model alone, the
+    weights under model.language_model read as Gemma3nForCausalLM's. The towers are never loaded
+    (its vision tower's class needs timm to load at all, and they are most of a gigabyte)."""
+    import sys
+
+    transformers = sys.modules["transformers"]
+    config = transformers.Gemma3nConfig.from_pretrained(folder).text_config
+    model, info = transformers.Gemma3nForCausalLM.from_pretrained(
+        folder, config=config, key_mapping={r"^model\.language_model\.": "model."}, output_loading_info=True)
+    if info.get("missing_keys"):  # the loader fills them with random values and goes on
+        raise ValueError(f"{folder}: no weights for {sorted(info['missing_keys'])[:3]} of Gemma 3n's language model")
+    return model
 
 
 def _gemma4_norm(self: Any, name: str, root_input: str, weight: Any, shape: list[Any],
@@ -1415,11 +1461,19 @@ def _per_layer_table_lookup(self: Any, weight: Any, name: str, shape: list[Any])
     """Each token's row of the per-layer table: a Gather, or in a quantized build, 8-bit blocks of
     the build's block size with a scale and zero point each (GatherBlockQuantized). The table has
     a row of layers x width per token of the vocabulary, some two billion values in Gemma 4 E2B: as
-    floats it would outweigh the rest of an int8 model several times over."""
+    floats it would outweigh the rest of an int8 model several times over. Gemma 3n's table stops
+    short of its vocabulary (its image and audio tokens have no row): those tokens read row 0, as
+    in transformers."""
     import numpy as np
     import onnx_ir as ir
 
     ids = self.input_names["input_ids"]
+    if weight.shape[0] < self.vocab_size:
+        self.make_less(f"{name}/InTable", [ids, f"/model/constants/INT64/{weight.shape[0]}"])
+        self.make_node("Where", inputs=[f"{name}/InTable/output_0", ids, "/model/constants/INT64/0"],
+                       outputs=[f"{name}/ids/output_0"], name=f"{name}/ids")  # fmt: skip
+        self.make_value(f"{name}/ids/output_0", ir.DataType.INT64, shape=["batch_size", "sequence_length"])
+        ids = f"{name}/ids/output_0"
     if self.onnx_dtype not in (ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.INT4, ir.DataType.UINT4):
         self.make_initializer(weight, "model.embed_tokens_per_layer.weight", to=self.io_dtype)
         self.make_gather(name, ["model.embed_tokens_per_layer.weight", ids], self.io_dtype, shape, axis=0)
@@ -1488,17 +1542,21 @@ def gemma4_per_layer_inputs() -> None:
         to_split = f"/model/constants/INT64/[0, 0, {layers}, {width}]"
         number = f"/model/constants/{self.to_str_dtype(dtype)}"
         scale = text.embed_tokens_per_layer.scalar_embed_scale
+        # Gemma 4 keeps these scales as floats, Gemma 3n as buffers of another name.
+        projection_scale = float(getattr(text, "per_layer_model_projection_scale", None) or
+                                 text.per_layer_projection_scale)  # fmt: skip
         self.make_mul(f"{base}/Mul", [gathered, f"{number}/{scale}"], dtype, packed)
         self.make_reshape(f"{base}/Reshape", [f"{base}/Mul/output_0", to_split], dtype, split)
         embeds = "/model/embed_tokens/Mul/output_0"  # the main embeddings, scaled (io dtype)
         projected = self.make_matmul(text.per_layer_model_projection, f"{base}/projection/MatMul", embeds)
-        self.make_mul(f"{base}/projection/Mul", [f"{projected}/output_0",
-                      f"{number}/{text.per_layer_model_projection_scale}"], dtype, packed)  # fmt: skip
+        self.make_mul(f"{base}/projection/Mul", [f"{projected}/output_0", f"{number}/{projection_scale}"], dtype,
+                      packed)  # fmt: skip
         self.make_reshape(f"{base}/projection/Reshape", [f"{base}/projection/Mul/output_0", to_split], dtype, split)
         normed = _gemma4_norm(self, "per_layer_projection_norm", f"{base}/projection/Reshape/output_0",
                               text.per_layer_projection_norm.weight, split)  # fmt: skip
         self.make_add(f"{base}/Add", [normed, f"{base}/Reshape/output_0"], dtype, split)
-        self.make_mul(f"{base}/Scale", [f"{base}/Add/output_0", f"{number}/{text.per_layer_input_scale}"], dtype, split)
+        self.make_mul(f"{base}/Scale", [f"{base}/Add/output_0", f"{number}/{float(text.per_layer_input_scale)}"],
+                      dtype, split)  # fmt: skip
         return f"{base}/Scale/output_0"
 
     def make_layer(make_layer: Any) -> Any:
@@ -1578,6 +1636,260 @@ def gemma4_shared_kv() -> None:
 
     _replace(Gemma4Model, "make_attention_input_proj", make)
     _replace(Gemma4Model, "make_key_value_cache_names", make_names)
+
+
+def gemma3n_layers() -> None:
+    """Gemma 3n's layers on the builder's Gemma 4 class (gemma3n_as_gemma4 sends them there). Its
+    residual stream is AltUp's N streams, carried here as one tensor [batch, sequence, hidden, N]:
+    each layer predicts all N from a router of the active one (`altup_active_idx`, the first in the
+    published models; each prediction a mix of all N), runs attention and its MLP on it (with a
+    low-rank LAuReL branch beside the attention, and in the first layers a sparse MLP gate: only
+    what is above the gate's mean plus a number of its standard deviations passes), corrects all N
+    by what the layer added, and adds its per-layer input, gated by the active one, to all but the
+    first. Before the first layer the streams are the embeddings and
+    N - 1 projections of them; after the last, the N averaged, the other N - 1 projected back (each
+    projection rescaled to the first stream's magnitude). transformers' Gemma3nTextDecoderLayer and
+    Gemma3nTextModel, step by step."""
+    from builders.gemma import Gemma4MoEModel
+
+    def make(make_layer: Any) -> Any:
+        def altup_or_gemma4(self: Any, layer_id: int, layer: Any) -> None:
+            import onnx_ir as ir
+
+            if getattr(layer, "altup", None) is None:
+                make_layer(self, layer_id, layer)
+                return
+            text = _per_layer_embedder(self.weights)
+            if layer_id == 0:
+                self.altup_streams = _altup_streams(self, text, "/model/altup_projections",
+                                                    "/model/embed_tokens/Mul/output_0")  # fmt: skip
+            _gemma3n_layer(self, layer_id, layer)
+            if layer_id == self.num_layers - 1:  # the final norm adds its two inputs: each half the mean
+                half = _altup_mean(self, text, "/model/altup_unembed_projections", self.altup_streams)
+                # In the norm's type: an fp16 graph's norms take fp32, as Gemma 2's.
+                half = _as(self, half, ir.DataType.FLOAT if self.layernorm_attrs["cast"]["use_fp32"] else self.io_dtype,
+                           _hidden(self))  # fmt: skip
+                self.layernorm_attrs.update(root_input=half, skip_input=half, last_layernorm=True)
+
+        return altup_or_gemma4
+
+    _replace(Gemma4MoEModel, "make_layer", make)
+
+
+def _hidden(self: Any, *last: int) -> list[Any]:
+    return ["batch_size", "sequence_length", *(last or (self.hidden_size,))]
+
+
+def _number(self: Any, value: float) -> str:
+    return f"/model/constants/{self.to_str_dtype(self.io_dtype)}/{value}"
+
+
+def _stream(self: Any, name: str, streams: str, index: int) -> str:
+    """Stream `index` [batch, sequence, hidden] of the stacked streams."""
+    self.make_gather(name, [streams, f"/model/constants/INT64/{index}"], self.io_dtype, _hidden(self), axis=3)
+    return f"{name}/output_0"
+
+
+def _rms(self: Any, name: str, value: str) -> str:
+    """sqrt(mean(value^2)) over the hidden axis (kept), floored as transformers floors a
+    projection's: at sqrt(1e-5)."""
+    shape = _hidden(self, 1)
+    self.make_mul(f"{name}/Square", [value, value], self.io_dtype, _hidden(self))
+    self.make_reduce_mean(f"{name}/Mean", [f"{name}/Square/output_0", "/model/constants/INT64/[-1]"],
+                          self.io_dtype, shape, keepdims=True)  # fmt: skip
+    self.make_node("Max", inputs=[f"{name}/Mean/output_0", _number(self, 1e-5)], outputs=[f"{name}/Max/output_0"],
+                   name=f"{name}/Max")  # fmt: skip
+    self.make_value(f"{name}/Max/output_0", self.io_dtype, shape=shape)
+    self.make_sqrt(f"{name}/Sqrt", [f"{name}/Max/output_0"], self.io_dtype, shape)
+    return f"{name}/Sqrt/output_0"
+
+
+def _rescaled(self: Any, name: str, value: str, target: str) -> str:
+    """`value` scaled to the magnitude `target` (an RMS over the hidden axis)."""
+    self.make_div(f"{name}/Ratio", [target, _rms(self, f"{name}/RMS", value)], self.io_dtype, _hidden(self, 1))
+    self.make_mul(f"{name}/Mul", [value, f"{name}/Ratio/output_0"], self.io_dtype, _hidden(self))
+    return f"{name}/Mul/output_0"
+
+
+def _unsqueezed(self: Any, name: str, value: str, axis: int, shape: list[Any]) -> str:
+    self.make_unsqueeze(name, [value, f"/model/constants/INT64/[{axis}]"], self.io_dtype, shape)
+    return f"{name}/output_0"
+
+
+def _altup_streams(self: Any, text: Any, base: str, embeddings: str) -> str:
+    """The embeddings and N - 1 projections of them, each at the embeddings' magnitude, stacked
+    [batch, sequence, hidden, N]."""
+    n = len(text.altup_projections) + 1
+    # (The magnitude is of the unfloored embeddings: transformers floors only the projections'.)
+    self.make_mul(f"{base}/target/Square", [embeddings, embeddings], self.io_dtype, _hidden(self))
+    self.make_reduce_mean(f"{base}/target/Mean", [f"{base}/target/Square/output_0", "/model/constants/INT64/[-1]"],
+                          self.io_dtype, _hidden(self, 1), keepdims=True)  # fmt: skip
+    self.make_sqrt(f"{base}/target/Sqrt", [f"{base}/target/Mean/output_0"], self.io_dtype, _hidden(self, 1))
+    target = f"{base}/target/Sqrt/output_0"
+    streams = [embeddings]
+    for i, projection in enumerate(text.altup_projections):
+        projected = f"{self.make_matmul(projection, f'{base}.{i}/MatMul', embeddings)}/output_0"
+        streams.append(_rescaled(self, f"{base}.{i}", projected, target))
+    stacked = [_unsqueezed(self, f"{base}/Unsqueeze_{i}", v, -1, _hidden(self, self.hidden_size, 1))
+               for i, v in enumerate(streams)]  # fmt: skip
+    self.make_concat(f"{base}/Concat", stacked, self.io_dtype, _hidden(self, self.hidden_size, n), axis=-1)
+    return f"{base}/Concat/output_0"
+
+
+def _altup_mean(self: Any, text: Any, base: str, streams: str) -> str:
+    """Half the mean of stream 0 and the other streams projected back (each at stream 0's
+    magnitude): the final norm's two inputs, which it adds."""
+    first = _stream(self, f"{base}/stream_0", streams, 0)
+    target = _rms(self, f"{base}/target", first)
+    total = first
+    for i, projection in enumerate(text.altup_unembed_projections):
+        stream = _stream(self, f"{base}/stream_{i + 1}", streams, i + 1)
+        projected = f"{self.make_matmul(projection, f'{base}.{i}/MatMul', stream)}/output_0"
+        rescaled = _rescaled(self, f"{base}.{i}", projected, target)
+        self.make_add(f"{base}/Sum_{i}", [total, rescaled], self.io_dtype, _hidden(self))
+        total = f"{base}/Sum_{i}/output_0"
+    count = len(text.altup_unembed_projections) + 1
+    self.make_mul(f"{base}/Half", [total, _number(self, 0.5 / count)], self.io_dtype, _hidden(self))
+    return f"{base}/Half/output_0"
+
+
+def _router(self: Any, altup: Any, base: str, value: str) -> str:
+    """tanh(modality_router(router_norm(value) / hidden)): [batch, sequence, N]. Its small
+    matmuls stay float in a quantized build (a handful of coefficients steer every stream)."""
+    n = altup.modality_router.weight.shape[0]
+    normed = _gemma4_norm(self, f"{base[len('/model/'):].replace('/', '.')}.router_norm", value,
+                          altup.router_norm.weight, _hidden(self))  # fmt: skip
+    self.make_mul(f"{base}/Scale", [normed, _number(self, float(altup.router_input_scale))], self.io_dtype,
+                  _hidden(self))  # fmt: skip
+    altup.modality_router.exclude_from_quantization = True
+    routed = f"{self.make_matmul(altup.modality_router, f'{base}/modality_router/MatMul', f'{base}/Scale/output_0')}"
+    self.make_tanh(f"{base}/Tanh", f"{routed}/output_0", self.io_dtype, _hidden(self, n))
+    return f"{base}/Tanh/output_0"
+
+
+def _gemma3n_mlp(self: Any, layer_id: int, mlp: Any, value: str) -> str:
+    """down(gelu_tanh(gate) * up), the gate made sparse where the layer's sparsity is set: less
+    its mean plus its standard deviation times the normal quantile of the sparsity, then ReLU."""
+    from statistics import NormalDist
+
+    base, width = f"/model/layers.{layer_id}/mlp", mlp.gate_proj.weight.shape[0]
+    gate = f"{self.make_matmul(mlp.gate_proj, f'{base}/gate_proj/MatMul', value)}/output_0"
+    if mlp.activation_sparsity > 0.0:
+        axis, column = "/model/constants/INT64/[-1]", _hidden(self, 1)
+        self.make_reduce_mean(f"{base}/sparse/Mean", [gate, axis], self.io_dtype, column, keepdims=True)
+        self.make_sub(f"{base}/sparse/Centred", [gate, f"{base}/sparse/Mean/output_0"], self.io_dtype,
+                      _hidden(self, width))  # fmt: skip
+        centred = f"{base}/sparse/Centred/output_0"
+        self.make_mul(f"{base}/sparse/Square", [centred, centred], self.io_dtype, _hidden(self, width))
+        self.make_reduce_mean(f"{base}/sparse/Variance", [f"{base}/sparse/Square/output_0", axis], self.io_dtype,
+                              column, keepdims=True)  # fmt: skip
+        self.make_sqrt(f"{base}/sparse/Std", [f"{base}/sparse/Variance/output_0"], self.io_dtype, column)
+        quantile = NormalDist().inv_cdf(float(mlp.activation_sparsity))
+        self.make_mul(f"{base}/sparse/Cutoff", [f"{base}/sparse/Std/output_0", _number(self, quantile)],
+                      self.io_dtype, column)  # fmt: skip
+        self.make_sub(f"{base}/sparse/Sub", [centred, f"{base}/sparse/Cutoff/output_0"], self.io_dtype,
+                      _hidden(self, width))  # fmt: skip
+        self.make_node("Relu", inputs=[f"{base}/sparse/Sub/output_0"], outputs=[f"{base}/sparse/Relu/output_0"],
+                       name=f"{base}/sparse/Relu")  # fmt: skip
+        self.make_value(f"{base}/sparse/Relu/output_0", self.io_dtype, shape=_hidden(self, width))
+        gate = f"{base}/sparse/Relu/output_0"
+    self.make_node("Gelu", inputs=[gate], outputs=[f"{base}/Gelu/output_0"], name=f"{base}/Gelu", approximate="tanh")
+    self.make_value(f"{base}/Gelu/output_0", self.io_dtype, shape=_hidden(self, width))
+    up = f"{self.make_matmul(mlp.up_proj, f'{base}/up_proj/MatMul', value)}/output_0"
+    self.make_mul(f"{base}/Mul", [f"{base}/Gelu/output_0", up], self.io_dtype, _hidden(self, width))
+    return f"{self.make_matmul(mlp.down_proj, f'{base}/down_proj/MatMul', f'{base}/Mul/output_0')}/output_0"
+
+
+def _gemma3n_layer(self: Any, layer_id: int, layer: Any) -> None:
+    """One Gemma 3n layer on self.altup_streams (see gemma3n_layers)."""
+    dtype, base, altup = self.io_dtype, f"/model/layers.{layer_id}", layer.altup
+    n, hidden = altup.correction_coefs.weight.shape[0], _hidden(self)
+    active_index = self.weights.config.get_text_config().altup_active_idx  # the stream the layer runs on
+    stacked = _hidden(self, self.hidden_size, n)
+    streams = self.altup_streams
+
+    def norm(name: str, module: Any, value: str) -> str:
+        return _gemma4_norm(self, f"layers.{layer_id}.{name}", value, module.weight, hidden)
+
+    def add(name: str, a: str, b: str, shape: list[Any] = hidden) -> str:
+        self.make_add(f"{base}/{name}", [a, b], dtype, shape)
+        return f"{base}/{name}/output_0"
+
+    # Predict: each stream plus a mix of all of them, by coefficients routed from the active one.
+    modalities = _router(self, altup, f"{base}/altup/predict", _stream(self, f"{base}/altup/active", streams,
+                                                                       active_index))  # fmt: skip
+    altup.prediction_coefs.exclude_from_quantization = True
+    coefs = f"{self.make_matmul(altup.prediction_coefs, f'{base}/altup/prediction_coefs/MatMul', modalities)}/output_0"
+    self.make_reshape(f"{base}/altup/coefs/Reshape", [coefs, f"/model/constants/INT64/[0, 0, {n}, {n}]"], dtype,
+                      _hidden(self, n, n))  # fmt: skip  (row j: the weights of each stream in stream j)
+    self.make_transpose(f"{base}/altup/coefs/Transpose", f"{base}/altup/coefs/Reshape/output_0", dtype,
+                        _hidden(self, n, n), [0, 1, 3, 2])  # fmt: skip
+    self.make_node("MatMul", inputs=[streams, f"{base}/altup/coefs/Transpose/output_0"],
+                   outputs=[f"{base}/altup/mix/output_0"], name=f"{base}/altup/mix")  # fmt: skip
+    self.make_value(f"{base}/altup/mix/output_0", dtype, shape=stacked)
+    predictions = add("altup/predictions", f"{base}/altup/mix/output_0", streams, stacked)
+    active = _stream(self, f"{base}/altup/predicted", predictions, active_index)
+
+    # The layer on the active stream: attention beside LAuReL, then the MLP.
+    normed = norm("input_layernorm", layer.input_layernorm, active)
+    left = f"{self.make_matmul(layer.laurel.linear_left, f'{base}/laurel/linear_left/MatMul', normed)}/output_0"
+    right = f"{self.make_matmul(layer.laurel.linear_right, f'{base}/laurel/linear_right/MatMul', left)}/output_0"
+    laurel = add("laurel/Add", normed, norm("laurel.post_laurel_norm", layer.laurel.post_laurel_norm, right))
+    self.make_attention(layer_id, layer.self_attn, root_input=normed)
+    attention = norm("post_attention_layernorm", layer.post_attention_layernorm, self.layernorm_attrs["skip_input"])
+    gated = add("attention/residual", active, attention)
+    self.make_mul(f"{base}/laurel/Mean", [add("laurel/Sum", gated, laurel), _number(self, 2**-0.5)], dtype, hidden)
+    mixed = f"{base}/laurel/Mean/output_0"
+    mlp = _gemma3n_mlp(self, layer_id, layer.mlp, norm("pre_feedforward_layernorm", layer.pre_feedforward_layernorm,
+                                                        mixed))  # fmt: skip
+    activated = add("mlp/residual", mixed, norm("post_feedforward_layernorm", layer.post_feedforward_layernorm, mlp))
+
+    # Correct: every prediction moves by what the layer added to the active one, scaled per stream.
+    modalities = _router(self, altup, f"{base}/altup/correct", activated)
+    altup.correction_coefs.exclude_from_quantization = True
+    scales = f"{self.make_matmul(altup.correction_coefs, f'{base}/altup/correction_coefs/MatMul', modalities)}"
+    self.make_add(f"{base}/altup/scales/Add", [f"{scales}/output_0", _number(self, 1.0)], dtype, _hidden(self, n))
+    self.make_sub(f"{base}/altup/innovation", [activated, active], dtype, hidden)
+    innovation = _unsqueezed(self, f"{base}/altup/innovation/Unsqueeze", f"{base}/altup/innovation/output_0", -1,
+                             _hidden(self, self.hidden_size, 1))  # fmt: skip
+    scales = _unsqueezed(self, f"{base}/altup/scales/Unsqueeze", f"{base}/altup/scales/Add/output_0", 2,
+                         _hidden(self, 1, n))  # fmt: skip
+    self.make_mul(f"{base}/altup/correction", [innovation, scales], dtype, stacked)
+    corrected = add("altup/corrected", f"{base}/altup/correction/output_0", predictions, stacked)
+
+    # The per-layer input, gated by the corrected active stream, added to all streams but the first.
+    first = _stream(self, f"{base}/altup/first", corrected, active_index)
+    if self.weights.config.get_text_config().altup_correct_scale:
+        scale = f"model.layers.{layer_id}.altup.correct_output_scale"
+        self.make_initializer(altup.correct_output_scale, scale, to=dtype)
+        self.make_mul(f"{base}/altup/first/Scale", [first, scale], dtype, hidden)
+        first = f"{base}/altup/first/Scale/output_0"
+    width = layer.hidden_size_per_layer_input
+    gate = f"{self.make_matmul(layer.per_layer_input_gate, f'{base}/per_layer_input/gate/MatMul', first)}/output_0"
+    self.make_node("Gelu", inputs=[gate], outputs=[f"{base}/per_layer_input/Gelu/output_0"],
+                   name=f"{base}/per_layer_input/Gelu", approximate="tanh")  # fmt: skip
+    self.make_value(f"{base}/per_layer_input/Gelu/output_0", dtype, shape=_hidden(self, width))
+    self.make_gather(f"{base}/per_layer_input/Gather", [self.per_layer_inputs, f"/model/constants/INT64/{layer_id}"],
+                     dtype, _hidden(self, width), axis=2)  # fmt: skip
+    self.make_mul(f"{base}/per_layer_input/Mul", [f"{base}/per_layer_input/Gelu/output_0",
+                  f"{base}/per_layer_input/Gather/output_0"], dtype, _hidden(self, width))  # fmt: skip
+    projected = self.make_matmul(layer.per_layer_projection, f"{base}/per_layer_input/projection/MatMul",
+                                 f"{base}/per_layer_input/Mul/output_0")  # fmt: skip
+    own = norm("post_per_layer_input_norm", layer.post_per_layer_input_norm, f"{projected}/output_0")
+    others = f"model.layers.{layer_id}.altup.others"  # 0 for the first stream, 1 for the rest (whichever is active)
+    self.make_initializer(_ones_but_first(n), others, to=dtype)
+    self.make_mul(f"{base}/per_layer_input/Spread", [_unsqueezed(self, f"{base}/per_layer_input/Unsqueeze", own, -1,
+                  _hidden(self, self.hidden_size, 1)), others], dtype, stacked)  # fmt: skip
+    self.altup_streams = add("altup/out", corrected, f"{base}/per_layer_input/Spread/output_0", stacked)
+    self.layernorm_attrs["first_layernorm"] = False
+
+
+def _ones_but_first(n: int) -> Any:
+    import torch
+
+    ones = torch.ones(n)
+    ones[0] = 0.0
+    return ones
 
 
 def _int64s(*dims: int) -> str:
@@ -2047,6 +2359,7 @@ def install() -> None:
     gemma4_dense_mlp()
     gemma4_per_layer_inputs()
     gemma4_shared_kv()
+    gemma3n_layers()
     granite4_mamba_layers()
     nemotron_h_blocks()
     falcon_h1_layers()

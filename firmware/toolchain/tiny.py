@@ -317,6 +317,17 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
                         "sliding_attention", "full_attention"],
         "hidden_size_per_layer_input": 8, "num_kv_shared_layers": 3, "use_double_wide_mlp": True,
         "final_logit_softcapping": 30.0, "tie_word_embeddings": True}}),
+    # Gemma 3n E2B's and E4B's language model (Gemma3nForCausalLM): Gemma 4 E's attention, per-layer
+    # inputs and shared keys and values, and AltUp's four residual streams, a LAuReL branch beside
+    # each attention, sparse MLP gates in the first layers, MLPs of their own widths; its per-layer
+    # table stops short of the vocabulary, as the published one does (its last tokens read row 0).
+    "gemma3n_text": ("Gemma3nTextConfig", "Gemma3nForCausalLM", {"vocab_size_per_layer_input": 480,
+        "num_hidden_layers": 6, "head_dim": 16, "sliding_window": 16, "intermediate_size": [128, 96, 128, 64, 128, 96],
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                        "sliding_attention", "full_attention"],
+        "hidden_size_per_layer_input": 8, "num_kv_shared_layers": 2, "laurel_rank": 8,
+        "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0, 0.0, 0.0], "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": True}),
     # Gemma 4's language model saved alone (Gemma4ForCausalLM: a fine-tune loaded as a causal LM).
     "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
         "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
@@ -437,7 +448,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
                "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
-               "ministral3", "gpt_bigcode", "opt", "gpt_neox")
+               "ministral3", "gpt_bigcode", "opt", "gpt_neox", "gemma3n_text")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
@@ -863,6 +874,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     # Gemma and Gemma 2 take turns as Gemma 3 does.
     "gemma": GEMMA_TURNS,
     "gemma2": GEMMA_TURNS,
+    "gemma3n": GEMMA_TURNS,  # Gemma 3n's are Gemma 3's
     # SmolLM3 thinks aloud between tags of its vocabulary, as Qwen3 does (appliance/engine/reasoning.py).
     "smollm3": ChatStyle(THINKING_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>")),
     # Llama 3's headers, and its own JSON for tool calls (appliance/engine/tools.py).
@@ -918,6 +930,10 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "gemma4": ("layer_scalar",), "gemma4_e": ("layer_scalar",),
                                           "gemma4_text": ("layer_scalar",), "gemma4_unified": ("layer_scalar",),
                                           "gemma4_unified_text": ("layer_scalar",),
+                                          # AltUp's output scale (transformers makes it 0) and its
+                                          # coefficients (near 0: the streams would hardly mix).
+                                          "gemma3n_text": ("correct_output_scale", "correction_coefs.weight",
+                                                           "prediction_coefs.weight"),
                                           "cohere": ("q_proj.weight", "k_proj.weight"),
                                           "cohere2": ("q_proj.weight", "k_proj.weight"),
                                           "jamba": ("mamba.D", "dt_proj.bias", "layernorm.weight", "conv1d.bias",
@@ -967,7 +983,8 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
         pad_token_id=tok.token_to_id(unk), tie_word_embeddings=False,
     )  # fmt: skip
     text = extra.get("text_config")
-    if isinstance(text, dict) and text.get("hidden_size_per_layer_input"):  # Gemma 4 E2B's: a row per token
+    # Gemma 4 E's and Gemma 3n's per-layer inputs: a row per token of the vocabulary.
+    if (text if isinstance(text, dict) else extra).get("hidden_size_per_layer_input"):
         shape["vocab_size_per_layer_input"] = shape["vocab_size"]
     if isinstance(text, dict):  # a multimodal checkpoint: the tiny shape is its language model's
         config = getattr(transformers, config_class)(**{**extra, "text_config": {**shape, **text}})

@@ -898,6 +898,50 @@ def test_the_build_runs_only_a_cpu_graph(tmp_path: Path, providers: list[object]
     assert (not _provider_options(tmp_path)) == runs_here
 
 
+def _gemma3n_as_published(folder: Path, drop: str | None = None) -> None:
+    """The gemma3n_text fixture as Google publishes Gemma 3n: the image-audio-and-text checkpoint
+    (Gemma3nForConditionalGeneration), the language model's weights under model.language_model,
+    tied to no LM head of its own, beside a tower's (which no build reads); `drop` leaves one of the
+    language model's weights out."""
+    import shutil
+
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    source = tiny_hf_dir("gemma3n_text")
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("config.json", "model.safetensors"))
+    config = transformers.Gemma3nConfig(text_config=json.loads((source / "config.json").read_text())).to_dict()
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Gemma3nForConditionalGeneration"]}))
+    weights = {f"model.language_model.{k.removeprefix('model.')}": v
+               for k, v in load_file(source / "model.safetensors").items() if k != "lm_head.weight" and k != drop}
+    save_file({**weights, "model.audio_tower.conformer.0.norm.weight": torch.ones(4)}, folder / "model.safetensors")
+
+
+def test_gemma3n_as_published_builds_its_language_model_alone(tmp_path: Path, trusted_keys: Path) -> None:
+    """Gemma 3n is published whole (Gemma3nForConditionalGeneration, whose vision tower's class
+    needs timm, which the build has not): the build reads its language model's weights alone and
+    answers as the language model saved alone does; one of them missing is refused, not filled
+    with the random values transformers' loader would put there."""
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import BuildOptions, build
+    from firmware.toolchain.devkit import ensure_dev_key
+
+    _gemma3n_as_published(tmp_path / "hf")
+    build(tmp_path / "hf", tmp_path / "out", BuildOptions(precision="fp32"), key=ensure_dev_key(),
+          progress=lambda _: None)  # fmt: skip
+    ids = _ids(firmware.load(tiny_bundle("gemma3n_text"), trusted_keys))
+    whole = ModelSession(firmware.load(tmp_path / "out", trusted_keys), last_position_logits=False).all_logits(
+        np.array(ids, dtype=np.int64))  # fmt: skip
+    alone = ModelSession(firmware.load(tiny_bundle("gemma3n_text"), trusted_keys),
+                         last_position_logits=False).all_logits(np.array(ids, dtype=np.int64))  # fmt: skip
+    assert np.abs(whole - alone).max() <= 1e-5
+    _gemma3n_as_published(tmp_path / "broken", drop="model.layers.1.laurel.linear_left.weight")
+    with pytest.raises(BundleError, match=r"no weights for .*laurel\.linear_left"):
+        build(tmp_path / "broken", tmp_path / "out2", BuildOptions(precision="fp32"), key=ensure_dev_key(),
+              progress=lambda _: None)  # fmt: skip
+
+
 def test_ministral3_is_served_only_as_far_as_its_export_is_exact(trusted_keys: Path) -> None:
     """Past its original context Ministral 3 scales its queries by position, which the export
     leaves out: a tiny one matched transformers within 2.9e-6 inside its original 64 positions and

@@ -118,6 +118,10 @@ VARIANTS: dict[str, Variant] = {
                                          "tie_word_embeddings": True}, None),
     "gpt_neox_half_rotated": ("gpt_neox", {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
                                                                "partial_rotary_factor": 0.5}}, None),
+    # Gemma 3n running its layers on another AltUp stream than the first, with three streams, its
+    # per-layer inputs not rescaled by the corrected stream's scale.
+    "gemma3n_text_other_stream": ("gemma3n_text", {"altup_active_idx": 1, "altup_num_inputs": 3,
+                                                   "altup_correct_scale": False}, None),
     "hyperclovax_tied": ("hyperclovax", {"tie_word_embeddings": True, "num_key_value_heads": 1}, None),
 }  # fmt: skip
 # And every other fixture as it is, but for its random biases and norm weights.
