@@ -201,6 +201,11 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     scales = {f"model.layers.{i}.layer_scalar": torch.tensor(metadata[f"tensor.blk.{i}.layer_output_scale.weight"])
               for i in range(config.num_hidden_layers) if f"tensor.blk.{i}.layer_output_scale.weight" in metadata}
     state |= scales
+    # A file with an output tensor of its own (a Falcon's) is untied, whatever the loader's config
+    # says (FalconConfig ties by default): tied, the LM head would become the embeddings.
+    head, table = loaded.get_output_embeddings(), loaded.get_input_embeddings()
+    if config.tie_word_embeddings and head is not None and not torch.equal(head.weight, table.weight):
+        config.tie_word_embeddings = False
     # A tied lm_head is absent from a state dict by design; anything else missing is a broken source.
     by_design = {"lm_head.weight"} if config.tie_word_embeddings else set()
     # The loader fills a weight the file lacks with random values, and says so only here.
@@ -284,7 +289,7 @@ def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
 # The GGUF architectures (llama.cpp's names) the build is checked on, each written as llama.cpp writes
 # it (tiny_gguf.GGUF_ARCHITECTURES): others may load through transformers' loader, or may not.
 GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "nemotron", "lfm2", "qwen35",
-                "qwen35moe", "gemma4")
+                "qwen35moe", "gemma4", "gpt2", "falcon")
 
 
 def _gguf_hint(gguf: Path) -> str:
@@ -450,6 +455,7 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
     - Qwen3.5's layer pattern (attention.recurrent_layers: which layers are linear attention): made
       from `full_attention_interval` instead, which the published models follow (every fourth layer
       full) and a file need not (its tensors were then not found).
+    - Falcon's grouped attention (40B, 180B): refused, not restored (see the message).
     - GPT-2's position table (context_length): the loader puts it in `n_ctx`, which GPT2Config does
       not read for the table's rows (`n_positions`): a file of other than 1024 rows did not load.
       (Its MLP's width is GPT-2's four times the hidden size, as llama.cpp writes it whatever the
@@ -518,6 +524,10 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
         changed = True
     if arch == "gpt2":
         doc["n_positions"], changed = int(key("context_length")), True
+    if arch == "falcon" and int(key("attention.head_count_kv") or 1) > 1:
+        raise BundleError("a Falcon GGUF file of key-value groups (Falcon 40B's and 180B's architecture) is not "
+                          "read: llama.cpp reorders their fused projections, which transformers' loader does not "
+                          "undo; build the model from its Hugging Face folder")  # fmt: skip
     if arch in ("qwen35", "qwen35moe") and isinstance(key("attention.recurrent_layers"), list):
         doc["layer_types"] = ["linear_attention" if r else "full_attention" for r in key("attention.recurrent_layers")]
         changed = True
@@ -877,6 +887,7 @@ UNEXPORTED_OPTIONS = (
     ("lfm2", "conv_bias", "a bias on its short convolutions", "LFM2"),  # a tiny LFM2 with one was 6.2 off
     ("opt", "_remove_final_layer_norm", "no norm after the last layer", "OPT"),
     ("gpt2", "add_cross_attention", "cross-attention (an encoder-decoder's decoder)", "GPT-2"),
+    ("falcon", "alibi", "ALiBi position biases, as Falcon-RW's", "Falcon"),
 )
 
 

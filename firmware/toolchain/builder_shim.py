@@ -155,8 +155,9 @@ Glm4ForCausalLM) have no class in the builder either:
   into the projections before the sum: `_residual_multiplier_folded`), 6.3e-6 and 3.3e-6; GPT-2,
   GPT-BigCode and OPT, rebuilt under a Llama's module names (`gpt_families.as_llama`) with no RoPE
   and a learned row per position added to the embeddings (`_learned_positions_added`, gathered by
-  a `position_ids` input), 1.4e-6, 1.2e-5 and 2.0e-6; GPT-NeoX, rebuilt so too, its attention and
-  MLP side by side where `use_parallel_residual` (the class's `_parallel_layer`), 2.9e-6.
+  a `position_ids` input), 1.4e-6, 1.2e-5 and 2.0e-6; GPT-NeoX and Falcon, rebuilt so too, their
+  attention and MLP side by side (the class's `_parallel_layer`, after one norm or two), 2.9e-6,
+  1.9e-6 and 2.4e-6.
 
 Gemma 4 (Gemma4ForConditionalGeneration: 31B; Gemma4UnifiedForConditionalGeneration: 12B) has
 classes in the builder, written for an older transformers:
@@ -1060,8 +1061,8 @@ def post_norm_layers() -> None:
             if config.model_type in gpt_families.LEARNED_POSITIONS:  # learned positions (make_embedding), no RoPE
                 self.unrotated = set(range(self.num_layers))
                 self.input_names["position_ids"] = "position_ids"
-            # GPT-NeoX's attention and MLP side by side, each after its own norm of the same input.
-            self.parallel_residual = config.model_type == "gpt_neox" and bool(config.use_parallel_residual)
+            # GPT-NeoX's and Falcon's attention and MLP side by side on the same input.
+            self.parallel_residual = gpt_families.parallel_residual(config)
             self.rope_local_theta = getattr(config, "rope_local_base_freq", None)  # gemma3_rope_per_layer_type's
             if self.post_norm and self.rope_local_theta is not None:
                 _global_and_plain_local_caches(self)
@@ -1157,17 +1158,20 @@ def post_norm_layers() -> None:
             self.layernorm_attrs["last_layernorm"] = last
 
         def _parallel_layer(self, layer_id: int, layer: Any) -> None:
-            """x + attention(norm1(x)) + mlp(norm2(x)): the input norm adds the last layer's
-            output to the residual stream (its root input after), which the MLP's norm reads too."""
+            """x + attention(norm1(x)) + mlp(norm2(x)), or mlp(norm1(x)) where the layer has one
+            norm (post_attention_layernorm None): the input norm adds the last layer's output to
+            the residual stream (its root input after), which the MLP's norm reads too."""
             if self.prunes_hidden_rows():
                 raise ValueError("parallel layers: pruning the LM head's rows (paged attention) is not supported")
             self.make_layernorm(layer_id, layer.input_layernorm, skip=not self.layernorm_attrs["first_layernorm"],
                                 simple=self.layernorm_attrs["simple"], location="input")  # fmt: skip
-            self.make_attention(layer_id, layer.self_attn, root_input=self.layernorm_attrs["output_0"])
+            normed = self.layernorm_attrs["output_0"]
+            self.make_attention(layer_id, layer.self_attn, root_input=normed)
             attention = self.layernorm_attrs["skip_input"]
-            residual = self.layernorm_attrs["root_input"]
-            self.make_mlp(layer_id, layer.mlp, root_input=self._norm(layer_id, layer.post_attention_layernorm,
-                                                                      "post_attention", residual))  # fmt: skip
+            if layer.post_attention_layernorm is not None:
+                normed = self._norm(layer_id, layer.post_attention_layernorm, "post_attention",
+                                    self.layernorm_attrs["root_input"])  # fmt: skip
+            self.make_mlp(layer_id, layer.mlp, root_input=normed)
             name = f"/model/layers.{layer_id}/parallel/Add"
             self.make_add(name, [attention, self.layernorm_attrs["skip_input"]], self.io_dtype,
                           self.make_hidden_state_shape())  # fmt: skip

@@ -1,11 +1,12 @@
-"""GPT-2, GPT-BigCode (SantaCoder, StarCoder 1), OPT and GPT-NeoX as the Llama the builder's class builds.
+"""GPT-2, GPT-BigCode (SantaCoder, StarCoder 1), OPT, GPT-NeoX and Falcon as the Llama the builder's
+class builds.
 
 The model builder has no class for these older families, and their layers are a Llama's in all but
 names and three details, which the builder's Llama class is given (builder_shim.post_norm_layers):
 LayerNorms with biases (as StableLM's), an MLP without a gate (up, GELU or ReLU, down), and but for
 GPT-NeoX's no RoPE: each position has a learned row added to its token's embedding
-(`zerolayer_positions`, which the class gathers by the graph's `position_ids` input); GPT-NeoX's
-attention and MLP run side by side (its parallel residual). Here a loaded transformers model is rebuilt,
+(`zerolayer_positions`, which the class gathers by the graph's `position_ids` input); GPT-NeoX's and
+Falcon's attention and MLP run side by side (their parallel residual). Here a loaded transformers model is rebuilt,
 weights shared, as modules under the names the builder reads (`model.embed_tokens`,
 `model.layers[i].input_layernorm`, `.self_attn.q_proj`, ..., `model.norm`, `lm_head`); what the
 export does differently is folded into the weights where it can be (a GPT-2 that scales its scores
@@ -22,7 +23,7 @@ from firmware.errors import BundleError
 
 # model_type -> the transformers class a checkpoint of it names.
 GPT_FAMILIES = {"gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM", "opt": "OPTForCausalLM",
-                "gpt_neox": "GPTNeoXForCausalLM"}
+                "gpt_neox": "GPTNeoXForCausalLM", "falcon": "FalconForCausalLM"}
 # Those of them whose positions are a learned table (GPT-NeoX rotates a part of each head instead).
 LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "opt")
 # OPT's position table starts two rows in (a padding offset fairseq left in it).
@@ -36,8 +37,15 @@ def config_as_llama(config: Any) -> None:
         return
     heads = config.num_attention_heads
     config.architectures = ["LlamaForCausalLM"]
-    config.head_dim = config.hidden_size // heads
+    if not isinstance(getattr(type(config), "head_dim", None), property):  # (Falcon's config computes it)
+        config.head_dim = config.hidden_size // heads
     config.num_key_value_heads = 1 if getattr(config, "multi_query", False) else heads
+    if kind == "falcon":
+        config.num_key_value_heads = config.num_kv_heads if config.new_decoder_architecture else (
+            1 if config.multi_query else heads)  # fmt: skip
+        config.intermediate_size = config.ffn_hidden_size or 4 * config.hidden_size
+        config.hidden_act = config.activation
+        return
     if kind == "gpt_neox":  # its rotated part of each head, which the builder reads from the config itself
         config.partial_rotary_factor = float(config.rope_parameters.get("partial_rotary_factor", 1.0))
         return
@@ -49,6 +57,14 @@ def config_as_llama(config: Any) -> None:
     else:
         config.intermediate_size = config.n_inner or 4 * config.hidden_size
         config.rms_norm_eps = config.layer_norm_epsilon
+
+
+def parallel_residual(config: Any) -> bool:
+    """Whether the layers run attention and the MLP side by side on the same input (GPT-NeoX's
+    and Falcon's, mostly), each after its own norm of it or both after one."""
+    if config.model_type == "gpt_neox":
+        return bool(config.use_parallel_residual)
+    return config.model_type == "falcon" and bool(config.parallel_attn or config.new_decoder_architecture)
 
 
 def refusal(config: dict[str, Any]) -> str | None:
@@ -71,6 +87,8 @@ def as_llama(model: Any) -> Any:
             return _opt(model)
         if kind == "gpt_neox":
             return _gpt_neox(model)
+        if kind == "falcon":
+            return _falcon(model)
         return _gpt2(model)
 
 
@@ -148,6 +166,42 @@ def _gpt_neox(model: Any) -> Any:
         out, up, down = (_weight_and_bias(p, False) for p in (attention.dense, mlp.dense_h_to_4h, mlp.dense_4h_to_h))
         layers.append(_layer(block.input_layernorm, (*qkv, out), block.post_attention_layernorm, up, mlp.act, down))
     return _as_llama_model(config, body.embed_in, layers, body.final_layer_norm, model.lm_head, None)
+
+
+def _falcon(model: Any) -> Any:
+    """Falcon (7B, 40B, 180B and their instruct models): LayerNorms, RoPE, an ungated GELU MLP, the
+    queries, keys and values one projection laid out by key-value group (each group's queries,
+    then its key and its value; multi-query is one group), or per head where neither; attention
+    and the MLP side by side after one norm (7B) or each after its own (40B's and 180B's new
+    architecture), or one after the other."""
+    config, body = model.config, model.transformer
+    heads, width = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    groups = config.num_kv_heads if config.new_decoder_architecture else 1 if config.multi_query else None
+    layers = []
+    for block in body.h:
+        attention, mlp = block.self_attention, block.mlp
+        fused = attention.query_key_value
+        if groups is None:
+            qkv = _per_head_thirds(fused.weight, fused.bias, heads, width)
+        else:
+            qkv = _grouped_qkv(fused.weight, fused.bias, groups, heads // groups, width)
+        out, up, down = (_weight_and_bias(p, False) for p in (attention.dense, mlp.dense_h_to_4h, mlp.dense_4h_to_h))
+        two = getattr(block, "ln_attn", None) is not None
+        before_attention = block.ln_attn if two else block.input_layernorm
+        # One norm before both: the MLP reads the attention's normed input (None, to the builder's layer).
+        before_mlp = block.ln_mlp if two else getattr(block, "post_attention_layernorm", None)
+        layers.append(_layer(before_attention, (*qkv, out), before_mlp, up, mlp.act, down))
+    return _as_llama_model(config, body.word_embeddings, layers, body.ln_f, model.lm_head, None)
+
+
+def _grouped_qkv(weight: Any, bias: Any, groups: int, per_group: int, width: int) -> tuple[tuple[Any, Any], ...]:
+    """A fused projection laid out per key-value group: the group's `per_group` query heads, its key
+    head, its value head."""
+    rows = weight.reshape(groups, per_group + 2, width, -1)
+    sums = bias.reshape(groups, per_group + 2, width) if bias is not None else None
+    parts = (slice(0, per_group), slice(per_group, per_group + 1), slice(per_group + 1, per_group + 2))
+    return tuple((rows[:, part].reshape(-1, rows.shape[-1]), sums[:, part].reshape(-1) if sums is not None else None)
+                 for part in parts)  # fmt: skip
 
 
 def _per_head_thirds(weight: Any, bias: Any, heads: int, width: int) -> tuple[tuple[Any, Any], ...]:

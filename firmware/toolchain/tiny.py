@@ -405,6 +405,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
                                                           "rope_parameters": {"rope_type": "default",
                                                                               "rope_theta": 10000.0,
                                                                               "partial_rotary_factor": 0.25}}),
+    # TII's Falcon 7B: multi-query attention beside the MLP after one LayerNorm, no biases; and
+    # Falcon 40B's and 180B's "new decoder architecture": key-value groups, a norm each for the two.
+    "falcon": ("FalconConfig", "FalconForCausalLM", {"multi_query": True, "num_kv_heads": 1, "parallel_attn": True,
+                                                      "bias": False}),
+    "falcon_new": ("FalconConfig", "FalconForCausalLM", {"new_decoder_architecture": True, "num_kv_heads": 2}),
     # Naver's HyperCLOVA X (SEED Think): Granite's multipliers (the logits' a factor, not a divisor)
     # and a norm after each sublayer, before its scaled output joins the residual stream; and without them.
     "hyperclovax": ("HyperCLOVAXConfig", "HyperCLOVAXForCausalLM", {
@@ -448,7 +453,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
                "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
-               "ministral3", "gpt_bigcode", "opt", "gpt_neox", "gemma3n_text")
+               "ministral3", "gpt_bigcode", "opt", "gpt_neox", "gemma3n_text", "falcon", "falcon_new")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
@@ -902,6 +907,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
 
 # Parameters transformers initializes to zeros, made random in these fixtures so the export's
 # handling of them shows (a Granite SWA's sinks; Seed-OSS's biases, all of its projections').
+FALCON_RANDOMIZED = (".bias", "layernorm.weight", "ln_attn.weight", "ln_mlp.weight", "ln_f.weight")
 GPT2_RANDOMIZED = (".bias", "ln_1.weight", "ln_2.weight", "ln_f.weight", "wpe.weight", "c_attn.weight")
 RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "seed_oss": ("_proj.bias",),
                                           "gemma2": ("q_proj.weight", "k_proj.weight"),
@@ -926,6 +932,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "gpt2": GPT2_RANDOMIZED, "gpt_bigcode": GPT2_RANDOMIZED,
                                           "opt": (".bias", "embed_positions.weight"),
                                           "gpt_neox": (".bias", "layernorm.weight", "layer_norm.weight"),
+                                          "falcon": FALCON_RANDOMIZED, "falcon_new": FALCON_RANDOMIZED,
                                           # Each layer's output scale (published models' are not 1).
                                           "gemma4": ("layer_scalar",), "gemma4_e": ("layer_scalar",),
                                           "gemma4_text": ("layer_scalar",), "gemma4_unified": ("layer_scalar",),

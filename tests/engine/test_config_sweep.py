@@ -122,6 +122,10 @@ VARIANTS: dict[str, Variant] = {
     # per-layer inputs not rescaled by the corrected stream's scale.
     "gemma3n_text_other_stream": ("gemma3n_text", {"altup_active_idx": 1, "altup_num_inputs": 3,
                                                    "altup_correct_scale": False}, None),
+    # Falcon's layers one after the other, per-head fused projections with biases; its new
+    # architecture with one norm before both the attention and the MLP.
+    "falcon_sequential": ("falcon", {"parallel_attn": False, "multi_query": False, "bias": True}, None),
+    "falcon_new_one_norm": ("falcon_new", {"num_ln_in_parallel_attn": 1}, None),
     "hyperclovax_tied": ("hyperclovax", {"tie_word_embeddings": True, "num_key_value_heads": 1}, None),
 }  # fmt: skip
 # And every other fixture as it is, but for its random biases and norm weights.

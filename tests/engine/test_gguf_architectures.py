@@ -221,6 +221,20 @@ def test_a_file_without_a_tensor_the_model_needs_is_refused(tmp_path: Path) -> N
         gguf_to_hf(bad, tmp_path / "hf")
 
 
+def test_a_falcon_file_of_key_value_groups_is_refused(tmp_path: Path) -> None:
+    """llama.cpp writes Falcon 40B's and 180B's fused projections reordered (all queries, then all
+    keys, then all values), which transformers' loader reads as Falcon 7B's layout: such a file is
+    refused, pointing to the Hugging Face folder, rather than built wrong. (Falcon 7B's one group
+    is the same in both layouts: the matrix checks its file.)"""
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import gguf_to_hf
+
+    grouped = _rewritten(tiny_gguf("falcon"), tmp_path / "grouped.gguf", lambda name, data: data,
+                         fields={"falcon.attention.head_count_kv": 2})  # fmt: skip
+    with pytest.raises(BundleError, match=r"Falcon GGUF file of key-value groups .* Hugging Face folder"):
+        gguf_to_hf(grouped, tmp_path / "hf")
+
+
 def test_a_file_whose_end_of_generation_is_not_its_template_s_end_of_turn_stops_at_both(tmp_path: Path) -> None:
     """Gemma's files name <eos>; their template ends each turn with <end_of_turn>, which the
     Hugging Face folder's generation_config.json lists and the file does not: the model wrote the
