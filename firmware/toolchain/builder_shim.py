@@ -157,7 +157,10 @@ Glm4ForCausalLM) have no class in the builder either:
   and a learned row per position added to the embeddings (`_learned_positions_added`, gathered by
   a `position_ids` input), 1.4e-6, 1.2e-5 and 2.0e-6; GPT-NeoX and Falcon, rebuilt so too, their
   attention and MLP side by side (the class's `_parallel_layer`, after one norm or two), 2.9e-6,
-  1.9e-6 and 2.4e-6.
+  1.9e-6 and 2.4e-6. A rotated part of each head whose width the attention operator refuses (not a
+  multiple of 16: StableLM 3B's 20 of 80) is rotated as the whole head: each query and key head's
+  dimensions reordered (`_padded_rotation_order`), the unrotated pairs turned by a frequency of 0
+  (`_padded_rotation_tables`), 5.7e-6.
 
 Gemma 4 (Gemma4ForConditionalGeneration: 31B; Gemma4UnifiedForConditionalGeneration: 12B) has
 classes in the builder, written for an older transformers:
@@ -926,6 +929,48 @@ def _ungated_mlp(self: Any, layer_id: int, mlp: Any, root_input: str) -> None:
     self.mlp_attrs["output_0"] = _linear(self, mlp.down_proj, f"{base}/down_proj", act)
 
 
+def _padded_rotation_order(width: int, rotated: int) -> list[int]:
+    """A head's dimensions reordered so that the pairs RoPE turns when it rotates the first
+    `rotated` of them by halves (i with i + rotated/2) are the pairs it turns when it rotates all
+    `width` (i with i + width/2), the unrotated ones paired among themselves after each half."""
+    half, rest = rotated // 2, (width - rotated) // 2
+    return [*range(half), *range(rotated, rotated + rest), *range(half, rotated), *range(rotated + rest, width)]
+
+
+def _heads_reordered_for_padded_rotation(self: Any, model: Any) -> None:
+    """Each query and key head's dimensions in _padded_rotation_order, in place: the same order on
+    both changes no score (the values, and so the output, are not touched)."""
+    import torch
+
+    order = torch.tensor(_padded_rotation_order(self.head_size, self.padded_rotation))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                rows = projection.weight.shape[0] // self.head_size
+                projection.weight.copy_(projection.weight.view(rows, self.head_size, -1)[:, order].reshape_as(
+                    projection.weight))  # fmt: skip
+                if projection.bias is not None:
+                    projection.bias.copy_(projection.bias.view(rows, self.head_size)[:, order].reshape(-1))
+
+
+def _padded_rotation_tables(self: Any, make_tables: Callable[[], Any]) -> Any:
+    """The rotated part's cos and sin tables (as the builder makes them, [positions, rotated]),
+    widened to the whole head: a frequency of 0 (cos 1, sin 0) for the unrotated pairs, which
+    _padded_rotation_order put after each half of the rotated ones."""
+    import torch
+
+    kept = self.rope_attrs["partial_rotary_factor"]
+    self.rope_attrs["partial_rotary_factor"] = self.padded_rotation / self.head_size
+    try:
+        cos, sin = make_tables()
+    finally:
+        self.rope_attrs["partial_rotary_factor"] = kept
+    half, pad = self.padded_rotation // 2, (self.head_size - self.padded_rotation) // 2
+    cos = torch.cat([cos[:, :half], torch.ones(cos.shape[0], pad, dtype=cos.dtype)], dim=-1)
+    sin = torch.cat([sin[:, :half], torch.zeros(sin.shape[0], pad, dtype=sin.dtype)], dim=-1)
+    return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+
+
 def _nanochat_as_llama(model: Any) -> None:
     """Karpathy's nanochat, in place, as the Llama the builder's class builds (with per-head query
     and key norms and an ungated MLP): its norms have no weights (ones, then); it normalizes the
@@ -1066,6 +1111,18 @@ def post_norm_layers() -> None:
             self.rope_local_theta = getattr(config, "rope_local_base_freq", None)  # gemma3_rope_per_layer_type's
             if self.post_norm and self.rope_local_theta is not None:
                 _global_and_plain_local_caches(self)
+            # A rotated part of each head whose width the attention operator refuses (not a multiple of
+            # 16: StableLM 3B's 20 of 80, Pythia 2.8B's): rotated as the whole head instead (padded_rotation).
+            rotated = int(self.rope_attrs.get("rotary_embedding_dim") or 0)
+            self.padded_rotation = 0
+            if rotated % 16 and not self.rope_attrs["interleaved"] and not self.attention_attrs["q_norm"]:
+                self.padded_rotation = rotated
+                self.rope_attrs.update(partial_rotary_factor=1.0, rotary_embedding_dim=0)
+
+        def make_rotary_embedding_caches_from_scratch(self) -> Any:
+            if not self.padded_rotation:
+                return super().make_rotary_embedding_caches_from_scratch()
+            return _padded_rotation_tables(self, super().make_rotary_embedding_caches_from_scratch)
 
         def load_weights(self, input_path: str) -> Any:
             model = super().load_weights(input_path)
@@ -1075,7 +1132,9 @@ def post_norm_layers() -> None:
             if model_type == "hyperclovax":
                 _residual_multiplier_folded(model)
             if model_type in gpt_families.GPT_FAMILIES:
-                return gpt_families.as_llama(model)
+                model = gpt_families.as_llama(model)
+            if self.padded_rotation:
+                _heads_reordered_for_padded_rotation(self, model)
             for layer in getattr(getattr(model, "model", None), "layers", ()):
                 mlp: Any = getattr(layer, "mlp", None)
                 for up, down, act in UNGATED_MLP_NAMES:  # under the names _ungated_mlp reads

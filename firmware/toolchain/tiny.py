@@ -358,6 +358,10 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # fills the operator's cos/sin rows.
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", {"hidden_size": 128, "num_attention_heads": 2,
                                                              "num_key_value_heads": 2, "use_qkv_bias": True}),
+    # StableLM 3B 4E1T's heads (and StableLM Zephyr 3B's): 80 wide, 20 of them rotated, which the
+    # attention operator does not rotate (not a multiple of 16): rotated as whole heads instead.
+    "stablelm_3b": ("StableLmConfig", "StableLmForCausalLM", {"hidden_size": 160, "num_attention_heads": 2,
+                                                                "num_key_value_heads": 2}),
     # Baidu's ERNIE 4.5 (its 0.3B's form): a Llama rotated by pairs of neighbouring dimensions, heads of
     # 128 (here 4 of them: a query projection as wide as the vocabulary, once taken for the LM head),
     # biases where a config has use_bias.
@@ -453,7 +457,8 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
                "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
-               "ministral3", "gpt_bigcode", "opt", "gpt_neox", "gemma3n_text", "falcon", "falcon_new")
+               "ministral3", "gpt_bigcode", "opt", "gpt_neox", "gemma3n_text", "falcon", "falcon_new",
+               "stablelm_3b")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
@@ -917,6 +922,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                                          "norm.weight"),
                                           "ernie4_5": ("_proj.bias",),
                                           "stablelm": ("_proj.bias", "layernorm.bias", "norm.bias"),
+                                          "stablelm_3b": ("layernorm.bias", "norm.bias"),
                                           "granite4_h": ("mamba.D", "mamba.dt_bias", "mamba.norm.weight",
                                                          "conv1d.bias", "q_proj.weight", "k_proj.weight"),
                                           "granite4_moe": ("experts.gate_up_proj", "experts.down_proj"),

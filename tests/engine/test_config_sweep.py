@@ -116,6 +116,9 @@ VARIANTS: dict[str, Variant] = {
     # of each head rotated at another base.
     "gpt_neox_sequential": ("gpt_neox", {"use_parallel_residual": False, "attention_bias": False,
                                          "tie_word_embeddings": True}, None),
+    # Heads of 80 with a quarter rotated (Pythia 2.8B's, Dolly 2 3B's): 20 dimensions, which the
+    # attention operator does not rotate (builder_shim's padded rotation).
+    "gpt_neox_rotated_20": ("gpt_neox", {"hidden_size": 160}, None),
     "gpt_neox_half_rotated": ("gpt_neox", {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
                                                                "partial_rotary_factor": 0.5}}, None),
     # Gemma 3n running its layers on another AltUp stream than the first, with three streams, its
