@@ -1103,7 +1103,7 @@ def post_norm_layers() -> None:
             types = getattr(config, "layer_types", None) or []
             hybrid = config.model_type == "exaone4" and getattr(config, "sliding_window", None)
             self.unrotated = {i for i, kind in enumerate(types) if hybrid and kind != "sliding_attention"}
-            if config.model_type in gpt_families.LEARNED_POSITIONS:  # learned positions (make_embedding), no RoPE
+            if config.model_type in gpt_families.LEARNED_POSITIONS:  # positions learned (make_embedding_lookup)
                 self.unrotated = set(range(self.num_layers))
                 self.input_names["position_ids"] = "position_ids"
             # GPT-NeoX's and Falcon's attention and MLP side by side on the same input.

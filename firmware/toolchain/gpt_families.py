@@ -4,14 +4,14 @@ class builds.
 The model builder has no class for these older families, and their layers are a Llama's in all but
 names and three details, which the builder's Llama class is given (builder_shim.post_norm_layers):
 LayerNorms with biases (as StableLM's), an MLP without a gate (up, GELU or ReLU, down), and but for
-GPT-NeoX's no RoPE: each position has a learned row added to its token's embedding
+GPT-NeoX and Falcon no RoPE: each position has a learned row added to its token's embedding
 (`zerolayer_positions`, which the class gathers by the graph's `position_ids` input); GPT-NeoX's and
-Falcon's attention and MLP run side by side (their parallel residual). Here a loaded transformers model is rebuilt,
-weights shared, as modules under the names the builder reads (`model.embed_tokens`,
-`model.layers[i].input_layernorm`, `.self_attn.q_proj`, ..., `model.norm`, `lm_head`); what the
-export does differently is folded into the weights where it can be (a GPT-2 that scales its scores
-by the layer's index, OPT's projections between a narrower embedding and the layers) and refused
-where it cannot (OPT's norms after each sublayer, opt-350m's).
+Falcon's attention and MLP run side by side (their parallel residual). Here a loaded transformers
+model is rebuilt, weights shared, as modules under the names the builder reads
+(`model.embed_tokens`, `model.layers[i].input_layernorm`, `.self_attn.q_proj`, ..., `model.norm`,
+`lm_head`); what the export does differently is folded into the weights where it can be (a GPT-2
+that scales its scores by the layer's index, OPT's projections between a narrower embedding and the
+layers) and refused where it cannot (OPT's norms after each sublayer, opt-350m's).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from firmware.errors import BundleError
 # model_type -> the transformers class a checkpoint of it names.
 GPT_FAMILIES = {"gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM", "opt": "OPTForCausalLM",
                 "gpt_neox": "GPTNeoXForCausalLM", "falcon": "FalconForCausalLM"}
-# Those of them whose positions are a learned table (GPT-NeoX rotates a part of each head instead).
+# Those of them whose positions are a learned table (GPT-NeoX and Falcon rotate their heads instead).
 LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "opt")
 # OPT's position table starts two rows in (a padding offset fairseq left in it).
 OPT_POSITION_OFFSET = 2
