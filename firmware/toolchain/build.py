@@ -289,7 +289,7 @@ def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
 # The GGUF architectures (llama.cpp's names) the build is checked on, each written as llama.cpp writes
 # it (tiny_gguf.GGUF_ARCHITECTURES): others may load through transformers' loader, or may not.
 GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "nemotron", "lfm2", "qwen35",
-                "qwen35moe", "gemma4", "gpt2", "falcon")
+                "qwen35moe", "gemma4", "gpt2", "falcon", "bloom")
 
 
 def _gguf_hint(gguf: Path) -> str:
@@ -888,6 +888,7 @@ UNEXPORTED_OPTIONS = (
     ("opt", "_remove_final_layer_norm", "no norm after the last layer", "OPT"),
     ("gpt2", "add_cross_attention", "cross-attention (an encoder-decoder's decoder)", "GPT-2"),
     ("falcon", "alibi", "ALiBi position biases, as Falcon-RW's", "Falcon"),
+    ("bloom", "apply_residual_connection_post_layernorm", "the residual taken after the input norm", "BLOOM"),
 )
 
 

@@ -154,12 +154,14 @@ Glm4ForCausalLM) have no class in the builder either:
   norm after each sublayer, the residual multiplier folded into its weight or, without post norms,
   into the projections before the sum: `_residual_multiplier_folded`), 6.3e-6 and 3.3e-6; GPT-2,
   GPT-BigCode and OPT, rebuilt under a Llama's module names (`gpt_families.as_llama`) with no RoPE
-  and a learned row per position added to the embeddings (`_learned_positions_added`, gathered by
-  a `position_ids` input), 1.4e-6, 1.2e-5 and 2.0e-6; GPT-NeoX and Falcon, rebuilt so too, their
+  and a learned row per position added to the embeddings (`_learned_positions_added`, gathered by a
+  `position_ids` input), 1.4e-6, 1.2e-5 and 2.0e-6; GPT-NeoX and Falcon, rebuilt so too, their
   attention and MLP side by side (the class's `_parallel_layer`, after one norm or two), 2.9e-6,
-  1.9e-6 and 2.4e-6. A rotated part of each head whose width the attention operator refuses (not a
-  multiple of 16: StableLM 3B's 20 of 80) is rotated as the whole head: each query and key head's
-  dimensions reordered (`_padded_rotation_order`), the unrotated pairs turned by a frequency of 0
+  1.9e-6 and 2.4e-6; BLOOM, rebuilt so too, with a norm of the embeddings (`_embeddings_normed`) and
+  ALiBi, a bias on the scores given to the attention operator (`_alibi`), 1.4e-6. A rotated part of
+  each head whose width the attention operator refuses (not a multiple of 16: StableLM 3B's 20 of
+  80) is rotated as the whole head: each query and key head's dimensions reordered
+  (`_padded_rotation_order`), the unrotated pairs turned by a frequency of 0
   (`_padded_rotation_tables`), 5.7e-6.
 
 Gemma 4 (Gemma4ForConditionalGeneration: 31B; Gemma4UnifiedForConditionalGeneration: 12B) has
@@ -1009,6 +1011,47 @@ def _learned_positions_added(self: Any, embeddings: str, positions: Any) -> str:
     return f"{base}/Add/output_0"
 
 
+def _embeddings_normed(self: Any, embeddings: str, norm: Any) -> str:
+    """A LayerNorm of the embeddings before the first layer (BLOOM's)."""
+    base, weight = "/model/embed_tokens/norm", "model.embed_tokens.norm"
+    self.make_initializer(norm.weight, f"{weight}.weight", to=self.io_dtype)
+    self.make_initializer(norm.bias, f"{weight}.bias", to=self.io_dtype)
+    self.make_node("LayerNormalization", inputs=[embeddings, f"{weight}.weight", f"{weight}.bias"],
+                   outputs=[f"{base}/output_0"], name=base, epsilon=float(norm.eps), axis=-1)  # fmt: skip
+    self.make_value(f"{base}/output_0", self.io_dtype, shape=self.make_hidden_state_shape())
+    return f"{base}/output_0"
+
+
+def _alibi(self: Any, slopes: Any) -> str:
+    """ALiBi's bias on the scores, [1, heads, queries, keys]: each head's slope times the key's
+    position, 0 up to the attention mask's width (the keys a run attends over). Made once."""
+    import onnx_ir as ir
+
+    base = "/model/alibi"
+    if f"{base}/Expand" in self.node_names:
+        return f"{base}/Expand/output_0"
+    heads, dtype, mask = len(slopes), self.io_dtype, self.input_names["attention_mask"]
+    self.make_shape(f"{base}/mask/Shape", mask, [2])
+    self.make_gather(f"{base}/keys", [f"{base}/mask/Shape/output_0", "/model/constants/INT64/1"], ir.DataType.INT64,
+                     [], axis=0)  # fmt: skip
+    self.make_range(f"{base}/Range", ["/model/constants/INT64/0", f"{base}/keys/output_0",
+                    "/model/constants/INT64/1"], ir.DataType.INT64, ["total_sequence_length"])  # fmt: skip
+    self.make_cast(f"{base}/Cast", f"{base}/Range/output_0", dtype, ["total_sequence_length"])
+    self.make_initializer(slopes.reshape(1, heads, 1, 1), "model.alibi.slopes", to=dtype)
+    self.make_mul(f"{base}/Mul", ["model.alibi.slopes", f"{base}/Cast/output_0"], dtype,
+                  [1, heads, 1, "total_sequence_length"])  # fmt: skip
+    self.make_shape(f"{base}/ids/Shape", self.input_names["input_ids"], [2])
+    self.make_gather(f"{base}/queries", [f"{base}/ids/Shape/output_0", "/model/constants/INT64/[1]"],
+                     ir.DataType.INT64, [1], axis=0)  # fmt: skip
+    self.make_unsqueeze(f"{base}/keys/Unsqueeze", [f"{base}/keys/output_0", "/model/constants/INT64/[0]"],
+                        ir.DataType.INT64, [1])  # fmt: skip
+    self.make_concat(f"{base}/shape", [f"/model/constants/INT64/[1, {heads}]", f"{base}/queries/output_0",
+                     f"{base}/keys/Unsqueeze/output_0"], ir.DataType.INT64, [4], axis=0)  # fmt: skip
+    self.make_expand(f"{base}/Expand", [f"{base}/Mul/output_0", f"{base}/shape/output_0"], dtype,
+                     [1, heads, "sequence_length", "total_sequence_length"])  # fmt: skip
+    return f"{base}/Expand/output_0"
+
+
 def _residual_multiplier_folded(model: Any) -> None:
     """HyperCLOVA X's sublayer outputs, scaled by `residual_multiplier` before they join the
     residual stream: the scale folded into the last weights before the sum (each post norm's
@@ -1104,8 +1147,9 @@ def post_norm_layers() -> None:
             hybrid = config.model_type == "exaone4" and getattr(config, "sliding_window", None)
             self.unrotated = {i for i, kind in enumerate(types) if hybrid and kind != "sliding_attention"}
             if config.model_type in gpt_families.LEARNED_POSITIONS:  # positions learned (make_embedding_lookup)
-                self.unrotated = set(range(self.num_layers))
                 self.input_names["position_ids"] = "position_ids"
+            if config.model_type in (*gpt_families.LEARNED_POSITIONS, *gpt_families.ALIBI):  # (ALiBi's: _alibi)
+                self.unrotated = set(range(self.num_layers))
             # GPT-NeoX's and Falcon's attention and MLP side by side on the same input.
             self.parallel_residual = gpt_families.parallel_residual(config)
             self.rope_local_theta = getattr(config, "rope_local_base_freq", None)  # gemma3_rope_per_layer_type's
@@ -1145,9 +1189,31 @@ def post_norm_layers() -> None:
         def make_embedding_lookup(self, embedding: Any, basename: str, lm_head: Any) -> str:
             looked_up = str(super().make_embedding_lookup(embedding, basename, lm_head))
             positions = getattr(self.weights, "zerolayer_positions", None)
-            if positions is None:
-                return looked_up
-            return _learned_positions_added(self, looked_up, positions)  # gpt_families' models
+            if positions is not None:  # gpt_families' models
+                looked_up = _learned_positions_added(self, looked_up, positions)
+            norm = getattr(self.weights, "zerolayer_embedding_norm", None)
+            if norm is not None:  # BLOOM's
+                looked_up = _embeddings_normed(self, looked_up, norm)
+            return looked_up
+
+        def make_group_query_attention(self, name: str, **kwargs: Any) -> None:
+            slopes = getattr(self.weights, "zerolayer_alibi_slopes", None)
+            if slopes is None:
+                super().make_group_query_attention(name, **kwargs)
+                return
+            bias = _alibi(self, slopes)
+            make_node: Callable[..., Any] = getattr(self, "make_node")  # noqa: B009  (replaced below)
+
+            def with_bias(op_type: str, inputs: Any, outputs: Any, **attributes: Any) -> Any:
+                if op_type == "GroupQueryAttention":  # its 11th input: a bias on every score
+                    inputs = [*inputs[:10], bias, *inputs[11:]]
+                return make_node(op_type, inputs, outputs, **attributes)
+
+            setattr(self, "make_node", with_bias)  # noqa: B010  (for the one call below)
+            try:
+                super().make_group_query_attention(name, **kwargs)
+            finally:
+                del self.make_node  # the class's again
 
         def make_rotary_embedding_caches(self, **kwargs: Any) -> Any:
             two_tables = getattr(self, "post_norm", False) and self.rope_local_theta is not None

@@ -1,11 +1,12 @@
-"""GPT-2, GPT-BigCode (SantaCoder, StarCoder 1), OPT, GPT-NeoX and Falcon as the Llama the builder's
-class builds.
+"""GPT-2, GPT-BigCode (SantaCoder, StarCoder 1), OPT, GPT-NeoX, Falcon and BLOOM as the Llama the
+builder's class builds.
 
 The model builder has no class for these older families, and their layers are a Llama's in all but
 names and three details, which the builder's Llama class is given (builder_shim.post_norm_layers):
 LayerNorms with biases (as StableLM's), an MLP without a gate (up, GELU or ReLU, down), and but for
 GPT-NeoX and Falcon no RoPE: each position has a learned row added to its token's embedding
-(`zerolayer_positions`, which the class gathers by the graph's `position_ids` input); GPT-NeoX's and
+(`zerolayer_positions`, which the class gathers by the graph's `position_ids` input), or in BLOOM
+a bias on each score (ALiBi: `zerolayer_alibi_slopes`); GPT-NeoX's and
 Falcon's attention and MLP run side by side (their parallel residual). Here a loaded transformers
 model is rebuilt, weights shared, as modules under the names the builder reads
 (`model.embed_tokens`, `model.layers[i].input_layernorm`, `.self_attn.q_proj`, ..., `model.norm`,
@@ -23,9 +24,12 @@ from firmware.errors import BundleError
 
 # model_type -> the transformers class a checkpoint of it names.
 GPT_FAMILIES = {"gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM", "opt": "OPTForCausalLM",
-                "gpt_neox": "GPTNeoXForCausalLM", "falcon": "FalconForCausalLM"}
+                "gpt_neox": "GPTNeoXForCausalLM", "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM"}
 # Those of them whose positions are a learned table (GPT-NeoX and Falcon rotate their heads instead).
 LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "opt")
+# And those whose positions are a bias on each score, by the key's position times a slope per head (ALiBi).
+ALIBI = ("bloom",)
+BLOOM_CONTEXT = 2048  # the sequence length BLOOM was trained on
 # OPT's position table starts two rows in (a padding offset fairseq left in it).
 OPT_POSITION_OFFSET = 2
 
@@ -49,8 +53,14 @@ def config_as_llama(config: Any) -> None:
     if kind == "gpt_neox":  # its rotated part of each head, which the builder reads from the config itself
         config.partial_rotary_factor = float(config.rope_parameters.get("partial_rotary_factor", 1.0))
         return
-    config.hidden_act = config.activation_function
     config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}  # read, never applied: no layer rotates
+    if kind == "bloom":  # (its GELU is the tanh one)
+        config.hidden_act, config.intermediate_size = "gelu_pytorch_tanh", 4 * config.hidden_size
+        config.rms_norm_eps = config.layer_norm_epsilon
+        # ALiBi sets no limit and BLOOM's configs name none: the 2048 positions it was trained on.
+        config.max_position_embeddings = getattr(config, "max_position_embeddings", None) or BLOOM_CONTEXT
+        return
+    config.hidden_act = config.activation_function
     if kind == "opt":
         config.intermediate_size = config.ffn_dim
         config.rms_norm_eps = 1e-5  # torch's LayerNorm default, which OPT's layers keep
@@ -89,6 +99,8 @@ def as_llama(model: Any) -> Any:
             return _gpt_neox(model)
         if kind == "falcon":
             return _falcon(model)
+        if kind == "bloom":
+            return _bloom(model)
         return _gpt2(model)
 
 
@@ -192,6 +204,31 @@ def _falcon(model: Any) -> Any:
         before_mlp = block.ln_mlp if two else getattr(block, "post_attention_layernorm", None)
         layers.append(_layer(before_attention, (*qkv, out), before_mlp, up, mlp.act, down))
     return _as_llama_model(config, body.word_embeddings, layers, body.ln_f, model.lm_head, None)
+
+
+def _bloom(model: Any) -> Any:
+    """BLOOM (and BLOOMZ): GPT-2's layers but for its fused projection, laid out per head, a
+    LayerNorm of the embeddings before the first layer, and ALiBi for positions: each head's
+    scores gain its slope times the key's position (softmax takes no notice of what every score of
+    a row gains, so the query's own position need not be subtracted)."""
+    import torch
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    config, body = model.config, model.transformer
+    heads = config.num_attention_heads
+    layers = []
+    for block in body.h:
+        attention, mlp = block.self_attention, block.mlp
+        qkv = _per_head_thirds(attention.query_key_value.weight, attention.query_key_value.bias, heads,
+                               config.hidden_size // heads)  # fmt: skip
+        out, up, down = (_weight_and_bias(p, False) for p in (attention.dense, mlp.dense_h_to_4h, mlp.dense_4h_to_h))
+        layers.append(_layer(block.input_layernorm, (*qkv, out), block.post_attention_layernorm, up, mlp.gelu_impl,
+                             down))  # fmt: skip
+    root = _as_llama_model(config, body.word_embeddings, layers, body.ln_f, model.lm_head, None)
+    root.zerolayer_embedding_norm = body.word_embeddings_layernorm
+    # transformers' own slopes: each head's bias at key position 1 (its table's second column).
+    root.zerolayer_alibi_slopes = build_alibi_tensor(torch.ones(1, 2), heads, torch.float32)[:, 0, 1]
+    return root
 
 
 def _grouped_qkv(weight: Any, bias: Any, groups: int, per_group: int, width: int) -> tuple[tuple[Any, Any], ...]:

@@ -414,6 +414,9 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "falcon": ("FalconConfig", "FalconForCausalLM", {"multi_query": True, "num_kv_heads": 1, "parallel_attn": True,
                                                       "bias": False}),
     "falcon_new": ("FalconConfig", "FalconForCausalLM", {"new_decoder_architecture": True, "num_kv_heads": 2}),
+    # BigScience's BLOOM (and BLOOMZ): GPT-2's layers with a norm of the embeddings before the first,
+    # ALiBi for positions (a slope per head times the key's position, added to each score).
+    "bloom": ("BloomConfig", "BloomForCausalLM", {"n_head": 4, "tie_word_embeddings": True}),
     # Naver's HyperCLOVA X (SEED Think): Granite's multipliers (the logits' a factor, not a divisor)
     # and a norm after each sublayer, before its scaled output joins the residual stream; and without them.
     "hyperclovax": ("HyperCLOVAXConfig", "HyperCLOVAXForCausalLM", {
@@ -939,6 +942,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "opt": (".bias", "embed_positions.weight"),
                                           "gpt_neox": (".bias", "layernorm.weight", "layer_norm.weight"),
                                           "falcon": FALCON_RANDOMIZED, "falcon_new": FALCON_RANDOMIZED,
+                                          "bloom": (".bias", "layernorm.weight", "ln_f.weight"),
                                           # Each layer's output scale (published models' are not 1).
                                           "gemma4": ("layer_scalar",), "gemma4_e": ("layer_scalar",),
                                           "gemma4_text": ("layer_scalar",), "gemma4_unified": ("layer_scalar",),

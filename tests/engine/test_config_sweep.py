@@ -129,6 +129,9 @@ VARIANTS: dict[str, Variant] = {
     # architecture with one norm before both the attention and the MLP.
     "falcon_sequential": ("falcon", {"parallel_attn": False, "multi_query": False, "bias": True}, None),
     "falcon_new_one_norm": ("falcon_new", {"num_ln_in_parallel_attn": 1}, None),
+    # BLOOM with 6 heads: ALiBi's slopes for a head count not a power of two (interleaved from the
+    # next power's), untied.
+    "bloom_six_heads": ("bloom", {"hidden_size": 96, "n_head": 6, "tie_word_embeddings": False}, None),
     "hyperclovax_tied": ("hyperclovax", {"tie_word_embeddings": True, "num_key_value_heads": 1}, None),
 }  # fmt: skip
 # And every other fixture as it is, but for its random biases and norm weights.
