@@ -172,11 +172,10 @@ def _gpt_neox(model: Any) -> Any:
     heads = config.num_attention_heads
     layers = []
     for block in body.layers:
-        attention, mlp = block.attention, block.mlp
-        qkv = _per_head_thirds(attention.query_key_value.weight, attention.query_key_value.bias, heads,
+        qkv = _per_head_thirds(block.attention.query_key_value.weight, block.attention.query_key_value.bias, heads,
                                config.hidden_size // heads)  # fmt: skip
-        out, up, down = (_weight_and_bias(p, False) for p in (attention.dense, mlp.dense_h_to_4h, mlp.dense_4h_to_h))
-        layers.append(_layer(block.input_layernorm, (*qkv, out), block.post_attention_layernorm, up, mlp.act, down))
+        layers.append(_dense_layer(block.input_layernorm, block.attention, qkv, block.post_attention_layernorm,
+                                   block.mlp, block.mlp.act))  # fmt: skip
     return _as_llama_model(config, body.embed_in, layers, body.final_layer_norm, model.lm_head, None)
 
 
@@ -191,18 +190,16 @@ def _falcon(model: Any) -> Any:
     groups = config.num_kv_heads if config.new_decoder_architecture else 1 if config.multi_query else None
     layers = []
     for block in body.h:
-        attention, mlp = block.self_attention, block.mlp
-        fused = attention.query_key_value
+        fused = block.self_attention.query_key_value
         if groups is None:
             qkv = _per_head_thirds(fused.weight, fused.bias, heads, width)
         else:
             qkv = _grouped_qkv(fused.weight, fused.bias, groups, heads // groups, width)
-        out, up, down = (_weight_and_bias(p, False) for p in (attention.dense, mlp.dense_h_to_4h, mlp.dense_4h_to_h))
         two = getattr(block, "ln_attn", None) is not None
         before_attention = block.ln_attn if two else block.input_layernorm
         # One norm before both: the MLP reads the attention's normed input (None, to the builder's layer).
         before_mlp = block.ln_mlp if two else getattr(block, "post_attention_layernorm", None)
-        layers.append(_layer(before_attention, (*qkv, out), before_mlp, up, mlp.act, down))
+        layers.append(_dense_layer(before_attention, block.self_attention, qkv, before_mlp, block.mlp, block.mlp.act))
     return _as_llama_model(config, body.word_embeddings, layers, body.ln_f, model.lm_head, None)
 
 
@@ -218,12 +215,10 @@ def _bloom(model: Any) -> Any:
     heads = config.num_attention_heads
     layers = []
     for block in body.h:
-        attention, mlp = block.self_attention, block.mlp
-        qkv = _per_head_thirds(attention.query_key_value.weight, attention.query_key_value.bias, heads,
-                               config.hidden_size // heads)  # fmt: skip
-        out, up, down = (_weight_and_bias(p, False) for p in (attention.dense, mlp.dense_h_to_4h, mlp.dense_4h_to_h))
-        layers.append(_layer(block.input_layernorm, (*qkv, out), block.post_attention_layernorm, up, mlp.gelu_impl,
-                             down))  # fmt: skip
+        fused = block.self_attention.query_key_value
+        qkv = _per_head_thirds(fused.weight, fused.bias, heads, config.hidden_size // heads)
+        layers.append(_dense_layer(block.input_layernorm, block.self_attention, qkv, block.post_attention_layernorm,
+                                   block.mlp, block.mlp.gelu_impl))  # fmt: skip
     root = _as_llama_model(config, body.word_embeddings, layers, body.ln_f, model.lm_head, None)
     root.zerolayer_embedding_norm = body.word_embeddings_layernorm
     # transformers' own slopes: each head's bias at key position 1 (its table's second column).
@@ -263,6 +258,14 @@ def _linear(weight_and_bias: tuple[Any, Any]) -> Any:
     if bias is not None:
         linear.bias = torch.nn.Parameter(bias.contiguous(), requires_grad=False)
     return linear
+
+
+def _dense_layer(before_attention: Any, attention: Any, qkv: tuple[tuple[Any, Any], ...], before_mlp: Any,
+                 mlp: Any, act: Any) -> Any:  # fmt: skip
+    """A layer of the families that name their projections `dense` (GPT-NeoX, Falcon, BLOOM): the
+    attention's output one, the MLP's dense_h_to_4h and dense_4h_to_h; `qkv` split from its fused one."""
+    out, up, down = (_weight_and_bias(p, False) for p in (attention.dense, mlp.dense_h_to_4h, mlp.dense_4h_to_h))
+    return _layer(before_attention, (*qkv, out), before_mlp, up, act, down)
 
 
 def _layer(before_attention: Any, attention: tuple[tuple[Any, Any], ...], before_mlp: Any,
