@@ -155,7 +155,7 @@ Glm4ForCausalLM) have no class in the builder either:
   into the projections before the sum: `_residual_multiplier_folded`), 6.3e-6 and 3.3e-6; GPT-2,
   GPT-BigCode and OPT, rebuilt under a Llama's module names (`gpt_families.as_llama`) with no RoPE
   and a learned row per position added to the embeddings (`_learned_positions_added`, gathered by a
-  `position_ids` input), 1.4e-6, 1.2e-5 and 2.0e-6; GPT-NeoX and Falcon, rebuilt so too, their
+  `position_ids` input), 2.7e-5, 1.2e-5 and 2.0e-6; GPT-NeoX and Falcon, rebuilt so too, their
   attention and MLP side by side (the class's `_parallel_layer`, after one norm or two), 2.9e-6,
   2.4e-6 and 2.9e-6; BLOOM, rebuilt so too, with a norm of the embeddings (`_embeddings_normed`) and
   ALiBi, a bias on the scores given to the attention operator (`_alibi`), 1.4e-6. A rotated part of
