@@ -1819,17 +1819,19 @@ def _stream(self: Any, name: str, streams: str, index: int) -> str:
     return f"{name}/output_0"
 
 
-def _rms(self: Any, name: str, value: str) -> str:
+def _rms(self: Any, name: str, value: str, floored: bool = True) -> str:
     """sqrt(mean(value^2)) over the hidden axis (kept), floored as transformers floors a
     projection's: at sqrt(1e-5)."""
     shape = _hidden(self, 1)
     self.make_mul(f"{name}/Square", [value, value], self.io_dtype, _hidden(self))
     self.make_reduce_mean(f"{name}/Mean", [f"{name}/Square/output_0", "/model/constants/INT64/[-1]"],
                           self.io_dtype, shape, keepdims=True)  # fmt: skip
-    self.make_node("Max", inputs=[f"{name}/Mean/output_0", _number(self, 1e-5)], outputs=[f"{name}/Max/output_0"],
-                   name=f"{name}/Max")  # fmt: skip
-    self.make_value(f"{name}/Max/output_0", self.io_dtype, shape=shape)
-    self.make_sqrt(f"{name}/Sqrt", [f"{name}/Max/output_0"], self.io_dtype, shape)
+    mean = f"{name}/Mean/output_0"
+    if floored:
+        self.make_node("Max", inputs=[mean, _number(self, 1e-5)], outputs=[f"{name}/Max/output_0"], name=f"{name}/Max")
+        self.make_value(f"{name}/Max/output_0", self.io_dtype, shape=shape)
+        mean = f"{name}/Max/output_0"
+    self.make_sqrt(f"{name}/Sqrt", [mean], self.io_dtype, shape)
     return f"{name}/Sqrt/output_0"
 
 
@@ -1849,12 +1851,8 @@ def _altup_streams(self: Any, text: Any, base: str, embeddings: str) -> str:
     """The embeddings and N - 1 projections of them, each at the embeddings' magnitude, stacked
     [batch, sequence, hidden, N]."""
     n = len(text.altup_projections) + 1
-    # (The magnitude is of the unfloored embeddings: transformers floors only the projections'.)
-    self.make_mul(f"{base}/target/Square", [embeddings, embeddings], self.io_dtype, _hidden(self))
-    self.make_reduce_mean(f"{base}/target/Mean", [f"{base}/target/Square/output_0", "/model/constants/INT64/[-1]"],
-                          self.io_dtype, _hidden(self, 1), keepdims=True)  # fmt: skip
-    self.make_sqrt(f"{base}/target/Sqrt", [f"{base}/target/Mean/output_0"], self.io_dtype, _hidden(self, 1))
-    target = f"{base}/target/Sqrt/output_0"
+    # (The embeddings' magnitude is unfloored: transformers floors only the projections'.)
+    target = _rms(self, f"{base}/target", embeddings, floored=False)
     streams = [embeddings]
     for i, projection in enumerate(text.altup_projections):
         projected = f"{self.make_matmul(projection, f'{base}.{i}/MatMul', embeddings)}/output_0"
@@ -2005,8 +2003,9 @@ def _gemma3n_layer(self: Any, layer_id: int, layer: Any) -> None:
     projected = self.make_matmul(layer.per_layer_projection, f"{base}/per_layer_input/projection/MatMul",
                                  f"{base}/per_layer_input/Mul/output_0")  # fmt: skip
     own = norm("post_per_layer_input_norm", layer.post_per_layer_input_norm, f"{projected}/output_0")
-    others = f"model.layers.{layer_id}.altup.others"  # 0 for the first stream, 1 for the rest (whichever is active)
-    self.make_initializer(_ones_but_first(n), others, to=dtype)
+    others = "model.altup.others"  # 0 for the first stream, 1 for the rest (whichever is active)
+    if layer_id == 0:  # one constant all layers share
+        self.make_initializer(_ones_but_first(n), others, to=dtype)
     self.make_mul(f"{base}/per_layer_input/Spread", [_unsqueezed(self, f"{base}/per_layer_input/Unsqueeze", own, -1,
                   _hidden(self, self.hidden_size, 1)), others], dtype, stacked)  # fmt: skip
     self.altup_streams = add("altup/out", corrected, f"{base}/per_layer_input/Spread/output_0", stacked)

@@ -117,12 +117,11 @@ def _gpt2(model: Any) -> Any:
     for index, block in enumerate(body.h):
         qkv_weight = block.attn.c_attn.weight.T if conv else block.attn.c_attn.weight
         qkv_bias = block.attn.c_attn.bias
-        if conv or getattr(config, "multi_query", False):
-            kv = hidden if conv else width
-            q, k, v = ((qkv_weight[a:b], qkv_bias[a:b]) for a, b in ((0, hidden), (hidden, hidden + kv),
-                                                                     (hidden + kv, hidden + 2 * kv)))  # fmt: skip
-        else:  # GPT-BigCode with as many key heads as query heads: [query, key, value] per head
-            q, k, v = _per_head_thirds(qkv_weight, qkv_bias, heads, width)
+        if conv:  # GPT-2: all queries, then all keys, then all values
+            q, k, v = ((qkv_weight[a:a + hidden], qkv_bias[a:a + hidden]) for a in (0, hidden, 2 * hidden))
+        else:  # GPT-BigCode: multi-query is one key-value group, else [query, key, value] per head
+            groups = 1 if getattr(config, "multi_query", False) else heads
+            q, k, v = _grouped_qkv(qkv_weight, qkv_bias, groups, heads // groups, width)
         # The export scales scores by 1/sqrt(width); GPT-2's config may ask for none, or for a
         # further 1/(layer + 1): both are a factor on the queries.
         scale = (1.0 if getattr(config, "scale_attn_weights", True) else math.sqrt(width)) / (
@@ -172,8 +171,8 @@ def _gpt_neox(model: Any) -> Any:
     heads = config.num_attention_heads
     layers = []
     for block in body.layers:
-        qkv = _per_head_thirds(block.attention.query_key_value.weight, block.attention.query_key_value.bias, heads,
-                               config.hidden_size // heads)  # fmt: skip
+        fused = block.attention.query_key_value
+        qkv = _grouped_qkv(fused.weight, fused.bias, heads, 1, config.hidden_size // heads)
         layers.append(_dense_layer(block.input_layernorm, block.attention, qkv, block.post_attention_layernorm,
                                    block.mlp, block.mlp.act))  # fmt: skip
     return _as_llama_model(config, body.embed_in, layers, body.final_layer_norm, model.lm_head, None)
@@ -187,14 +186,12 @@ def _falcon(model: Any) -> Any:
     architecture), or one after the other."""
     config, body = model.config, model.transformer
     heads, width = config.num_attention_heads, config.hidden_size // config.num_attention_heads
-    groups = config.num_kv_heads if config.new_decoder_architecture else 1 if config.multi_query else None
+    # Per head (a group per head) where neither new nor multi-query.
+    groups = config.num_kv_heads if config.new_decoder_architecture else 1 if config.multi_query else heads
     layers = []
     for block in body.h:
         fused = block.self_attention.query_key_value
-        if groups is None:
-            qkv = _per_head_thirds(fused.weight, fused.bias, heads, width)
-        else:
-            qkv = _grouped_qkv(fused.weight, fused.bias, groups, heads // groups, width)
+        qkv = _grouped_qkv(fused.weight, fused.bias, groups, heads // groups, width)
         two = getattr(block, "ln_attn", None) is not None
         before_attention = block.ln_attn if two else block.input_layernorm
         # One norm before both: the MLP reads the attention's normed input (None, to the builder's layer).
@@ -216,7 +213,7 @@ def _bloom(model: Any) -> Any:
     layers = []
     for block in body.h:
         fused = block.self_attention.query_key_value
-        qkv = _per_head_thirds(fused.weight, fused.bias, heads, config.hidden_size // heads)
+        qkv = _grouped_qkv(fused.weight, fused.bias, heads, 1, config.hidden_size // heads)
         layers.append(_dense_layer(block.input_layernorm, block.self_attention, qkv, block.post_attention_layernorm,
                                    block.mlp, block.mlp.gelu_impl))  # fmt: skip
     root = _as_llama_model(config, body.word_embeddings, layers, body.ln_f, model.lm_head, None)
@@ -228,20 +225,13 @@ def _bloom(model: Any) -> Any:
 
 def _grouped_qkv(weight: Any, bias: Any, groups: int, per_group: int, width: int) -> tuple[tuple[Any, Any], ...]:
     """A fused projection laid out per key-value group: the group's `per_group` query heads, its key
-    head, its value head."""
+    head, its value head (laid out [query, key, value] per head is a group per head; multi-query
+    is one group)."""
     rows = weight.reshape(groups, per_group + 2, width, -1)
     sums = bias.reshape(groups, per_group + 2, width) if bias is not None else None
     parts = (slice(0, per_group), slice(per_group, per_group + 1), slice(per_group + 1, per_group + 2))
     return tuple((rows[:, part].reshape(-1, rows.shape[-1]), sums[:, part].reshape(-1) if sums is not None else None)
                  for part in parts)  # fmt: skip
-
-
-def _per_head_thirds(weight: Any, bias: Any, heads: int, width: int) -> tuple[tuple[Any, Any], ...]:
-    """A fused projection laid out [query, key, value] per head, as three of [head, width] rows."""
-    rows = weight.reshape(heads, 3, width, -1)
-    sums = bias.reshape(heads, 3, width) if bias is not None else None
-    return tuple((rows[:, i].reshape(heads * width, -1), sums[:, i].reshape(-1) if sums is not None else None)
-                 for i in range(3))  # fmt: skip
 
 
 def _weight_and_bias(projection: Any, conv: bool) -> tuple[Any, Any]:
