@@ -33,7 +33,7 @@ from firmware.manifest import (
     describe_files,
 )
 from firmware.signing import load_private_key, sign_manifest
-from firmware.toolchain import gpt_families
+from firmware.toolchain import gpt_families, prequantized
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
@@ -727,6 +727,8 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
     options.validate()
     kind = source_kind(source)
     # What would fail at the end fails first, not after minutes of export.
+    if kind == "hf" and (why := prequantized.refusal(json.loads((source / "config.json").read_text()))):
+        raise BundleError(f"{source}: {why}")
     require_empty(out_dir)
     if key:
         load_private_key(key)
@@ -751,7 +753,9 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
            progress: Progress) -> Manifest:  # fmt: skip
     exported = kind in ("gguf", "hf")
     name = options.name or source.stem.lower()
-    steps = {"gguf": 4, "hf": 3, "genai": 2}[kind] + (1 if key else 0) + (1 if options.cuda_graph else 0)
+    quantization = prequantized.method(json.loads((source / "config.json").read_text())) if kind == "hf" else None
+    steps = {"gguf": 4, "hf": 3, "genai": 2}[kind] + (1 if key else 0) + (1 if options.cuda_graph else 0) + \
+        (1 if quantization else 0)  # fmt: skip
     step = _Step(steps, progress)
     with tempfile.TemporaryDirectory(prefix="zerolayer-build-") as tmp:
         work = Path(tmp)
@@ -766,6 +770,11 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
             except Exception as exc:  # gguf's reader and transformers' loader raise whatever they hit
                 raise BundleError(f"{source.name}: cannot be read as a model ({type(exc).__name__}: {exc}); "
                                   f"{_gguf_hint(source)}") from None  # fmt: skip
+            step.done(t)
+        if quantization:
+            t = step(f"dequantizing {source.name}'s {quantization} weights into a float32 folder")
+            hf_dir = work / "hf"
+            prequantized.dequantize_folder(source, hf_dir)
             step.done(t)
         if exported:
             refuse_unsupported_attention(hf_dir)
@@ -797,7 +806,8 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
             genai_dir, out_dir, name=name, version=options.version, layer=options.layer,
             source={"kind": kind, "file": source.name, "precision": options.precision, "target": options.target,
                     **({"block_size": str(options.block_size)} if exported and options.precision in QUANTIZED else {}),
-                    **({"cuda_graph": f"{CUDA_GRAPH_DIR}/ (fp16)"} if options.cuda_graph else {})},
+                    **({"cuda_graph": f"{CUDA_GRAPH_DIR}/ (fp16)"} if options.cuda_graph else {}),
+                    **({"dequantized_from": quantization} if quantization else {})},
             chat_template=options.chat_template, eos_tokens=options.eos_tokens,
             licence=options.licence, licence_files=options.licence_files,
         )  # fmt: skip

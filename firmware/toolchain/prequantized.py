@@ -1,0 +1,342 @@
+"""Checkpoints published with their weights already quantized (config.json's `quantization_config`):
+dequantized into a plain float32 folder before the export, as a GGUF file is, one tensor at a time.
+
+The builder reads such a folder with loaders of its own for a few methods and Llama-shaped models
+only (any other failed as "cannot export this architecture"), and transformers' loaders need
+GPU kernels or packages the appliance does not ship. Read here: FP8 weights with a scale per block
+(`fp8`: Qwen3's, Ministral 3's, DeepSeek's), per output channel (`fbgemm_fp8`) or as
+compressed-tensors writes them (`float-quantized`: RedHat's FP8 models), GPTQ and AWQ integers in
+groups along the input (2, 4 or 8 bits; their zero points, GPTQ's act-order `g_idx`),
+compressed-tensors' packed integers (`pack-quantized`, w4a16 and w8a16), and gpt-oss's MXFP4
+experts. The export then quantizes as asked (`--precision`), in its own blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from firmware.errors import BundleError
+
+# Written out in shards of at most this many bytes (float32), so that one is held at a time.
+SHARD_BYTES = 2 << 30
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the nibble of a packed word each of its 8 columns sits in
+READ = ("fp8", "fbgemm_fp8", "gptq", "awq", "mxfp4", "compressed-tensors")
+# Tensors that only quantize activations or the KV cache at run time: nothing to dequantize.
+RUN_TIME_SCALES = ("input_scale", "k_scale", "v_scale", "output_scale", "input_global_scale")
+
+
+def method(config: dict[str, Any]) -> str | None:
+    """The checkpoint's quantization method, or None where its weights are plain."""
+    quantization = config.get("quantization_config")
+    if not isinstance(quantization, dict):
+        return None
+    return str(quantization.get("quant_method", "unknown")).lower()
+
+
+def refusal(config: dict[str, Any]) -> str | None:
+    """Why this quantized checkpoint cannot be read (None where it can, or is not quantized)."""
+    name = method(config)
+    if name is None:
+        return None
+    q = config["quantization_config"]
+    advice = ("build from the model's unquantized folder (the one this was quantized from) or from "
+              "a GGUF file of it")  # fmt: skip
+    if name not in READ:
+        return f"weights quantized with {name!r}, which this build does not read (it reads {', '.join(READ)}); {advice}"
+    if name == "gptq" and int(q.get("bits", 4)) not in (2, 4, 8):
+        return f"{q.get('bits')}-bit GPTQ weights (read: 2, 4 and 8 bits); {advice}"
+    if name == "awq":
+        version = str(q.get("version", "gemm")).lower()
+        if version != "gemm" or int(q.get("bits", q.get("w_bit", 4))) != 4:
+            return f"AWQ weights in its {version!r} layout at {q.get('bits', q.get('w_bit'))} bits " \
+                   f"(read: 4 bits, the GEMM layout AutoAWQ writes by default); {advice}"
+    if name == "compressed-tensors":
+        formats = _compressed_formats(q)
+        unread = sorted(formats - {"float-quantized", "pack-quantized", "int-quantized", "naive-quantized", "dense"})
+        if unread:
+            return f"compressed-tensors weights in the {', '.join(unread)} format (read: float-quantized, " \
+                   f"pack-quantized, int-quantized); {advice}"
+    return None
+
+
+def dequantize_folder(source: Path, out: Path) -> str:
+    """`source` with its weights dequantized to float32 into `out` (its other files copied, the
+    config without `quantization_config`); returns the method read."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    config = json.loads((source / "config.json").read_text())
+    why = refusal(config)
+    if why is not None:
+        raise BundleError(f"{source}: {why}")
+    name = method(config)
+    assert name is not None
+    quantization = config.pop("quantization_config")
+    shards = _shards(source)
+    out.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():  # the tokenizer, templates, generation config, licence...
+        if item.name == "config.json" or item.name.endswith((".safetensors", ".safetensors.index.json")):
+            continue
+        (shutil.copytree if item.is_dir() else shutil.copy2)(item, out / item.name)
+    handles = {file: safe_open(str(source / file), framework="pt") for file in set(shards.values())}
+
+    def tensor(key: str) -> Any:
+        return handles[shards[key]].get_tensor(key)
+
+    weight_map: dict[str, str] = {}
+    pending: dict[str, Any] = {}
+    written = [0]
+
+    def flush() -> None:
+        if not pending:
+            return
+        file = f"model-{written[0] + 1:05d}.safetensors"
+        save_file(pending, str(out / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(pending, file))
+        written[0] += 1
+        pending.clear()
+
+    size = 0
+    for key, value in _dequantized(name, quantization, list(shards), tensor):
+        pending[key] = value.contiguous()
+        size += value.numel() * value.element_size()
+        if size >= SHARD_BYTES:
+            flush()
+            size = 0
+    flush()
+    if written[0] == 1:  # one shard: the name transformers looks for first, no index
+        (out / "model-00001.safetensors").rename(out / "model.safetensors")
+    else:
+        (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map},
+                                                                     indent=2))  # fmt: skip
+    for nested in (config, config.get("text_config") or {}):
+        for field in ("dtype", "torch_dtype"):
+            if field in nested:
+                nested[field] = "float32"
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return name
+
+
+def _shards(source: Path) -> dict[str, str]:
+    """Each tensor's name -> the safetensors file holding it."""
+    from safetensors import safe_open
+
+    index = source / "model.safetensors.index.json"
+    if index.is_file():
+        return dict(json.loads(index.read_text())["weight_map"])
+    files = sorted(p.name for p in source.glob("*.safetensors"))
+    if not files:
+        raise BundleError(f"{source}: its config names quantized weights but it has no .safetensors file "
+                          "(quantized checkpoints are read from safetensors only)")  # fmt: skip
+    found: dict[str, str] = {}
+    for file in files:
+        with safe_open(str(source / file), framework="pt") as handle:
+            found.update(dict.fromkeys(handle.keys(), file))
+    return found
+
+
+def _dequantized(name: str, quantization: dict[str, Any], keys: list[str],
+                 tensor: Callable[[str], Any]) -> Iterator[tuple[str, Any]]:  # fmt: skip
+    """Every tensor the float model has, in float32 where it was quantized, the rest as stored."""
+    present = set(keys)
+    consumed: set[str] = set()
+    for key in keys:  # each quantized weight, with the scales and zero points it is made of
+        made = _module(name, quantization, key, present, tensor)
+        if made is not None:
+            out_key, value, used = made
+            consumed.update(used)
+            yield out_key, value
+    for key in keys:  # then what is stored as it is
+        if key not in consumed and key.rsplit(".", 1)[-1] not in RUN_TIME_SCALES:
+            yield key, tensor(key)
+
+
+def _module(name: str, q: dict[str, Any], key: str, present: set[str],
+            tensor: Callable[[str], Any]) -> tuple[str, Any, set[str]] | None:  # fmt: skip
+    """(the float weight's name, its value, the stored tensors it was made of) where `key` is the
+    quantized part of a weight; None where `key` is stored as it is."""
+    prefix, _, leaf = key.rpartition(".")
+    part = (lambda n: f"{prefix}.{n}") if prefix else (lambda n: n)
+    if name == "mxfp4" and leaf.endswith("_blocks") and key[:-7] + "_scales" in present:
+        return key[:-7], mxfp4(tensor(key), tensor(key[:-7] + "_scales")), {key, key[:-7] + "_scales"}
+    if name in ("gptq", "awq") and leaf == "qweight":
+        pieces = {n: tensor(part(n)) for n in ("qweight", "qzeros", "scales", "g_idx") if part(n) in present}
+        bits = int(q.get("bits", q.get("w_bit", 4)))
+        if name == "awq":
+            value = awq(pieces["qweight"], pieces["qzeros"], pieces["scales"])
+        else:
+            value = gptq(pieces["qweight"], pieces.get("qzeros"), pieces["scales"], pieces.get("g_idx"), bits,
+                         offset_zeros=q.get("checkpoint_format", "gptq") != "gptq_v2", symmetric=q.get("sym", True))
+        return part("weight"), value, {part(n) for n in pieces}
+    if name == "compressed-tensors" and leaf == "weight_packed":
+        pieces = {n: tensor(part(n)) for n in ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point",
+                                              "weight_g_idx") if part(n) in present}  # fmt: skip
+        value = packed_integers(pieces, _weight_bits(q, prefix))
+        return part("weight"), value, {part(n) for n in pieces}
+    if leaf == "weight" and name in ("fp8", "fbgemm_fp8", "compressed-tensors"):
+        for scale_name in ("weight_scale_inv", "weight_scale"):
+            if part(scale_name) in present:
+                zero = tensor(part("weight_zero_point")) if part("weight_zero_point") in present else None
+                value = scaled(tensor(key), tensor(part(scale_name)), zero, _block(q))
+                used = {key, part(scale_name)} | ({part("weight_zero_point")} if zero is not None else set())
+                return key, value, used
+    return None
+
+
+def scaled(weight: Any, scale: Any, zero_point: Any = None, block: tuple[int, int] | None = None) -> Any:
+    """An [out, in] weight (FP8 or integers) times its scale: one number, one per output row, one
+    per group of the input along each row, or one per `block` (a grid of ceil(out/b0) x
+    ceil(in/b1)); minus a zero point of the scale's shape first, where it has one."""
+    import torch
+
+    w = weight.to(torch.float32)
+    if zero_point is not None:
+        w = w - _expanded(zero_point.to(torch.float32), w.shape, block)
+    return w * _expanded(scale.to(torch.float32), w.shape, block)
+
+
+def _expanded(grid: Any, shape: Any, block: tuple[int, int] | None = None) -> Any:
+    """A per-tensor, per-row, per-group or per-block grid of values repeated to `shape` [out, in]:
+    each cell covers `block` where given (the last row and column of cells may be cut short),
+    else an equal share of the rows and of the columns."""
+    rows, cols = shape
+    if grid.numel() == 1:
+        return grid.reshape(1, 1)
+    if grid.dim() == 1:
+        grid = grid.reshape(-1, 1)
+    r, c = grid.shape
+    if block is None:
+        if rows % r or cols % c:
+            raise BundleError(f"a scale grid of {r} x {c} does not divide a weight of {rows} x {cols}")
+        block = (rows // r, cols // c)
+    grid = grid.repeat_interleave(block[0], 0)[:rows]
+    return grid.repeat_interleave(block[1], 1)[:, :cols]
+
+
+def _block(q: dict[str, Any]) -> tuple[int, int] | None:
+    """The [rows, columns] each scale covers where the config states blocks (FP8's
+    `weight_block_size`, compressed-tensors' `block_structure`)."""
+    sizes = q.get("weight_block_size")
+    for group in (q.get("config_groups") or {}).values():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if isinstance(weights, dict) and weights.get("block_structure"):
+            sizes = weights["block_structure"]
+    if isinstance(sizes, str):  # compressed-tensors' older "AxB"
+        sizes = sizes.lower().split("x")
+    return (int(sizes[0]), int(sizes[1])) if sizes else None
+
+
+def unpacked(packed: Any, bits: int, axis: int) -> Any:
+    """int32 words of 32 // bits values each, element 0 in the lowest bits, unpacked along `axis`
+    (0: each word holds consecutive rows; 1: consecutive columns)."""
+    import torch
+
+    per_word = 32 // bits
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    words = packed.to(torch.int32)
+    if axis == 0:
+        values = (words.unsqueeze(1) >> shifts.reshape(1, -1, 1)) & ((1 << bits) - 1)
+        return values.reshape(words.shape[0] * per_word, words.shape[1])
+    values = (words.unsqueeze(2) >> shifts.reshape(1, 1, -1)) & ((1 << bits) - 1)
+    return values.reshape(words.shape[0], words.shape[1] * per_word)
+
+
+def gptq(qweight: Any, qzeros: Any, scales: Any, g_idx: Any, bits: int, *, offset_zeros: bool = True,
+         symmetric: bool = True) -> Any:  # fmt: skip
+    """GPTQ's [out, in] weight: qweight [in / (32/bits), out] packed down the input, qzeros
+    [groups, out / (32/bits)] packed along the output, stored one less than the zero point (the
+    original format, not gptq_v2's), scales [groups, out], and each input's group (`g_idx`, which
+    act-order permutes; consecutive groups where absent)."""
+    import torch
+
+    q = unpacked(qweight, bits, 0).to(torch.float32)  # [in, out]
+    groups = scales.shape[0]
+    if qzeros is not None:
+        zeros = unpacked(qzeros, bits, 1)[:, : scales.shape[1]]
+        if offset_zeros:
+            zeros = (zeros + 1) & ((1 << bits) - 1)
+    elif symmetric:
+        zeros = torch.full(scales.shape, 1 << (bits - 1), dtype=torch.int32)
+    else:
+        raise BundleError("GPTQ weights without zero points that are not symmetric")
+    if g_idx is None:
+        g_idx = torch.arange(q.shape[0]) // math.ceil(q.shape[0] / groups)
+    g = g_idx.to(torch.long)
+    return ((q - zeros.to(torch.float32)[g]) * scales.to(torch.float32)[g]).T
+
+
+def awq(qweight: Any, qzeros: Any, scales: Any) -> Any:
+    """AWQ's (GEMM layout) [out, in] weight: qweight [in, out / 8] and qzeros [groups, out / 8]
+    packed along the output, AWQ's column order in each word; scales [groups, out]."""
+    import torch
+
+    order = torch.tensor(AWQ_ORDER)
+    inverse = torch.argsort(order)  # the column each nibble holds -> the nibble each column is in
+
+    def columns(words: Any) -> Any:
+        values = unpacked(words, 4, 1).reshape(words.shape[0], -1, 8)
+        return values[:, :, inverse].reshape(words.shape[0], -1)
+
+    q, zeros = columns(qweight).to(torch.float32), columns(qzeros).to(torch.float32)
+    group = q.shape[0] // scales.shape[0]
+    return ((q - zeros.repeat_interleave(group, 0)) * scales.to(torch.float32).repeat_interleave(group, 0)).T
+
+
+def packed_integers(pieces: dict[str, Any], bits: int) -> Any:
+    """compressed-tensors' pack-quantized [out, in] weight: weight_packed [out, in / (32/bits)],
+    each value stored plus 2^(bits-1) (unsigned), element 0 in a word's lowest bits; the scale per
+    row, per group or per tensor; a zero point of the scale's shape packed down the output where
+    asymmetric; act-order's `weight_g_idx` mapping each input to its group."""
+    import torch
+
+    rows, cols = (int(n) for n in pieces["weight_shape"].tolist())
+    offset = 1 << (bits - 1)
+    q = unpacked(pieces["weight_packed"], bits, 1)[:, :cols].to(torch.float32) - offset
+    scale = pieces["weight_scale"].to(torch.float32)
+    zero = pieces.get("weight_zero_point")
+    if zero is not None:
+        zero = (unpacked(zero, bits, 0)[:rows] - offset).to(torch.float32) if zero.dtype == torch.int32 \
+            else zero.to(torch.float32)  # fmt: skip
+    g_idx = pieces.get("weight_g_idx")
+    if g_idx is not None and bool((g_idx >= 0).all()) and scale.dim() == 2 and scale.shape[1] > 1:  # -1: in order
+        g = g_idx.to(torch.long)
+        if zero is not None:
+            q = q - zero[:, g]
+        return q * scale[:, g]
+    return scaled(q, scale, zero)
+
+
+def mxfp4(blocks: Any, scales: Any) -> Any:
+    """gpt-oss's MXFP4 experts: blocks [experts, rows, groups, 16] of two FP4 (E2M1) codes per byte,
+    the low nibble first, each group of 32 scaled by 2^(its uint8 exponent - 127); returned
+    [experts, groups * 32, rows], the layout transformers' GptOss experts hold."""
+    import torch
+
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+    codes = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).to(torch.long)  # [..., groups, 16, 2]
+    values = lut[codes].reshape(*blocks.shape[:-1], 32)
+    values = torch.ldexp(values, (scales.to(torch.int32) - 127).unsqueeze(-1))
+    experts, rows = blocks.shape[0], blocks.shape[1]
+    return values.reshape(experts, rows, -1).transpose(1, 2)
+
+
+def _compressed_formats(q: dict[str, Any]) -> set[str]:
+    formats = {str(group.get("format")) for group in (q.get("config_groups") or {}).values()
+               if isinstance(group, dict) and group.get("format")}  # fmt: skip
+    return formats or {str(q.get("format", "dense"))}
+
+
+def _weight_bits(q: dict[str, Any], prefix: str) -> int:
+    """The bits of compressed-tensors' packed weights (its config groups agree in every checkpoint
+    seen; the first one's)."""
+    for group in (q.get("config_groups") or {}).values():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if isinstance(weights, dict) and weights.get("num_bits"):
+            return int(weights["num_bits"])
+    raise BundleError(f"{prefix}: compressed-tensors packed weights, but no config group states their bits")

@@ -1,0 +1,188 @@
+"""Checkpoints published with quantized weights (firmware/toolchain/prequantized.py): each format
+as tiny_quantized.py writes it from a tiny fixture, dequantized as that format's own reader does
+(transformers' CPU dequantization for FP8 and MXFP4, ONNX Runtime GenAI's loaders for GPTQ and
+AWQ; compressed-tensors, whose library the appliance does not ship, within half a step of the
+float it was rounded from), built to firmware that answers as transformers does reading the
+quantized folder itself; the formats not read are refused before the export."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import firmware
+from appliance.engine import ModelSession
+from firmware.errors import BundleError
+from firmware.manifest import LayerConstants
+from firmware.toolchain import prequantized, tiny_quantized
+from firmware.toolchain.build import BuildOptions, build
+from firmware.toolchain.tiny import tiny_hf_dir
+
+IDS = [1, 5, 9, 33, 100, 200, 300, 7, 8, 9, 10, 11, 400, 12, 13, 14]
+
+
+def _tensors(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return dict(load_file(str(folder / "model.safetensors")))
+
+
+def _dequantized(tmp_path: Path, arch: str, kind: str, **options: Any) -> tuple[Path, dict[str, Any]]:
+    quantized = tiny_quantized.write(tiny_hf_dir(arch), tmp_path / "quantized", kind, **options)
+    assert prequantized.dequantize_folder(quantized, tmp_path / "float") == CONFIG_METHOD[kind]
+    return quantized, _tensors(tmp_path / "float")
+
+
+CONFIG_METHOD = {"fp8": "fp8", "gptq": "gptq", "awq": "awq", "mxfp4": "mxfp4", "fp8_channel": "compressed-tensors",
+                 "int8_channel": "compressed-tensors", "packed": "compressed-tensors"}  # fmt: skip
+
+
+def _transformers(folder: Path) -> Any:
+    import torch
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+
+
+@pytest.mark.parametrize(("arch", "kind"), [("llama", "fp8"), ("gpt_oss", "mxfp4")])
+def test_fp8_and_mxfp4_weights_dequantize_as_transformers_does(tmp_path: Path, arch: str, kind: str) -> None:
+    quantized, ours = _dequantized(tmp_path, arch, kind)
+    theirs = _transformers(quantized).state_dict()  # without a GPU transformers dequantizes them
+    assert set(ours) <= set(theirs)
+    for key, value in ours.items():
+        assert value.float().equal(theirs[key].float()), key
+    config = json.loads((tmp_path / "float" / "config.json").read_text())
+    assert "quantization_config" not in config and config["dtype"] == "float32"
+    assert (tmp_path / "float" / "tokenizer.json").is_file() and (tmp_path / "float" / "chat_template.jinja").is_file()
+
+
+def _onnxruntime_genai_weights(quantized: Path, kind: str, bits: int, group: int) -> dict[str, Any]:
+    """ONNX Runtime GenAI's own GPTQ and AWQ unpacking and dequantization of each weight."""
+    import onnxruntime_genai.models  # noqa: F401  (puts its loaders' folder on sys.path)
+    from onnxruntime_genai.models.loaders.awq import AWQModel
+    from onnxruntime_genai.models.loaders.gptq import GPTQModel
+
+    stored = _tensors(quantized)
+    reader: Any = AWQModel.__new__(AWQModel) if kind == "awq" else GPTQModel.__new__(GPTQModel)
+    out = {}
+    for key in stored:
+        if not key.endswith(".qweight"):
+            continue
+        prefix = key[: -len(".qweight")]
+        g_idx = stored.get(f"{prefix}.g_idx")
+        module = types.SimpleNamespace(qweight=stored[key], qzeros=stored[f"{prefix}.qzeros"], bits=bits,
+                                       scales=stored[f"{prefix}.scales"].float(), group_size=group,
+                                       g_idx=g_idx.long() if g_idx is not None else None)  # fmt: skip
+        if kind == "awq":
+            module.out_features, module.in_features = module.scales.shape[1], module.qweight.shape[0]
+        else:
+            module.out_features, module.in_features = module.qweight.shape[1], g_idx.shape[0]
+            reader.handle_qzeros(module)  # GPTQ's zero points are stored one less
+        reader.unpack(module)
+        out[f"{prefix}.weight"] = module.qweight.float()
+    return out
+
+
+@pytest.mark.parametrize("options", [{"kind": "gptq"}, {"kind": "gptq", "act_order": True},
+                                     {"kind": "gptq", "bits": 8, "group": 64}, {"kind": "gptq", "bits": 2},
+                                     {"kind": "awq"}], ids=["gptq4", "gptq4-act-order", "gptq8", "gptq2", "awq"])
+def test_gptq_and_awq_weights_dequantize_as_onnxruntime_genai_s_loaders_do(tmp_path: Path,
+                                                                          options: dict[str, Any]) -> None:  # fmt: skip
+    kind = options.pop("kind")
+    quantized, ours = _dequantized(tmp_path, "llama", kind, **options)
+    theirs = _onnxruntime_genai_weights(quantized, kind, options.get("bits", 4), options.get("group", 32))
+    assert len(theirs) == 14 and set(ours) == set(_tensors(tiny_hf_dir("llama")))
+    for key, value in theirs.items():  # (theirs rounds the zero points' products to float16)
+        assert (ours[key] - value).abs().max() <= 1e-3 * value.abs().max(), key
+
+
+@pytest.mark.parametrize("options", [{"kind": "fp8_channel"}, {"kind": "int8_channel"}, {"kind": "packed"},
+                                     {"kind": "packed", "bits": 8}],
+                         ids=["float-quantized", "int-quantized", "pack-quantized-4", "pack-quantized-8"])  # fmt: skip
+def test_compressed_tensors_weights_dequantize_within_half_a_step_of_their_floats(
+        tmp_path: Path, options: dict[str, Any]) -> None:  # fmt: skip
+    kind = options.pop("kind")
+    quantized, ours = _dequantized(tmp_path, "llama", kind, **options)
+    floats, stored = _tensors(tiny_hf_dir("llama")), _tensors(quantized)
+    assert set(ours) == set(floats)  # the activation scales are not weights
+    for key, value in floats.items():
+        prefix = key.removesuffix(".weight")
+        if f"{prefix}.weight_scale" not in stored:
+            assert ours[key].equal(value), key
+            continue
+        scale = stored[f"{prefix}.weight_scale"].float()
+        if kind == "fp8_channel":  # E4M3 keeps 3 bits of mantissa: within 1/16 of each value
+            bound = value.abs() / 16 + scale * 2.0**-9
+        else:
+            bound = scale.repeat_interleave(value.shape[1] // scale.shape[1], 1) * 0.5001
+        assert ((ours[key] - value).abs() <= bound).all(), key
+
+
+def _build(source: Path, out: Path, trusted_keys: Path, dev_key: Path) -> firmware.Bundle:
+    build(source, out, BuildOptions(precision="fp32", name="quantized", version="0.1.0",
+                                    layer=LayerConstants(max_tokens_per_shard=64)), key=dev_key,
+          progress=lambda _: None)  # fmt: skip
+    return firmware.load(out, trusted_keys)
+
+
+@pytest.mark.parametrize(("arch", "kind"), [("llama", "fp8"), ("gpt_oss", "mxfp4")])
+def test_a_quantized_folder_builds_to_firmware_that_answers_as_transformers_reading_it(
+        tmp_path: Path, trusted_keys: Path, dev_key: Path, arch: str, kind: str) -> None:  # fmt: skip
+    import torch
+
+    quantized = tiny_quantized.write(tiny_hf_dir(arch), tmp_path / "quantized", kind)
+    bundle = _build(quantized, tmp_path / "bundle", trusted_keys, dev_key)
+    assert bundle.manifest.source["dequantized_from"] == kind  # what the operator sees it was built from
+    session = ModelSession(bundle)
+    cache = session.new_cache(len(IDS) + 8)
+    logits = session.forward(cache, np.array(IDS, dtype=np.int64))
+    model = _transformers(quantized)
+    with torch.no_grad():
+        theirs = model(torch.tensor([IDS])).logits[0, -1].numpy()
+        unquantized = _transformers(tiny_hf_dir(arch))(torch.tensor([IDS])).logits[0, -1].numpy()
+    assert np.abs(logits - theirs).max() <= 1e-4
+    assert np.abs(theirs - unquantized).max() > 1e-3  # the quantization shows: the weights are the stored ones
+    ids, tokens = list(IDS), []
+    for _ in range(8):
+        tokens.append(int(logits.argmax()))
+        logits = session.forward(cache, np.array(tokens[-1:], dtype=np.int64))
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
+    assert tokens == expected
+
+
+@pytest.mark.parametrize(("quantization", "refusal"), [
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "'bitsandbytes', which this build does not read"),
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "3-bit GPTQ weights"),
+    ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "AWQ weights in its 'gemv' layout"),
+    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {}},
+     "the nvfp4-pack-quantized format"),
+])  # fmt: skip
+def test_a_format_not_read_is_refused_before_the_export_naming_it(tmp_path: Path, quantization: dict[str, Any],
+                                                                 refusal: str) -> None:  # fmt: skip
+    source = tmp_path / "source"
+    shutil.copytree(tiny_hf_dir("llama"), source)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
+    with pytest.raises(BundleError, match=refusal) as refused:
+        build(source, tmp_path / "out", BuildOptions(precision="fp32"), progress=lambda _: None)
+    assert "unquantized folder" in str(refused.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_block_grid_that_stops_short_of_the_weight_covers_its_edges() -> None:
+    """FP8 blocks of 128 on a weight of 200 x 300: a 2 x 3 grid whose last row and column of
+    blocks are cut short (DeepSeek's and Qwen3's widths are not all multiples of 128)."""
+    import torch
+
+    weight, grid = torch.ones(200, 300), torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    value = prequantized.scaled(weight, grid, block=(128, 128))
+    assert value[127, 127] == 1 and value[128, 255] == 5 and value[199, 299] == 6 and value[0, 256] == 3
+    with pytest.raises(BundleError, match="does not divide"):
+        prequantized.scaled(torch.ones(201, 300), grid)  # without the block size, a cut-short grid is not guessed
