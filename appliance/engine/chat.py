@@ -96,6 +96,12 @@ class ChatTemplate:
             raise ValueError(f"the bundle's chat template does not compile: {exc} (line {getattr(exc, 'lineno', '?')})"
                              ) from None  # fmt: skip
         self.tokenizer = tokenizer
+        # Image-and-text models' templates (SmolVLM's, LLaVA's) read each message's content as a
+        # list of typed parts and write nothing of a string: theirs goes to them as one text part.
+        self.takes_parts = False
+        if not self._shows_probe([{"role": "user", "content": TOOL_PROBE}]):
+            self.takes_parts = True
+            self.takes_parts = self._shows_probe([{"role": "user", "content": TOOL_PROBE}])
         # Hugging Face templates that know tools read a `tools` variable; others get our system block,
         # which asks for the Hermes format. That a template names `tools` is not enough: Phi-4-mini's
         # reads them from a field of its system message and ignores the variable, so its model
@@ -135,7 +141,7 @@ class ChatTemplate:
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool, **extra: Any) -> str:
         try:
             return self.template.render(
-                messages=list(messages),
+                messages=[_as_parts(m) for m in messages] if self.takes_parts else list(messages),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.tokenizer.bos_token or "",
                 eos_token=self.tokenizer.eos_token or "",
@@ -286,6 +292,14 @@ class ChatTemplate:
                     "tool_call_id": ids[i] if i < len(ids) else f"result{i:03d}"}
                    for i, (r, error) in enumerate(message.results)]  # fmt: skip
         return results + ([{"role": message.role, "content": text}] if text else [])
+
+
+def _as_parts(message: dict[str, Any]) -> dict[str, Any]:
+    """`message` with its text content as a list of one text part (none where it is empty)."""
+    content = message.get("content")
+    if not isinstance(content, str):
+        return message
+    return {**message, "content": [{"type": "text", "text": content}] if content else []}
 
 
 def _one_turn_per_role(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -586,6 +586,28 @@ def test_templates_using_more_of_transformers_environment_render_as_transformers
         ChatTemplate("{% nonsense %}", template.tokenizer)
 
 
+# SmolVLM's and LLaVA's way: each message's content a list of typed parts, a string's characters
+# (which have no type) writing nothing.
+PARTS_TEMPLATE = """{% for message in messages %}<|im_start|>{{ message['role'] | capitalize }}:
+{%- for part in message['content'] %}{% if part['type'] == 'image' %}<image>{% elif part['type'] == 'text' %}\
+ {{ part['text'] }}{% endif %}{% endfor %}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>Assistant:{% endif %}"""
+
+
+def test_a_template_that_reads_content_as_parts_gets_each_message_as_a_text_part() -> None:
+    from transformers import AutoTokenizer
+
+    folder = tiny_hf_dir("qwen2")
+    template = ChatTemplate(PARTS_TEMPLATE, TextTokenizer(folder / "tokenizer.json", folder / "tokenizer_config.json"))
+    assert template.takes_parts and not ChatTemplate(RICH_TEMPLATE, template.tokenizer).takes_parts
+    docs = [{"role": m.role, "content": [{"type": "text", "text": m.content}]} for m in CONVERSATION]
+    ours = template.prompt(CONVERSATION, system="Be brief.")
+    docs.insert(0, {"role": "system", "content": [{"type": "text", "text": "Be brief."}]})
+    hf = AutoTokenizer.from_pretrained(folder)
+    assert ours.ids == hf_chat_ids(hf, docs, chat_template=PARTS_TEMPLATE)
+    assert "User: Explain the for statement" in ours.text and ours.text.endswith("<|im_start|>Assistant:")
+
+
 def hf_chat_ids(tokenizer: Any, docs: list[dict[str, str]], **kwargs: Any) -> list[int]:
     out = tokenizer.apply_chat_template(docs, tokenize=True, add_generation_prompt=True, **kwargs)
     if not isinstance(out, list):  # transformers 5 returns the encoding
