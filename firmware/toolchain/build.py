@@ -637,7 +637,13 @@ def read_chat_template(model_dir: Path) -> str:
             for t in template:
                 if t.get("name") == "default":
                     return str(t["template"])
-    raise BundleError(f"{model_dir}: no chat template (chat_template.jinja or tokenizer_config.json); give one with "
+    processor = model_dir / "chat_template.json"  # an image-and-text model's processor's
+    if processor.is_file():
+        template = json.loads(processor.read_text()).get("chat_template")
+        if isinstance(template, str) and template:
+            return template
+    raise BundleError(f"{model_dir}: no chat template (chat_template.jinja, tokenizer_config.json or "
+                      "chat_template.json); give one with "
                       "--chat-template FILE (a base model's folder or GGUF file carries none)")  # fmt: skip
 
 
@@ -760,6 +766,7 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
     with tempfile.TemporaryDirectory(prefix="zerolayer-build-") as tmp:
         work = Path(tmp)
         hf_dir = source
+        template = options.chat_template
         if kind == "gguf":
             t = step(f"dequantizing {source.name} into a Hugging Face folder")
             hf_dir = work / "hf"
@@ -779,8 +786,11 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
         if exported:
             refuse_unsupported_attention(hf_dir)
             require_tokenizer_files(hf_dir)
-            if options.chat_template is None:  # what the bundle must ship, checked before minutes of export
-                read_chat_template(hf_dir)
+            # What the bundle must ship, checked before minutes of export (and packed as read here:
+            # an image-and-text folder's may be in its processor's chat_template.json, which the
+            # builder does not copy).
+            if template is None:
+                template = read_chat_template(hf_dir)
             note_architecture(hf_dir, progress)
             quantized = f", blocks of {options.block_size}" if options.precision in QUANTIZED else ""
             t = step(f"exporting to ONNX ({options.precision}{quantized}, {options.target}) with the model builder")
@@ -808,7 +818,7 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
                     **({"block_size": str(options.block_size)} if exported and options.precision in QUANTIZED else {}),
                     **({"cuda_graph": f"{CUDA_GRAPH_DIR}/ (fp16)"} if options.cuda_graph else {}),
                     **({"dequantized_from": quantization} if quantization else {})},
-            chat_template=options.chat_template, eos_tokens=options.eos_tokens,
+            chat_template=template, eos_tokens=options.eos_tokens,
             licence=options.licence, licence_files=options.licence_files,
         )  # fmt: skip
         step.done(t)

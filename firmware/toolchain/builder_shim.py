@@ -475,6 +475,76 @@ def lfm3_as_lfm2(config: Any) -> None:
     config.rope_parameters = {"rope_type": "default", "rope_theta": by_type["sliding_attention"]["rope_theta"]}
 
 
+# Image-and-text checkpoints whose language model is one of the families the build exports, and
+# which the builder has no class for: the language model alone is exported, as its family's. Text
+# families of their own -> the family whose class runs them on text (Qwen2-VL's multimodal RoPE,
+# its three position rows all the same for text, is plain RoPE over the same frequencies).
+LANGUAGE_MODEL_OF = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
+                     "LlavaOnevisionForConditionalGeneration", "Idefics3ForConditionalGeneration",
+                     "SmolVLMForConditionalGeneration", "Qwen2VLForConditionalGeneration",
+                     "InternVLForConditionalGeneration", "AyaVisionForConditionalGeneration")  # fmt: skip
+TEXT_FAMILY = {"qwen2_vl_text": "qwen2"}
+# Where their checkpoints keep the language model (as published, and as transformers 5 saves them).
+LANGUAGE_MODEL_KEYS = {r"^language_model\.model\.": "model.", r"^language_model\.lm_head\.": "lm_head.",
+                       r"^model\.language_model\.": "model.", r"^model\.text_model\.": "model."}  # fmt: skip
+
+
+def language_model_alone(config: Any) -> Any:
+    """An image-and-text checkpoint's config -> its language model's, as its family's causal LM
+    (a new config: the builder reads the text model's fields at the top), knowing its folder and
+    where its weights are (load_language_model_alone). Any other config, as it is."""
+    import sys
+
+    names = list(getattr(config, "architectures", None) or ())
+    if not names or names[0] not in LANGUAGE_MODEL_OF:
+        return config
+    transformers = sys.modules["transformers"]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    fields = config.get_text_config().to_dict()
+    family = TEXT_FAMILY.get(fields["model_type"], fields["model_type"])
+    rope = fields.get("rope_parameters")
+    if isinstance(rope, dict):
+        fields["rope_parameters"] = {k: v for k, v in rope.items() if k != "mrope_section"}
+    # The tie is the checkpoint's: transformers ties the head to the text model's embeddings by the
+    # outer config's flag.
+    fields["tie_word_embeddings"] = bool(getattr(config, "tie_word_embeddings", fields.get("tie_word_embeddings")))
+    for name in ("model_type", "architectures", "_name_or_path", "transformers_version"):
+        fields.pop(name, None)
+    text = transformers.AutoConfig.for_model(family, **fields)
+    text.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family]]
+    text._name_or_path = config._name_or_path
+    text.zerolayer_language_model_of = (config.architectures[0], text.to_dict())
+    return text
+
+
+def load_language_model_alone() -> None:
+    """The builder loads weights with the class its config names from the folder's own config:
+    an image-and-text checkpoint's language model (language_model_alone) is read alone instead,
+    with its family's class and the weights under the checkpoint's language-model prefix (the
+    vision tower and projector are never loaded)."""
+    from builders.base import Model
+
+    def make(load_weights: Any) -> Any:
+        def language_model_or_whole(self: Any, input_path: str) -> Any:
+            import sys
+
+            transformers = sys.modules["transformers"]
+            if input_path.endswith(".gguf"):
+                return load_weights(self, input_path)
+            config = transformers.AutoConfig.from_pretrained(self.model_name_or_path)
+            wrapper = getattr(config, "zerolayer_language_model_of", None)
+            if wrapper is None:
+                return load_weights(self, input_path)
+            fields = dict(wrapper[1])
+            text = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+            return _language_model(self.model_name_or_path, text, getattr(transformers, text.architectures[0]),
+                                   LANGUAGE_MODEL_KEYS, wrapper[0])  # fmt: skip
+        return language_model_or_whole
+
+    _replace(Model, "load_weights", make)
+
+
 # Qwen3.5's language model saved alone -> the image-and-text checkpoints' architecture the builder names.
 QWEN3_5_CONDITIONAL = {"Qwen3_5ForCausalLM": "Qwen3_5ForConditionalGeneration",
                        "Qwen3_5MoeForCausalLM": "Qwen3_5MoeForConditionalGeneration"}  # fmt: skip
@@ -1557,10 +1627,16 @@ def _gemma3n_language_model(folder: str) -> Any:
 
     transformers = sys.modules["transformers"]
     config = transformers.Gemma3nConfig.from_pretrained(folder).text_config
-    model, info = transformers.Gemma3nForCausalLM.from_pretrained(
-        folder, config=config, key_mapping={r"^model\.language_model\.": "model."}, output_loading_info=True)
+    return _language_model(folder, config, transformers.Gemma3nForCausalLM, {r"^model\.language_model\.": "model."},
+                           "Gemma 3n")  # fmt: skip
+
+
+def _language_model(folder: str, config: Any, causal_lm: Any, keys: dict[str, str], whose: str) -> Any:
+    """A checkpoint's language model alone, as `causal_lm` of `config`, its weights renamed by
+    `keys` (the rest, a vision tower's, left unread); one it has no weight for is refused."""
+    model, info = causal_lm.from_pretrained(folder, config=config, key_mapping=keys, output_loading_info=True)
     if info.get("missing_keys"):  # the loader fills them with random values and goes on
-        raise ValueError(f"{folder}: no weights for {sorted(info['missing_keys'])[:3]} of Gemma 3n's language model")
+        raise ValueError(f"{folder}: no weights for {sorted(info['missing_keys'])[:3]} of {whose}'s language model")
     return model
 
 
@@ -2453,6 +2529,7 @@ def falcon_h1_layers() -> None:
 
 
 def _fix_config(config: Any) -> Any:
+    config = language_model_alone(config)
     text = getattr(config, "text_config", None)
     for c in (config, text) if text is not None else (config,):
         for fix in FIXES:
@@ -2488,6 +2565,7 @@ def install() -> None:
     gemma4_per_layer_inputs()
     gemma4_shared_kv()
     gemma3n_layers()
+    load_language_model_alone()
     granite4_mamba_layers()
     nemotron_h_blocks()
     falcon_h1_layers()

@@ -42,6 +42,8 @@ QWEN35_TINY: dict[str, Any] = {
     "image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}
 QWEN3_MOE_TINY: dict[str, Any] = {"head_dim": 32, "moe_intermediate_size": 32, "num_experts": 4,
                                   "num_experts_per_tok": 2, "norm_topk_prob": True}  # fmt: skip
+VISION_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+               "image_size": 32, "patch_size": 8}
 PIXTRAL_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                 "image_size": 32, "patch_size": 8, "head_dim": 16}  # fmt: skip
 GPT_OSS_TINY: dict[str, object] = {
@@ -249,6 +251,23 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM", {
         **GRANITE_SWA_LAYERS, "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
         "shared_intermediate_size": 48, **GRANITE_MULTIPLIERS}),
+    # Image-and-text checkpoints of a family the build exports, their language model exported alone
+    # (builder_shim.language_model_alone): LLaVA's (1.5, NeXT and OneVision keep it alike), SmolVLM's
+    # and Idefics3's (a Llama as `text_model`), Qwen2-VL's (multimodal RoPE) and InternVL's (a Qwen2,
+    # its head tied to the embeddings). Their image tokens lie past the tokenizer's 512.
+    "llava": ("LlavaConfig", "LlavaForConditionalGeneration", {
+        "text_config": {"model_type": "llama", "vocab_size": 513}, "image_token_index": 512,
+        "vision_config": {"model_type": "clip_vision_model", **VISION_TINY, "projection_dim": 32}}),
+    "smolvlm": ("SmolVLMConfig", "SmolVLMForConditionalGeneration", {
+        "text_config": {"model_type": "llama", "vocab_size": 513}, "image_token_id": 512, "scale_factor": 2,
+        "vision_config": VISION_TINY}),
+    "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", {
+        "text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+        "vision_config": {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2},
+        "image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}),
+    "internvl": ("InternVLConfig", "InternVLForConditionalGeneration", {
+        "text_config": {"model_type": "qwen2", "vocab_size": 513}, "image_token_id": 512,
+        "tie_word_embeddings": True, "vision_config": {**VISION_TINY, "image_size": [32, 32], "patch_size": [8, 8]}}),
     # Qwen2.5-VL's and Qwen3-VL's image-and-text checkpoints (the vision tower left out of the export):
     # multimodal RoPE over three position planes (Qwen3-VL's interleaved, with query and key norms).
     "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", {
@@ -461,7 +480,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
                "ministral3", "gpt_bigcode", "opt", "gpt_neox", "gemma3n_text", "falcon_new",
-               "stablelm_3b")
+               "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}

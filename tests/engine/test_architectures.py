@@ -979,3 +979,49 @@ def test_ministral3_is_served_only_as_far_as_its_export_is_exact(trusted_keys: P
         exact = exact_positions(config)
         assert exact is not None and exact[0] == bundle.model.context_length == 1024, name
     assert exact_positions(json.loads((tiny_hf_dir("mistral3_vl") / "config.json").read_text())) is None
+
+
+TRANSFORMERS_4_52_LLAVA = {"language_model.model.": "model.language_model.", "language_model.lm_head.": "lm_head."}
+
+
+@pytest.mark.parametrize("keys", [TRANSFORMERS_4_52_LLAVA, {}], ids=["saved-by-transformers-4.52-on", "as-published"])
+def test_an_image_and_text_checkpoint_s_language_model_is_read_alone_wherever_it_keeps_it(tmp_path: Path,
+                                                                                        keys: dict[str, str]) -> None:
+    """LLaVA's weights under `language_model.model.` (as published, and as transformers 5 saves
+    them) or `model.language_model.` (as transformers 4.52 to 4.57 saved them): the language model
+    alone, its weights the checkpoint's; under a prefix of neither, refused (no weight is left to
+    the loader's random values)."""
+    import shutil
+
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    from firmware.toolchain import builder_shim
+
+    source = tmp_path / "llava"
+    shutil.copytree(tiny_hf_dir("llava"), source)
+    stored = load_file(str(source / "model.safetensors"))
+
+    def renamed(mapping: dict[str, str]) -> dict[str, Any]:
+        out = {}
+        for key, value in stored.items():
+            for old, new in mapping.items():
+                key = new + key.removeprefix(old) if key.startswith(old) else key
+            out[key] = value
+        return out
+
+    save_file(renamed(keys), str(source / "model.safetensors"), metadata={"format": "pt"})
+    llava = transformers.LlavaForConditionalGeneration.from_pretrained(tiny_hf_dir("llava"), dtype=torch.float32)
+    text = builder_shim.language_model_alone(transformers.AutoConfig.from_pretrained(source))
+    assert text.architectures == ["LlamaForCausalLM"] and text.model_type == "llama"
+    model = builder_shim._language_model(str(source), text, transformers.LlamaForCausalLM,
+                                         builder_shim.LANGUAGE_MODEL_KEYS, "LLaVA")  # fmt: skip
+    ours, theirs = model.state_dict(), llava.state_dict()
+    assert ours["lm_head.weight"].equal(theirs["lm_head.weight"])
+    for key, value in ours.items():
+        assert value.equal(theirs[key.replace("model.", "model.language_model.", 1)]), key
+    save_file(renamed({"language_model.": "text."}), str(source / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"no weights for .* of LLaVA's language model"):
+        builder_shim._language_model(str(source), text, transformers.LlamaForCausalLM,
+                                     builder_shim.LANGUAGE_MODEL_KEYS, "LLaVA")  # fmt: skip
