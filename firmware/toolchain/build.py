@@ -33,7 +33,7 @@ from firmware.manifest import (
     describe_files,
 )
 from firmware.signing import load_private_key, sign_manifest
-from firmware.toolchain import gpt_families, prequantized
+from firmware.toolchain import gpt_families, prequantized, qwen3_next
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
@@ -851,7 +851,7 @@ FEED_FORWARD_KINDS = {"mlp": ("NemotronHForCausalLM",)}
 RECURRENT_KINDS = {"linear_attention": ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                                         "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                                         "GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "FalconH1ForCausalLM",
-                                        "JambaForCausalLM"),
+                                        "JambaForCausalLM", "Qwen3NextForCausalLM"),
                    "conv": ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration",
                             "Lfm3ForCausalLM")}
 
@@ -1026,7 +1026,8 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported for {arch or 'this model'}: {', '.join(sorted(supported))})")  # fmt: skip
-    refusal = gemma4_refusal(config) or unexported_option(config) or gpt_families.refusal(config)
+    refusal = gemma4_refusal(config) or unexported_option(config) or gpt_families.refusal(config) or \
+        qwen3_next.refusal(config)  # fmt: skip
     if refusal:
         raise BundleError(f"{model_dir.name}: {refusal}")
     for layers, rope_type in _rope_types(config):

@@ -300,7 +300,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from firmware.toolchain import gpt_families
+from firmware.toolchain import gpt_families, qwen3_next
 
 
 def _get(self: Any) -> Any:
@@ -533,6 +533,11 @@ def load_language_model_alone() -> None:
             if input_path.endswith(".gguf"):
                 return load_weights(self, input_path)
             config = transformers.AutoConfig.from_pretrained(self.model_name_or_path)
+            if getattr(config, "zerolayer_qwen3_next", False):  # read as itself, then as Qwen3.5's
+                folder = self.model_name_or_path
+                return qwen3_next.as_qwen3_5_moe(transformers.Qwen3NextForCausalLM.from_pretrained(folder),
+                                                 qwen3_next.as_qwen3_5_moe_config(
+                                                     transformers.Qwen3NextConfig.from_pretrained(folder)))  # fmt: skip
             wrapper = getattr(config, "zerolayer_language_model_of", None)
             if wrapper is None:
                 return load_weights(self, input_path)
@@ -2529,7 +2534,7 @@ def falcon_h1_layers() -> None:
 
 
 def _fix_config(config: Any) -> Any:
-    config = language_model_alone(config)
+    config = qwen3_next.as_qwen3_5_moe_config(language_model_alone(config))
     text = getattr(config, "text_config", None)
     for c in (config, text) if text is not None else (config,):
         for fix in FIXES:

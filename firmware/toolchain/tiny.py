@@ -190,6 +190,13 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "qwen3_5_moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration", {**QWEN35_TINY, "text_config": {
         **QWEN35_TINY["text_config"], "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
         "num_experts_per_tok": 2, "num_experts": 4}}),
+    # Qwen3-Next (80B-A3B): the layers Qwen3.5's mixture-of-experts models grew from (built as
+    # theirs: qwen3_next.py), its linear-attention projections fused per key head.
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {
+        "head_dim": 32, "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4, "partial_rotary_factor": 0.25, "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "norm_topk_prob": True}),
     # LFM2 (Liquid's models for devices): short gated convolutions (a state of the last inputs per
     # sequence) between attention layers with query and key norms.
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1],
@@ -480,7 +487,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
                "ministral3", "gpt_bigcode", "opt", "gpt_neox", "gemma3n_text", "falcon_new",
-               "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl")
+               "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}

@@ -639,8 +639,8 @@ def test_a_model_with_layers_of_another_kind_is_refused_before_export(tmp_path: 
                                                 "layer_types": ["chunked_attention", "full_attention"]}))  # fmt: skip
     with pytest.raises(BundleError, match="layers of kind chunked_attention are not supported"):
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
-    # Recurrent layers only where their export was checked (Qwen3.5's), not Qwen3-Next's, say.
-    (hf / "config.json").write_text(json.dumps({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
+    # Recurrent layers only where their export was checked (Qwen3.5's, Qwen3-Next's), not MiniMax's, say.
+    (hf / "config.json").write_text(json.dumps({"model_type": "minimax", "architectures": ["MiniMaxForCausalLM"],
                                                 "layer_types": ["linear_attention", "full_attention"]}))  # fmt: skip
     with pytest.raises(BundleError, match="layers of kind linear_attention are not supported"):
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
@@ -836,6 +836,24 @@ def test_an_option_the_export_leaves_out_is_refused_before_export(tmp_path: Path
     (hf / "config.json").write_text(json.dumps({"architectures": [classes[model_type]], "model_type": model_type,
                                                 option: True}))  # fmt: skip
     with pytest.raises(BundleError, match=rf"{option} \(.*\) is not exported for {re.escape(family)}; not supported"):
+        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+
+
+@pytest.mark.parametrize(("option", "refusal"), [({"norm_topk_prob": False}, "norm_topk_prob false"),
+                                                 ({"mlp_only_layers": [0]}, "dense layers"),
+                                                 ({"decoder_sparse_step": 2}, "dense layers")])
+def test_a_qwen3_next_that_qwen3_5_s_layers_do_not_compute_is_refused_before_export(
+        tmp_path: Path, option: dict[str, Any], refusal: str) -> None:  # fmt: skip
+    """Qwen3.5's routing always renormalizes the chosen experts' weights and puts experts in every
+    layer; a Qwen3-Next config that does otherwise would be built wrong."""
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import BuildOptions, build
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+                                                **option}))  # fmt: skip
+    with pytest.raises(BundleError, match=f"Qwen3-Next with {refusal}"):
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
 
 
