@@ -33,7 +33,7 @@ from firmware.manifest import (
     describe_files,
 )
 from firmware.signing import load_private_key, sign_manifest
-from firmware.toolchain import gpt_families, prequantized, qwen3_next
+from firmware.toolchain import gguf_gpt_oss, gpt_families, prequantized, qwen3_next
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
@@ -172,15 +172,47 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     transformers loads a GGUF but refuses save_pretrained on it, so the weights are moved into a
     fresh model of the same config with the quantization config dropped. What its loader
     leaves out of the config, though the file states it, is put back first (_restore_gguf_config),
-    and a byte-level tokenizer is kept byte-level (_keep_byte_level_tokenizer).
+    and a byte-level tokenizer is kept byte-level (_keep_byte_level_tokenizer). gpt-oss's files,
+    which that loader does not read, are read by gguf_gpt_oss.
     """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    metadata = _gguf_metadata(gguf)
+    gguf_tokenizer(gguf, metadata).save_pretrained(out_dir)
+    _keep_byte_level_tokenizer(out_dir, metadata)
+    if metadata.get("general.architecture") == gguf_gpt_oss.ARCH:  # transformers' loader reads none of it
+        config = gguf_gpt_oss.config(metadata)
+        state, by_design = gguf_gpt_oss.state(gguf, config), {"lm_head.weight"} if config.tie_word_embeddings else set()
+    else:
+        config, state, by_design = _read_by_transformers(gguf, metadata)
+    # The fresh model is made without weights (on the meta device) and takes the loaded tensors as
+    # they are: no second copy of the model, nor a random initialization of one, which a 1B model's
+    # build paid in gigabytes and minutes.
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(state, strict=False, assign=True)
+    missing = [m for m in missing if m not in by_design]
+    if missing or unexpected:
+        raise BundleError(f"{gguf}: weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    plain.tie_weights()  # a tied LM head: the embeddings, not a weight left on the meta device
+    end = _template_end_of_turn(out_dir)
+    ends = list(config.eos_token_id) if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    if end is not None and end not in ends:
+        # A file names one end of generation (Gemma's <eos>); its template ends a turn with another
+        # (<end_of_turn>), which the Hugging Face folder's generation_config.json lists and a GGUF
+        # file does not: without it, the model writes the next turns itself.
+        plain.config.eos_token_id = [*(e for e in ends if e is not None), end]
+    plain.save_pretrained(out_dir)
+
+
+def _read_by_transformers(gguf: Path, metadata: dict[str, Any]) -> tuple[Any, dict[str, Any], set[str]]:
+    """(config, state dict, weights absent by design) of a GGUF file transformers' loader reads, with
+    what it leaves out put back."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder, name = str(gguf.parent), gguf.name
-    metadata = _gguf_metadata(gguf)
-    gguf_tokenizer(gguf, metadata).save_pretrained(out_dir)
-    _keep_byte_level_tokenizer(out_dir, metadata)
     with _gguf_reading(metadata):
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
         if hasattr(config, "quantization_config"):
@@ -215,24 +247,7 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
         raise BundleError(f"{gguf}: the file has no tensors for {', '.join(sorted(unread)[:3])}"
                           f"{f' and {len(unread) - 3} more' if len(unread) > 3 else ''} (a tensor layout this "
                           "build does not read)")  # fmt: skip
-    # The fresh model is made without weights (on the meta device) and takes the loaded tensors as
-    # they are: no second copy of the model, nor a random initialization of one, which a 1B model's
-    # build paid in gigabytes and minutes.
-    with torch.device("meta"):
-        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = plain.load_state_dict(state, strict=False, assign=True)
-    missing = [m for m in missing if m not in by_design]
-    if missing or unexpected:
-        raise BundleError(f"{gguf}: weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    plain.tie_weights()  # a tied LM head: the embeddings, not a weight left on the meta device
-    end = _template_end_of_turn(out_dir)
-    ends = list(config.eos_token_id) if isinstance(config.eos_token_id, list) else [config.eos_token_id]
-    if end is not None and end not in ends:
-        # A file names one end of generation (Gemma's <eos>); its template ends a turn with another
-        # (<end_of_turn>), which the Hugging Face folder's generation_config.json lists and a GGUF
-        # file does not: without it, the model writes the next turns itself.
-        plain.config.eos_token_id = [*(e for e in ends if e is not None), end]
-    plain.save_pretrained(out_dir)
+    return config, state, by_design
 
 
 def _template_end_of_turn(hf_dir: Path) -> int | None:
@@ -289,7 +304,7 @@ def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
 # The GGUF architectures (llama.cpp's names) the build is checked on, each written as llama.cpp writes
 # it (tiny_gguf.GGUF_ARCHITECTURES): others may load through transformers' loader, or may not.
 GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "nemotron", "lfm2", "qwen35",
-                "qwen35moe", "gemma4", "gpt2", "falcon", "bloom")
+                "qwen35moe", "gemma4", "gpt2", "falcon", "bloom", "gpt-oss")
 
 
 def _gguf_hint(gguf: Path) -> str:
@@ -351,6 +366,8 @@ def _gguf_reading(metadata: dict[str, Any]) -> contextlib.AbstractContextManager
     config), the config the build reads from it (Gemma 4's, which transformers cannot)."""
     if metadata.get("general.architecture") == "gemma4":
         return _gguf_config_read_as("gemma4", _gemma4_config(metadata))
+    if metadata.get("general.architecture") == gguf_gpt_oss.ARCH:
+        return _gguf_config_read_as(gguf_gpt_oss.ARCH, gguf_gpt_oss.config(metadata))
     return contextlib.nullcontext()
 
 

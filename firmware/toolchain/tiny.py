@@ -47,7 +47,7 @@ VISION_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 
 PIXTRAL_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                 "image_size": 32, "patch_size": 8, "head_dim": 16}  # fmt: skip
 GPT_OSS_TINY: dict[str, object] = {
-    "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "swiglu_limit": 0.1, "sliding_window": 16,
+    "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "swiglu_limit": 7.0, "sliding_window": 16,
     "layer_types": ["sliding_attention", "full_attention"], "max_position_embeddings": 4096, "rope_parameters": {
         "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
         "truncate": False, "original_max_position_embeddings": 128}}  # fmt: skip
@@ -154,13 +154,14 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "hunyuan": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16}),
     # SmolLM3 leaves RoPE out of some layers (the second here; builder_shim.smollm3_no_rope_layers).
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layers": [1, 0], "use_sliding_window": False}),
-    # gpt-oss: mixture-of-experts MLPs (top 2 of 4 here) with a clamped SwiGLU (the limit set low
-    # enough that random weights reach it), attention sinks, sliding and global layers, and YaRN
+    # gpt-oss: mixture-of-experts MLPs (top 2 of 4 here) with a clamped SwiGLU (at 7, as published:
+    # llama.cpp's GGUF files state no limit), attention sinks, sliding and global layers, and YaRN
     # without truncation, as gpt-oss-20b and -120b set it.
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", GPT_OSS_TINY),
     # One whose layers are all global, where the published models' alternation slides the first: the
-    # export follows `layer_types` (builder_shim.gpt_oss_layer_types).
-    "gpt_oss_global": ("GptOssConfig", "GptOssForCausalLM", {**GPT_OSS_TINY,
+    # export follows `layer_types` (builder_shim.gpt_oss_layer_types); its SwiGLU's limit set low
+    # enough that random weights reach it.
+    "gpt_oss_global": ("GptOssConfig", "GptOssForCausalLM", {**GPT_OSS_TINY, "swiglu_limit": 0.1,
                                                              "layer_types": ["full_attention", "full_attention"]}),
     # RoPE scaling, each as the models that use it set it (builder_shim's rope fixes). Llama 3.1's
     # and 3.2's, with their four query heads to a key head: the original context is 64 here, so the
@@ -478,7 +479,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
-               "phi", "hunyuan", "smollm3", "gpt_oss", "gpt_oss_global", "llama_rope_linear", "qwen2_yarn",
+               "phi", "hunyuan", "smollm3", "gpt_oss_global", "llama_rope_linear", "qwen2_yarn",
                "hunyuan_alpha", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl",
                "qwen3_moe_dense", "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4_unified",
                "arcee", "granite_swa", "lfm3", "seed_oss", "stablelm", "ernie4_5",

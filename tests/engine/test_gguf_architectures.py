@@ -235,6 +235,30 @@ def test_a_falcon_file_of_key_value_groups_is_refused(tmp_path: Path) -> None:
         gguf_to_hf(grouped, tmp_path / "hf")
 
 
+def test_a_gpt_oss_file_s_mxfp4_experts_are_the_published_folder_s(tmp_path: Path) -> None:
+    """ggml-org's gpt-oss files keep the experts in MXFP4, as OpenAI publishes them: llama.cpp's
+    converter repacks the folder's blocks (nibbles reordered, gate and up split apart), and the
+    build's reading of the file gives every weight the folder's own dequantization gives."""
+    from gguf import GGMLQuantizationType, GGUFReader
+    from safetensors.torch import load_file
+
+    from firmware.toolchain import gguf_gpt_oss, prequantized, tiny_quantized
+    from firmware.toolchain.build import _gguf_metadata
+
+    folder = tiny_quantized.write(tiny_hf_dir("gpt_oss"), tmp_path / "mxfp4", "mxfp4")
+    llama_cpp_convert(folder, tmp_path / "gpt-oss.gguf")
+    meta = _gguf_metadata(tmp_path / "gpt-oss.gguf")
+    assert meta["shapes"]["blk.0.ffn_gate_exps.weight"] == [4, 128, 64]
+    kinds = {t.name: t.tensor_type for t in GGUFReader(str(tmp_path / "gpt-oss.gguf")).tensors}
+    assert kinds["blk.0.ffn_up_exps.weight"] == GGMLQuantizationType.MXFP4
+    ours = gguf_gpt_oss.state(tmp_path / "gpt-oss.gguf", gguf_gpt_oss.config(meta))
+    prequantized.dequantize_folder(folder, tmp_path / "float")
+    theirs = load_file(str(tmp_path / "float" / "model.safetensors"))
+    assert set(ours) == set(theirs)
+    for key, value in theirs.items():
+        assert ours[key].equal(value), key
+
+
 def test_a_file_whose_end_of_generation_is_not_its_template_s_end_of_turn_stops_at_both(tmp_path: Path) -> None:
     """Gemma's files name <eos>; their template ends each turn with <end_of_turn>, which the
     Hugging Face folder's generation_config.json lists and the file does not: the model wrote the
