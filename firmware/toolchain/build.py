@@ -33,7 +33,7 @@ from firmware.manifest import (
     describe_files,
 )
 from firmware.signing import load_private_key, sign_manifest
-from firmware.toolchain import gguf_gpt_oss, gpt_families, prequantized, qwen3_next
+from firmware.toolchain import gguf_families, gpt_families, prequantized, qwen3_next
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
@@ -173,7 +173,7 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     fresh model of the same config with the quantization config dropped. What its loader
     leaves out of the config, though the file states it, is put back first (_restore_gguf_config),
     and a byte-level tokenizer is kept byte-level (_keep_byte_level_tokenizer). gpt-oss's files,
-    which that loader does not read, are read by gguf_gpt_oss.
+    and Gemma 3n's, which that loader does not read, are read by gguf_families.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -181,9 +181,10 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     metadata = _gguf_metadata(gguf)
     gguf_tokenizer(gguf, metadata).save_pretrained(out_dir)
     _keep_byte_level_tokenizer(out_dir, metadata)
-    if metadata.get("general.architecture") == gguf_gpt_oss.ARCH:  # transformers' loader reads none of it
-        config = gguf_gpt_oss.config(metadata)
-        state, by_design = gguf_gpt_oss.state(gguf, config), {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if metadata.get("general.architecture") in gguf_families.ARCHITECTURES:  # transformers' loader reads none of it
+        config = gguf_families.config(metadata)
+        state = gguf_families.state(gguf, config)
+        by_design = {"lm_head.weight"} if config.tie_word_embeddings else set()
     else:
         config, state, by_design = _read_by_transformers(gguf, metadata)
     # The fresh model is made without weights (on the meta device) and takes the loaded tensors as
@@ -304,7 +305,7 @@ def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
 # The GGUF architectures (llama.cpp's names) the build is checked on, each written as llama.cpp writes
 # it (tiny_gguf.GGUF_ARCHITECTURES): others may load through transformers' loader, or may not.
 GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "nemotron", "lfm2", "qwen35",
-                "qwen35moe", "gemma4", "gpt2", "falcon", "bloom", "gpt-oss")
+                "qwen35moe", "gemma4", "gpt2", "falcon", "bloom", "gpt-oss", "gemma3n")
 
 
 def _gguf_hint(gguf: Path) -> str:
@@ -366,8 +367,8 @@ def _gguf_reading(metadata: dict[str, Any]) -> contextlib.AbstractContextManager
     config), the config the build reads from it (Gemma 4's, which transformers cannot)."""
     if metadata.get("general.architecture") == "gemma4":
         return _gguf_config_read_as("gemma4", _gemma4_config(metadata))
-    if metadata.get("general.architecture") == gguf_gpt_oss.ARCH:
-        return _gguf_config_read_as(gguf_gpt_oss.ARCH, gguf_gpt_oss.config(metadata))
+    if metadata.get("general.architecture") in gguf_families.ARCHITECTURES:
+        return _gguf_config_read_as(metadata["general.architecture"], gguf_families.config(metadata))
     return contextlib.nullcontext()
 
 

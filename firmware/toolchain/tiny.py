@@ -487,7 +487,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
                "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
-               "ministral3", "gpt_bigcode", "opt", "gpt_neox", "gemma3n_text", "falcon_new",
+               "ministral3", "gpt_bigcode", "opt", "gpt_neox", "falcon_new",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.

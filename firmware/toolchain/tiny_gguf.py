@@ -85,7 +85,8 @@ GGUF_ARCHITECTURES = {
 # splits its fused projections, negates the exponent of its decay and shifts its norms; Gemma 4's
 # writes per-layer lists, a frequency table for its partial rotation and its per-layer inputs.
 CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "gemma4": "gemma4", "gemma4_e": "gemma4",
-             "gemma4_text": "gemma4", "gpt2": "gpt2", "falcon": "falcon", "bloom": "bloom", "gpt_oss": "gpt-oss"}
+             "gemma4_text": "gemma4", "gpt2": "gpt2", "falcon": "falcon", "bloom": "bloom", "gpt_oss": "gpt-oss",
+             "gemma3n_text": "gemma3n"}
 # What the converter is told for them: the published Qwen3.5 models have a multi-token prediction
 # layer, which a tiny one lacks.
 CONVERT_OPTIONS = {"qwen3_5": ("--no-mtp",), "qwen3_5_moe": ("--no-mtp",)}
@@ -280,7 +281,7 @@ def _fingerprint(arch: str) -> str:
     import inspect
 
     from firmware.toolchain import build as build_module
-    from firmware.toolchain import gguf_gpt_oss
+    from firmware.toolchain import gguf_families
     from firmware.toolchain.tiny import tiny_hf_dir
 
     parts = [tiny_hf_dir(arch).name, Path(__file__).read_text()]
@@ -288,7 +289,7 @@ def _fingerprint(arch: str) -> str:
               ("gguf_to_hf", "_read_by_transformers", "_gguf_metadata", "_restore_gguf_config",
                "_keep_byte_level_tokenizer", "_gguf_experts", "_gemma4_config", "gguf_tokenizer",
                "_template_end_of_turn")]  # fmt: skip
-    parts.append(inspect.getsource(gguf_gpt_oss))
+    parts.append(inspect.getsource(gguf_families))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
 
 

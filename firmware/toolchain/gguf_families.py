@@ -1,0 +1,200 @@
+"""GGUF files of the families transformers' GGUF loader does not read, as llama.cpp writes them:
+their config from the file's keys and their tensors through gguf's own dequantizer, in
+transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
+
+- gpt-oss (ggml-org's gpt-oss-20b and 120b files, the ones llama.cpp and Ollama users have):
+  llama.cpp's converter splits each layer's experts' fused gate and up projections (whose columns
+  alternate gate, up) into ffn_gate_exps and ffn_up_exps, keeps the experts in MXFP4, and writes
+  no layer pattern nor the SwiGLU clamp: llama.cpp runs every other layer sliding, from the
+  first, and clamps at 7, as every published gpt-oss does.
+- Gemma 3n (E2B, E4B: the files of Ollama's gemma3n and unsloth's): its sparse MLP gates are
+  written as the standard deviations they keep (the normal distribution's quantile of the
+  config's sparsity), the three AltUp projections each way stacked into one tensor, and the
+  per-layer embedding table padded with zero rows to the whole vocabulary (its image and audio
+  tokens have none), which are cut off again.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from firmware.errors import BundleError
+
+GPT_OSS, GEMMA3N = "gpt-oss", "gemma3n"
+ARCHITECTURES = (GPT_OSS, GEMMA3N)
+SWIGLU_LIMIT = 7.0  # llama.cpp's constant for gpt-oss (llama-graph.cpp), gpt-oss's own
+# llama.cpp's gpt-oss tensor names -> transformers' names, per layer, or of the whole model.
+GPT_OSS_LAYER = {"attn_norm.weight": "input_layernorm.weight",
+                 "post_attention_norm.weight": "post_attention_layernorm.weight",
+                 "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
+                 "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
+                 "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
+                 "attn_output.weight": "self_attn.o_proj.weight", "attn_output.bias": "self_attn.o_proj.bias",
+                 "attn_sinks.weight": "self_attn.sinks", "ffn_gate_inp.weight": "mlp.router.weight",
+                 "ffn_gate_inp.bias": "mlp.router.bias", "ffn_down_exps.bias": "mlp.experts.down_proj_bias"}
+GPT_OSS_MODEL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                 "output.weight": "lm_head.weight"}  # fmt: skip
+# Gemma 3n's AltUp projections, stacked by llama.cpp's converter: file tensor -> transformers' list.
+GEMMA3N_STACKED = {"altup_proj.weight": "model.altup_projections", "altup_unembd_proj.weight":
+                   "model.altup_unembed_projections"}  # fmt: skip
+
+
+def config(meta: dict[str, Any]) -> Any:
+    """The transformers config of a file of one of ARCHITECTURES, from its metadata (build's
+    `_gguf_metadata`: its keys and its tensors' shapes)."""
+    arch = meta.get("general.architecture")
+    if arch == GPT_OSS:
+        return _gpt_oss_config(meta)
+    if arch == GEMMA3N:
+        return _gemma3n_config(meta)
+    raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
+
+
+def state(gguf: Path, model_config: Any) -> dict[str, Any]:
+    """Every weight of the model in transformers' names, dequantized to float32; a tensor the model
+    needs and the file lacks is refused, naming it."""
+    found = _tensors(gguf)
+
+    def take(name: str) -> Any:
+        if name not in found:
+            raise BundleError(f"{gguf}: the file has no tensor {name} (a tensor layout this build does not read)")
+        return found[name]
+
+    if model_config.model_type == "gpt_oss":
+        out = _gpt_oss_state(take, model_config, "output.weight" in found)
+    else:
+        out = _gemma3n_state(take, model_config)
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def _tensors(gguf: Path) -> dict[str, Any]:
+    import torch
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    found = {}
+    for t in GGUFReader(str(gguf)).tensors:
+        shape = [int(d) for d in reversed(t.shape)]  # GGUF lists a tensor's dimensions innermost first
+        found[t.name] = torch.from_numpy(dequantize(t.data, t.tensor_type).astype("float32").reshape(shape))
+    return found
+
+
+def _key(meta: dict[str, Any], arch: str) -> Any:
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{name}")
+        return default if value is None else value
+
+    return key
+
+
+def _epsilon(value: Any) -> float:
+    return float(f"{float(value):.7g}")  # stored as a float32
+
+
+def _gpt_oss_config(meta: dict[str, Any]) -> Any:
+    from transformers import GptOssConfig
+
+    key, shapes = _key(meta, GPT_OSS), meta["shapes"]
+    layers = int(key("block_count"))
+    pattern = key("attention.sliding_window_pattern")
+    sliding = [bool(s) for s in pattern] if isinstance(pattern, list) else [i % 2 == 0 for i in range(layers)]
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0))}
+    if key("rope.scaling.type") == "yarn":  # gpt-oss's YaRN, not truncated (its config's `truncate`)
+        rope.update(rope_type="yarn", factor=float(key("rope.scaling.factor")), truncate=False,
+                    original_max_position_embeddings=int(key("rope.scaling.original_context_length")),
+                    beta_fast=float(key("rope.scaling.yarn_beta_fast", 32.0)),
+                    beta_slow=float(key("rope.scaling.yarn_beta_slow", 1.0)))  # fmt: skip
+    elif key("rope.scaling.type") not in (None, "none"):
+        raise BundleError(f"a gpt-oss file with RoPE scaling {key('rope.scaling.type')!r} (read: yarn)")
+    return GptOssConfig(
+        vocab_size=shapes["token_embd.weight"][0], hidden_size=int(key("embedding_length")), num_hidden_layers=layers,
+        num_attention_heads=int(key("attention.head_count")), num_key_value_heads=int(key("attention.head_count_kv")),
+        head_dim=int(key("attention.key_length")), intermediate_size=int(key("expert_feed_forward_length")),
+        num_local_experts=int(key("expert_count")), num_experts_per_tok=int(key("expert_used_count")),
+        sliding_window=int(key("attention.sliding_window")), max_position_embeddings=int(key("context_length")),
+        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        rms_norm_eps=_epsilon(key("attention.layer_norm_rms_epsilon")), rope_parameters=rope,
+        swiglu_limit=SWIGLU_LIMIT, attention_bias=True, tie_word_embeddings="output.weight" not in shapes,
+        architectures=["GptOssForCausalLM"], bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+    )  # fmt: skip
+
+
+def _gpt_oss_state(take: Any, model_config: Any, untied: bool) -> dict[str, Any]:
+    import torch
+
+    out = {hf: take(name) for name, hf in GPT_OSS_MODEL.items() if name != "output.weight" or untied}
+    for i in range(model_config.num_hidden_layers):
+        blk, layer = f"blk.{i}.", f"model.layers.{i}."
+        out |= {layer + hf: take(blk + name) for name, hf in GPT_OSS_LAYER.items()}
+        # [experts, width, hidden] gate and up -> [experts, hidden, 2 x width], their columns alternating.
+        gate, up = take(blk + "ffn_gate_exps.weight"), take(blk + "ffn_up_exps.weight")
+        out[layer + "mlp.experts.gate_up_proj"] = torch.stack((gate, up), dim=2).flatten(1, 2).transpose(1, 2)
+        out[layer + "mlp.experts.gate_up_proj_bias"] = torch.stack(
+            (take(blk + "ffn_gate_exps.bias"), take(blk + "ffn_up_exps.bias")), dim=2).flatten(1, 2)
+        out[layer + "mlp.experts.down_proj"] = take(blk + "ffn_down_exps.weight").transpose(1, 2)
+    return out
+
+
+def _gemma3n_config(meta: dict[str, Any]) -> Any:
+    from transformers import Gemma3nTextConfig
+
+    key, shapes = _key(meta, GEMMA3N), meta["shapes"]
+    layers = int(key("block_count"))
+    widths = key("feed_forward_length")
+    return Gemma3nTextConfig(
+        vocab_size=shapes["token_embd.weight"][0], hidden_size=int(key("embedding_length")), num_hidden_layers=layers,
+        intermediate_size=[int(w) for w in widths] if isinstance(widths, list) else int(widths),
+        num_attention_heads=int(key("attention.head_count")), num_key_value_heads=int(key("attention.head_count_kv")),
+        head_dim=int(key("attention.key_length")), max_position_embeddings=int(key("context_length")),
+        rms_norm_eps=_epsilon(key("attention.layer_norm_rms_epsilon")),
+        sliding_window=int(key("attention.sliding_window")),
+        layer_types=["sliding_attention" if s else "full_attention" for s in key("attention.sliding_window_pattern")],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": float(key("rope.freq_base"))},
+                         "sliding_attention": {"rope_type": "default",
+                                               "rope_theta": float(key("rope.freq_base_swa", 10000.0))}},
+        final_logit_softcapping=key("final_logit_softcapping"), altup_active_idx=int(key("altup.active_idx", 0)),
+        altup_num_inputs=int(key("altup.num_inputs", 4)),
+        hidden_size_per_layer_input=int(key("embedding_length_per_layer_input")),
+        vocab_size_per_layer_input=shapes["per_layer_token_embd.weight"][0],
+        num_kv_shared_layers=int(key("attention.shared_kv_layers", 0)),
+        laurel_rank=shapes["blk.0.laurel_l.weight"][0],
+        # The converter writes each layer's sparsity as the quantile of the normal distribution it keeps.
+        activation_sparsity_pattern=[0.5 * (1 + math.erf(s / math.sqrt(2))) for s in
+                                     key("activation_sparsity_scale", [-math.inf] * layers)],
+        tie_word_embeddings="output.weight" not in shapes, architectures=["Gemma3nForCausalLM"],
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+    )  # fmt: skip
+
+
+def _gemma3n_state(take: Any, model_config: Any) -> dict[str, Any]:
+    """Each weight by gguf's own table of Gemma 3n's names, the stacked projections unstacked."""
+    import torch
+    import transformers
+    from gguf import MODEL_ARCH, get_tensor_name_map
+
+    names = get_tensor_name_map(MODEL_ARCH.GEMMA3N, model_config.num_hidden_layers)
+    with torch.device("meta"):
+        wanted = transformers.Gemma3nForCausalLM(model_config).state_dict()
+    out = {}
+    for hf in wanted:
+        base, _, suffix = hf.rpartition(".")
+        stacked = next((f for f, prefix in GEMMA3N_STACKED.items() if hf.startswith(prefix + ".")), None)
+        if stacked is not None:
+            out[hf] = take(stacked)[int(hf.split(".")[2])]
+        elif hf == "lm_head.weight" and model_config.tie_word_embeddings:
+            continue
+        else:
+            file_name = names.get_name(base) if suffix in ("weight", "bias") else None
+            out[hf] = take(f"{file_name}.{suffix}" if file_name else f"{names.get_name(hf)}.weight")
+    # The zero rows llama.cpp padded the per-layer table with are cut: transformers gives the
+    # tokens past the table row 0, not zeros (the config is the model's from here on).
+    table = out["model.embed_tokens_per_layer.weight"]
+    written = torch.nonzero(table.abs().amax(dim=1)).flatten()
+    rows = int(written[-1]) + 1 if len(written) else len(table)
+    out["model.embed_tokens_per_layer.weight"] = table[:rows]
+    model_config.vocab_size_per_layer_input = rows
+    return out
