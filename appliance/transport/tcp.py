@@ -5,6 +5,7 @@ listener's address before it says ready."""
 from __future__ import annotations
 
 import asyncio
+import asyncio.constants
 import contextlib
 import errno
 import logging
@@ -20,6 +21,10 @@ from appliance.api.app import tag_transport
 from appliance.asgi import ASGIApp
 
 log = logging.getLogger(__name__)
+# How long a closing TLS connection waits for the client's close_notify. asyncio's default, 30 s,
+# held every stop (and every expired keep-alive) for 30 s after the drain while an SDK kept an idle
+# pooled connection: such a client answers only when it next uses the connection.
+TLS_CLOSE_SECONDS = 2.0
 
 
 def bind_tcp(host: str, port: int, backlog: int = 512) -> socket.socket:
@@ -140,6 +145,8 @@ class HypercornListener:
 
     def start(self) -> None:
         quiet_client_errors(asyncio.get_running_loop())
+        # Hypercorn opens its server with asyncio's default, which only the module constant changes.
+        asyncio.constants.SSL_SHUTDOWN_TIMEOUT = min(asyncio.constants.SSL_SHUTDOWN_TIMEOUT, TLS_CLOSE_SECONDS)
         self._task = asyncio.create_task(
             serve(self.app, self.config, shutdown_trigger=self._stop.wait, mode="asgi"),  # type: ignore[arg-type]
             name=f"hypercorn-{self.transport}",

@@ -282,6 +282,12 @@ Liquid's LFM3 (Lfm3ForCausalLM) has no class in the builder either:
   attention's output (0.93 off without), and a RoPE table per layer type, the full layers'
   proportional (1.6 off with the sliding layers' on every layer). A tiny one matches
   transformers to 4e-6.
+- `language_model_alone`, `load_language_model_alone`: image-and-text checkpoints the builder
+  names no class for (LLaVA's, SmolVLM's, Qwen2-VL's, InternVL's, Aya Vision's) go to it as their
+  language model's family, whose weights are read alone from under the checkpoint's prefix (the
+  builder loaded the whole checkpoint with the class the folder's config names, which fails).
+- `qwen3_next.as_qwen3_5_moe_config`, the same loading hook: Qwen3-Next goes to the builder's
+  Qwen3.5 mixture-of-experts classes, its weights read as Qwen3-Next's and laid out as Qwen3.5's.
 
 The builder is also asked (build.py) for `windowed_kv_cache=false`: the engine binds one buffer of
 the whole capacity per layer, so local layers keep full-length caches and the attention operator
@@ -519,10 +525,11 @@ def language_model_alone(config: Any) -> Any:
 
 
 def load_language_model_alone() -> None:
-    """The builder loads weights with the class its config names from the folder's own config:
-    an image-and-text checkpoint's language model (language_model_alone) is read alone instead,
-    with its family's class and the weights under the checkpoint's language-model prefix (the
-    vision tower and projector are never loaded)."""
+    """The builder loads weights with the class the folder's own config names: an image-and-text
+    checkpoint's language model (language_model_alone) is read alone instead, with its family's
+    class and the weights under the checkpoint's language-model prefix (the vision tower and
+    projector are never loaded), and a Qwen3-Next is read as itself, then laid out as Qwen3.5's
+    (qwen3_next)."""
     from builders.base import Model
 
     def make(load_weights: Any) -> Any:
@@ -1902,7 +1909,7 @@ def _stream(self: Any, name: str, streams: str, index: int) -> str:
 
 def _rms(self: Any, name: str, value: str, floored: bool = True) -> str:
     """sqrt(mean(value^2)) over the hidden axis (kept), floored as transformers floors a
-    projection's: at sqrt(1e-5)."""
+    projection's (at sqrt(1e-5)) unless `floored` is false."""
     shape = _hidden(self, 1)
     self.make_mul(f"{name}/Square", [value, value], self.io_dtype, _hidden(self))
     self.make_reduce_mean(f"{name}/Mean", [f"{name}/Square/output_0", "/model/constants/INT64/[-1]"],

@@ -221,6 +221,18 @@ def test_sigterm_drains_a_stream_refuses_new_connections_and_exits_0(setup: DevS
     assert out["status"] == 200 and b"message_stop" in out["body"]  # type: ignore[operator]
 
 
+def test_an_idle_pooled_tls_connection_does_not_hold_a_stop(setup: DevSetup) -> None:
+    """An SDK keeps its connection in its pool between calls and answers nothing until it next
+    uses it: the stop closes it and waited asyncio's 30 s for the client's close_notify
+    (TLS_CLOSE_SECONDS now), after a drain with nothing in flight."""
+    running = RunningDaemon(setup.root).start()
+    with httpx.Client(verify=str(setup.ca_cert)) as pooled:
+        assert pooled.get(_tcp_url(setup).replace("/v1/messages", "/healthz")).status_code == 200
+        started = time.monotonic()
+        running.stop()  # (a drain of 1 s)
+        assert time.monotonic() - started < 10
+
+
 def test_reload_swaps_the_tls_certificate_for_new_connections(setup: DevSetup) -> None:
     import niquests
 
