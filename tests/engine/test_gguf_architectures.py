@@ -117,8 +117,6 @@ RESTORED = {
     "gemma3": {"layer_types": ["sliding_attention", "full_attention"], "query_pre_attn_scalar": 16},
     "gemma3_linear": {"rope_parameters.full_attention.rope_type": "linear",
                       "rope_parameters.full_attention.factor": 8.0},
-    # The per-layer table's rows, which llama.cpp pads with zeros to the whole vocabulary (read here).
-    "gemma3n_text": {"vocab_size_per_layer_input": 480},
 }  # fmt: skip
 
 
@@ -235,6 +233,25 @@ def test_a_falcon_file_of_key_value_groups_is_refused(tmp_path: Path) -> None:
                          fields={"falcon.attention.head_count_kv": 2})  # fmt: skip
     with pytest.raises(BundleError, match=r"Falcon GGUF file of key-value groups .* Hugging Face folder"):
         gguf_to_hf(grouped, tmp_path / "hf")
+
+
+def test_gemma3n_s_per_layer_table_is_cut_to_the_rows_it_has() -> None:
+    """llama.cpp pads the per-layer table with zero rows to the whole vocabulary (the published
+    models' image and audio tokens have none); transformers gives tokens past the table row 0."""
+    from firmware.toolchain import gguf_families
+    from firmware.toolchain.build import _gguf_metadata
+
+    config = gguf_families.config(_gguf_metadata(tiny_gguf("gemma3n_text")))
+    assert config.vocab_size_per_layer_input == 512  # the file's rows
+    state = gguf_families.state(tiny_gguf("gemma3n_text"), config)
+    assert config.vocab_size_per_layer_input == 480 == len(state["model.embed_tokens_per_layer.weight"])
+    assert config.vocab_size_per_layer_input == _config_of("gemma3n_text")["vocab_size_per_layer_input"]
+
+
+def _config_of(name: str) -> dict[str, Any]:
+    import json
+
+    return dict(json.loads((tiny_hf_dir(name) / "config.json").read_text()))
 
 
 def test_a_gpt_oss_file_s_mxfp4_experts_are_the_published_folder_s(tmp_path: Path) -> None:

@@ -258,25 +258,6 @@ def test_a_source_without_a_chat_template_is_refused_before_the_export(tiny_hf_p
     assert progress == [] and not (tmp_path / "out").exists()
 
 
-def test_a_template_only_in_the_processor_s_chat_template_json_is_the_bundle_s(
-        tiny_hf_path: Path, trusted_keys: Path, dev_key: Path, tmp_path: Path) -> None:  # fmt: skip
-    """Image-and-text checkpoints (LLaVA's, SmolVLM's) may keep their template only in the
-    processor's chat_template.json, which the builder does not copy: read there, and packed."""
-    import shutil
-
-    source = tmp_path / "processor"
-    shutil.copytree(tiny_hf_path, source)
-    template = (source / "chat_template.jinja").read_text() if (source / "chat_template.jinja").is_file() else \
-        json.loads((source / "tokenizer_config.json").read_text())["chat_template"]  # fmt: skip
-    (source / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((source / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (source / "tokenizer_config.json").write_text(json.dumps(config))
-    (source / "chat_template.json").write_text(json.dumps({"chat_template": template + "{# the processor's #}"}))
-    build(source, tmp_path / "out", BuildOptions(precision="fp32"), key=dev_key, progress=lambda _: None)
-    assert firmware.load(tmp_path / "out", trusted_keys).chat_template == template + "{# the processor's #}"
-
-
 def test_the_end_of_turn_ids_of_generation_config_stop_the_engine(
     tiny_hf_path: Path, trusted_keys: Path, dev_key: Path, tmp_path: Path
 ) -> None:

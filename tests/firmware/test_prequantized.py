@@ -131,14 +131,25 @@ def _build(source: Path, out: Path, trusted_keys: Path, dev_key: Path) -> firmwa
     return firmware.load(out, trusted_keys)
 
 
-@pytest.mark.parametrize(("arch", "kind"), [("llama", "fp8"), ("gpt_oss", "mxfp4")])
 def test_a_quantized_folder_builds_to_firmware_that_answers_as_transformers_reading_it(
-        tmp_path: Path, trusted_keys: Path, dev_key: Path, arch: str, kind: str) -> None:  # fmt: skip
+        tmp_path: Path, trusted_keys: Path, dev_key: Path) -> None:  # fmt: skip
+    """gpt-oss as OpenAI publishes it (its experts in MXFP4; every format goes through the same
+    dequantized folder), its chat template only in the processor's chat_template.json, as
+    image-and-text checkpoints (LLaVA's, SmolVLM's, Ministral 3's) keep theirs: the builder does
+    not copy that file, so the build reads and packs it."""
     import torch
 
+    arch, kind = "gpt_oss", "mxfp4"
     quantized = tiny_quantized.write(tiny_hf_dir(arch), tmp_path / "quantized", kind)
+    template = (quantized / "chat_template.jinja").read_text()
+    (quantized / "chat_template.jinja").unlink()
+    config = json.loads((quantized / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (quantized / "tokenizer_config.json").write_text(json.dumps(config))
+    (quantized / "chat_template.json").write_text(json.dumps({"chat_template": template}))
     bundle = _build(quantized, tmp_path / "bundle", trusted_keys, dev_key)
     assert bundle.manifest.source["dequantized_from"] == kind  # what the operator sees it was built from
+    assert bundle.chat_template == template
     session = ModelSession(bundle)
     cache = session.new_cache(len(IDS) + 8)
     logits = session.forward(cache, np.array(IDS, dtype=np.int64))
