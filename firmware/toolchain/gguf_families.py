@@ -12,6 +12,9 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   config's sparsity), the three AltUp projections each way stacked into one tensor, and the
   per-layer embedding table padded with zero rows to the whole vocabulary (its image and audio
   tokens have none), which are cut off again.
+- mistral3 (Mistral's own GGUF files of Ministral 3, and Mistral Small 3.1 and 3.2's language
+  model): a Llama's tensors, the queries' and keys' rows permuted as for a "llama" file, and
+  Ministral 3's YaRN and query scale by position under keys of their own.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from typing import Any
 
 from firmware.errors import BundleError
 
-GPT_OSS, GEMMA3N = "gpt-oss", "gemma3n"
-ARCHITECTURES = (GPT_OSS, GEMMA3N)
+GPT_OSS, GEMMA3N, MISTRAL3 = "gpt-oss", "gemma3n", "mistral3"
+ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3)
 SWIGLU_LIMIT = 7.0  # llama.cpp's constant for gpt-oss (llama-graph.cpp), gpt-oss's own
 # llama.cpp's gpt-oss tensor names -> transformers' names, per layer, or of the whole model.
 GPT_OSS_LAYER = {"attn_norm.weight": "input_layernorm.weight",
@@ -49,6 +52,8 @@ def config(meta: dict[str, Any]) -> Any:
         return _gpt_oss_config(meta)
     if arch == GEMMA3N:
         return _gemma3n_config(meta)
+    if arch == MISTRAL3:
+        return _mistral3_config(meta)
     raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
 
 
@@ -64,9 +69,37 @@ def state(gguf: Path, model_config: Any) -> dict[str, Any]:
 
     if model_config.model_type == "gpt_oss":
         out = _gpt_oss_state(take, model_config, "output.weight" in found)
-    else:
+    elif model_config.model_type == "gemma3n_text":
         out = _gemma3n_state(take, model_config)
+    else:
+        out = _mistral3_state(take, model_config)
     return {k: v.contiguous() for k, v in out.items()}
+
+
+def _by_name_table(take: Any, model_config: Any, arch: Any, special: Any = None) -> dict[str, Any]:
+    """Each weight of `model_config`'s model read by gguf's own table of `arch`'s tensor names
+    (transformers' names -> llama.cpp's), but those `special` reads (it gives None for the rest)."""
+    import torch
+    import transformers
+    from gguf import get_tensor_name_map
+
+    names = get_tensor_name_map(arch, model_config.num_hidden_layers)
+    with torch.device("meta"):
+        wanted = getattr(transformers, model_config.architectures[0])(model_config).state_dict()
+    out = {}
+    for hf in wanted:
+        if hf == "lm_head.weight" and model_config.tie_word_embeddings:
+            continue
+        value = special(hf) if special is not None else None
+        if value is None:
+            base, _, suffix = hf.rpartition(".")
+            file_name = names.get_name(base) if suffix in ("weight", "bias") else None
+            file_name = f"{file_name}.{suffix}" if file_name else f"{names.get_name(hf)}.weight"
+            if file_name.startswith("None."):
+                raise BundleError(f"no GGUF tensor name is known for the model's weight {hf}")
+            value = take(file_name)
+        out[hf] = value
+    return out
 
 
 def _tensors(gguf: Path) -> dict[str, Any]:
@@ -173,23 +206,13 @@ def _gemma3n_config(meta: dict[str, Any]) -> Any:
 def _gemma3n_state(take: Any, model_config: Any) -> dict[str, Any]:
     """Each weight by gguf's own table of Gemma 3n's names, the stacked projections unstacked."""
     import torch
-    import transformers
-    from gguf import MODEL_ARCH, get_tensor_name_map
+    from gguf import MODEL_ARCH
 
-    names = get_tensor_name_map(MODEL_ARCH.GEMMA3N, model_config.num_hidden_layers)
-    with torch.device("meta"):
-        wanted = transformers.Gemma3nForCausalLM(model_config).state_dict()
-    out = {}
-    for hf in wanted:
-        base, _, suffix = hf.rpartition(".")
+    def unstacked(hf: str) -> Any:
         stacked = next((f for f, prefix in GEMMA3N_STACKED.items() if hf.startswith(prefix + ".")), None)
-        if stacked is not None:
-            out[hf] = take(stacked)[int(hf.split(".")[2])]
-        elif hf == "lm_head.weight" and model_config.tie_word_embeddings:
-            continue
-        else:
-            file_name = names.get_name(base) if suffix in ("weight", "bias") else None
-            out[hf] = take(f"{file_name}.{suffix}" if file_name else f"{names.get_name(hf)}.weight")
+        return None if stacked is None else take(stacked)[int(hf.split(".")[2])]
+
+    out = _by_name_table(take, model_config, MODEL_ARCH.GEMMA3N, unstacked)
     # The zero rows llama.cpp padded the per-layer table with are cut: transformers gives the
     # tokens past the table row 0, not zeros (the config is the model's from here on).
     table = out["model.embed_tokens_per_layer.weight"]
@@ -197,4 +220,50 @@ def _gemma3n_state(take: Any, model_config: Any) -> dict[str, Any]:
     rows = int(written[-1]) + 1 if len(written) else len(table)
     out["model.embed_tokens_per_layer.weight"] = table[:rows]
     model_config.vocab_size_per_layer_input = rows
+    return out
+
+
+def _mistral3_config(meta: dict[str, Any]) -> Any:
+    """Ministral 3's (its YaRN and its query scale by position past the original context) or, with
+    no RoPE scaling, Mistral Small 3.1's and 3.2's language model, a Mistral."""
+    from transformers import Ministral3Config, MistralConfig
+
+    key, shapes = _key(meta, MISTRAL3), meta["shapes"]
+    common = dict(
+        vocab_size=shapes["token_embd.weight"][0], hidden_size=int(key("embedding_length")),
+        intermediate_size=int(key("feed_forward_length")), num_hidden_layers=int(key("block_count")),
+        num_attention_heads=int(key("attention.head_count")), num_key_value_heads=int(key("attention.head_count_kv")),
+        head_dim=int(key("attention.key_length")), max_position_embeddings=int(key("context_length")),
+        rms_norm_eps=_epsilon(key("attention.layer_norm_rms_epsilon")), sliding_window=key("attention.sliding_window"),
+        tie_word_embeddings="output.weight" not in shapes, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+    )  # fmt: skip
+    theta = float(key("rope.freq_base", 10000.0))
+    scaling = key("rope.scaling.type")
+    if scaling == "yarn":
+        mscale = float(key("rope.scaling.yarn_log_multiplier", 1.0))  # llama.cpp writes mscale_all_dim
+        rope = {"rope_type": "yarn", "rope_theta": theta, "factor": float(key("rope.scaling.factor")),
+                "original_max_position_embeddings": int(key("rope.scaling.original_context_length")),
+                "beta_fast": float(key("rope.scaling.yarn_beta_fast", 32.0)),
+                "beta_slow": float(key("rope.scaling.yarn_beta_slow", 1.0)), "mscale": mscale, "mscale_all_dim": mscale,
+                "llama_4_scaling_beta": float(f"{float(key('attention.temperature_scale', 0.0)):.7g}")}  # fmt: skip
+        return Ministral3Config(**common, rope_parameters=rope, architectures=["Ministral3ForCausalLM"])
+    if scaling not in (None, "none"):
+        raise BundleError(f"a mistral3 file with RoPE scaling {scaling!r} (read: yarn, or none)")
+    return MistralConfig(**common, rope_parameters={"rope_type": "default", "rope_theta": theta},
+                         architectures=["MistralForCausalLM"])  # fmt: skip
+
+
+def _mistral3_state(take: Any, model_config: Any) -> dict[str, Any]:
+    """A Llama's weights by gguf's table, the queries' and keys' rows put back from the order
+    llama.cpp's converter permutes them to (each head's two halves interleaved), as
+    transformers' loader does for a "llama" file."""
+    from gguf import MODEL_ARCH
+
+    out = _by_name_table(take, model_config, MODEL_ARCH.MISTRAL3)
+    for name, value in out.items():
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = model_config.num_attention_heads if "q_proj" in name else model_config.num_key_value_heads
+            half = value.shape[0] // heads // 2
+            out[name] = value.reshape(heads, half, 2, -1).swapaxes(1, 2).reshape(value.shape)
     return out

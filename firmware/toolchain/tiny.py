@@ -478,7 +478,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # Checked from their Hugging Face folder only: transformers' GGUF loader reads none of these families,
 # and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
-FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral3_vl", "granite", "gemma", "olmo",
+FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl", "granite", "gemma", "olmo",
                "phi", "hunyuan", "smollm3", "gpt_oss_global", "llama_rope_linear", "qwen2_yarn",
                "hunyuan_alpha", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl",
                "qwen3_moe_dense", "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4_unified",
@@ -487,7 +487,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "mistral3_vl", "ministral
                "cohere", "cohere2", "olmoe", "qwen2_moe", "granitemoe",
                "granitemoeshared", "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
-               "ministral3", "gpt_bigcode", "opt", "gpt_neox", "falcon_new",
+               "gpt_bigcode", "opt", "gpt_neox", "falcon_new",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next")
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
