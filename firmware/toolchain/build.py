@@ -305,7 +305,8 @@ def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
 # The GGUF architectures (llama.cpp's names) the build is checked on, each written as llama.cpp writes
 # it (tiny_gguf.GGUF_ARCHITECTURES): others may load through transformers' loader, or may not.
 GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "nemotron", "lfm2", "qwen35",
-                "qwen35moe", "gemma4", "gpt2", "falcon", "bloom", "gpt-oss", "gemma3n", "mistral3")
+                "qwen35moe", "gemma4", "gpt2", "falcon", "bloom", "gpt-oss", "gemma3n", "mistral3",
+                "granite")
 
 
 def _gguf_hint(gguf: Path) -> str:

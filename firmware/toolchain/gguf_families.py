@@ -13,8 +13,9 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   per-layer embedding table padded with zero rows to the whole vocabulary (its image and audio
   tokens have none), which are cut off again.
 - mistral3 (Mistral's own GGUF files of Ministral 3, and Mistral Small 3.1 and 3.2's language
-  model): a Llama's tensors, the queries' and keys' rows permuted as for a "llama" file, and
-  Ministral 3's YaRN and query scale by position under keys of their own.
+  model) and granite (IBM's own GGUF files of Granite 3's dense models): a Llama's tensors, the
+  queries' and keys' rows permuted as for a "llama" file, and Ministral 3's YaRN and query scale
+  by position, or Granite's four multipliers, under keys of their own.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from typing import Any
 
 from firmware.errors import BundleError
 
-GPT_OSS, GEMMA3N, MISTRAL3 = "gpt-oss", "gemma3n", "mistral3"
-ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3)
+GPT_OSS, GEMMA3N, MISTRAL3, GRANITE = "gpt-oss", "gemma3n", "mistral3", "granite"
+ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE)
 SWIGLU_LIMIT = 7.0  # llama.cpp's constant for gpt-oss (llama-graph.cpp), gpt-oss's own
 # llama.cpp's gpt-oss tensor names -> transformers' names, per layer, or of the whole model.
 GPT_OSS_LAYER = {"attn_norm.weight": "input_layernorm.weight",
@@ -54,6 +55,8 @@ def config(meta: dict[str, Any]) -> Any:
         return _gemma3n_config(meta)
     if arch == MISTRAL3:
         return _mistral3_config(meta)
+    if arch == GRANITE:
+        return _granite_config(meta)
     raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
 
 
@@ -71,8 +74,8 @@ def state(gguf: Path, model_config: Any) -> dict[str, Any]:
         out = _gpt_oss_state(take, model_config, "output.weight" in found)
     elif model_config.model_type == "gemma3n_text":
         out = _gemma3n_state(take, model_config)
-    else:
-        out = _mistral3_state(take, model_config)
+    else:  # a Llama's tensors: Ministral 3's, Mistral Small's, Granite's
+        out = _llama_state(take, model_config, meta_arch(model_config))
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -122,8 +125,9 @@ def _key(meta: dict[str, Any], arch: str) -> Any:
     return key
 
 
-def _epsilon(value: Any) -> float:
-    return float(f"{float(value):.7g}")  # stored as a float32
+def _float32(value: Any) -> float:
+    """A number the file stores as a float32, as its config wrote it (7 significant digits)."""
+    return float(f"{float(value):.7g}")
 
 
 def _gpt_oss_config(meta: dict[str, Any]) -> Any:
@@ -148,7 +152,7 @@ def _gpt_oss_config(meta: dict[str, Any]) -> Any:
         num_local_experts=int(key("expert_count")), num_experts_per_tok=int(key("expert_used_count")),
         sliding_window=int(key("attention.sliding_window")), max_position_embeddings=int(key("context_length")),
         layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
-        rms_norm_eps=_epsilon(key("attention.layer_norm_rms_epsilon")), rope_parameters=rope,
+        rms_norm_eps=_float32(key("attention.layer_norm_rms_epsilon")), rope_parameters=rope,
         swiglu_limit=SWIGLU_LIMIT, attention_bias=True, tie_word_embeddings="output.weight" not in shapes,
         architectures=["GptOssForCausalLM"], bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
@@ -182,7 +186,7 @@ def _gemma3n_config(meta: dict[str, Any]) -> Any:
         intermediate_size=[int(w) for w in widths] if isinstance(widths, list) else int(widths),
         num_attention_heads=int(key("attention.head_count")), num_key_value_heads=int(key("attention.head_count_kv")),
         head_dim=int(key("attention.key_length")), max_position_embeddings=int(key("context_length")),
-        rms_norm_eps=_epsilon(key("attention.layer_norm_rms_epsilon")),
+        rms_norm_eps=_float32(key("attention.layer_norm_rms_epsilon")),
         sliding_window=int(key("attention.sliding_window")),
         layer_types=["sliding_attention" if s else "full_attention" for s in key("attention.sliding_window_pattern")],
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": float(key("rope.freq_base"))},
@@ -223,21 +227,35 @@ def _gemma3n_state(take: Any, model_config: Any) -> dict[str, Any]:
     return out
 
 
+def meta_arch(model_config: Any) -> Any:
+    """gguf's architecture of a config made here from a Llama-shaped file."""
+    from gguf import MODEL_ARCH
+
+    return MODEL_ARCH.GRANITE if model_config.model_type == "granite" else MODEL_ARCH.MISTRAL3
+
+
+def _llama_fields(meta: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The config fields of a Llama-shaped file's keys (llama.cpp's LlamaModel writes them)."""
+    key, shapes = _key(meta, arch), meta["shapes"]
+    width = key("attention.key_length")
+    return dict(
+        vocab_size=shapes["token_embd.weight"][0], hidden_size=int(key("embedding_length")),
+        intermediate_size=int(key("feed_forward_length")), num_hidden_layers=int(key("block_count")),
+        num_attention_heads=int(key("attention.head_count")), num_key_value_heads=int(key("attention.head_count_kv")),
+        **({"head_dim": int(width)} if width else {}), max_position_embeddings=int(key("context_length")),
+        rms_norm_eps=_float32(key("attention.layer_norm_rms_epsilon")),
+        tie_word_embeddings="output.weight" not in shapes, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+    )  # fmt: skip
+
+
 def _mistral3_config(meta: dict[str, Any]) -> Any:
     """Ministral 3's (its YaRN and its query scale by position past the original context) or, with
     no RoPE scaling, Mistral Small 3.1's and 3.2's language model, a Mistral."""
     from transformers import Ministral3Config, MistralConfig
 
-    key, shapes = _key(meta, MISTRAL3), meta["shapes"]
-    common = dict(
-        vocab_size=shapes["token_embd.weight"][0], hidden_size=int(key("embedding_length")),
-        intermediate_size=int(key("feed_forward_length")), num_hidden_layers=int(key("block_count")),
-        num_attention_heads=int(key("attention.head_count")), num_key_value_heads=int(key("attention.head_count_kv")),
-        head_dim=int(key("attention.key_length")), max_position_embeddings=int(key("context_length")),
-        rms_norm_eps=_epsilon(key("attention.layer_norm_rms_epsilon")), sliding_window=key("attention.sliding_window"),
-        tie_word_embeddings="output.weight" not in shapes, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
-    )  # fmt: skip
+    key = _key(meta, MISTRAL3)
+    common = {**_llama_fields(meta, MISTRAL3), "sliding_window": key("attention.sliding_window")}
     theta = float(key("rope.freq_base", 10000.0))
     scaling = key("rope.scaling.type")
     if scaling == "yarn":
@@ -246,7 +264,7 @@ def _mistral3_config(meta: dict[str, Any]) -> Any:
                 "original_max_position_embeddings": int(key("rope.scaling.original_context_length")),
                 "beta_fast": float(key("rope.scaling.yarn_beta_fast", 32.0)),
                 "beta_slow": float(key("rope.scaling.yarn_beta_slow", 1.0)), "mscale": mscale, "mscale_all_dim": mscale,
-                "llama_4_scaling_beta": float(f"{float(key('attention.temperature_scale', 0.0)):.7g}")}  # fmt: skip
+                "llama_4_scaling_beta": _float32(key("attention.temperature_scale", 0.0))}  # fmt: skip
         return Ministral3Config(**common, rope_parameters=rope, architectures=["Ministral3ForCausalLM"])
     if scaling not in (None, "none"):
         raise BundleError(f"a mistral3 file with RoPE scaling {scaling!r} (read: yarn, or none)")
@@ -254,13 +272,26 @@ def _mistral3_config(meta: dict[str, Any]) -> Any:
                          architectures=["MistralForCausalLM"])  # fmt: skip
 
 
-def _mistral3_state(take: Any, model_config: Any) -> dict[str, Any]:
+def _granite_config(meta: dict[str, Any]) -> Any:
+    """Granite 3's dense models: a Llama's fields and its four multipliers, under llama.cpp's
+    names (attention.scale, embedding_scale, residual_scale, logit_scale)."""
+    from transformers import GraniteConfig
+
+    key = _key(meta, GRANITE)
+    return GraniteConfig(
+        **_llama_fields(meta, GRANITE), rope_parameters={"rope_type": "default",
+                                                         "rope_theta": float(key("rope.freq_base", 10000.0))},
+        attention_multiplier=_float32(key("attention.scale", 1.0)),
+        embedding_multiplier=_float32(key("embedding_scale", 1.0)),
+        residual_multiplier=_float32(key("residual_scale", 1.0)),
+        logits_scaling=_float32(key("logit_scale", 1.0)), architectures=["GraniteForCausalLM"])
+
+
+def _llama_state(take: Any, model_config: Any, arch: Any) -> dict[str, Any]:
     """A Llama's weights by gguf's table, the queries' and keys' rows put back from the order
     llama.cpp's converter permutes them to (each head's two halves interleaved), as
     transformers' loader does for a "llama" file."""
-    from gguf import MODEL_ARCH
-
-    out = _by_name_table(take, model_config, MODEL_ARCH.MISTRAL3)
+    out = _by_name_table(take, model_config, arch)
     for name, value in out.items():
         if name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = model_config.num_attention_heads if "q_proj" in name else model_config.num_key_value_heads

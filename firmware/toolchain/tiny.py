@@ -478,7 +478,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # Checked from their Hugging Face folder only: transformers' GGUF loader reads none of these families,
 # and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
-FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl", "granite", "gemma", "olmo",
+FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl", "gemma", "olmo",
                "phi", "hunyuan", "smollm3", "gpt_oss_global", "llama_rope_linear", "qwen2_yarn",
                "hunyuan_alpha", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl",
                "qwen3_moe_dense", "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4_unified",
