@@ -306,7 +306,7 @@ def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
 # it (tiny_gguf.GGUF_ARCHITECTURES): others may load through transformers' loader, or may not.
 GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "nemotron", "lfm2", "qwen35",
                 "qwen35moe", "gemma4", "gpt2", "falcon", "bloom", "gpt-oss", "gemma3n", "mistral3",
-                "granite")
+                "granite", "smollm3")
 
 
 def _gguf_hint(gguf: Path) -> str:

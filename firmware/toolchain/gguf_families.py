@@ -13,9 +13,10 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   per-layer embedding table padded with zero rows to the whole vocabulary (its image and audio
   tokens have none), which are cut off again.
 - mistral3 (Mistral's own GGUF files of Ministral 3, and Mistral Small 3.1 and 3.2's language
-  model) and granite (IBM's own GGUF files of Granite 3's dense models): a Llama's tensors, the
-  queries' and keys' rows permuted as for a "llama" file, and Ministral 3's YaRN and query scale
-  by position, or Granite's four multipliers, under keys of their own.
+  model), granite (IBM's own GGUF files of Granite 3's dense models) and smollm3 (Hugging Face's
+  own SmolLM3 files): a Llama's tensors, the queries' and keys' rows permuted as for a "llama"
+  file, and Ministral 3's YaRN and query scale by position, or Granite's four multipliers, under
+  keys of their own (SmolLM3's layers without RoPE are every fourth, as llama.cpp assumes).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from typing import Any
 
 from firmware.errors import BundleError
 
-GPT_OSS, GEMMA3N, MISTRAL3, GRANITE = "gpt-oss", "gemma3n", "mistral3", "granite"
-ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE)
+GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3 = "gpt-oss", "gemma3n", "mistral3", "granite", "smollm3"
+ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3)
+NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SWIGLU_LIMIT = 7.0  # llama.cpp's constant for gpt-oss (llama-graph.cpp), gpt-oss's own
 # llama.cpp's gpt-oss tensor names -> transformers' names, per layer, or of the whole model.
 GPT_OSS_LAYER = {"attn_norm.weight": "input_layernorm.weight",
@@ -57,6 +59,8 @@ def config(meta: dict[str, Any]) -> Any:
         return _mistral3_config(meta)
     if arch == GRANITE:
         return _granite_config(meta)
+    if arch == SMOLLM3:
+        return _smollm3_config(meta)
     raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
 
 
@@ -74,7 +78,7 @@ def state(gguf: Path, model_config: Any) -> dict[str, Any]:
         out = _gpt_oss_state(take, model_config, "output.weight" in found)
     elif model_config.model_type == "gemma3n_text":
         out = _gemma3n_state(take, model_config)
-    else:  # a Llama's tensors: Ministral 3's, Mistral Small's, Granite's
+    else:  # a Llama's tensors: Ministral 3's, Mistral Small's, Granite's, SmolLM3's
         out = _llama_state(take, model_config, meta_arch(model_config))
     return {k: v.contiguous() for k, v in out.items()}
 
@@ -231,7 +235,8 @@ def meta_arch(model_config: Any) -> Any:
     """gguf's architecture of a config made here from a Llama-shaped file."""
     from gguf import MODEL_ARCH
 
-    return MODEL_ARCH.GRANITE if model_config.model_type == "granite" else MODEL_ARCH.MISTRAL3
+    return {"granite": MODEL_ARCH.GRANITE, "smollm3": MODEL_ARCH.SMOLLM3}.get(model_config.model_type,
+                                                                              MODEL_ARCH.MISTRAL3)
 
 
 def _llama_fields(meta: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -244,6 +249,7 @@ def _llama_fields(meta: dict[str, Any], arch: str) -> dict[str, Any]:
         num_attention_heads=int(key("attention.head_count")), num_key_value_heads=int(key("attention.head_count_kv")),
         **({"head_dim": int(width)} if width else {}), max_position_embeddings=int(key("context_length")),
         rms_norm_eps=_float32(key("attention.layer_norm_rms_epsilon")),
+        rope_parameters={"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0))},
         tie_word_embeddings="output.weight" not in shapes, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
     )  # fmt: skip
@@ -256,20 +262,19 @@ def _mistral3_config(meta: dict[str, Any]) -> Any:
 
     key = _key(meta, MISTRAL3)
     common = {**_llama_fields(meta, MISTRAL3), "sliding_window": key("attention.sliding_window")}
-    theta = float(key("rope.freq_base", 10000.0))
     scaling = key("rope.scaling.type")
     if scaling == "yarn":
         mscale = float(key("rope.scaling.yarn_log_multiplier", 1.0))  # llama.cpp writes mscale_all_dim
-        rope = {"rope_type": "yarn", "rope_theta": theta, "factor": float(key("rope.scaling.factor")),
+        common["rope_parameters"] |= {
+                "rope_type": "yarn", "factor": float(key("rope.scaling.factor")),
                 "original_max_position_embeddings": int(key("rope.scaling.original_context_length")),
                 "beta_fast": float(key("rope.scaling.yarn_beta_fast", 32.0)),
                 "beta_slow": float(key("rope.scaling.yarn_beta_slow", 1.0)), "mscale": mscale, "mscale_all_dim": mscale,
                 "llama_4_scaling_beta": _float32(key("attention.temperature_scale", 0.0))}  # fmt: skip
-        return Ministral3Config(**common, rope_parameters=rope, architectures=["Ministral3ForCausalLM"])
+        return Ministral3Config(**common, architectures=["Ministral3ForCausalLM"])
     if scaling not in (None, "none"):
         raise BundleError(f"a mistral3 file with RoPE scaling {scaling!r} (read: yarn, or none)")
-    return MistralConfig(**common, rope_parameters={"rope_type": "default", "rope_theta": theta},
-                         architectures=["MistralForCausalLM"])  # fmt: skip
+    return MistralConfig(**common, architectures=["MistralForCausalLM"])
 
 
 def _granite_config(meta: dict[str, Any]) -> Any:
@@ -279,12 +284,21 @@ def _granite_config(meta: dict[str, Any]) -> Any:
 
     key = _key(meta, GRANITE)
     return GraniteConfig(
-        **_llama_fields(meta, GRANITE), rope_parameters={"rope_type": "default",
-                                                         "rope_theta": float(key("rope.freq_base", 10000.0))},
-        attention_multiplier=_float32(key("attention.scale", 1.0)),
+        **_llama_fields(meta, GRANITE), attention_multiplier=_float32(key("attention.scale", 1.0)),
         embedding_multiplier=_float32(key("embedding_scale", 1.0)),
         residual_multiplier=_float32(key("residual_scale", 1.0)),
         logits_scaling=_float32(key("logit_scale", 1.0)), architectures=["GraniteForCausalLM"])
+
+
+def _smollm3_config(meta: dict[str, Any]) -> Any:
+    """SmolLM3: a Llama's fields, RoPE left out of every fourth layer (which llama.cpp assumes and
+    its files do not state)."""
+    from transformers import SmolLM3Config
+
+    fields = _llama_fields(meta, SMOLLM3)
+    layers = fields["num_hidden_layers"]
+    return SmolLM3Config(**fields, no_rope_layers=[int((i + 1) % NO_ROPE_EVERY != 0) for i in range(layers)],
+                         use_sliding_window=False, architectures=["SmolLM3ForCausalLM"])  # fmt: skip
 
 
 def _llama_state(take: Any, model_config: Any, arch: Any) -> dict[str, Any]:

@@ -152,8 +152,10 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # HunYuan (dense): query and key norms after the rotation, which its export applies beside the
     # attention from a position_ids input (the engine feeds it).
     "hunyuan": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16}),
-    # SmolLM3 leaves RoPE out of some layers (the second here; builder_shim.smollm3_no_rope_layers).
-    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layers": [1, 0], "use_sliding_window": False}),
+    # SmolLM3 leaves RoPE out of every fourth layer, as published (builder_shim.smollm3_no_rope_layers;
+    # llama.cpp's GGUF files state no pattern: its SmolLM3 takes every fourth).
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"num_hidden_layers": 4, "no_rope_layers": [1, 1, 1, 0],
+                                                       "use_sliding_window": False}),
     # gpt-oss: mixture-of-experts MLPs (top 2 of 4 here) with a clamped SwiGLU (at 7, as published:
     # llama.cpp's GGUF files state no limit), attention sinks, sliding and global layers, and YaRN
     # without truncation, as gpt-oss-20b and -120b set it.
@@ -479,7 +481,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl", "gemma", "olmo",
-               "phi", "hunyuan", "smollm3", "gpt_oss_global", "llama_rope_linear", "qwen2_yarn",
+               "phi", "hunyuan", "gpt_oss_global", "llama_rope_linear", "qwen2_yarn",
                "hunyuan_alpha", "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl",
                "qwen3_moe_dense", "olmo2", "olmo3", "exaone4", "exaone4_global", "glm4", "gemma4_unified",
                "arcee", "granite_swa", "lfm3", "seed_oss", "stablelm", "ernie4_5",
