@@ -126,9 +126,11 @@ VARIANTS: dict[str, Variant] = {
     # per-layer inputs not rescaled by the corrected stream's scale.
     "gemma3n_text_other_stream": ("gemma3n_text", {"altup_active_idx": 1, "altup_num_inputs": 3,
                                                    "altup_correct_scale": False}, None),
-    # Falcon's layers one after the other, per-head fused projections with biases; its new
+    # Falcon's layers one after the other, per-head fused projections with biases (as many key-value
+    # heads as query heads: transformers runs nothing else without multi-query); its new
     # architecture with one norm before both the attention and the MLP.
-    "falcon_sequential": ("falcon", {"parallel_attn": False, "multi_query": False, "bias": True}, None),
+    "falcon_sequential": ("falcon", {"parallel_attn": False, "multi_query": False, "bias": True, "num_kv_heads": 4},
+                          None),
     "falcon_new_one_norm": ("falcon_new", {"num_ln_in_parallel_attn": 1}, None),
     # BLOOM with 6 heads: ALiBi's slopes for a head count not a power of two (interleaved from the
     # next power's), untied.
