@@ -28,7 +28,11 @@ FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the nibble of a packed word each of its 8 columns sits in
 READ = ("fp8", "fbgemm_fp8", "gptq", "awq", "mxfp4", "compressed-tensors")
 # Tensors that only quantize activations or the KV cache at run time: nothing to dequantize.
-RUN_TIME_SCALES = ("input_scale", "k_scale", "v_scale", "output_scale", "input_global_scale")
+RUN_TIME_SCALES = ("input_scale", "k_scale", "v_scale", "output_scale", "input_global_scale", "activation_scale")
+# Weights not copied into the float folder: the ones read, and other forms of them a repository
+# may carry beside (Mistral's consolidated.safetensors, Meta's original/, a GGUF file).
+WEIGHT_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pth", ".pt", ".gguf")
+WEIGHT_FOLDERS = ("original",)
 
 
 def method(config: dict[str, Any]) -> str | None:
@@ -51,17 +55,23 @@ def refusal(config: dict[str, Any]) -> str | None:
         return f"weights quantized with {name!r}, which this build does not read (it reads {', '.join(READ)}); {advice}"
     if name == "gptq" and int(q.get("bits", 4)) not in (2, 4, 8):
         return f"{q.get('bits')}-bit GPTQ weights (read: 2, 4 and 8 bits); {advice}"
+    if name == "gptq" and q.get("dynamic"):
+        return f"GPTQ weights of other bits or groups per module (GPTQModel's `dynamic`); {advice}"
     if name == "awq":
         version = str(q.get("version", "gemm")).lower()
-        if version != "gemm" or int(q.get("bits", q.get("w_bit", 4))) != 4:
+        if version != "gemm" or int(q.get("bits", q.get("w_bit", 4))) != 4 or not q.get("zero_point", True):
             return f"AWQ weights in its {version!r} layout at {q.get('bits', q.get('w_bit'))} bits " \
-                   f"(read: 4 bits, the GEMM layout AutoAWQ writes by default); {advice}"
+                   f"{'with' if q.get('zero_point', True) else 'without'} zero points (read: 4 bits with zero " \
+                   f"points, the GEMM layout AutoAWQ writes by default); {advice}"
     if name == "compressed-tensors":
         formats = _compressed_formats(q)
         unread = sorted(formats - {"float-quantized", "pack-quantized", "int-quantized", "naive-quantized", "dense"})
         if unread:
             return f"compressed-tensors weights in the {', '.join(unread)} format (read: float-quantized, " \
                    f"pack-quantized, int-quantized); {advice}"
+        if len(_group_bits(q)) > 1:
+            return f"compressed-tensors weights of {' and '.join(map(str, sorted(_group_bits(q))))} bits in " \
+                   f"different groups; {advice}"
     return None
 
 
@@ -81,7 +91,7 @@ def dequantize_folder(source: Path, out: Path) -> str:
     shards = _shards(source)
     out.mkdir(parents=True, exist_ok=True)
     for item in source.iterdir():  # the tokenizer, templates, generation config, licence...
-        if item.name == "config.json" or item.name.endswith((".safetensors", ".safetensors.index.json")):
+        if item.name == "config.json" or item.name.endswith(WEIGHT_FILES) or item.name in WEIGHT_FOLDERS:
             continue
         (shutil.copytree if item.is_dir() else shutil.copy2)(item, out / item.name)
     handles = {file: safe_open(str(source / file), framework="pt") for file in set(shards.values())}
@@ -130,7 +140,10 @@ def _shards(source: Path) -> dict[str, str]:
     index = source / "model.safetensors.index.json"
     if index.is_file():
         return dict(json.loads(index.read_text())["weight_map"])
-    files = sorted(p.name for p in source.glob("*.safetensors"))
+    # A Hugging Face checkpoint's own files (model*.safetensors) where it has them, not Mistral's
+    # consolidated.safetensors of the same weights under other names.
+    files = sorted(p.name for p in source.glob("model*.safetensors")) or \
+        sorted(p.name for p in source.glob("*.safetensors"))  # fmt: skip
     if not files:
         raise BundleError(f"{source}: its config names quantized weights but it has no .safetensors file "
                           "(quantized checkpoints are read from safetensors only)")  # fmt: skip
@@ -332,11 +345,19 @@ def _compressed_formats(q: dict[str, Any]) -> set[str]:
     return formats or {str(q.get("format", "dense"))}
 
 
-def _weight_bits(q: dict[str, Any], prefix: str) -> int:
-    """The bits of compressed-tensors' packed weights (its config groups agree in every checkpoint
-    seen; the first one's)."""
+def _group_bits(q: dict[str, Any]) -> set[int]:
+    """The bits compressed-tensors' config groups give their weights."""
+    found = set()
     for group in (q.get("config_groups") or {}).values():
         weights = group.get("weights") if isinstance(group, dict) else None
         if isinstance(weights, dict) and weights.get("num_bits"):
-            return int(weights["num_bits"])
-    raise BundleError(f"{prefix}: compressed-tensors packed weights, but no config group states their bits")
+            found.add(int(weights["num_bits"]))
+    return found
+
+
+def _weight_bits(q: dict[str, Any], prefix: str) -> int:
+    """The bits of compressed-tensors' packed weights (refusal() leaves one width for all groups)."""
+    bits = _group_bits(q)
+    if not bits:
+        raise BundleError(f"{prefix}: compressed-tensors packed weights, but no config group states their bits")
+    return bits.pop()

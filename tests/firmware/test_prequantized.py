@@ -174,6 +174,12 @@ def test_a_quantized_folder_builds_to_firmware_that_answers_as_transformers_read
     ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "AWQ weights in its 'gemv' layout"),
     ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {}},
      "the nvfp4-pack-quantized format"),
+    ({"quant_method": "gptq", "bits": 4, "dynamic": {r"+:.*\.mlp\..*": {"bits": 8}}},
+     "other bits or groups per module"),
+    ({"quant_method": "awq", "bits": 4, "version": "gemm", "zero_point": False}, "without zero points"),
+    ({"quant_method": "compressed-tensors", "format": "mixed-precision", "config_groups": {
+        "a": {"format": "pack-quantized", "weights": {"num_bits": 4}},
+        "b": {"format": "pack-quantized", "weights": {"num_bits": 8}}}}, "of 4 and 8 bits in different groups"),
 ])  # fmt: skip
 def test_a_format_not_read_is_refused_before_the_export_naming_it(tmp_path: Path, quantization: dict[str, Any],
                                                                  refusal: str) -> None:  # fmt: skip
