@@ -100,7 +100,7 @@ class ChatTemplate:
         # list of typed parts and write nothing of a string: theirs goes to them as one text part.
         self.takes_parts = False
         if not self._shows_probe([{"role": "user", "content": TOOL_PROBE}]):
-            self.takes_parts = True
+            self.takes_parts = True  # (render converts while it is set: the probe again, as parts)
             self.takes_parts = self._shows_probe([{"role": "user", "content": TOOL_PROBE}])
         # Hugging Face templates that know tools read a `tools` variable; others get our system block,
         # which asks for the Hermes format. That a template names `tools` is not enough: Phi-4-mini's
