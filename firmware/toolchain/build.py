@@ -278,14 +278,9 @@ def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
     reads none of them), dequantized, in transformers' names: the router [experts, hidden], the gate
     and up projections joined [experts, 2 x width, hidden] and the down one [experts, hidden, width]."""
     import torch
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
 
-    found = {}
-    for t in GGUFReader(str(gguf)).tensors:
-        if t.name.startswith("blk.") and t.name.endswith(("ffn_gate_inp.weight", "_exps.weight")):
-            shape = [int(d) for d in reversed(t.shape)]  # GGUF lists a tensor's dimensions innermost first
-            found[t.name] = torch.from_numpy(dequantize(t.data, t.tensor_type).astype("float32").reshape(shape))
+    found = gguf_families.read_tensors(
+        gguf, lambda name: name.startswith("blk.") and name.endswith(("ffn_gate_inp.weight", "_exps.weight")))
 
     def part(layer: int, kind: str) -> Any:
         name = f"blk.{layer}.{kind}.weight"
@@ -419,7 +414,7 @@ def _gemma4_config(meta: dict[str, Any]) -> Any:
         num_attention_heads=int(key("attention.head_count")), num_key_value_heads=swa_kv, head_dim=head_swa,
         per_layer_config=per_layer_config, layer_types=types, sliding_window=int(key("attention.sliding_window")),
         max_position_embeddings=int(key("context_length")),
-        rms_norm_eps=float(f"{float(key('attention.layer_norm_rms_epsilon')):.7g}"),  # stored as a float32
+        rms_norm_eps=gguf_families.as_float32(key("attention.layer_norm_rms_epsilon")),
         final_logit_softcapping=key("final_logit_softcapping"), tie_word_embeddings="output.weight" not in shapes,
         rope_parameters={"sliding_attention": rope_swa, "full_attention": {
             "rope_type": "proportional", "rope_theta": float(key("rope.freq_base")),

@@ -22,6 +22,7 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +32,6 @@ GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3 = "gpt-oss", "gemma3n", "mistral3",
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SWIGLU_LIMIT = 7.0  # llama.cpp's constant for gpt-oss (llama-graph.cpp), gpt-oss's own
-# llama.cpp's gpt-oss tensor names -> transformers' names, per layer, or of the whole model.
-GPT_OSS_LAYER = {"attn_norm.weight": "input_layernorm.weight",
-                 "post_attention_norm.weight": "post_attention_layernorm.weight",
-                 "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
-                 "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
-                 "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
-                 "attn_output.weight": "self_attn.o_proj.weight", "attn_output.bias": "self_attn.o_proj.bias",
-                 "attn_sinks.weight": "self_attn.sinks", "ffn_gate_inp.weight": "mlp.router.weight",
-                 "ffn_gate_inp.bias": "mlp.router.bias", "ffn_down_exps.bias": "mlp.experts.down_proj_bias"}
-GPT_OSS_MODEL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-                 "output.weight": "lm_head.weight"}  # fmt: skip
 # Gemma 3n's AltUp projections, stacked by llama.cpp's converter: file tensor -> transformers' list.
 GEMMA3N_STACKED = {"altup_proj.weight": "model.altup_projections", "altup_unembd_proj.weight":
                    "model.altup_unembed_projections"}  # fmt: skip
@@ -67,7 +57,7 @@ def config(meta: dict[str, Any]) -> Any:
 def state(gguf: Path, model_config: Any) -> dict[str, Any]:
     """Every weight of the model in transformers' names, dequantized to float32; a tensor the model
     needs and the file lacks is refused, naming it."""
-    found = _tensors(gguf)
+    found = read_tensors(gguf)
 
     def take(name: str) -> Any:
         if name not in found:
@@ -75,7 +65,7 @@ def state(gguf: Path, model_config: Any) -> dict[str, Any]:
         return found[name]
 
     if model_config.model_type == "gpt_oss":
-        out = _gpt_oss_state(take, model_config, "output.weight" in found)
+        out = _gpt_oss_state(take, model_config)
     elif model_config.model_type == "gemma3n_text":
         out = _gemma3n_state(take, model_config)
     else:  # a Llama's tensors: Ministral 3's, Mistral Small's, Granite's, SmolLM3's
@@ -109,13 +99,17 @@ def _by_name_table(take: Any, model_config: Any, arch: Any, special: Any = None)
     return out
 
 
-def _tensors(gguf: Path) -> dict[str, Any]:
+def read_tensors(gguf: Path, wanted: Callable[[str], bool] | None = None) -> dict[str, Any]:
+    """The file's tensors (those `wanted` where given) dequantized to float32, by their file names,
+    in PyTorch's order of dimensions."""
     import torch
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
     found = {}
     for t in GGUFReader(str(gguf)).tensors:
+        if wanted is not None and not wanted(t.name):
+            continue
         shape = [int(d) for d in reversed(t.shape)]  # GGUF lists a tensor's dimensions innermost first
         found[t.name] = torch.from_numpy(dequantize(t.data, t.tensor_type).astype("float32").reshape(shape))
     return found
@@ -129,7 +123,7 @@ def _key(meta: dict[str, Any], arch: str) -> Any:
     return key
 
 
-def _float32(value: Any) -> float:
+def as_float32(value: Any) -> float:
     """A number the file stores as a float32, as its config wrote it (7 significant digits)."""
     return float(f"{float(value):.7g}")
 
@@ -156,27 +150,34 @@ def _gpt_oss_config(meta: dict[str, Any]) -> Any:
         num_local_experts=int(key("expert_count")), num_experts_per_tok=int(key("expert_used_count")),
         sliding_window=int(key("attention.sliding_window")), max_position_embeddings=int(key("context_length")),
         layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
-        rms_norm_eps=_float32(key("attention.layer_norm_rms_epsilon")), rope_parameters=rope,
+        rms_norm_eps=as_float32(key("attention.layer_norm_rms_epsilon")), rope_parameters=rope,
         swiglu_limit=SWIGLU_LIMIT, attention_bias=True, tie_word_embeddings="output.weight" not in shapes,
         architectures=["GptOssForCausalLM"], bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
     )  # fmt: skip
 
 
-def _gpt_oss_state(take: Any, model_config: Any, untied: bool) -> dict[str, Any]:
+def _gpt_oss_state(take: Any, model_config: Any) -> dict[str, Any]:
+    """Each weight by gguf's own table of gpt-oss's names, but the experts': llama.cpp's converter
+    splits their fused gate and up projections, whose columns alternate gate, up."""
     import torch
+    from gguf import MODEL_ARCH
 
-    out = {hf: take(name) for name, hf in GPT_OSS_MODEL.items() if name != "output.weight" or untied}
-    for i in range(model_config.num_hidden_layers):
-        blk, layer = f"blk.{i}.", f"model.layers.{i}."
-        out |= {layer + hf: take(blk + name) for name, hf in GPT_OSS_LAYER.items()}
-        # [experts, width, hidden] gate and up -> [experts, hidden, 2 x width], their columns alternating.
-        gate, up = take(blk + "ffn_gate_exps.weight"), take(blk + "ffn_up_exps.weight")
-        out[layer + "mlp.experts.gate_up_proj"] = torch.stack((gate, up), dim=2).flatten(1, 2).transpose(1, 2)
-        out[layer + "mlp.experts.gate_up_proj_bias"] = torch.stack(
-            (take(blk + "ffn_gate_exps.bias"), take(blk + "ffn_up_exps.bias")), dim=2).flatten(1, 2)
-        out[layer + "mlp.experts.down_proj"] = take(blk + "ffn_down_exps.weight").transpose(1, 2)
-    return out
+    def experts(hf: str) -> Any:
+        layer, _, leaf = hf.partition(".mlp.experts.")
+        if not leaf:
+            return None
+        blk = f"blk.{layer.rsplit('.', 1)[1]}."
+        if leaf == "gate_up_proj":  # [experts, width, hidden] gate and up -> [experts, hidden, 2 x width]
+            gate, up = take(blk + "ffn_gate_exps.weight"), take(blk + "ffn_up_exps.weight")
+            return torch.stack((gate, up), dim=2).flatten(1, 2).transpose(1, 2)
+        if leaf == "gate_up_proj_bias":
+            return torch.stack((take(blk + "ffn_gate_exps.bias"), take(blk + "ffn_up_exps.bias")), dim=2).flatten(1, 2)
+        if leaf == "down_proj":
+            return take(blk + "ffn_down_exps.weight").transpose(1, 2)
+        return take(blk + "ffn_down_exps.bias") if leaf == "down_proj_bias" else None
+
+    return _by_name_table(take, model_config, MODEL_ARCH.GPT_OSS, experts)
 
 
 def _gemma3n_config(meta: dict[str, Any]) -> Any:
@@ -190,7 +191,7 @@ def _gemma3n_config(meta: dict[str, Any]) -> Any:
         intermediate_size=[int(w) for w in widths] if isinstance(widths, list) else int(widths),
         num_attention_heads=int(key("attention.head_count")), num_key_value_heads=int(key("attention.head_count_kv")),
         head_dim=int(key("attention.key_length")), max_position_embeddings=int(key("context_length")),
-        rms_norm_eps=_float32(key("attention.layer_norm_rms_epsilon")),
+        rms_norm_eps=as_float32(key("attention.layer_norm_rms_epsilon")),
         sliding_window=int(key("attention.sliding_window")),
         layer_types=["sliding_attention" if s else "full_attention" for s in key("attention.sliding_window_pattern")],
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": float(key("rope.freq_base"))},
@@ -248,7 +249,7 @@ def _llama_fields(meta: dict[str, Any], arch: str) -> dict[str, Any]:
         intermediate_size=int(key("feed_forward_length")), num_hidden_layers=int(key("block_count")),
         num_attention_heads=int(key("attention.head_count")), num_key_value_heads=int(key("attention.head_count_kv")),
         **({"head_dim": int(width)} if width else {}), max_position_embeddings=int(key("context_length")),
-        rms_norm_eps=_float32(key("attention.layer_norm_rms_epsilon")),
+        rms_norm_eps=as_float32(key("attention.layer_norm_rms_epsilon")),
         rope_parameters={"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0))},
         tie_word_embeddings="output.weight" not in shapes, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
@@ -270,7 +271,7 @@ def _mistral3_config(meta: dict[str, Any]) -> Any:
                 "original_max_position_embeddings": int(key("rope.scaling.original_context_length")),
                 "beta_fast": float(key("rope.scaling.yarn_beta_fast", 32.0)),
                 "beta_slow": float(key("rope.scaling.yarn_beta_slow", 1.0)), "mscale": mscale, "mscale_all_dim": mscale,
-                "llama_4_scaling_beta": _float32(key("attention.temperature_scale", 0.0))}  # fmt: skip
+                "llama_4_scaling_beta": as_float32(key("attention.temperature_scale", 0.0))}  # fmt: skip
         return Ministral3Config(**common, architectures=["Ministral3ForCausalLM"])
     if scaling not in (None, "none"):
         raise BundleError(f"a mistral3 file with RoPE scaling {scaling!r} (read: yarn, or none)")
@@ -284,10 +285,10 @@ def _granite_config(meta: dict[str, Any]) -> Any:
 
     key = _key(meta, GRANITE)
     return GraniteConfig(
-        **_llama_fields(meta, GRANITE), attention_multiplier=_float32(key("attention.scale", 1.0)),
-        embedding_multiplier=_float32(key("embedding_scale", 1.0)),
-        residual_multiplier=_float32(key("residual_scale", 1.0)),
-        logits_scaling=_float32(key("logit_scale", 1.0)), architectures=["GraniteForCausalLM"])
+        **_llama_fields(meta, GRANITE), attention_multiplier=as_float32(key("attention.scale", 1.0)),
+        embedding_multiplier=as_float32(key("embedding_scale", 1.0)),
+        residual_multiplier=as_float32(key("residual_scale", 1.0)),
+        logits_scaling=as_float32(key("logit_scale", 1.0)), architectures=["GraniteForCausalLM"])
 
 
 def _smollm3_config(meta: dict[str, Any]) -> Any:
