@@ -8,7 +8,8 @@ GPU kernels or packages the appliance does not ship. Read here: FP8 weights with
 compressed-tensors writes them (`float-quantized`: RedHat's FP8 models), GPTQ and AWQ integers in
 groups along the input (2, 4 or 8 bits; their zero points, GPTQ's act-order `g_idx`),
 compressed-tensors' packed integers (`pack-quantized`, w4a16 and w8a16), and gpt-oss's MXFP4
-experts. The export then quantizes as asked (`--precision`), in its own blocks.
+experts, and bitsandbytes' 4-bit (NF4, FP4; unsloth's "bnb-4bit" folders) and 8-bit weights. The
+export then quantizes as asked (`--precision`), in its own blocks.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from firmware.errors import BundleError
 SHARD_BYTES = 2 << 30
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the nibble of a packed word each of its 8 columns sits in
-READ = ("fp8", "fbgemm_fp8", "gptq", "awq", "mxfp4", "compressed-tensors")
+READ = ("fp8", "fbgemm_fp8", "gptq", "awq", "mxfp4", "compressed-tensors", "bitsandbytes")
+BNB_4BIT_PARTS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")  # beside a 4-bit `weight`
+INT8_ROW_SCALE = 7.874015718698502e-3  # 1/127 as bitsandbytes multiplies by it (a float32)
 # Tensors that only quantize activations or the KV cache at run time: nothing to dequantize.
 RUN_TIME_SCALES = ("input_scale", "k_scale", "v_scale", "output_scale", "input_global_scale", "activation_scale")
 # Weights not copied into the float folder: the ones read, and other forms of them a repository
@@ -192,6 +195,20 @@ def _module(name: str, q: dict[str, Any], key: str, present: set[str],
                                               "weight_g_idx") if part(n) in present}  # fmt: skip
         value = packed_integers(pieces, _weight_bits(q, prefix))
         return part("weight"), value, {part(n) for n in pieces}
+    if name == "bitsandbytes" and leaf == "weight":
+        state = next((part(f"weight.quant_state.bitsandbytes__{kind}") for kind in ("nf4", "fp4")
+                      if part(f"weight.quant_state.bitsandbytes__{kind}") in present), None)  # fmt: skip
+        if state is not None:
+            pieces = {n: tensor(part(f"weight.{n}")) for n in BNB_4BIT_PARTS if part(f"weight.{n}") in present}
+            value = bnb_4bit(tensor(key), pieces, json.loads(bytes(tensor(state).tolist())), prefix)
+            return key, value, {key, state} | {part(f"weight.{n}") for n in pieces}
+        if part("SCB") in present:
+            layout = part("weight_format")
+            if layout in present and int(tensor(layout)) != 0:  # 0: row-major; the rest were GPU tile layouts
+                raise BundleError(f"{prefix}: 8-bit bitsandbytes weights in tile layout {int(tensor(layout))} "
+                                  "(read: row-major, what bitsandbytes 0.45 and later write)")  # fmt: skip
+            used = {key, part("SCB")} | ({layout} if layout in present else set())
+            return key, bnb_int8(tensor(key), tensor(part("SCB"))), used
     if leaf == "weight" and name in ("fp8", "fbgemm_fp8", "compressed-tensors"):
         for scale_name in ("weight_scale_inv", "weight_scale"):
             if part(scale_name) in present:
@@ -323,6 +340,44 @@ def packed_integers(pieces: dict[str, Any], bits: int) -> Any:
             q = q - zero[:, g]
         return q * scale[:, g]
     return scaled(q, scale, zero)
+
+
+def bnb_4bit(packed: Any, pieces: dict[str, Any], state: dict[str, Any], prefix: str = "") -> Any:
+    """bitsandbytes' 4-bit weight as Params4bit serializes it: the weight's codes flattened, two to
+    a byte, the first in the high nibble (bytes of another storage dtype where `quant_storage` says
+    so); each block of `blocksize` codes is its entry in the file's table (`quant_map`: NF4's or
+    FP4's) times the block's absmax, which double quantization stores as 8-bit codes of
+    `nested_quant_map` in blocks of `nested_blocksize`, each times its `nested_absmax`, plus
+    `nested_offset`."""
+    import torch
+
+    if "quant_map" not in pieces or "absmax" not in pieces:
+        raise BundleError(f"{prefix}: 4-bit bitsandbytes weights without their quant_map or absmax (written by a "
+                          "bitsandbytes older than 0.41.3, which did not save them)")  # fmt: skip
+    shape = [int(n) for n in state["shape"]]
+    count = math.prod(shape)
+    data = packed.reshape(-1).view(torch.uint8)
+    codes = torch.stack((data >> 4, data & 0x0F), dim=1).reshape(-1)[:count].to(torch.long)
+    absmax = pieces["absmax"]
+    if "nested_absmax" in pieces:
+        nested = pieces["nested_quant_map"].to(torch.float32)[absmax.to(torch.long)]
+        absmax = _by_block(nested, pieces["nested_absmax"], int(state["nested_blocksize"])) + \
+            float(state["nested_offset"])  # fmt: skip
+    values = _by_block(pieces["quant_map"].to(torch.float32)[codes], absmax, int(state["blocksize"]))
+    return values.reshape(shape)
+
+
+def _by_block(values: Any, scales: Any, block: int) -> Any:
+    """Each run of `block` consecutive values (the last may be short) times its own scale."""
+    return values * scales.to(values.dtype).repeat_interleave(block)[: values.numel()]
+
+
+def bnb_int8(weight: Any, row_absmax: Any) -> Any:
+    """bitsandbytes' 8-bit (LLM.int8) [out, in] weight: int8 values, each row times its absmax (`SCB`)
+    over 127."""
+    import torch
+
+    return weight.to(torch.float32) * row_absmax.to(torch.float32).reshape(-1, 1) * INT8_ROW_SCALE
 
 
 def mxfp4(blocks: Any, scales: Any) -> Any:

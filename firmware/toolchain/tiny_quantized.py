@@ -1,7 +1,8 @@
 """A tiny fixture's folder written as a quantized checkpoint is published (the tests' source of
-FP8, GPTQ, AWQ, compressed-tensors and MXFP4 folders: no hub). Each weight is rounded to the
-method's grid and stored in its layout; the float model those stored values stand for is what a
-build from the folder must reproduce."""
+FP8, GPTQ, AWQ, compressed-tensors, MXFP4 and bitsandbytes folders: no hub). Each weight is rounded
+to the method's grid and stored in its layout; the float model those stored values stand for is
+what a build from the folder must reproduce. bitsandbytes' folders are written by transformers and
+bitsandbytes themselves, on the CPU, as unsloth's "bnb-4bit" folders were."""
 
 from __future__ import annotations
 
@@ -19,10 +20,13 @@ def write(source: Path, out: Path, kind: str, **options: Any) -> Path:
     """`source` (a float folder of one safetensors file) as `kind`: fp8 (block-wise, Qwen3's
     and DeepSeek's), fp8_channel and int8_channel (compressed-tensors' float-quantized and
     int-quantized), gptq, awq, packed (compressed-tensors' pack-quantized) or mxfp4 (gpt-oss's
-    experts)."""
+    experts), or bitsandbytes' bnb_nf4 (double quantization; `storage` the dtype its codes are
+    stored as), bnb_fp4 or bnb_int8."""
     import torch
     from safetensors.torch import load_file, save_file
 
+    if kind.startswith("bnb_"):
+        return _bitsandbytes(source, out, kind, **options)
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(source, out)
     state = load_file(str(source / "model.safetensors"))
@@ -150,6 +154,25 @@ def _mxfp4(key: str, w: Any) -> dict[str, Any]:
     codes = codes.to(torch.uint8).reshape(e, r, c // 32, 16, 2)
     return {f"{key}_blocks": codes[..., 0] | (codes[..., 1] << 4),
             f"{key}_scales": (exponent + 127).to(torch.uint8)}
+
+
+def _bitsandbytes(source: Path, out: Path, kind: str, storage: str = "uint8") -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    if kind == "bnb_int8":
+        asked = BitsAndBytesConfig(load_in_8bit=True)
+    else:
+        asked = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=kind[4:], bnb_4bit_quant_storage=storage,
+                                   bnb_4bit_compute_dtype=torch.float32, bnb_4bit_use_double_quant=kind == "bnb_nf4")
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(source, out)
+    for weights in out.glob("model*.safetensors*"):
+        weights.unlink()
+    model = AutoModelForCausalLM.from_pretrained(str(source), quantization_config=asked, device_map="cpu",
+                                                 dtype=torch.float32)  # fmt: skip
+    model.save_pretrained(str(out))
+    return out
 
 
 def _ct_config(fmt: str, bits: int, strategy: str, group: int | None, kind: str) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """Checkpoints published with quantized weights (firmware/toolchain/prequantized.py): each format
 as tiny_quantized.py writes it from a tiny fixture, dequantized as that format's own reader does
-(transformers' CPU dequantization for FP8 and MXFP4, ONNX Runtime GenAI's loaders for GPTQ and
-AWQ; compressed-tensors, whose library the appliance does not ship, within half a step of the
-float it was rounded from), built to firmware that answers as transformers does reading the
-quantized folder itself; the formats not read are refused before the export."""
+(transformers' CPU dequantization for FP8 and MXFP4, bitsandbytes' own for its folders, which it
+writes itself, ONNX Runtime GenAI's loaders for GPTQ and AWQ; compressed-tensors, whose library the
+appliance does not ship, within half a step of the float it was rounded from), built to firmware
+that answers as transformers does reading the quantized folder itself; the formats not read are
+refused before the export."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def _dequantized(tmp_path: Path, arch: str, kind: str, **options: Any) -> tuple[
 
 
 CONFIG_METHOD = {"fp8": "fp8", "gptq": "gptq", "awq": "awq", "mxfp4": "mxfp4", "fp8_channel": "compressed-tensors",
-                 "int8_channel": "compressed-tensors", "packed": "compressed-tensors"}  # fmt: skip
+                 "int8_channel": "compressed-tensors", "packed": "compressed-tensors", "bnb_nf4": "bitsandbytes",
+                 "bnb_fp4": "bitsandbytes", "bnb_int8": "bitsandbytes"}  # fmt: skip
 
 
 def _transformers(folder: Path) -> Any:
@@ -60,6 +62,26 @@ def test_fp8_and_mxfp4_weights_dequantize_as_transformers_does(tmp_path: Path, a
     config = json.loads((tmp_path / "float" / "config.json").read_text())
     assert "quantization_config" not in config and config["dtype"] == "float32"
     assert (tmp_path / "float" / "tokenizer.json").is_file() and (tmp_path / "float" / "chat_template.jinja").is_file()
+
+
+@pytest.mark.parametrize("options", [{"kind": "bnb_nf4"}, {"kind": "bnb_nf4", "storage": "bfloat16"},
+                                     {"kind": "bnb_fp4"}, {"kind": "bnb_int8"}],
+                         ids=["nf4-double-quant", "nf4-bf16-storage", "fp4", "int8"])  # fmt: skip
+def test_bitsandbytes_weights_dequantize_as_bitsandbytes_does(tmp_path: Path, options: dict[str, Any]) -> None:
+    """Folders as unsloth publishes its "bnb-4bit" models: written by transformers and bitsandbytes,
+    read back without either, equal to bitsandbytes' own dequantization of them."""
+    kind = options.pop("kind")
+    quantized, ours = _dequantized(tmp_path, "qwen3", kind, **options)
+    model = _transformers(quantized)
+    stored = _tensors(quantized)
+    assert any(k.endswith((".absmax", ".SCB")) for k in stored)  # bitsandbytes' own layout was written
+    model.dequantize()
+    theirs = model.state_dict()
+    floats = _tensors(tiny_hf_dir("qwen3"))
+    assert set(ours) == set(floats)
+    for key, value in ours.items():
+        assert value.float().equal(theirs[key].float()), key
+    assert max((ours[k].float() - v.float()).abs().max() for k, v in floats.items()) > 1e-5  # stored, not the floats
 
 
 def _onnxruntime_genai_weights(quantized: Path, kind: str, bits: int, group: int) -> dict[str, Any]:
@@ -169,7 +191,7 @@ def test_a_quantized_folder_builds_to_firmware_that_answers_as_transformers_read
 
 
 @pytest.mark.parametrize(("quantization", "refusal"), [
-    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "'bitsandbytes', which this build does not read"),
+    ({"quant_method": "hqq", "nbits": 4}, "'hqq', which this build does not read"),
     ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "3-bit GPTQ weights"),
     ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "AWQ weights in its 'gemv' layout"),
     ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {}},
