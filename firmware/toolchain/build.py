@@ -747,7 +747,7 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
     options.validate()
     kind = source_kind(source)
     # What would fail at the end fails first, not after minutes of export.
-    if kind == "hf" and (why := prequantized.refusal(json.loads((source / "config.json").read_text()))):
+    if kind == "hf" and (why := prequantized.refusal(prequantized.folder_config(source))):
         raise BundleError(f"{source}: {why}")
     require_empty(out_dir)
     if key:
@@ -773,7 +773,7 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
            progress: Progress) -> Manifest:  # fmt: skip
     exported = kind in ("gguf", "hf")
     name = options.name or source.stem.lower()
-    quantization = prequantized.method(json.loads((source / "config.json").read_text())) if kind == "hf" else None
+    quantization = prequantized.method(prequantized.folder_config(source)) if kind == "hf" else None
     steps = {"gguf": 4, "hf": 3, "genai": 2}[kind] + (1 if key else 0) + (1 if options.cuda_graph else 0) + \
         (1 if quantization else 0)  # fmt: skip
     step = _Step(steps, progress)

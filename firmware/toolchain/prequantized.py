@@ -7,9 +7,11 @@ GPU kernels or packages the appliance does not ship. Read here: FP8 weights with
 (`fp8`: Qwen3's, Ministral 3's, DeepSeek's), per output channel (`fbgemm_fp8`) or as
 compressed-tensors writes them (`float-quantized`: RedHat's FP8 models), GPTQ and AWQ integers in
 groups along the input (2, 4 or 8 bits; their zero points, GPTQ's act-order `g_idx`),
-compressed-tensors' packed integers (`pack-quantized`, w4a16 and w8a16), and gpt-oss's MXFP4
-experts, and bitsandbytes' 4-bit (NF4, FP4; unsloth's "bnb-4bit" folders) and 8-bit weights. The
-export then quantizes as asked (`--precision`), in its own blocks.
+compressed-tensors' packed integers (`pack-quantized`, w4a16 and w8a16), NVFP4 as
+compressed-tensors and NVIDIA's Model Optimizer write it (`nvfp4-pack-quantized`; `modelopt`, whose
+FP8 is read too), gpt-oss's MXFP4 experts, and bitsandbytes' 4-bit (NF4, FP4; unsloth's
+"bnb-4bit" folders) and 8-bit weights. The export then quantizes as asked (`--precision`), in its
+own blocks.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from firmware.errors import BundleError
 SHARD_BYTES = 2 << 30
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the nibble of a packed word each of its 8 columns sits in
-READ = ("fp8", "fbgemm_fp8", "gptq", "awq", "mxfp4", "compressed-tensors", "bitsandbytes")
+READ = ("fp8", "fbgemm_fp8", "gptq", "awq", "mxfp4", "compressed-tensors", "bitsandbytes", "modelopt")
+MODELOPT_READ = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4")  # Model Optimizer's `quant_algo`s read
+COMPRESSED_READ = ("float-quantized", "pack-quantized", "int-quantized", "naive-quantized", "nvfp4-pack-quantized",
+                   "dense")  # fmt: skip
 BNB_4BIT_PARTS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")  # beside a 4-bit `weight`
 INT8_ROW_SCALE = 7.874015718698502e-3  # 1/127 as bitsandbytes multiplies by it (a float32)
 # Tensors that only quantize activations or the KV cache at run time: nothing to dequantize.
@@ -36,6 +41,7 @@ RUN_TIME_SCALES = ("input_scale", "k_scale", "v_scale", "output_scale", "input_g
 # may carry beside (Mistral's consolidated.safetensors, Meta's original/, a GGUF file).
 WEIGHT_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pth", ".pt", ".gguf")
 WEIGHT_FOLDERS = ("original",)
+HF_QUANT_CONFIG = "hf_quant_config.json"  # Model Optimizer's statement of the quantization, not copied
 
 
 def method(config: dict[str, Any]) -> str | None:
@@ -68,14 +74,29 @@ def refusal(config: dict[str, Any]) -> str | None:
                    f"points, the GEMM layout AutoAWQ writes by default); {advice}"
     if name == "compressed-tensors":
         formats = _compressed_formats(q)
-        unread = sorted(formats - {"float-quantized", "pack-quantized", "int-quantized", "naive-quantized", "dense"})
+        unread = sorted(formats - set(COMPRESSED_READ))
         if unread:
             return f"compressed-tensors weights in the {', '.join(unread)} format (read: float-quantized, " \
-                   f"pack-quantized, int-quantized); {advice}"
+                   f"pack-quantized, int-quantized, nvfp4-pack-quantized); {advice}"
         if len(_group_bits(q)) > 1:
             return f"compressed-tensors weights of {' and '.join(map(str, sorted(_group_bits(q))))} bits in " \
                    f"different groups; {advice}"
+    if name == "modelopt" and str(q.get("quant_algo")).upper() not in MODELOPT_READ:
+        return f"Model Optimizer weights quantized as {q.get('quant_algo')!r} (read: {', '.join(MODELOPT_READ)}); " \
+               f"{advice}"
     return None
+
+
+def folder_config(source: Path) -> dict[str, Any]:
+    """A folder's config.json, with the quantization Model Optimizer's older exports state only in
+    hf_quant_config.json (NVIDIA's first FP8 checkpoints) as its `quantization_config`."""
+    config: dict[str, Any] = json.loads((source / "config.json").read_text())
+    sidecar = source / HF_QUANT_CONFIG
+    if "quantization_config" not in config and sidecar.is_file():
+        stated = json.loads(sidecar.read_text()).get("quantization")
+        if isinstance(stated, dict) and stated.get("quant_algo"):
+            config["quantization_config"] = {"quant_method": "modelopt", **stated}
+    return config
 
 
 def dequantize_folder(source: Path, out: Path) -> str:
@@ -84,7 +105,7 @@ def dequantize_folder(source: Path, out: Path) -> str:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    config = json.loads((source / "config.json").read_text())
+    config = folder_config(source)
     why = refusal(config)
     if why is not None:
         raise BundleError(f"{source}: {why}")
@@ -94,7 +115,8 @@ def dequantize_folder(source: Path, out: Path) -> str:
     shards = _shards(source)
     out.mkdir(parents=True, exist_ok=True)
     for item in source.iterdir():  # the tokenizer, templates, generation config, licence...
-        if item.name == "config.json" or item.name.endswith(WEIGHT_FILES) or item.name in WEIGHT_FOLDERS:
+        if item.name in ("config.json", HF_QUANT_CONFIG) or item.name.endswith(WEIGHT_FILES) or \
+                item.name in WEIGHT_FOLDERS:  # fmt: skip
             continue
         (shutil.copytree if item.is_dir() else shutil.copy2)(item, out / item.name)
     handles = {file: safe_open(str(source / file), framework="pt") for file in set(shards.values())}
@@ -190,6 +212,13 @@ def _module(name: str, q: dict[str, Any], key: str, present: set[str],
             value = gptq(pieces["qweight"], pieces.get("qzeros"), pieces["scales"], pieces.get("g_idx"), bits,
                          offset_zeros=q.get("checkpoint_format", "gptq") != "gptq_v2", symmetric=q.get("sym", True))
         return part("weight"), value, {part(n) for n in pieces}
+    if name == "compressed-tensors" and leaf == "weight_packed" and part("weight_global_scale") in present:
+        used = {key, part("weight_scale"), part("weight_global_scale")}
+        value = nvfp4(tensor(key), tensor(part("weight_scale")), tensor(part("weight_global_scale")), inverse=True)
+        return part("weight"), value, used
+    if name == "modelopt" and leaf == "weight" and part("weight_scale_2") in present:
+        used = {key, part("weight_scale"), part("weight_scale_2")}
+        return key, nvfp4(tensor(key), tensor(part("weight_scale")), tensor(part("weight_scale_2"))), used
     if name == "compressed-tensors" and leaf == "weight_packed":
         pieces = {n: tensor(part(n)) for n in ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point",
                                               "weight_g_idx") if part(n) in present}  # fmt: skip
@@ -209,7 +238,7 @@ def _module(name: str, q: dict[str, Any], key: str, present: set[str],
                                   "(read: row-major, what bitsandbytes 0.45 and later write)")  # fmt: skip
             used = {key, part("SCB")} | ({layout} if layout in present else set())
             return key, bnb_int8(tensor(key), tensor(part("SCB"))), used
-    if leaf == "weight" and name in ("fp8", "fbgemm_fp8", "compressed-tensors"):
+    if leaf == "weight" and name in ("fp8", "fbgemm_fp8", "compressed-tensors", "modelopt"):
         for scale_name in ("weight_scale_inv", "weight_scale"):
             if part(scale_name) in present:
                 zero = tensor(part("weight_zero_point")) if part("weight_zero_point") in present else None
@@ -380,16 +409,34 @@ def bnb_int8(weight: Any, row_absmax: Any) -> Any:
     return weight.to(torch.float32) * row_absmax.to(torch.float32).reshape(-1, 1) * INT8_ROW_SCALE
 
 
+def fp4_values(packed: Any) -> Any:
+    """FP4 (E2M1) codes two to a byte, the low nibble first, as float32 values: the last dimension
+    doubles."""
+    import torch
+
+    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).to(torch.long)
+    return torch.tensor(FP4_VALUES, dtype=torch.float32)[codes].reshape(*packed.shape[:-1], -1)
+
+
+def nvfp4(packed: Any, block_scale: Any, tensor_scale: Any, inverse: bool = False) -> Any:
+    """An NVFP4 [out, in] weight: packed [out, in / 2] (fp4_values), each group of 16 inputs times
+    its FP8 (E4M3) scale [out, in / 16] times the tensor's float32 scale (Model Optimizer's
+    `weight_scale_2`), or over it where `inverse` (compressed-tensors' `weight_global_scale`)."""
+    import torch
+
+    values = fp4_values(packed)
+    block, whole = block_scale.to(torch.float32), tensor_scale.to(torch.float32)
+    scale = block / whole if inverse else block * whole
+    return values * _expanded(scale, values.shape)
+
+
 def mxfp4(blocks: Any, scales: Any) -> Any:
-    """gpt-oss's MXFP4 experts: blocks [experts, rows, groups, 16] of two FP4 (E2M1) codes per byte,
-    the low nibble first, each group of 32 scaled by 2^(its uint8 exponent - 127); returned
+    """gpt-oss's MXFP4 experts: blocks [experts, rows, groups, 16] of two FP4 codes per byte
+    (fp4_values), each group of 32 scaled by 2^(its uint8 exponent - 127); returned
     [experts, groups * 32, rows], the layout transformers' GptOss experts hold."""
     import torch
 
-    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
-    codes = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).to(torch.long)  # [..., groups, 16, 2]
-    values = lut[codes].reshape(*blocks.shape[:-1], 32)
-    values = torch.ldexp(values, (scales.to(torch.int32) - 127).unsqueeze(-1))
+    values = torch.ldexp(fp4_values(blocks), (scales.to(torch.int32) - 127).unsqueeze(-1))
     experts, rows = blocks.shape[0], blocks.shape[1]
     return values.reshape(experts, rows, -1).transpose(1, 2)
 

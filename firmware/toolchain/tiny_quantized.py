@@ -19,7 +19,8 @@ FP8_MAX = 448.0  # E4M3's largest finite value
 def write(source: Path, out: Path, kind: str, **options: Any) -> Path:
     """`source` (a float folder of one safetensors file) as `kind`: fp8 (block-wise, Qwen3's
     and DeepSeek's), fp8_channel and int8_channel (compressed-tensors' float-quantized and
-    int-quantized), gptq, awq, packed (compressed-tensors' pack-quantized) or mxfp4 (gpt-oss's
+    int-quantized), gptq, awq, packed (compressed-tensors' pack-quantized), nvfp4 (its
+    nvfp4-pack-quantized), modelopt_nvfp4 and modelopt_fp8 (NVIDIA's Model Optimizer), mxfp4 (gpt-oss's
     experts), or bitsandbytes' bnb_nf4 (double quantization; `storage` the dtype its codes are
     stored as), bnb_fp4 or bnb_int8."""
     import torch
@@ -148,12 +149,46 @@ def _mxfp4(key: str, w: Any) -> dict[str, Any]:
     e, r, c = t.shape
     groups = t.reshape(e, r, c // 32, 32)
     exponent = torch.ceil(torch.log2(groups.abs().amax(dim=-1).clamp(min=1e-30) / 6.0)).clamp(-127, 127)
+    packed = _fp4_packed(groups / torch.pow(2.0, exponent).unsqueeze(-1))
+    return {f"{key}_blocks": packed, f"{key}_scales": (exponent + 127).to(torch.uint8)}
+
+
+def _fp4_packed(units: Any) -> Any:
+    """Values (in units of their scale) rounded to the nearest FP4 (E2M1) code, two to a byte along
+    the last dimension, the low nibble first."""
+    import torch
+
     lut = torch.tensor(FP4_VALUES[:8])
-    magnitude = groups.abs() / torch.pow(2.0, exponent).unsqueeze(-1)
-    codes = (magnitude.unsqueeze(-1) - lut).abs().argmin(dim=-1) + 8 * (groups < 0).to(torch.long)
-    codes = codes.to(torch.uint8).reshape(e, r, c // 32, 16, 2)
-    return {f"{key}_blocks": codes[..., 0] | (codes[..., 1] << 4),
-            f"{key}_scales": (exponent + 127).to(torch.uint8)}
+    codes = (units.abs().unsqueeze(-1) - lut).abs().argmin(dim=-1) + 8 * (units < 0).to(torch.long)
+    pairs = codes.to(torch.uint8).reshape(*units.shape[:-1], -1, 2)
+    return pairs[..., 0] | (pairs[..., 1] << 4)
+
+
+def _nvfp4(prefix: str, w: Any, modelopt: bool = False) -> dict[str, Any]:
+    """NVFP4 as compressed-tensors writes it (a global scale of 448 x 6 over the weight's largest
+    magnitude; each group of 16 an FP8 scale of the group's over 6, in those units) or, where
+    `modelopt`, as Model Optimizer does (the inverse tensor scale, `weight_scale_2`)."""
+    import torch
+
+    amax = w.abs().amax().clamp(min=1e-12).reshape(1)
+    global_scale = (FP8_MAX * 6.0 / amax).to(torch.float32)
+    groups = w.reshape(w.shape[0], -1, 16)
+    block = (groups.abs().amax(dim=-1) / 6.0 * global_scale).clamp(max=FP8_MAX).to(torch.float8_e4m3fn)
+    effective = block.to(torch.float32) / global_scale
+    packed = _fp4_packed((groups / effective.clamp(min=1e-30).unsqueeze(-1)).reshape(w.shape))
+    if modelopt:
+        return {f"{prefix}.weight": packed, f"{prefix}.weight_scale": block,
+                f"{prefix}.weight_scale_2": (1 / global_scale).reshape(()), f"{prefix}.input_scale": torch.ones(())}
+    return {f"{prefix}.weight_packed": packed, f"{prefix}.weight_scale": block,
+            f"{prefix}.weight_global_scale": global_scale}  # fmt: skip
+
+
+def _modelopt_fp8(prefix: str, w: Any) -> dict[str, Any]:
+    import torch
+
+    scale = (w.abs().amax().clamp(min=1e-12) / FP8_MAX).to(torch.float32)
+    return {f"{prefix}.weight": (w / scale).to(torch.float8_e4m3fn), f"{prefix}.weight_scale": scale,
+            f"{prefix}.input_scale": torch.ones(())}  # fmt: skip
 
 
 def _bitsandbytes(source: Path, out: Path, kind: str, storage: str = "uint8") -> Path:
@@ -182,7 +217,9 @@ def _ct_config(fmt: str, bits: int, strategy: str, group: int | None, kind: str)
 
 
 WRITERS: dict[str, Any] = {"fp8": _fp8, "fp8_channel": _fp8_channel, "int8_channel": _int8_channel, "gptq": _gptq,
-                           "awq": _awq, "packed": _packed_ct, "mxfp4": _mxfp4}  # fmt: skip
+                           "awq": _awq, "packed": _packed_ct, "mxfp4": _mxfp4, "nvfp4": _nvfp4,
+                           "modelopt_nvfp4": lambda prefix, w: _nvfp4(prefix, w, modelopt=True),
+                           "modelopt_fp8": _modelopt_fp8}  # fmt: skip
 CONFIGS: dict[str, Any] = {
     "fp8": lambda block=32: {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                              "weight_block_size": [block, block]},
@@ -194,6 +231,11 @@ CONFIGS: dict[str, Any] = {
     "awq": lambda group=32: {"quant_method": "awq", "bits": 4, "group_size": group, "version": "gemm",
                              "zero_point": True},
     "packed": lambda bits=4, group=32: _ct_config("pack-quantized", bits, "group", group, "int"),
+    "nvfp4": lambda: _ct_config("nvfp4-pack-quantized", 4, "tensor_group", 16, "float"),
+    "modelopt_nvfp4": lambda: {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                               "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]},
+    "modelopt_fp8": lambda: {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": None,
+                             "exclude_modules": ["lm_head"]},
     "mxfp4": lambda: {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
                                                                          "model.layers.*.mlp.router",
                                                                          "model.embed_tokens", "lm_head"]},

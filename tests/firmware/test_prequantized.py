@@ -1,10 +1,10 @@
 """Checkpoints published with quantized weights (firmware/toolchain/prequantized.py): each format
 as tiny_quantized.py writes it from a tiny fixture, dequantized as that format's own reader does
 (transformers' CPU dequantization for FP8 and MXFP4, bitsandbytes' own for its folders, which it
-writes itself, ONNX Runtime GenAI's loaders for GPTQ and AWQ; compressed-tensors, whose library the
-appliance does not ship, within half a step of the float it was rounded from), built to firmware
-that answers as transformers does reading the quantized folder itself; the formats not read are
-refused before the export."""
+writes itself, ONNX Runtime GenAI's loaders for GPTQ and AWQ, the compressed-tensors library's for
+its formats, NVFP4 included, and Model Optimizer's NVFP4 as that library does the same codes),
+built to firmware that answers as transformers does reading the quantized folder itself; the
+formats not read are refused before the export."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def _dequantized(tmp_path: Path, arch: str, kind: str, **options: Any) -> tuple[
 
 
 CONFIG_METHOD = {"fp8": "fp8", "gptq": "gptq", "awq": "awq", "mxfp4": "mxfp4", "fp8_channel": "compressed-tensors",
-                 "int8_channel": "compressed-tensors", "packed": "compressed-tensors", "bnb_nf4": "bitsandbytes",
+                 "int8_channel": "compressed-tensors", "packed": "compressed-tensors", "nvfp4": "compressed-tensors",
+                 "bnb_nf4": "bitsandbytes",
                  "bnb_fp4": "bitsandbytes", "bnb_int8": "bitsandbytes"}  # fmt: skip
 
 
@@ -124,26 +125,88 @@ def test_gptq_and_awq_weights_dequantize_as_onnxruntime_genai_s_loaders_do(tmp_p
         assert (ours[key] - value).abs().max() <= 1e-3 * value.abs().max(), key
 
 
+def _compressed_tensors_weight(local: dict[str, Any], quantization: dict[str, Any]) -> Any:
+    """One module's weight as the compressed-tensors library dequantizes it (in float32: its NVFP4
+    compressor would round to bfloat16 first)."""
+    import torch
+    from compressed_tensors import compressors
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    group = quantization["config_groups"]["group_0"]
+    args = QuantizationArgs(**group["weights"])
+    if group["format"] == "nvfp4-pack-quantized":
+        packed = local["weight_packed"]
+        codes = unpack_fp4_from_uint8(packed, packed.shape[0], packed.shape[1] * 2, dtype=torch.float32)
+        return dequantize(codes, local["weight_scale"].float(), args=args, global_scale=local["weight_global_scale"],
+                          dtype=torch.float32)  # fmt: skip
+    compressor = {"pack-quantized": compressors.PackedQuantizationCompressor,
+                  "int-quantized": compressors.IntQuantizationCompressor,
+                  "float-quantized": compressors.FloatQuantizationCompressor}[group["format"]]  # fmt: skip
+    local = {n: v.float() if n == "weight_scale" else v for n, v in local.items()}
+    return compressor.decompress(local, QuantizationScheme(targets=["Linear"], weights=args))["weight"]
+
+
+def _modules(stored: dict[str, Any], floats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each quantized weight's name -> its module's stored tensors, by their names in the module."""
+    out = {}
+    for key in floats:
+        prefix = key.removesuffix(".weight") + "."
+        local = {n[len(prefix):]: v for n, v in stored.items() if n.startswith(prefix)}
+        if "weight_scale" in local:
+            out[key] = local
+    return out
+
+
 @pytest.mark.parametrize("options", [{"kind": "fp8_channel"}, {"kind": "int8_channel"}, {"kind": "packed"},
-                                     {"kind": "packed", "bits": 8}],
-                         ids=["float-quantized", "int-quantized", "pack-quantized-4", "pack-quantized-8"])  # fmt: skip
-def test_compressed_tensors_weights_dequantize_within_half_a_step_of_their_floats(
-        tmp_path: Path, options: dict[str, Any]) -> None:  # fmt: skip
+                                     {"kind": "packed", "bits": 8}, {"kind": "nvfp4"}],
+                         ids=["float-quantized", "int-quantized", "pack-quantized-4", "pack-quantized-8",
+                              "nvfp4-pack-quantized"])  # fmt: skip
+def test_compressed_tensors_weights_dequantize_as_its_library_does(tmp_path: Path, options: dict[str, Any]) -> None:
     kind = options.pop("kind")
     quantized, ours = _dequantized(tmp_path, "llama", kind, **options)
     floats, stored = _tensors(tiny_hf_dir("llama")), _tensors(quantized)
+    quantization = json.loads((quantized / "config.json").read_text())["quantization_config"]
     assert set(ours) == set(floats)  # the activation scales are not weights
+    modules = _modules(stored, floats)
+    assert len(modules) == 14
     for key, value in floats.items():
-        prefix = key.removesuffix(".weight")
-        if f"{prefix}.weight_scale" not in stored:
+        if key not in modules:
             assert ours[key].equal(value), key
             continue
-        scale = stored[f"{prefix}.weight_scale"].float()
-        if kind == "fp8_channel":  # E4M3 keeps 3 bits of mantissa: within 1/16 of each value
-            bound = value.abs() / 16 + scale * 2.0**-9
+        assert ours[key].equal(_compressed_tensors_weight(modules[key], quantization)), key
+        assert not ours[key].equal(value), key  # the stored grid, not the floats
+
+
+@pytest.mark.parametrize("kind", ["modelopt_nvfp4", "modelopt_fp8"])
+def test_model_optimizer_weights_dequantize_as_their_scales_say(tmp_path: Path, kind: str) -> None:
+    """NVIDIA's Model Optimizer checkpoints (nvidia/*-FP8, *-FP4): NVFP4 is compressed-tensors'
+    grid with the tensor scale stored inverted, so the same codes must dequantize as that library
+    does them; FP8 is one scale per tensor. Its first exports state the quantization only in
+    hf_quant_config.json, which is read and not copied."""
+    quantized = tiny_quantized.write(tiny_hf_dir("llama"), tmp_path / "quantized", kind)
+    config = json.loads((quantized / "config.json").read_text())
+    stated = config.pop("quantization_config")
+    (quantized / "config.json").write_text(json.dumps(config))
+    (quantized / "hf_quant_config.json").write_text(json.dumps({
+        "producer": {"name": "modelopt", "version": "0.19.0"},
+        "quantization": {k: v for k, v in stated.items() if k != "quant_method"}}))  # fmt: skip
+    assert prequantized.dequantize_folder(quantized, tmp_path / "float") == "modelopt"
+    assert not (tmp_path / "float" / "hf_quant_config.json").exists()
+    ours, floats, stored = _tensors(tmp_path / "float"), _tensors(tiny_hf_dir("llama")), _tensors(quantized)
+    assert set(ours) == set(floats)
+    modules = _modules(stored, floats)
+    assert len(modules) == 14
+    for key, local in modules.items():
+        if kind == "modelopt_fp8":
+            expected = local["weight"].float() * local["weight_scale"]
         else:
-            bound = scale.repeat_interleave(value.shape[1] // scale.shape[1], 1) * 0.5001
-        assert ((ours[key] - value).abs() <= bound).all(), key
+            as_compressed = {"weight_packed": local["weight"], "weight_scale": local["weight_scale"],
+                             "weight_global_scale": 1 / local["weight_scale_2"].reshape(1)}
+            expected = _compressed_tensors_weight(as_compressed, tiny_quantized.CONFIGS["nvfp4"]())
+        assert (ours[key] - expected).abs().max() <= 1e-6 * expected.abs().max(), key
+        assert not ours[key].equal(floats[key]), key
 
 
 def _build(source: Path, out: Path, trusted_keys: Path, dev_key: Path) -> firmware.Bundle:
@@ -194,8 +257,9 @@ def test_a_quantized_folder_builds_to_firmware_that_answers_as_transformers_read
     ({"quant_method": "hqq", "nbits": 4}, "'hqq', which this build does not read"),
     ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "3-bit GPTQ weights"),
     ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "AWQ weights in its 'gemv' layout"),
-    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {}},
-     "the nvfp4-pack-quantized format"),
+    ({"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "config_groups": {}},
+     "the mxfp4-pack-quantized format"),
+    ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, "Model Optimizer weights quantized as 'W4A8_AWQ'"),
     ({"quant_method": "gptq", "bits": 4, "dynamic": {r"+:.*\.mlp\..*": {"bits": 8}}},
      "other bits or groups per module"),
     ({"quant_method": "awq", "bits": 4, "version": "gemm", "zero_point": False}, "without zero points"),
