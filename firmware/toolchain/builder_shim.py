@@ -1234,16 +1234,17 @@ def post_norm_layers() -> None:
                 self.unrotated = set(range(self.num_layers))
             # GPT-NeoX's and Falcon's attention and MLP side by side on the same input.
             self.parallel_residual = gpt_families.parallel_residual(config)
-            self.rope_local_theta = getattr(config, "rope_local_base_freq", None)  # gemma3_rope_per_layer_type's
-            if self.post_norm and self.rope_local_theta is not None:
-                _global_and_plain_local_caches(self)
             # A rotated part of each head whose width the attention operator refuses (not a multiple of
             # 16: StableLM 3B's 20 of 80, Pythia 2.8B's): rotated as the whole head instead (padded_rotation).
+            # (Set before any table is made: the global and local ones below are made at once.)
             rotated = int(self.rope_attrs.get("rotary_embedding_dim") or 0)
             self.padded_rotation = 0
             if rotated % 16 and not self.rope_attrs["interleaved"] and not self.attention_attrs["q_norm"]:
                 self.padded_rotation = rotated
                 self.rope_attrs.update(partial_rotary_factor=1.0, rotary_embedding_dim=0)
+            self.rope_local_theta = getattr(config, "rope_local_base_freq", None)  # gemma3_rope_per_layer_type's
+            if self.post_norm and self.rope_local_theta is not None:
+                _global_and_plain_local_caches(self)
 
         def make_rotary_embedding_caches_from_scratch(self) -> Any:
             if not self.padded_rotation:
