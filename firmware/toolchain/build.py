@@ -301,7 +301,7 @@ def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
 # it (tiny_gguf.GGUF_ARCHITECTURES): others may load through transformers' loader, or may not.
 GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "nemotron", "lfm2", "qwen35",
                 "qwen35moe", "gemma4", "gpt2", "falcon", "bloom", "gpt-oss", "gemma3n", "mistral3",
-                "granite", "smollm3")
+                "granite", "smollm3", "granitemoe", "olmo2", "exaone4", "stablelm")
 
 
 def _gguf_hint(gguf: Path) -> str:
@@ -450,7 +450,7 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
       and the original context (rope.scaling.original_context_length) were dropped, leaving plain RoPE.
     - Phi-3's sliding window (attention.sliding_window; 0 means none), as Phi-3-mini's 2047.
     - Llama 3.1's RoPE scaling (Llama 3.1, 3.2, 3.3): llama.cpp keeps only each frequency's
-      divisor (tensor rope_freqs), which the loader drops; see _llama3_rope.
+      divisor (tensor rope_freqs), which the loader drops; see gguf_families.llama3_rope.
     - A sliding window on a "llama" file (attention.sliding_window; llama.cpp writes Mistral as
       llama and writes no window, so only a file that states one): the model becomes a Mistral.
     - Experts in a "llama" file (expert_count, expert_used_count: Mixtral, which llama.cpp writes
@@ -506,7 +506,8 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
             doc["sliding_window"] = int(key("attention.sliding_window"))
         doc["rope_parameters"], changed = rope, True
     if arch == "llama" and meta.get("tensor.rope_freqs.weight"):
-        doc["rope_parameters"], changed = _llama3_rope(meta, doc, rope), True
+        theta = float(key("rope.freq_base") or rope.get("rope_theta") or 10000.0)
+        doc["rope_parameters"], changed = gguf_families.llama3_rope(meta, theta), True
     if arch == "llama" and key("attention.sliding_window"):
         doc["model_type"], doc["sliding_window"], changed = "mistral", int(key("attention.sliding_window")), True
         doc["architectures"] = ["MistralForCausalLM"]
@@ -551,37 +552,6 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
     for k in ("transformers_version", "_name_or_path"):
         doc.pop(k, None)
     return AutoConfig.for_model(model_type, **doc)
-
-
-def _llama3_rope(meta: dict[str, Any], doc: dict[str, Any], rope: dict[str, Any]) -> dict[str, Any]:
-    """Llama 3.1's RoPE scaling (Llama 3.1, 3.2, 3.3) from what llama.cpp keeps of it: the divisor
-    of each rotary frequency (tensor rope_freqs), not the four numbers it was made from. Those are
-    found by trying the usual values until the divisors are reproduced; a table no Llama 3 scaling
-    makes is refused rather than dropped (transformers' loader drops it: every position's
-    rotation changes)."""
-    import math
-
-    import numpy as np
-
-    arch = meta["general.architecture"]
-    table = np.asarray(meta["tensor.rope_freqs.weight"], dtype=np.float64)
-    theta = float(meta.get(f"{arch}.rope.freq_base") or rope.get("rope_theta") or 10000.0)
-    dim = 2 * len(table)
-    wavelen = 2 * math.pi * theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
-    factor = float(table.max())
-    for original in [2**k for k in range(6, 21)]:
-        for low in (1.0, 0.5, 2.0):
-            for high in (4.0, 2.0, 8.0, 1.5, 16.0):
-                if high <= low:
-                    continue
-                smooth = (original / wavelen - low) / (high - low)
-                blend = 1 / ((1 - smooth) / factor + smooth)
-                made = np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, blend))
-                if np.allclose(made, table, rtol=1e-5, atol=0):
-                    return {"rope_type": "llama3", "rope_theta": theta, "factor": factor, "low_freq_factor": low,
-                            "high_freq_factor": high, "original_max_position_embeddings": original}  # fmt: skip
-    raise BundleError(f"{arch} GGUF: its RoPE frequency table (rope_freqs) is not one Llama 3's scaling makes; "
-                      "build from the Hugging Face folder instead")  # fmt: skip
 
 
 def _keep_byte_level_tokenizer(out_dir: Path, meta: dict[str, Any]) -> None:

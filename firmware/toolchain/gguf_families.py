@@ -29,7 +29,8 @@ from typing import Any
 from firmware.errors import BundleError
 
 GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3 = "gpt-oss", "gemma3n", "mistral3", "granite", "smollm3"
-ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3)
+GRANITE_MOE, OLMO2, EXAONE4 = "granitemoe", "olmo2", "exaone4"
+ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SWIGLU_LIMIT = 7.0  # llama.cpp's constant for gpt-oss (llama-graph.cpp), gpt-oss's own
 # Gemma 3n's AltUp projections, stacked by llama.cpp's converter: file tensor -> transformers' list.
@@ -41,17 +42,20 @@ def config(meta: dict[str, Any]) -> Any:
     """The transformers config of a file of one of ARCHITECTURES, from its metadata (build's
     `_gguf_metadata`: its keys and its tensors' shapes)."""
     arch = meta.get("general.architecture")
-    if arch == GPT_OSS:
-        return _gpt_oss_config(meta)
-    if arch == GEMMA3N:
-        return _gemma3n_config(meta)
-    if arch == MISTRAL3:
-        return _mistral3_config(meta)
-    if arch == GRANITE:
-        return _granite_config(meta)
-    if arch == SMOLLM3:
-        return _smollm3_config(meta)
-    raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
+    readers = {GPT_OSS: _gpt_oss_config, GEMMA3N: _gemma3n_config, MISTRAL3: _mistral3_config,
+               GRANITE: _granite_config, SMOLLM3: _smollm3_config, GRANITE_MOE: _granite_config,
+               OLMO2: _olmo2_config, EXAONE4: _exaone4_config}  # fmt: skip
+    if arch not in readers:
+        raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
+    return readers[arch](meta)
+
+
+# A Llama-shaped config's model type -> (its GGUF architecture, whether llama.cpp's converter
+# permuted its queries' and keys' rows: its LlamaModel and the converters built on it do).
+LLAMA_SHAPED = {"mistral": (MISTRAL3, True), "ministral3": (MISTRAL3, True), "granite": (GRANITE, True),
+                "smollm3": (SMOLLM3, True), "granitemoe": (GRANITE_MOE, True),
+                "granitemoeshared": (GRANITE_MOE, True), "olmo2": (OLMO2, False), "olmo3": (OLMO2, False),
+                "exaone4": (EXAONE4, False)}  # fmt: skip
 
 
 def state(gguf: Path, model_config: Any) -> dict[str, Any]:
@@ -68,8 +72,8 @@ def state(gguf: Path, model_config: Any) -> dict[str, Any]:
         out = _gpt_oss_state(take, model_config)
     elif model_config.model_type == "gemma3n_text":
         out = _gemma3n_state(take, model_config)
-    else:  # a Llama's tensors: Ministral 3's, Mistral Small's, Granite's, SmolLM3's
-        out = _llama_state(take, model_config, meta_arch(model_config))
+    else:  # a Llama's tensors: Ministral 3's, Mistral Small's, Granite's, SmolLM3's, OLMo's, EXAONE's
+        out = _llama_state(take, model_config)
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -232,16 +236,8 @@ def _gemma3n_state(take: Any, model_config: Any) -> dict[str, Any]:
     return out
 
 
-def meta_arch(model_config: Any) -> Any:
-    """gguf's architecture of a config made here from a Llama-shaped file."""
-    from gguf import MODEL_ARCH
-
-    return {"granite": MODEL_ARCH.GRANITE, "smollm3": MODEL_ARCH.SMOLLM3}.get(model_config.model_type,
-                                                                              MODEL_ARCH.MISTRAL3)
-
-
 def _llama_fields(meta: dict[str, Any], arch: str) -> dict[str, Any]:
-    """The config fields of a Llama-shaped file's keys (llama.cpp's LlamaModel writes them)."""
+    """The config fields of a Llama-shaped file's keys (llama.cpp's TextModel writes them)."""
     key, shapes = _key(meta, arch), meta["shapes"]
     width = key("attention.key_length")
     return dict(
@@ -249,11 +245,71 @@ def _llama_fields(meta: dict[str, Any], arch: str) -> dict[str, Any]:
         intermediate_size=int(key("feed_forward_length")), num_hidden_layers=int(key("block_count")),
         num_attention_heads=int(key("attention.head_count")), num_key_value_heads=int(key("attention.head_count_kv")),
         **({"head_dim": int(width)} if width else {}), max_position_embeddings=int(key("context_length")),
-        rms_norm_eps=as_float32(key("attention.layer_norm_rms_epsilon")),
-        rope_parameters={"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0))},
+        rms_norm_eps=as_float32(key("attention.layer_norm_rms_epsilon")), rope_parameters=_rope(meta, arch),
         tie_word_embeddings="output.weight" not in shapes, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
     )  # fmt: skip
+
+
+def _rope(meta: dict[str, Any], arch: str) -> dict[str, Any]:
+    """RoPE's parameters as llama.cpp's TextModel writes them: linear or YaRN scaling under
+    rope.scaling.*, Llama 3's as the table of divisors it makes (rope_freqs)."""
+    key = _key(meta, arch)
+    theta = float(key("rope.freq_base", 10000.0))
+    scaling = key("rope.scaling.type")
+    if meta.get("tensor.rope_freqs.weight"):
+        return llama3_rope(meta, theta)
+    if scaling == "linear":
+        return {"rope_type": "linear", "rope_theta": theta, "factor": float(key("rope.scaling.factor"))}
+    if scaling == "yarn":
+        rope = {"rope_type": "yarn", "rope_theta": theta, "factor": float(key("rope.scaling.factor")),
+                "original_max_position_embeddings": int(key("rope.scaling.original_context_length")),
+                "beta_fast": float(key("rope.scaling.yarn_beta_fast", 32.0)),
+                "beta_slow": float(key("rope.scaling.yarn_beta_slow", 1.0))}  # fmt: skip
+        if key("rope.scaling.yarn_attn_factor") is not None:
+            rope["attention_factor"] = as_float32(key("rope.scaling.yarn_attn_factor"))
+        return rope
+    if scaling not in (None, "none"):
+        raise BundleError(f"a {arch} file with RoPE scaling {scaling!r} (read: linear, yarn, Llama 3's)")
+    return {"rope_type": "default", "rope_theta": theta}
+
+
+def llama3_rope(meta: dict[str, Any], theta: float) -> dict[str, Any]:
+    """Llama 3.1's RoPE scaling (Llama 3.1, 3.2, 3.3, EXAONE 4) from what llama.cpp keeps of it: the
+    divisor of each rotary frequency (tensor rope_freqs), not the four numbers it was made from.
+    Those are found by trying the usual values until the divisors are reproduced; a table no
+    Llama 3 scaling makes is refused rather than dropped (transformers' loader drops it: every
+    position's rotation changes)."""
+    import numpy as np
+
+    arch = meta["general.architecture"]
+    table = np.asarray(meta["tensor.rope_freqs.weight"], dtype=np.float64)
+    dim = 2 * len(table)
+    wavelen = 2 * math.pi * theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    factor = float(table.max())
+    for original in [2**k for k in range(6, 21)]:
+        for low in (1.0, 0.5, 2.0):
+            for high in (4.0, 2.0, 8.0, 1.5, 16.0):
+                if high <= low:
+                    continue
+                smooth = (original / wavelen - low) / (high - low)
+                blend = 1 / ((1 - smooth) / factor + smooth)
+                made = np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, blend))
+                if np.allclose(made, table, rtol=1e-5, atol=0):
+                    return {"rope_type": "llama3", "rope_theta": theta, "factor": factor, "low_freq_factor": low,
+                            "high_freq_factor": high, "original_max_position_embeddings": original}  # fmt: skip
+    raise BundleError(f"{arch} GGUF: its RoPE frequency table (rope_freqs) is not one Llama 3's scaling makes; "
+                      "build from the Hugging Face folder instead")  # fmt: skip
+
+
+def _layer_types(meta: dict[str, Any], arch: str) -> list[str] | None:
+    """Each layer's attention from the file's sliding-window pattern (one flag a layer), or None
+    where it has no window."""
+    key = _key(meta, arch)
+    pattern = key("attention.sliding_window_pattern")
+    if not key("attention.sliding_window") or not isinstance(pattern, list):
+        return None
+    return ["sliding_attention" if flag else "full_attention" for flag in pattern]
 
 
 def _mistral3_config(meta: dict[str, Any]) -> Any:
@@ -266,12 +322,8 @@ def _mistral3_config(meta: dict[str, Any]) -> Any:
     scaling = key("rope.scaling.type")
     if scaling == "yarn":
         mscale = float(key("rope.scaling.yarn_log_multiplier", 1.0))  # llama.cpp writes mscale_all_dim
-        common["rope_parameters"] |= {
-                "rope_type": "yarn", "factor": float(key("rope.scaling.factor")),
-                "original_max_position_embeddings": int(key("rope.scaling.original_context_length")),
-                "beta_fast": float(key("rope.scaling.yarn_beta_fast", 32.0)),
-                "beta_slow": float(key("rope.scaling.yarn_beta_slow", 1.0)), "mscale": mscale, "mscale_all_dim": mscale,
-                "llama_4_scaling_beta": as_float32(key("attention.temperature_scale", 0.0))}  # fmt: skip
+        common["rope_parameters"] |= {"mscale": mscale, "mscale_all_dim": mscale,
+                                      "llama_4_scaling_beta": as_float32(key("attention.temperature_scale", 0.0))}
         return Ministral3Config(**common, architectures=["Ministral3ForCausalLM"])
     if scaling not in (None, "none"):
         raise BundleError(f"a mistral3 file with RoPE scaling {scaling!r} (read: yarn, or none)")
@@ -279,16 +331,25 @@ def _mistral3_config(meta: dict[str, Any]) -> Any:
 
 
 def _granite_config(meta: dict[str, Any]) -> Any:
-    """Granite 3's dense models: a Llama's fields and its four multipliers, under llama.cpp's
-    names (attention.scale, embedding_scale, residual_scale, logit_scale)."""
-    from transformers import GraniteConfig
+    """Granite 3's dense models, or its mixtures of experts (granitemoe: 3.0's 1B and 3B A800M,
+    shared experts too): a Llama's fields and its four multipliers, under llama.cpp's names
+    (attention.scale, embedding_scale, residual_scale, logit_scale)."""
+    from transformers import GraniteConfig, GraniteMoeConfig, GraniteMoeSharedConfig
 
-    key = _key(meta, GRANITE)
-    return GraniteConfig(
-        **_llama_fields(meta, GRANITE), attention_multiplier=as_float32(key("attention.scale", 1.0)),
+    arch = meta["general.architecture"]
+    key = _key(meta, arch)
+    fields = dict(
+        **_llama_fields(meta, arch), attention_multiplier=as_float32(key("attention.scale", 1.0)),
         embedding_multiplier=as_float32(key("embedding_scale", 1.0)),
-        residual_multiplier=as_float32(key("residual_scale", 1.0)),
-        logits_scaling=as_float32(key("logit_scale", 1.0)), architectures=["GraniteForCausalLM"])
+        residual_multiplier=as_float32(key("residual_scale", 1.0)), logits_scaling=as_float32(key("logit_scale", 1.0)))
+    if arch == GRANITE:
+        return GraniteConfig(**fields, architectures=["GraniteForCausalLM"])
+    fields |= {"num_local_experts": int(key("expert_count")), "num_experts_per_tok": int(key("expert_used_count"))}
+    shared = key("expert_shared_feed_forward_length")
+    if shared:
+        return GraniteMoeSharedConfig(**fields, shared_intermediate_size=int(shared),
+                                      architectures=["GraniteMoeSharedForCausalLM"])  # fmt: skip
+    return GraniteMoeConfig(**fields, architectures=["GraniteMoeForCausalLM"])
 
 
 def _smollm3_config(meta: dict[str, Any]) -> Any:
@@ -302,13 +363,58 @@ def _smollm3_config(meta: dict[str, Any]) -> Any:
                          use_sliding_window=False, architectures=["SmolLM3ForCausalLM"])  # fmt: skip
 
 
-def _llama_state(take: Any, model_config: Any, arch: Any) -> dict[str, Any]:
+def _olmo2_config(meta: dict[str, Any]) -> Any:
+    """OLMo 2's, or OLMo 3's (llama.cpp writes both as olmo2; OLMo 3's with its sliding layers,
+    their own RoPE base, and YaRN on the full ones)."""
+    from transformers import Olmo2Config, Olmo3Config
+
+    fields = _llama_fields(meta, OLMO2)
+    types = _layer_types(meta, OLMO2)
+    if types is None:
+        return Olmo2Config(**fields, architectures=["Olmo2ForCausalLM"])
+    key = _key(meta, OLMO2)
+    sliding = {"rope_type": "default", "rope_theta": float(key("rope.freq_base_swa", key("rope.freq_base", 10000.0)))}
+    fields["rope_parameters"] = {"full_attention": fields["rope_parameters"], "sliding_attention": sliding}
+    return Olmo3Config(**fields, sliding_window=int(key("attention.sliding_window")), layer_types=types,
+                       architectures=["Olmo3ForCausalLM"])  # fmt: skip
+
+
+def _exaone4_config(meta: dict[str, Any]) -> Any:
+    """EXAONE 4.0's: its 32B's sliding layers where the file has a window (its 1.2B has none)."""
+    from transformers import Exaone4Config
+
+    fields = _llama_fields(meta, EXAONE4)
+    types = _layer_types(meta, EXAONE4)
+    window = _key(meta, EXAONE4)("attention.sliding_window")
+    return Exaone4Config(**fields, sliding_window=int(window) if types else None,
+                         layer_types=types or ["full_attention"] * fields["num_hidden_layers"],
+                         architectures=["Exaone4ForCausalLM"])  # fmt: skip
+
+
+def _llama_state(take: Any, model_config: Any) -> dict[str, Any]:
     """A Llama's weights by gguf's table, the queries' and keys' rows put back from the order
-    llama.cpp's converter permutes them to (each head's two halves interleaved), as
-    transformers' loader does for a "llama" file."""
-    out = _by_name_table(take, model_config, arch)
+    llama.cpp's converter permutes them to (each head's two halves interleaved) where it does, as
+    transformers' loader does for a "llama" file; Granite's experts, whose gate and up projections
+    the converter splits, joined again."""
+    import torch
+    from gguf import MODEL_ARCH_NAMES
+
+    arch, permuted = LLAMA_SHAPED[model_config.model_type]
+
+    def experts(hf: str) -> Any:
+        blk = f"blk.{hf.split('.')[2]}." if hf.startswith("model.layers.") else ""
+        if hf.endswith("experts.gate_up_proj"):  # [experts, width, hidden] gate and up -> [experts, 2 x width, hidden]
+            return torch.cat([take(f"{blk}ffn_gate_exps.weight"), take(f"{blk}ffn_up_exps.weight")], dim=1)
+        if hf.endswith("shared_mlp.input_linear.weight"):
+            return torch.cat([take(f"{blk}ffn_gate_shexp.weight"), take(f"{blk}ffn_up_shexp.weight")], dim=0)
+        if hf.endswith("experts.down_proj"):
+            return take(f"{blk}ffn_down_exps.weight")
+        return take(f"{blk}ffn_gate_inp.weight") if hf.endswith("block_sparse_moe.router.weight") else None
+
+    gguf_arch = next(a for a, name in MODEL_ARCH_NAMES.items() if name == arch)
+    out = _by_name_table(take, model_config, gguf_arch, experts)
     for name, value in out.items():
-        if name.endswith(("q_proj.weight", "k_proj.weight")):
+        if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = model_config.num_attention_heads if "q_proj" in name else model_config.num_key_value_heads
             half = value.shape[0] // heads // 2
             out[name] = value.reshape(heads, half, 2, -1).swapaxes(1, 2).reshape(value.shape)
