@@ -13,10 +13,13 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   per-layer embedding table padded with zero rows to the whole vocabulary (its image and audio
   tokens have none), which are cut off again.
 - mistral3 (Mistral's own GGUF files of Ministral 3, and Mistral Small 3.1 and 3.2's language
-  model), granite (IBM's own GGUF files of Granite 3's dense models) and smollm3 (Hugging Face's
+  model), granite and granitemoe (IBM's own GGUF files of Granite 3) and smollm3 (Hugging Face's
   own SmolLM3 files): a Llama's tensors, the queries' and keys' rows permuted as for a "llama"
   file, and Ministral 3's YaRN and query scale by position, or Granite's four multipliers, under
   keys of their own (SmolLM3's layers without RoPE are every fourth, as llama.cpp assumes).
+- olmo2 (OLMo 2's and 3's), exaone4 (EXAONE 4.0's), command-r (Command R, Aya Expanse) and
+  cohere2 (Command R7B): a Llama's tensor names, not permuted, and their own norms and layer
+  patterns (Command R7B's, every fourth layer global, is llama.cpp's assumption).
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from typing import Any
 from firmware.errors import BundleError
 
 GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3 = "gpt-oss", "gemma3n", "mistral3", "granite", "smollm3"
-GRANITE_MOE, OLMO2, EXAONE4 = "granitemoe", "olmo2", "exaone4"
-ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4)
+GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2 = "granitemoe", "olmo2", "exaone4", "command-r", "cohere2"
+ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2)
+COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SWIGLU_LIMIT = 7.0  # llama.cpp's constant for gpt-oss (llama-graph.cpp), gpt-oss's own
 # Gemma 3n's AltUp projections, stacked by llama.cpp's converter: file tensor -> transformers' list.
@@ -44,7 +48,8 @@ def config(meta: dict[str, Any]) -> Any:
     arch = meta.get("general.architecture")
     readers = {GPT_OSS: _gpt_oss_config, GEMMA3N: _gemma3n_config, MISTRAL3: _mistral3_config,
                GRANITE: _granite_config, SMOLLM3: _smollm3_config, GRANITE_MOE: _granite_config,
-               OLMO2: _olmo2_config, EXAONE4: _exaone4_config}  # fmt: skip
+               OLMO2: _olmo2_config, EXAONE4: _exaone4_config, COMMAND_R: _cohere_config,
+               COHERE2: _cohere_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -55,7 +60,7 @@ def config(meta: dict[str, Any]) -> Any:
 LLAMA_SHAPED = {"mistral": (MISTRAL3, True), "ministral3": (MISTRAL3, True), "granite": (GRANITE, True),
                 "smollm3": (SMOLLM3, True), "granitemoe": (GRANITE_MOE, True),
                 "granitemoeshared": (GRANITE_MOE, True), "olmo2": (OLMO2, False), "olmo3": (OLMO2, False),
-                "exaone4": (EXAONE4, False)}  # fmt: skip
+                "exaone4": (EXAONE4, False), "cohere": (COMMAND_R, False), "cohere2": (COHERE2, False)}  # fmt: skip
 
 
 def state(gguf: Path, model_config: Any) -> dict[str, Any]:
@@ -245,7 +250,8 @@ def _llama_fields(meta: dict[str, Any], arch: str) -> dict[str, Any]:
         intermediate_size=int(key("feed_forward_length")), num_hidden_layers=int(key("block_count")),
         num_attention_heads=int(key("attention.head_count")), num_key_value_heads=int(key("attention.head_count_kv")),
         **({"head_dim": int(width)} if width else {}), max_position_embeddings=int(key("context_length")),
-        rms_norm_eps=as_float32(key("attention.layer_norm_rms_epsilon")), rope_parameters=_rope(meta, arch),
+        rms_norm_eps=as_float32(key("attention.layer_norm_rms_epsilon", key("attention.layer_norm_epsilon"))),
+        rope_parameters=_rope(meta, arch),
         tie_word_embeddings="output.weight" not in shapes, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
     )  # fmt: skip
@@ -389,6 +395,25 @@ def _exaone4_config(meta: dict[str, Any]) -> Any:
     return Exaone4Config(**fields, sliding_window=int(window) if types else None,
                          layer_types=types or ["full_attention"] * fields["num_hidden_layers"],
                          architectures=["Exaone4ForCausalLM"])  # fmt: skip
+
+
+def _cohere_config(meta: dict[str, Any]) -> Any:
+    """Cohere's Command R and Aya Expanse (command-r), or Command R7B's (cohere2: three sliding
+    layers in four, which llama.cpp assumes and its files do not state): LayerNorms without biases
+    and the logits' scale."""
+    from transformers import Cohere2Config, CohereConfig
+
+    arch = meta["general.architecture"]
+    key = _key(meta, arch)
+    fields = _llama_fields(meta, arch)
+    fields |= {"layer_norm_eps": fields.pop("rms_norm_eps"), "logit_scale": as_float32(key("logit_scale", 1.0))}
+    if arch == COMMAND_R:
+        return CohereConfig(**fields, use_qk_norm="blk.0.attn_q_norm.weight" in meta["shapes"],
+                            architectures=["CohereForCausalLM"])  # fmt: skip
+    layers = fields["num_hidden_layers"]
+    types = ["full_attention" if (i + 1) % COHERE2_GLOBAL_EVERY == 0 else "sliding_attention" for i in range(layers)]
+    return Cohere2Config(**fields, sliding_window=int(key("attention.sliding_window")), layer_types=types,
+                         architectures=["Cohere2ForCausalLM"])  # fmt: skip
 
 
 def _llama_state(take: Any, model_config: Any) -> dict[str, Any]:

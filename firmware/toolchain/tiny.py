@@ -461,8 +461,10 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # bias), neighbouring pairs rotated, logits scaled.
     "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.5, "tie_word_embeddings": True}),
     # Command R7B's: three sliding layers in four, the fourth global without RoPE.
+    # (Its published config has rotary_pct, which llama.cpp's converter reads.)
     "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {"num_hidden_layers": 4, "sliding_window": 16,
-                                                         "logit_scale": 0.5, "tie_word_embeddings": True}),
+                                                         "logit_scale": 0.5, "tie_word_embeddings": True,
+                                                         "rotary_pct": 1.0}),
     # Mixtral's: Mistral's layers with experts in place of the MLP (top 2 of 4, their weights scaled to sum to 1).
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
     # OLMoE's (OLMoE-1B-7B): a Llama's layers with OLMo 2's query and key norms over the whole
@@ -486,7 +488,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl", "gemma",
                "qwen3_moe_dense", "glm4", "gemma4_unified",
                "arcee", "granite_swa", "lfm3", "seed_oss", "ernie4_5",
                "granite4_h", "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus",
-               "cohere", "cohere2", "olmoe", "qwen2_moe",
+               "olmoe", "qwen2_moe",
                "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
                "gpt_bigcode", "opt", "gpt_neox", "falcon_new",

@@ -89,7 +89,8 @@ CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "gemma4": "gemma4"
              "gemma3n_text": "gemma3n", "ministral3": "mistral3", "mistral3_vl": "mistral3",
              "granite": "granite", "smollm3": "smollm3", "granitemoe": "granitemoe",
              "granitemoeshared": "granitemoe", "olmo2": "olmo2", "olmo3": "olmo2", "exaone4": "exaone4",
-             "exaone4_global": "exaone4", "stablelm": "stablelm"}
+             "exaone4_global": "exaone4", "stablelm": "stablelm", "cohere": "command-r",
+             "cohere2": "cohere2"}
 # What the converter is told for them: the published Qwen3.5 models have a multi-token prediction
 # layer, which a tiny one lacks.
 CONVERT_OPTIONS = {"qwen3_5": ("--no-mtp",), "qwen3_5_moe": ("--no-mtp",)}
