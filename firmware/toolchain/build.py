@@ -301,7 +301,8 @@ def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
 # it (tiny_gguf.GGUF_ARCHITECTURES): others may load through transformers' loader, or may not.
 GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "nemotron", "lfm2", "qwen35",
                 "qwen35moe", "gemma4", "gpt2", "falcon", "bloom", "gpt-oss", "gemma3n", "mistral3",
-                "granite", "smollm3", "granitemoe", "olmo2", "exaone4", "stablelm", "command-r", "cohere2")
+                "granite", "smollm3", "granitemoe", "olmo2", "exaone4", "stablelm", "command-r", "cohere2", "glm4",
+                "seed_oss", "arcee", "hunyuan-dense", "olmoe")
 
 
 def _gguf_hint(gguf: Path) -> str:

@@ -17,9 +17,10 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   own SmolLM3 files): a Llama's tensors, the queries' and keys' rows permuted as for a "llama"
   file, and Ministral 3's YaRN and query scale by position, or Granite's four multipliers, under
   keys of their own (SmolLM3's layers without RoPE are every fourth, as llama.cpp assumes).
-- olmo2 (OLMo 2's and 3's), exaone4 (EXAONE 4.0's), command-r (Command R, Aya Expanse) and
-  cohere2 (Command R7B): a Llama's tensor names, not permuted, and their own norms and layer
-  patterns (Command R7B's, every fourth layer global, is llama.cpp's assumption).
+- olmo2 (OLMo 2's and 3's), olmoe, exaone4 (EXAONE 4.0's), command-r (Command R, Aya Expanse),
+  cohere2 (Command R7B), glm4 (GLM-4-0414, GLM-Z1), seed_oss, arcee (AFM; permuted, as a Llama)
+  and hunyuan-dense: a Llama's tensor names, not permuted, and their own norms and layer patterns
+  (Command R7B's, every fourth layer global, is llama.cpp's assumption).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from firmware.errors import BundleError
 
 GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3 = "gpt-oss", "gemma3n", "mistral3", "granite", "smollm3"
 GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2 = "granitemoe", "olmo2", "exaone4", "command-r", "cohere2"
-ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2)
+GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE = "glm4", "seed_oss", "arcee", "hunyuan-dense", "olmoe"
+ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
+                 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SWIGLU_LIMIT = 7.0  # llama.cpp's constant for gpt-oss (llama-graph.cpp), gpt-oss's own
@@ -49,7 +52,8 @@ def config(meta: dict[str, Any]) -> Any:
     readers = {GPT_OSS: _gpt_oss_config, GEMMA3N: _gemma3n_config, MISTRAL3: _mistral3_config,
                GRANITE: _granite_config, SMOLLM3: _smollm3_config, GRANITE_MOE: _granite_config,
                OLMO2: _olmo2_config, EXAONE4: _exaone4_config, COMMAND_R: _cohere_config,
-               COHERE2: _cohere_config}  # fmt: skip
+               COHERE2: _cohere_config, GLM4: _glm4_config, SEED_OSS: _seed_oss_config, ARCEE: _arcee_config,
+               HUNYUAN_DENSE: _hunyuan_config, OLMOE: _olmoe_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -60,7 +64,9 @@ def config(meta: dict[str, Any]) -> Any:
 LLAMA_SHAPED = {"mistral": (MISTRAL3, True), "ministral3": (MISTRAL3, True), "granite": (GRANITE, True),
                 "smollm3": (SMOLLM3, True), "granitemoe": (GRANITE_MOE, True),
                 "granitemoeshared": (GRANITE_MOE, True), "olmo2": (OLMO2, False), "olmo3": (OLMO2, False),
-                "exaone4": (EXAONE4, False), "cohere": (COMMAND_R, False), "cohere2": (COHERE2, False)}  # fmt: skip
+                "exaone4": (EXAONE4, False), "cohere": (COMMAND_R, False), "cohere2": (COHERE2, False),
+                "glm4": (GLM4, False), "seed_oss": (SEED_OSS, False), "arcee": (ARCEE, True),
+                "hunyuan_v1_dense": (HUNYUAN_DENSE, False), "olmoe": (OLMOE, False)}  # fmt: skip
 
 
 def state(gguf: Path, model_config: Any) -> dict[str, Any]:
@@ -414,6 +420,53 @@ def _cohere_config(meta: dict[str, Any]) -> Any:
     types = ["full_attention" if (i + 1) % COHERE2_GLOBAL_EVERY == 0 else "sliding_attention" for i in range(layers)]
     return Cohere2Config(**fields, sliding_window=int(key("attention.sliding_window")), layer_types=types,
                          architectures=["Cohere2ForCausalLM"])  # fmt: skip
+
+
+def _glm4_config(meta: dict[str, Any]) -> Any:
+    """GLM-4-0414's and GLM-Z1's: a norm after each sublayer as well as before, its MLP's gate and up
+    projections fused (the file's ffn_up), and part of each head rotated (rope.dimension_count)."""
+    from transformers import Glm4Config
+
+    fields = _llama_fields(meta, GLM4)
+    head = fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"]
+    rotated = _key(meta, GLM4)("rope.dimension_count", head)
+    fields["rope_parameters"]["partial_rotary_factor"] = int(rotated) / head
+    return Glm4Config(**fields, attention_bias="blk.0.attn_q.bias" in meta["shapes"], architectures=["Glm4ForCausalLM"])
+
+
+def _seed_oss_config(meta: dict[str, Any]) -> Any:
+    """ByteDance's Seed-OSS: a Llama with biases where its file has them."""
+    from transformers import SeedOssConfig
+
+    shapes = meta["shapes"]
+    return SeedOssConfig(**_llama_fields(meta, SEED_OSS), attention_bias="blk.0.attn_q.bias" in shapes,
+                         attention_out_bias="blk.0.attn_output.bias" in shapes, mlp_bias="blk.0.ffn_up.bias" in shapes,
+                         architectures=["SeedOssForCausalLM"])  # fmt: skip
+
+
+def _arcee_config(meta: dict[str, Any]) -> Any:
+    """Arcee's AFM: a Llama whose MLP is ungated, its activation ReLU squared (ArceeConfig's own)."""
+    from transformers import ArceeConfig
+
+    return ArceeConfig(**_llama_fields(meta, ARCEE), architectures=["ArceeForCausalLM"])
+
+
+def _hunyuan_config(meta: dict[str, Any]) -> Any:
+    """Tencent's Hunyuan dense models: per-head query and key norms."""
+    from transformers import HunYuanDenseV1Config
+
+    return HunYuanDenseV1Config(**_llama_fields(meta, HUNYUAN_DENSE), architectures=["HunYuanDenseV1ForCausalLM"])
+
+
+def _olmoe_config(meta: dict[str, Any]) -> Any:
+    """OLMoE's: OLMo 2's norms of the whole query and key projections and experts whose chosen
+    weights are not scaled to sum to 1 (llama.cpp's olmoe does not)."""
+    from transformers import OlmoeConfig
+
+    key = _key(meta, OLMOE)
+    return OlmoeConfig(**_llama_fields(meta, OLMOE), num_experts=int(key("expert_count")),
+                       num_experts_per_tok=int(key("expert_used_count")), norm_topk_prob=False,
+                       architectures=["OlmoeForCausalLM"])  # fmt: skip
 
 
 def _llama_state(take: Any, model_config: Any) -> dict[str, Any]:

@@ -90,7 +90,8 @@ CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "gemma4": "gemma4"
              "granite": "granite", "smollm3": "smollm3", "granitemoe": "granitemoe",
              "granitemoeshared": "granitemoe", "olmo2": "olmo2", "olmo3": "olmo2", "exaone4": "exaone4",
              "exaone4_global": "exaone4", "stablelm": "stablelm", "cohere": "command-r",
-             "cohere2": "cohere2"}
+             "cohere2": "cohere2", "glm4": "glm4", "seed_oss": "seed_oss", "arcee": "arcee",
+             "hunyuan": "hunyuan-dense", "olmoe": "olmoe"}
 # What the converter is told for them: the published Qwen3.5 models have a multi-token prediction
 # layer, which a tiny one lacks.
 CONVERT_OPTIONS = {"qwen3_5": ("--no-mtp",), "qwen3_5_moe": ("--no-mtp",)}
@@ -304,9 +305,9 @@ def _fingerprint(arch: str) -> str:
 # llama.cpp's own converter, run on the fixture's folder as a user would, with three stand-ins for
 # what a tiny fixture lacks: its BPE is in no table of known pre-tokenizers (llama.cpp hashes real
 # vocabularies; "gpt-2" is the split it was trained with), it has no SentencePiece model to try
-# first, and a Phi-3, a Gemma 2, a Gemma 4 and a Nemotron are read as BPE (as llama.cpp does for
+# first, and a Phi-3, a Gemma 2, a Gemma 4, a Nemotron and a GLM-4 are read as BPE (as llama.cpp does for
 # Phi-4-mini, whose config names GPT2Tokenizer; its Gemma converters and its Nemotron one know only
-# SentencePiece or Gemma 4's own tokenizer).
+# SentencePiece or Gemma 4's own tokenizer, its GLM-4 one only GLM's own special tokens).
 _CONVERT = """
 import sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
@@ -314,6 +315,7 @@ import convert_hf_to_gguf
 import conversion.base as base
 import conversion.gemma as gemma
 import conversion.nemotron as nemotron
+import conversion.glm as glm
 import conversion.phi as phi
 
 def no_sentencepiece(self):
@@ -325,6 +327,7 @@ phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()
 gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
 gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 nemotron.NemotronModel.set_vocab = lambda self: self._set_vocab_gpt2()
+glm.Glm4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
 convert_hf_to_gguf.main()
 """
