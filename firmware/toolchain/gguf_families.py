@@ -150,14 +150,11 @@ def _gpt_oss_config(meta: dict[str, Any]) -> Any:
     layers = int(key("block_count"))
     pattern = key("attention.sliding_window_pattern")
     sliding = [bool(s) for s in pattern] if isinstance(pattern, list) else [i % 2 == 0 for i in range(layers)]
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0))}
-    if key("rope.scaling.type") == "yarn":  # gpt-oss's YaRN, not truncated (its config's `truncate`)
-        rope.update(rope_type="yarn", factor=float(key("rope.scaling.factor")), truncate=False,
-                    original_max_position_embeddings=int(key("rope.scaling.original_context_length")),
-                    beta_fast=float(key("rope.scaling.yarn_beta_fast", 32.0)),
-                    beta_slow=float(key("rope.scaling.yarn_beta_slow", 1.0)))  # fmt: skip
-    elif key("rope.scaling.type") not in (None, "none"):
-        raise BundleError(f"a gpt-oss file with RoPE scaling {key('rope.scaling.type')!r} (read: yarn)")
+    rope = _rope(meta, GPT_OSS)
+    if rope["rope_type"] == "yarn":  # gpt-oss's YaRN, not truncated (its config's `truncate`)
+        rope["truncate"] = False
+    elif rope["rope_type"] != "default":
+        raise BundleError(f"a gpt-oss file with RoPE scaling {rope['rope_type']!r} (read: yarn)")
     return GptOssConfig(
         vocab_size=shapes["token_embd.weight"][0], hidden_size=int(key("embedding_length")), num_hidden_layers=layers,
         num_attention_heads=int(key("attention.head_count")), num_key_value_heads=int(key("attention.head_count_kv")),
