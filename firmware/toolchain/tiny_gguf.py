@@ -56,6 +56,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -309,6 +310,7 @@ def _fingerprint(arch: str) -> str:
 # Phi-4-mini, whose config names GPT2Tokenizer; its Gemma converters and its Nemotron one know only
 # SentencePiece or Gemma 4's own tokenizer, its GLM-4 one only GLM's own special tokens).
 _CONVERT = """
+import json
 import sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
 import convert_hf_to_gguf
@@ -328,8 +330,9 @@ gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
 gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 nemotron.NemotronModel.set_vocab = lambda self: self._set_vocab_gpt2()
 glm.Glm4Model.set_vocab = lambda self: self._set_vocab_gpt2()
-sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
-convert_hf_to_gguf.main()
+for folder, out, options in json.loads(sys.argv[2]):  # one process for many: its start is most of the time
+    sys.argv = ["convert_hf_to_gguf.py", *options, "--outtype", "f32", "--outfile", out, folder]
+    convert_hf_to_gguf.main()
 """
 
 
@@ -348,13 +351,19 @@ def llama_cpp_source() -> Path:
 def llama_cpp_convert(hf_dir: Path, out: Path, *options: str) -> None:
     """`hf_dir` written as an F32 GGUF file by llama.cpp's convert_hf_to_gguf.py, as a user would
     run it, with its `options`."""
+    llama_cpp_convert_many([(hf_dir, out, options)])
+
+
+def llama_cpp_convert_many(jobs: Sequence[tuple[Path, Path, Sequence[str]]]) -> None:
+    """Each (folder, file, options) of `jobs` converted as llama_cpp_convert does, in one process."""
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-c", _CONVERT, str(llama_cpp_source()), *options, "--outtype", "f32",
-                          "--outfile", str(out), str(hf_dir)], capture_output=True, text=True)  # fmt: skip
+    listed = json.dumps([[str(folder), str(out), list(options)] for folder, out, options in jobs])
+    run = subprocess.run([sys.executable, "-c", _CONVERT, str(llama_cpp_source()), listed], capture_output=True,
+                         text=True)  # fmt: skip
     if run.returncode != 0:
-        raise RuntimeError(f"llama.cpp's converter failed on {hf_dir}: {run.stderr[-2000:]}")
+        raise RuntimeError(f"llama.cpp's converter failed on {[str(j[0]) for j in jobs]}: {run.stderr[-2000:]}")
 
 
 def tiny_gguf(arch: str = "llama") -> Path:

@@ -20,7 +20,14 @@ from appliance.engine.tokenizer import TextTokenizer
 from firmware.toolchain import gguf_families
 from firmware.toolchain.build import read_chat_template
 from firmware.toolchain.tiny import ARCHITECTURES, FOLDER_ONLY, tiny_bundle, tiny_hf_dir
-from firmware.toolchain.tiny_gguf import CONVERTED, GGUF_ARCHITECTURES, llama_cpp_convert, tiny_gguf, tiny_gguf_bundle
+from firmware.toolchain.tiny_gguf import (
+    CONVERTED,
+    GGUF_ARCHITECTURES,
+    llama_cpp_convert,
+    llama_cpp_convert_many,
+    tiny_gguf,
+    tiny_gguf_bundle,
+)
 
 CONVERSATION = (
     Message("user", "Explain the for statement and how the else clause of a loop works."),
@@ -147,16 +154,27 @@ def test_the_dequantized_folder_keeps_what_the_gguf_states(name: str, tmp_path: 
 OUR_KEYS = {"mistral": {"llama.attention.sliding_window"}, "gemma3": {"gemma3.attention.sliding_window_pattern"}}
 
 
-@pytest.mark.parametrize("name", sorted(set(GGUF_ARCHITECTURES) - set(CONVERTED)))
-def test_the_gguf_is_what_llama_cpp_s_converter_writes(name: str, tmp_path: Path) -> None:
+WRITTEN_HERE = sorted(set(GGUF_ARCHITECTURES) - set(CONVERTED))
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each fixture tiny_gguf.py writes itself, written again by llama.cpp's converter (in one
+    process: its start is most of each conversion's time)."""
+    out = tmp_path_factory.mktemp("llama-cpp")
+    files = {name: out / f"{name}.gguf" for name in WRITTEN_HERE}
+    llama_cpp_convert_many([(tiny_hf_dir(name), path, ()) for name, path in files.items()])
+    return files
+
+
+@pytest.mark.parametrize("name", WRITTEN_HERE)
+def test_the_gguf_is_what_llama_cpp_s_converter_writes(name: str, converted: dict[str, Path]) -> None:
     """Tensors bit for bit (after llama.cpp's permutations and norm shifts) and every metadata key
     and value, against convert_hf_to_gguf.py from the llama.cpp source bench/llama_server.sh caches
     (the CONVERTED fixtures' files are its own)."""
     from gguf import GGUFReader
 
-    out = tmp_path / "llama-cpp.gguf"
-    llama_cpp_convert(tiny_hf_dir(name), out)
-    theirs, ours = GGUFReader(str(out)), GGUFReader(str(tiny_gguf(name)))
+    theirs, ours = GGUFReader(str(converted[name])), GGUFReader(str(tiny_gguf(name)))
 
     def metadata(reader: GGUFReader) -> dict[str, Any]:
         return {k: f.contents() for k, f in reader.fields.items() if not k.startswith(("GGUF.", "general."))}
