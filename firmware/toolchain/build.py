@@ -275,26 +275,18 @@ def _template_end_of_turn(hf_dir: Path) -> int | None:
 
 def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
     """Mixtral's router and experts from a file llama.cpp wrote as a "llama" one (transformers' loader
-    reads none of them), dequantized, in transformers' names: the router [experts, hidden], the gate
-    and up projections joined [experts, 2 x width, hidden] and the down one [experts, hidden, width]."""
-    import torch
-
+    reads none of them), dequantized, in transformers' names."""
     found = gguf_families.read_tensors(
         gguf, lambda name: name.startswith("blk.") and name.endswith(("ffn_gate_inp.weight", "_exps.weight")))
 
-    def part(layer: int, kind: str) -> Any:
-        name = f"blk.{layer}.{kind}.weight"
+    def take(name: str) -> Any:
         if name not in found:
             raise BundleError(f"{gguf}: a file with experts has no {name}")
         return found[name]
 
-    out = {}
-    for i in range(int(config.num_hidden_layers)):
-        prefix = f"model.layers.{i}.mlp"
-        out[f"{prefix}.gate.weight"] = part(i, "ffn_gate_inp")
-        out[f"{prefix}.experts.gate_up_proj"] = torch.cat([part(i, "ffn_gate_exps"), part(i, "ffn_up_exps")], dim=1)
-        out[f"{prefix}.experts.down_proj"] = part(i, "ffn_down_exps")
-    return out
+    names = [f"model.layers.{i}.mlp.{part}" for i in range(int(config.num_hidden_layers))
+             for part in ("gate.weight", "experts.gate_up_proj", "experts.down_proj")]  # fmt: skip
+    return {name: gguf_families.moe_weight(take, name) for name in names}
 
 
 # The GGUF architectures (llama.cpp's names) the build is checked on, each written as llama.cpp writes
@@ -302,7 +294,8 @@ def _gguf_experts(gguf: Path, config: Any) -> dict[str, Any]:
 GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "nemotron", "lfm2", "qwen35",
                 "qwen35moe", "gemma4", "gpt2", "falcon", "bloom", "gpt-oss", "gemma3n", "mistral3",
                 "granite", "smollm3", "granitemoe", "olmo2", "exaone4", "stablelm", "command-r", "cohere2", "glm4",
-                "seed_oss", "arcee", "hunyuan-dense", "olmoe")
+                "seed_oss", "arcee", "hunyuan-dense", "olmoe", "ernie4_5", "lfm2moe",
+                "granitehybrid", "nemotron_h")
 
 
 def _gguf_hint(gguf: Path) -> str:

@@ -20,7 +20,16 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
 - olmo2 (OLMo 2's and 3's), olmoe, exaone4 (EXAONE 4.0's), command-r (Command R, Aya Expanse),
   cohere2 (Command R7B), glm4 (GLM-4-0414, GLM-Z1), seed_oss, arcee (AFM; permuted, as a Llama)
   and hunyuan-dense: a Llama's tensor names, not permuted, and their own norms and layer patterns
-  (Command R7B's, every fourth layer global, is llama.cpp's assumption).
+  (Command R7B's, every fourth layer global, is llama.cpp's assumption); ernie4_5 (ERNIE 4.5 0.3B)
+  the same.
+- lfm2moe (LFM2-8B-A1B): LFM2's convolutions, their kernels written without the channel dimension,
+  and experts routed by sigmoid with a bias for choosing, whose weights llama.cpp always normalises.
+- granitehybrid (Granite 4.0-H: H-Micro, H-Tiny, H-Small, H-1B, H-350M): Mamba 2 layers, which the
+  converter reshapes (A as -exp(A_log), the gated norm by group), between Granite's attention
+  layers, a shared MLP in each layer and experts in some. (Granite 4.0's dense models are granite
+  files.)
+- nemotron_h (Nemotron Nano 2, Nemotron-H): the same Mamba 2 layers, attention and squared-ReLU MLP
+  layers, one mixer a block, told apart by the per-layer lists of key heads and MLP widths.
 """
 
 from __future__ import annotations
@@ -35,10 +44,12 @@ from firmware.errors import BundleError
 GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3 = "gpt-oss", "gemma3n", "mistral3", "granite", "smollm3"
 GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2 = "granitemoe", "olmo2", "exaone4", "command-r", "cohere2"
 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE = "glm4", "seed_oss", "arcee", "hunyuan-dense", "olmoe"
+ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granitehybrid", "nemotron_h"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
-                 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE)
+                 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
+SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
 SWIGLU_LIMIT = 7.0  # llama.cpp's constant for gpt-oss (llama-graph.cpp), gpt-oss's own
 # Gemma 3n's AltUp projections, stacked by llama.cpp's converter: file tensor -> transformers' list.
 GEMMA3N_STACKED = {"altup_proj.weight": "model.altup_projections", "altup_unembd_proj.weight":
@@ -53,7 +64,8 @@ def config(meta: dict[str, Any]) -> Any:
                GRANITE: _granite_config, SMOLLM3: _smollm3_config, GRANITE_MOE: _granite_config,
                OLMO2: _olmo2_config, EXAONE4: _exaone4_config, COMMAND_R: _cohere_config,
                COHERE2: _cohere_config, GLM4: _glm4_config, SEED_OSS: _seed_oss_config, ARCEE: _arcee_config,
-               HUNYUAN_DENSE: _hunyuan_config, OLMOE: _olmoe_config}  # fmt: skip
+               HUNYUAN_DENSE: _hunyuan_config, OLMOE: _olmoe_config, ERNIE4_5: _ernie_config,
+               LFM2_MOE: _lfm2_moe_config, GRANITE_HYBRID: _granite_config, NEMOTRON_H: _nemotron_h_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -66,7 +78,8 @@ LLAMA_SHAPED = {"mistral": (MISTRAL3, True), "ministral3": (MISTRAL3, True), "gr
                 "granitemoeshared": (GRANITE_MOE, True), "olmo2": (OLMO2, False), "olmo3": (OLMO2, False),
                 "exaone4": (EXAONE4, False), "cohere": (COMMAND_R, False), "cohere2": (COHERE2, False),
                 "glm4": (GLM4, False), "seed_oss": (SEED_OSS, False), "arcee": (ARCEE, True),
-                "hunyuan_v1_dense": (HUNYUAN_DENSE, False), "olmoe": (OLMOE, False)}  # fmt: skip
+                "hunyuan_v1_dense": (HUNYUAN_DENSE, False), "olmoe": (OLMOE, False),
+                "ernie4_5": (ERNIE4_5, False)}  # fmt: skip
 
 
 def state(gguf: Path, model_config: Any) -> dict[str, Any]:
@@ -83,14 +96,22 @@ def state(gguf: Path, model_config: Any) -> dict[str, Any]:
         out = _gpt_oss_state(take, model_config)
     elif model_config.model_type == "gemma3n_text":
         out = _gemma3n_state(take, model_config)
+    elif model_config.model_type == "lfm2_moe":
+        out = _lfm2_moe_state(take, model_config)
+    elif model_config.model_type == "granitemoehybrid":
+        out = _granite_hybrid_state(take, model_config)
+    elif model_config.model_type == "nemotron_h":
+        out = _nemotron_h_state(take, model_config)
     else:  # a Llama's tensors: Ministral 3's, Mistral Small's, Granite's, SmolLM3's, OLMo's, EXAONE's
         out = _llama_state(take, model_config)
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def _by_name_table(take: Any, model_config: Any, arch: Any, special: Any = None) -> dict[str, Any]:
+def _by_name_table(take: Any, model_config: Any, arch: Any, special: Any = None,
+                   prefix: str = "model.") -> dict[str, Any]:  # fmt: skip
     """Each weight of `model_config`'s model read by gguf's own table of `arch`'s tensor names
-    (transformers' names -> llama.cpp's), but those `special` reads (it gives None for the rest)."""
+    (checkpoints' names -> llama.cpp's; a checkpoint's names start with `prefix` where
+    transformers' start with "model."), but those `special` reads (it gives None for the rest)."""
     import torch
     import transformers
     from gguf import get_tensor_name_map
@@ -104,7 +125,7 @@ def _by_name_table(take: Any, model_config: Any, arch: Any, special: Any = None)
             continue
         value = special(hf) if special is not None else None
         if value is None:
-            base, _, suffix = hf.rpartition(".")
+            base, _, suffix = (prefix + hf.removeprefix("model.") if hf.startswith("model.") else hf).rpartition(".")
             file_name = names.get_name(base) if suffix in ("weight", "bias") else None
             file_name = f"{file_name}.{suffix}" if file_name else f"{names.get_name(hf)}.weight"
             if file_name.startswith("None."):
@@ -251,13 +272,21 @@ def _llama_fields(meta: dict[str, Any], arch: str) -> dict[str, Any]:
     return dict(
         vocab_size=shapes["token_embd.weight"][0], hidden_size=int(key("embedding_length")),
         intermediate_size=int(key("feed_forward_length")), num_hidden_layers=int(key("block_count")),
-        num_attention_heads=int(key("attention.head_count")), num_key_value_heads=int(key("attention.head_count_kv")),
+        num_attention_heads=int(key("attention.head_count")), num_key_value_heads=max(_key_heads(meta, arch)),
         **({"head_dim": int(width)} if width else {}), max_position_embeddings=int(key("context_length")),
         rms_norm_eps=as_float32(key("attention.layer_norm_rms_epsilon", key("attention.layer_norm_epsilon"))),
         rope_parameters=_rope(meta, arch),
         tie_word_embeddings="output.weight" not in shapes, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
     )  # fmt: skip
+
+
+def _key_heads(meta: dict[str, Any], arch: str) -> list[int]:
+    """Each layer's key heads: one count for all, or a list in which a layer without attention (a
+    convolution's, a Mamba layer's) has none."""
+    key = _key(meta, arch)
+    heads = key("attention.head_count_kv")
+    return [int(h) for h in heads] if isinstance(heads, list) else [int(heads)] * int(key("block_count"))
 
 
 def _rope(meta: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -353,12 +382,40 @@ def _granite_config(meta: dict[str, Any]) -> Any:
         residual_multiplier=as_float32(key("residual_scale", 1.0)), logits_scaling=as_float32(key("logit_scale", 1.0)))
     if arch == GRANITE:
         return GraniteConfig(**fields, architectures=["GraniteForCausalLM"])
+    if arch == GRANITE_HYBRID:
+        return _granite_hybrid_config(meta, fields)
     fields |= {"num_local_experts": int(key("expert_count")), "num_experts_per_tok": int(key("expert_used_count"))}
     shared = key("expert_shared_feed_forward_length")
     if shared:
         return GraniteMoeSharedConfig(**fields, shared_intermediate_size=int(shared),
                                       architectures=["GraniteMoeSharedForCausalLM"])  # fmt: skip
     return GraniteMoeConfig(**fields, architectures=["GraniteMoeForCausalLM"])
+
+
+def _granite_hybrid_config(meta: dict[str, Any], fields: dict[str, Any]) -> Any:
+    """Granite 4.0-H (H-Micro, H-Tiny, H-Small, H-1B, H-350M): Mamba 2 layers (those without key
+    heads) between attention layers, a shared MLP in every layer, experts in some. Its attention
+    is turned by RoPE only where the file says rope.scaling.finetuned, llama.cpp's switch for it
+    (the converter writes false for the hybrids, which have no positions, and a context of 2^20)."""
+    from transformers import GraniteMoeHybridConfig
+
+    key, shapes = _key(meta, GRANITE_HYBRID), meta["shapes"]
+    inner, heads, hidden = int(key("ssm.inner_size")), int(key("ssm.time_step_rank")), fields["hidden_size"]
+    if inner % hidden or inner % heads:
+        raise BundleError(f"a {GRANITE_HYBRID} file whose Mamba width ({inner}) is not a multiple of its hidden size "
+                          f"({hidden}) and heads ({heads})")  # fmt: skip
+    kinds = ["attention" if h else "mamba" for h in _key_heads(meta, GRANITE_HYBRID)]
+    mamba = next((i for i, kind in enumerate(kinds) if kind == "mamba"), 0)
+    fields |= {"intermediate_size": int(key("expert_feed_forward_length", fields["intermediate_size"]))}
+    return GraniteMoeHybridConfig(
+        **fields, layer_types=kinds, mamba_n_heads=heads, mamba_d_head=inner // heads,
+        mamba_n_groups=int(key("ssm.group_count")), mamba_d_state=int(key("ssm.state_size")),
+        mamba_d_conv=int(key("ssm.conv_kernel")), mamba_expand=inner // hidden,
+        mamba_conv_bias=f"blk.{mamba}.ssm_conv1d.bias" in shapes, mamba_proj_bias=f"blk.{mamba}.ssm_in.bias" in shapes,
+        num_local_experts=int(key("expert_count", 0)), num_experts_per_tok=int(key("expert_used_count", 0)),
+        shared_intermediate_size=int(key("expert_shared_feed_forward_length", fields["intermediate_size"])),
+        position_embedding_type="rope" if key("rope.scaling.finetuned", True) else "nope",
+        architectures=["GraniteMoeHybridForCausalLM"])  # fmt: skip
 
 
 def _smollm3_config(meta: dict[str, Any]) -> Any:
@@ -466,30 +523,177 @@ def _olmoe_config(meta: dict[str, Any]) -> Any:
                        architectures=["OlmoeForCausalLM"])  # fmt: skip
 
 
+def _ernie_config(meta: dict[str, Any]) -> Any:
+    """Baidu's ERNIE 4.5 dense models (0.3B): a Llama whose RoPE turns adjacent pairs (the
+    converter leaves its rows as they are), with biases where its file has them."""
+    from transformers import Ernie4_5Config
+
+    return Ernie4_5Config(**_llama_fields(meta, ERNIE4_5), use_bias="blk.0.attn_q.bias" in meta["shapes"],
+                          architectures=["Ernie4_5ForCausalLM"])  # fmt: skip
+
+
+def _lfm2_moe_config(meta: dict[str, Any]) -> Any:
+    """Liquid's LFM2 mixtures of experts (LFM2-8B-A1B): LFM2's short convolutions (the layers with
+    no key heads) and attention, dense leading layers, then experts routed by sigmoid with a bias
+    for choosing them, the chosen weights normalised (llama.cpp always does)."""
+    from transformers import Lfm2MoeConfig
+
+    key, shapes = _key(meta, LFM2_MOE), meta["shapes"]
+    gating = key("expert_gating_func")
+    if gating is not None and int(gating) != SIGMOID_GATING:
+        raise BundleError(f"an {LFM2_MOE} file whose experts are not chosen by sigmoid (gating {gating}): "
+                          "LFM2's are")  # fmt: skip
+    fields = _llama_fields(meta, LFM2_MOE)
+    del fields["rms_norm_eps"]
+    return Lfm2MoeConfig(**fields, norm_eps=as_float32(key("attention.layer_norm_rms_epsilon")),
+                         layer_types=["full_attention" if h else "conv" for h in _key_heads(meta, LFM2_MOE)],
+                         conv_L_cache=int(key("shortconv.l_cache")), conv_bias="blk.0.shortconv.conv.bias" in shapes,
+                         moe_intermediate_size=int(key("expert_feed_forward_length")),
+                         num_dense_layers=int(key("leading_dense_block_count", 0)),
+                         num_experts=int(key("expert_count")), num_experts_per_tok=int(key("expert_used_count")),
+                         use_expert_bias=any(name.endswith("exp_probs_b.bias") for name in shapes),
+                         norm_topk_prob=True, routed_scaling_factor=float(key("expert_weights_scale", 1.0)) or 1.0,
+                         architectures=["Lfm2MoeForCausalLM"])  # fmt: skip
+
+
+def _lfm2_moe_state(take: Any, model_config: Any) -> dict[str, Any]:
+    """LFM2's weights by gguf's table, its convolutions' kernels [hidden, length] given their
+    channel dimension back, its experts by moe_weight and their bias for choosing."""
+    from gguf import MODEL_ARCH
+
+    def special(hf: str) -> Any:
+        if hf.endswith("conv.conv.weight"):
+            return take(f"{_block(hf)}shortconv.conv.weight").unsqueeze(1)
+        if hf.endswith("feed_forward.expert_bias"):
+            return take(f"{_block(hf)}exp_probs_b.bias")
+        return moe_weight(take, hf)
+
+    return _by_name_table(take, model_config, MODEL_ARCH.LFM2MOE, special)
+
+
+def _granite_hybrid_state(take: Any, model_config: Any) -> dict[str, Any]:
+    """Granite 4.0-H's weights: its attention's as a Granite's (permuted), its Mamba layers' by
+    _mamba2_weight, its shared MLP's gate and up projections joined again (named as a plain MLP's
+    where the model has no experts)."""
+    import torch
+    from gguf import MODEL_ARCH
+
+    plain = not model_config.num_local_experts  # the shared MLP then has a plain MLP's names
+
+    def special(hf: str) -> Any:
+        blk = _block(hf)
+        if plain and hf.endswith("shared_mlp.input_linear.weight"):
+            return torch.cat([take(f"{blk}ffn_gate.weight"), take(f"{blk}ffn_up.weight")], dim=0)
+        if plain and hf.endswith("shared_mlp.output_linear.weight"):
+            return take(f"{blk}ffn_down.weight")
+        mamba = _mamba2_weight(take, hf)
+        return moe_weight(take, hf) if mamba is None else mamba
+
+    return _unpermuted(_by_name_table(take, model_config, MODEL_ARCH.GRANITE_HYBRID, special), model_config)
+
+
+def _nemotron_h_config(meta: dict[str, Any]) -> Any:
+    """NVIDIA's Nemotron-H (Nemotron Nano 2, Nemotron-H 4B and 8B): blocks of one mixer each, told
+    apart by the file's per-layer lists: attention where a layer has key heads, an MLP (squared
+    ReLU) where it has a width, Mamba 2 elsewhere. No RoPE; the converter writes a context of 2^20."""
+    from transformers import NemotronHConfig
+
+    key, shapes = _key(meta, NEMOTRON_H), meta["shapes"]
+    layers = int(key("block_count"))
+    widths, heads = key("feed_forward_length"), _key_heads(meta, NEMOTRON_H)
+    widths = [int(w) for w in widths] if isinstance(widths, list) else [int(widths)] * layers
+    kinds = ["full_attention" if h else "mlp" if w else "linear_attention" for h, w in zip(heads, widths, strict=True)]
+    inner, ssm_heads = int(key("ssm.inner_size")), int(key("ssm.time_step_rank"))
+    first = {kind: kinds.index(kind) if kind in kinds else 0 for kind in ("linear_attention", "mlp", "full_attention")}
+
+    def has(kind: str, tensor: str) -> bool:
+        return f"blk.{first[kind]}.{tensor}" in shapes
+
+    return NemotronHConfig(
+        vocab_size=shapes["token_embd.weight"][0], hidden_size=int(key("embedding_length")), layers_block_type=kinds,
+        intermediate_size=max(widths), num_attention_heads=int(key("attention.head_count")),
+        num_key_value_heads=max(heads), head_dim=int(key("attention.key_length")),
+        max_position_embeddings=int(key("context_length")),
+        layer_norm_epsilon=as_float32(key("attention.layer_norm_rms_epsilon", key("attention.layer_norm_epsilon"))),
+        mamba_num_heads=ssm_heads, mamba_head_dim=inner // ssm_heads, n_groups=int(key("ssm.group_count")),
+        ssm_state_size=int(key("ssm.state_size")), conv_kernel=int(key("ssm.conv_kernel")),
+        use_conv_bias=has("linear_attention", "ssm_conv1d.bias"),
+        mamba_proj_bias=has("linear_attention", "ssm_in.bias"),
+        mlp_bias=has("mlp", "ffn_up.bias"), attention_bias=has("full_attention", "attn_q.bias"),
+        tie_word_embeddings="output.weight" not in shapes, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+        architectures=["NemotronHForCausalLM"])  # fmt: skip
+
+
+def _nemotron_h_state(take: Any, model_config: Any) -> dict[str, Any]:
+    """Nemotron-H's weights by gguf's table, its attention's permuted as a Granite's (the converter
+    is Granite 4.0-H's), its Mamba layers' by _mamba2_weight."""
+    from gguf import MODEL_ARCH
+
+    out = _by_name_table(take, model_config, MODEL_ARCH.NEMOTRON_H, lambda hf: _mamba2_weight(take, hf),
+                         prefix="backbone.")
+    return _unpermuted(out, model_config)
+
+
+def _mamba2_weight(take: Any, hf: str) -> Any:
+    """A Mamba 2 mixer's weight named `hf` as llama.cpp's converter reshapes it (A stored as
+    -exp(A_log), D given a dimension of 1, the convolution kernels losing one, the gated norm split
+    by group), or None for any other weight."""
+    import torch
+
+    blk = _block(hf)
+    if hf.endswith(".A_log"):  # in float64, so that the float32 exp's rounding is undone exactly
+        return torch.log(-take(f"{blk}ssm_a").double()).float().reshape(-1)
+    if hf.endswith((".D", "mamba.norm.weight", "mixer.norm.weight")):  # (a layer's own norm is not the mixer's)
+        return take(f"{blk}ssm_d" if hf.endswith("D") else f"{blk}ssm_norm.weight").reshape(-1)
+    if hf.endswith(".conv1d.weight"):
+        return take(f"{blk}ssm_conv1d.weight").unsqueeze(1)
+    return take(f"{blk}ssm_dt.bias") if hf.endswith(".dt_bias") else None
+
+
+def moe_weight(take: Any, hf: str) -> Any:
+    """A mixture of experts' weight named `hf` (transformers' name) read through `take` (llama.cpp's
+    names -> tensors), or None for any other: the experts' gate and up projections, which the
+    converter writes apart, joined again (Mixtral, Granite, OLMoE), the rest taken as they are."""
+    import torch
+
+    blk = _block(hf)
+    if hf.endswith("experts.gate_up_proj"):  # [experts, width, hidden] gate and up -> [experts, 2 x width, hidden]
+        return torch.cat([take(f"{blk}ffn_gate_exps.weight"), take(f"{blk}ffn_up_exps.weight")], dim=1)
+    if hf.endswith("shared_mlp.input_linear.weight"):  # Granite's shared expert: [2 x width, hidden]
+        return torch.cat([take(f"{blk}ffn_gate_shexp.weight"), take(f"{blk}ffn_up_shexp.weight")], dim=0)
+    if hf.endswith("experts.down_proj"):
+        return take(f"{blk}ffn_down_exps.weight")
+    if hf.endswith(("block_sparse_moe.router.weight", "mlp.gate.weight", "feed_forward.gate.weight")):  # the router
+        return take(f"{blk}ffn_gate_inp.weight")
+    return None
+
+
+def _block(hf: str) -> str:
+    """The prefix of llama.cpp's names of the layer that transformers' weight `hf` is in ("blk.N."),
+    or "" for a weight of no layer."""
+    return f"blk.{hf.split('.')[2]}." if hf.startswith("model.layers.") else ""
+
+
 def _llama_state(take: Any, model_config: Any) -> dict[str, Any]:
     """A Llama's weights by gguf's table, the queries' and keys' rows put back from the order
     llama.cpp's converter permutes them to (each head's two halves interleaved) where it does, as
-    transformers' loader does for a "llama" file; Granite's experts, whose gate and up projections
-    the converter splits, joined again."""
-    import torch
+    transformers' loader does for a "llama" file; experts read by moe_weight."""
     from gguf import MODEL_ARCH_NAMES
 
     arch, permuted = LLAMA_SHAPED[model_config.model_type]
 
-    def experts(hf: str) -> Any:
-        blk = f"blk.{hf.split('.')[2]}." if hf.startswith("model.layers.") else ""
-        if hf.endswith("experts.gate_up_proj"):  # [experts, width, hidden] gate and up -> [experts, 2 x width, hidden]
-            return torch.cat([take(f"{blk}ffn_gate_exps.weight"), take(f"{blk}ffn_up_exps.weight")], dim=1)
-        if hf.endswith("shared_mlp.input_linear.weight"):
-            return torch.cat([take(f"{blk}ffn_gate_shexp.weight"), take(f"{blk}ffn_up_shexp.weight")], dim=0)
-        if hf.endswith("experts.down_proj"):
-            return take(f"{blk}ffn_down_exps.weight")
-        return take(f"{blk}ffn_gate_inp.weight") if hf.endswith("block_sparse_moe.router.weight") else None
-
     gguf_arch = next(a for a, name in MODEL_ARCH_NAMES.items() if name == arch)
-    out = _by_name_table(take, model_config, gguf_arch, experts)
-    for name, value in out.items():
-        if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
+    out = _by_name_table(take, model_config, gguf_arch, lambda hf: moe_weight(take, hf))
+    return _unpermuted(out, model_config) if permuted else out
+
+
+def _unpermuted(state: dict[str, Any], model_config: Any) -> dict[str, Any]:
+    """`state` with its queries' and keys' rows put back from llama.cpp's order (each head's two
+    halves interleaved)."""
+    out = dict(state)
+    for name, value in state.items():
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = model_config.num_attention_heads if "q_proj" in name else model_config.num_key_value_heads
             half = value.shape[0] // heads // 2
             out[name] = value.reshape(heads, half, 2, -1).swapaxes(1, 2).reshape(value.shape)

@@ -6,6 +6,8 @@ architectures the firmware build supports (ARCHITECTURES), each checked against 
 from __future__ import annotations
 
 import hashlib
+import inspect
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,9 +206,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # sequence) between attention layers with query and key norms.
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1],
                                               "block_multiple_of": 32, "conv_L_cache": 3}),
-    # LFM2's mixture-of-experts models: a dense first layer, then experts (top 2 of 4) with biased routing.
+    # LFM2's mixture-of-experts models: a dense first layer, then experts (top 2 of 4) with biased
+    # routing; the LM head is the embedding, as LFM2-8B-A1B's (llama.cpp's lfm2moe has no other).
     "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", {"layer_types": ["conv", "full_attention"],
-        "num_dense_layers": 1, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}),
+        "num_dense_layers": 1, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+        "tie_word_embeddings": True}),
     # Granite 4.0-H (the hybrids: H-Micro, H-1B, H-350M): Mamba 2 layers (8 heads of 16, B and C in 2
     # groups of 16 state dimensions, a 4-wide convolution) between attention layers without RoPE.
     "granite4_h": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
@@ -242,8 +246,12 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1, "num_experts": 4,
         "num_experts_per_tok": 2, "expert_layer_period": 2, "expert_layer_offset": 0, "mamba_d_state": 8,
         "mamba_dt_rank": 8, "mamba_expand": 2}),
+    # Granite 4.0's dense models (Micro, 1B, 350M): the hybrid class with attention layers only, and
+    # RoPE; no experts, nor any chosen (as published: llama.cpp's converter writes a file of experts
+    # otherwise).
     "granite4": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
         "layer_types": ["attention", "attention"], "num_key_value_heads": 1, "num_local_experts": 0,
+        "num_experts_per_tok": 0,
         "shared_intermediate_size": 128, "position_embedding_type": "rope", "embedding_multiplier": 12.0,
         "logits_scaling": 4.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125}),
     # IBM's Granite 3.x mixture-of-experts models (granite-3.1-1b-a400m, 3b-a800m): Granite's multipliers
@@ -484,15 +492,45 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl", "gemma", "olmo",
                "phi", "hunyuan_alpha", "gpt_oss_global", "llama_rope_linear", "qwen2_yarn",
-               "lfm2_moe", "granite4", "qwen2_5_vl", "qwen3_vl", "lfm2_vl",
+               "qwen2_5_vl", "qwen3_vl", "lfm2_vl",
                "qwen3_moe_dense", "gemma4_unified",
-               "granite_swa", "lfm3", "ernie4_5",
-               "granite4_h", "granite4_moe", "nemotron_h", "falcon_h1", "ministral", "jais2", "jamba", "apertus",
+               "granite_swa", "lfm3",
+               "falcon_h1", "ministral", "jais2", "jamba", "apertus",
                "qwen2_moe",
                "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
                "gpt_bigcode", "opt", "gpt_neox", "falcon_new",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next")
+
+
+def _granite4_as_published(config: dict[str, Any]) -> dict[str, Any]:
+    """Granite 4.0's layers in transformers 4's words, as its published configs name them."""
+    words = {"linear_attention": "mamba", "full_attention": "attention"}
+    return config | {"layer_types": [words.get(kind, kind) for kind in config["layer_types"]]}
+
+
+# What transformers 5 writes of a Nemotron-H config that has no experts, and a published one lacks.
+NEMOTRON_H_MOE_KEYS = ("moe_intermediate_size", "moe_latent_size", "moe_shared_expert_intermediate_size",
+                       "moe_shared_expert_overlap", "mtp_layers_block_type", "n_group", "n_routed_experts",
+                       "n_shared_experts", "norm_topk_prob", "num_experts_per_tok", "num_nextn_predict_layers",
+                       "routed_scaling_factor", "topk_group")  # fmt: skip
+
+
+def _nemotron_h_as_published(config: dict[str, Any]) -> dict[str, Any]:
+    """Nemotron-H's layers as one pattern (M: Mamba, *: attention, -: MLP, E: experts), as its
+    published configs give them, and a model without experts without their keys."""
+    letters = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
+    kinds = config["layers_block_type"]
+    dropped = ("layers_block_type", *(NEMOTRON_H_MOE_KEYS if "moe" not in kinds else ()))
+    return {k: v for k, v in config.items() if k not in dropped} | {
+        "hybrid_override_pattern": "".join(letters[kind] for kind in kinds), "num_hidden_layers": len(kinds)}
+
+
+# The config.json of these classes as their published checkpoints have it, where transformers 5
+# saves another: llama.cpp's converter reads the published one (it would take every layer of a
+# Granite 4.0 saved in transformers 5's words for a Mamba layer, and a Nemotron-H with the keys of
+# experts for a mixture of experts).
+AS_PUBLISHED = {"GraniteMoeHybridConfig": _granite4_as_published, "NemotronHConfig": _nemotron_h_as_published}
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
@@ -960,6 +998,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "granite4_h": ("mamba.D", "mamba.dt_bias", "mamba.norm.weight",
                                                          "conv1d.bias", "q_proj.weight", "k_proj.weight"),
                                           "granite4_moe": ("experts.gate_up_proj", "experts.down_proj"),
+                                          "lfm2_moe": ("expert_bias",),
                                           "granitemoe": ("experts.gate_up_proj", "experts.down_proj"),
                                           "granitemoeshared": ("experts.gate_up_proj", "experts.down_proj"),
                                           "granitemoe_swa": ("experts.gate_up_proj", "experts.down_proj",
@@ -1057,6 +1096,9 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
     if arch in PUBLISHED_AS:
         model.config.architectures = [PUBLISHED_AS[arch]]
     model.save_pretrained(out_dir)
+    if config_class in AS_PUBLISHED:
+        saved = AS_PUBLISHED[config_class](json.loads((out_dir / "config.json").read_text()))
+        (out_dir / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
 
 
 def _fingerprint(arch: str) -> str:
@@ -1065,7 +1107,9 @@ def _fingerprint(arch: str) -> str:
     if arch == "llama":
         return ""
     spec = repr((ARCHITECTURES[arch], chat_style(arch), *((RANDOMIZED[arch],) if arch in RANDOMIZED else ()),
-                 *((PUBLISHED_AS[arch],) if arch in PUBLISHED_AS else ())))
+                 *((PUBLISHED_AS[arch],) if arch in PUBLISHED_AS else ()),
+                 *((inspect.getsource(AS_PUBLISHED[ARCHITECTURES[arch][0]]),)
+                   if ARCHITECTURES[arch][0] in AS_PUBLISHED else ())))  # fmt: skip
     return "-" + hashlib.sha256(spec.encode()).hexdigest()[:8]
 
 

@@ -92,7 +92,9 @@ CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "gemma4": "gemma4"
              "granitemoeshared": "granitemoe", "olmo2": "olmo2", "olmo3": "olmo2", "exaone4": "exaone4",
              "exaone4_global": "exaone4", "stablelm": "stablelm", "cohere": "command-r",
              "cohere2": "cohere2", "glm4": "glm4", "seed_oss": "seed_oss", "arcee": "arcee",
-             "hunyuan": "hunyuan-dense", "olmoe": "olmoe"}
+             "hunyuan": "hunyuan-dense", "olmoe": "olmoe", "ernie4_5": "ernie4_5", "lfm2_moe": "lfm2moe",
+             "granite4": "granite", "granite4_h": "granitehybrid", "granite4_moe": "granitehybrid",
+             "nemotron_h": "nemotron_h"}
 # What the converter is told for them: the published Qwen3.5 models have a multi-token prediction
 # layer, which a tiny one lacks.
 CONVERT_OPTIONS = {"qwen3_5": ("--no-mtp",), "qwen3_5_moe": ("--no-mtp",)}
@@ -299,18 +301,23 @@ def _fingerprint(arch: str) -> str:
     if GGUF_ARCHITECTURES[arch] in gguf_families.ARCHITECTURES:
         parts.append(inspect.getsource(gguf_families))
     else:  # the helpers the build's own readers take from it
-        parts += [inspect.getsource(gguf_families.read_tensors), inspect.getsource(gguf_families.as_float32)]
+        parts += [inspect.getsource(f) for f in (gguf_families.read_tensors, gguf_families.as_float32,
+                                                    gguf_families.moe_weight)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
 
 
 # llama.cpp's own converter, run on the fixture's folder as a user would, with three stand-ins for
 # what a tiny fixture lacks: its BPE is in no table of known pre-tokenizers (llama.cpp hashes real
 # vocabularies; "gpt-2" is the split it was trained with), it has no SentencePiece model to try
-# first, and a Phi-3, a Gemma 2, a Gemma 4, a Nemotron and a GLM-4 are read as BPE (as llama.cpp does for
-# Phi-4-mini, whose config names GPT2Tokenizer; its Gemma converters and its Nemotron one know only
-# SentencePiece or Gemma 4's own tokenizer, its GLM-4 one only GLM's own special tokens).
+# first, and a Phi-3, a Gemma 2, a Gemma 4, a Nemotron, a GLM-4 and an ERNIE 4.5 are read as BPE (as
+# llama.cpp does for Phi-4-mini, whose config names GPT2Tokenizer; its Gemma, Nemotron and ERNIE
+# converters know only SentencePiece or Gemma 4's own tokenizer, its GLM-4 one only GLM's own special
+# tokens). And one for the transformers here, 5, where llama.cpp pins 4: a Nemotron-H's config is
+# read as its config.json has it, as transformers 4 reads it (5 adds the keys of experts, which make
+# the converter write a nemotron_h_moe file, and lists the layers in words whose MLPs it misses).
 _CONVERT = """
 import json
+from pathlib import Path
 import sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
 import convert_hf_to_gguf
@@ -319,6 +326,7 @@ import conversion.gemma as gemma
 import conversion.nemotron as nemotron
 import conversion.glm as glm
 import conversion.phi as phi
+import conversion.ernie as ernie
 
 def no_sentencepiece(self):
     raise FileNotFoundError("tokenizer.model")
@@ -330,6 +338,17 @@ gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
 gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 nemotron.NemotronModel.set_vocab = lambda self: self._set_vocab_gpt2()
 glm.Glm4Model.set_vocab = lambda self: self._set_vocab_gpt2()
+ernie.Ernie4_5Model.set_vocab = lambda self: self._set_vocab_gpt2()
+_nemotron_h_init = nemotron.NemotronHModel.__init__
+
+
+def nemotron_h_as_transformers_4(self, *args, **kwargs):
+    if kwargs.get("hparams") is None:
+        kwargs["hparams"] = json.loads((Path(args[0]) / "config.json").read_text())
+    _nemotron_h_init(self, *args, **kwargs)
+
+
+nemotron.NemotronHModel.__init__ = nemotron_h_as_transformers_4
 for folder, out, options in json.loads(sys.argv[2]):  # one process for many: its start is most of the time
     sys.argv = ["convert_hf_to_gguf.py", *options, "--outtype", "f32", "--outfile", out, folder]
     convert_hf_to_gguf.main()
