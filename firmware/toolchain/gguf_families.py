@@ -30,6 +30,8 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   files.)
 - nemotron_h (Nemotron Nano 2, Nemotron-H): the same Mamba 2 layers, attention and squared-ReLU MLP
   layers, one mixer a block, told apart by the per-layer lists of key heads and MLP widths.
+- falcon-h1 (Falcon-H1, Falcon-H1R): attention and a Mamba 2 mixer side by side in every layer, its
+  µP multipliers multiplied into the weights by the converter (so each is read as 1).
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3 = "gpt-oss", "gemma3n", "mistral3",
 GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2 = "granitemoe", "olmo2", "exaone4", "command-r", "cohere2"
 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE = "glm4", "seed_oss", "arcee", "hunyuan-dense", "olmoe"
 ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granitehybrid", "nemotron_h"
+FALCON_H1 = "falcon-h1"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
-                 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H)
+                 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -65,7 +68,8 @@ def config(meta: dict[str, Any]) -> Any:
                OLMO2: _olmo2_config, EXAONE4: _exaone4_config, COMMAND_R: _cohere_config,
                COHERE2: _cohere_config, GLM4: _glm4_config, SEED_OSS: _seed_oss_config, ARCEE: _arcee_config,
                HUNYUAN_DENSE: _hunyuan_config, OLMOE: _olmoe_config, ERNIE4_5: _ernie_config,
-               LFM2_MOE: _lfm2_moe_config, GRANITE_HYBRID: _granite_config, NEMOTRON_H: _nemotron_h_config}  # fmt: skip
+               LFM2_MOE: _lfm2_moe_config, GRANITE_HYBRID: _granite_config, NEMOTRON_H: _nemotron_h_config,
+               FALCON_H1: _falcon_h1_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -102,6 +106,8 @@ def state(gguf: Path, model_config: Any) -> dict[str, Any]:
         out = _granite_hybrid_state(take, model_config)
     elif model_config.model_type == "nemotron_h":
         out = _nemotron_h_state(take, model_config)
+    elif model_config.model_type == "falcon_h1":
+        out = _falcon_h1_state(take, model_config)
     else:  # a Llama's tensors: Ministral 3's, Mistral Small's, Granite's, SmolLM3's, OLMo's, EXAONE's
         out = _llama_state(take, model_config)
     return {k: v.contiguous() for k, v in out.items()}
@@ -633,6 +639,39 @@ def _nemotron_h_state(take: Any, model_config: Any) -> dict[str, Any]:
     out = _by_name_table(take, model_config, MODEL_ARCH.NEMOTRON_H, lambda hf: _mamba2_weight(take, hf),
                          prefix="backbone.")
     return _unpermuted(out, model_config)
+
+
+def _falcon_h1_config(meta: dict[str, Any]) -> Any:
+    """TII's Falcon-H1: attention and a Mamba 2 mixer side by side in every layer. llama.cpp's
+    converter multiplies the µP multipliers into the weights they scale, so the model is read with
+    each of them 1; its Mamba norm comes after the gate, as llama.cpp runs it."""
+    from transformers import FalconH1Config
+
+    key, shapes = _key(meta, FALCON_H1), meta["shapes"]
+    inner, heads = int(key("ssm.inner_size")), int(key("ssm.time_step_rank"))
+    ones: dict[str, Any] = dict(
+        embedding_multiplier=1.0, lm_head_multiplier=1.0, mlp_multipliers=[1.0, 1.0], key_multiplier=1.0,
+        attention_in_multiplier=1.0, attention_out_multiplier=1.0, ssm_multipliers=[1.0] * 5, ssm_in_multiplier=1.0,
+        ssm_out_multiplier=1.0)  # fmt: skip
+    return FalconH1Config(
+        **_llama_fields(meta, FALCON_H1), **ones, mamba_d_ssm=inner, mamba_n_heads=heads, mamba_d_head=inner // heads,
+        mamba_n_groups=int(key("ssm.group_count")), mamba_d_state=int(key("ssm.state_size")),
+        mamba_d_conv=int(key("ssm.conv_kernel")), mamba_conv_bias="blk.0.ssm_conv1d.bias" in shapes,
+        mamba_proj_bias="blk.0.ssm_in.bias" in shapes, mamba_rms_norm="blk.0.ssm_norm.weight" in shapes,
+        mamba_norm_before_gate=False, attention_bias="blk.0.attn_q.bias" in shapes,
+        mlp_bias="blk.0.ffn_up.bias" in shapes, architectures=["FalconH1ForCausalLM"])  # fmt: skip
+
+
+def _falcon_h1_state(take: Any, model_config: Any) -> dict[str, Any]:
+    """Falcon-H1's weights by gguf's table (its attention's rows as they are: the converter is a
+    Mamba 2 one), its Mamba mixer's by _mamba2_weight, and its MLP's norm, which the converter
+    names without ".weight"."""
+    from gguf import MODEL_ARCH
+
+    def special(hf: str) -> Any:
+        return take(f"{_block(hf)}ffn_norm") if hf.endswith("pre_ff_layernorm.weight") else _mamba2_weight(take, hf)
+
+    return _by_name_table(take, model_config, MODEL_ARCH.FALCON_H1, special)
 
 
 def _mamba2_weight(take: Any, hf: str) -> Any:

@@ -233,8 +233,9 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "num_hidden_layers": 6, "head_dim": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2,
         "ssm_state_size": 16, "conv_kernel": 4, "mlp_bias": True}),  # (biases the published models lack: kept)
     # TII's Falcon-H1: attention and a Mamba 2 mixer side by side in every layer (8 heads of 16, B and C
-    # in 2 groups, a gate then a norm per group: as Falcon-H1-Tiny's), µP multipliers everywhere.
-    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", {
+    # in 2 groups, a gate then a norm per group: as Falcon-H1-Tiny's), µP multipliers everywhere, and
+    # attention heads wider than the hidden size over the heads, as the published configs' head_dim.
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", {"head_dim": 32,
         "mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16,
         "mamba_rms_norm": True, "mamba_norm_before_gate": False, "embedding_multiplier": 5.0,
         "lm_head_multiplier": 0.5, "mlp_multipliers": [0.8, 1.3], "key_multiplier": 0.7,
@@ -495,7 +496,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl", "gemma",
                "qwen2_5_vl", "qwen3_vl", "lfm2_vl",
                "qwen3_moe_dense", "gemma4_unified",
                "granite_swa", "lfm3",
-               "falcon_h1", "ministral", "jais2", "jamba", "apertus",
+               "ministral", "jais2", "jamba", "apertus",
                "qwen2_moe",
                "helium", "internlm3", "nanochat", "glm", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
