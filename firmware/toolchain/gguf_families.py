@@ -32,6 +32,8 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   layers, one mixer a block, told apart by the per-layer lists of key heads and MLP widths.
 - falcon-h1 (Falcon-H1, Falcon-H1R): attention and a Mamba 2 mixer side by side in every layer, its
   µP multipliers multiplied into the weights by the converter (so each is read as 1).
+- jamba (Jamba Reasoning 3B, Jamba Mini): Mamba (1) layers and attention layers, experts in some,
+  whose places its config gives as a period and an offset, read back from the file's layers.
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3 = "gpt-oss", "gemma3n", "mistral3",
 GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2 = "granitemoe", "olmo2", "exaone4", "command-r", "cohere2"
 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE = "glm4", "seed_oss", "arcee", "hunyuan-dense", "olmoe"
 ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granitehybrid", "nemotron_h"
-FALCON_H1 = "falcon-h1"
+FALCON_H1, JAMBA = "falcon-h1", "jamba"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
-                 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1)
+                 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
+                 JAMBA)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -69,7 +72,7 @@ def config(meta: dict[str, Any]) -> Any:
                COHERE2: _cohere_config, GLM4: _glm4_config, SEED_OSS: _seed_oss_config, ARCEE: _arcee_config,
                HUNYUAN_DENSE: _hunyuan_config, OLMOE: _olmoe_config, ERNIE4_5: _ernie_config,
                LFM2_MOE: _lfm2_moe_config, GRANITE_HYBRID: _granite_config, NEMOTRON_H: _nemotron_h_config,
-               FALCON_H1: _falcon_h1_config}  # fmt: skip
+               FALCON_H1: _falcon_h1_config, JAMBA: _jamba_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -108,6 +111,8 @@ def state(gguf: Path, model_config: Any) -> dict[str, Any]:
         out = _nemotron_h_state(take, model_config)
     elif model_config.model_type == "falcon_h1":
         out = _falcon_h1_state(take, model_config)
+    elif model_config.model_type == "jamba":
+        out = _by_name_table(take, model_config, _gguf_arch(JAMBA), lambda hf: _mamba_or_experts(take, hf))
     else:  # a Llama's tensors: Ministral 3's, Mistral Small's, Granite's, SmolLM3's, OLMo's, EXAONE's
         out = _llama_state(take, model_config)
     return {k: v.contiguous() for k, v in out.items()}
@@ -579,7 +584,7 @@ def _lfm2_moe_state(take: Any, model_config: Any) -> dict[str, Any]:
 
 def _granite_hybrid_state(take: Any, model_config: Any) -> dict[str, Any]:
     """Granite 4.0-H's weights: its attention's as a Granite's (permuted), its Mamba layers' by
-    _mamba2_weight, its shared MLP's gate and up projections joined again (named as a plain MLP's
+    _mamba_weight, its shared MLP's gate and up projections joined again (named as a plain MLP's
     where the model has no experts)."""
     import torch
     from gguf import MODEL_ARCH
@@ -592,8 +597,7 @@ def _granite_hybrid_state(take: Any, model_config: Any) -> dict[str, Any]:
             return torch.cat([take(f"{blk}ffn_gate.weight"), take(f"{blk}ffn_up.weight")], dim=0)
         if plain and hf.endswith("shared_mlp.output_linear.weight"):
             return take(f"{blk}ffn_down.weight")
-        mamba = _mamba2_weight(take, hf)
-        return moe_weight(take, hf) if mamba is None else mamba
+        return _mamba_or_experts(take, hf)
 
     return _unpermuted(_by_name_table(take, model_config, MODEL_ARCH.GRANITE_HYBRID, special), model_config)
 
@@ -633,12 +637,57 @@ def _nemotron_h_config(meta: dict[str, Any]) -> Any:
 
 def _nemotron_h_state(take: Any, model_config: Any) -> dict[str, Any]:
     """Nemotron-H's weights by gguf's table, its attention's permuted as a Granite's (the converter
-    is Granite 4.0-H's), its Mamba layers' by _mamba2_weight."""
+    is Granite 4.0-H's), its Mamba layers' by _mamba_weight."""
     from gguf import MODEL_ARCH
 
-    out = _by_name_table(take, model_config, MODEL_ARCH.NEMOTRON_H, lambda hf: _mamba2_weight(take, hf),
+    out = _by_name_table(take, model_config, MODEL_ARCH.NEMOTRON_H, lambda hf: _mamba_weight(take, hf),
                          prefix="backbone.")
     return _unpermuted(out, model_config)
+
+
+def _jamba_config(meta: dict[str, Any]) -> Any:
+    """AI21's Jamba (Jamba Reasoning 3B, Jamba Mini): Mamba (1) layers, their time step, B and C
+    normed, and attention layers without RoPE; experts in some layers. Its config places both by a
+    period and an offset, read back from the file's per-layer key heads and routers."""
+    from transformers import JambaConfig
+
+    key, shapes = _key(meta, JAMBA), meta["shapes"]
+    fields = _llama_fields(meta, JAMBA)
+    layers, hidden, inner = fields["num_hidden_layers"], fields["hidden_size"], int(key("ssm.inner_size"))
+    attention = [bool(h) for h in _key_heads(meta, JAMBA)]
+    experts = [f"blk.{i}.ffn_gate_inp.weight" in shapes for i in range(layers)]
+    (attn_period, attn_offset), (expert_period, expert_offset) = _period(attention), _period(experts)
+    if inner % hidden:
+        raise BundleError(f"a {JAMBA} file whose Mamba width ({inner}) is not a multiple of its hidden size ({hidden})")
+    mamba = attention.index(False) if False in attention else 0
+    del fields["rope_parameters"]  # (no RoPE)
+    return JambaConfig(
+        **fields, attn_layer_period=attn_period, attn_layer_offset=attn_offset, expert_layer_period=expert_period,
+        expert_layer_offset=expert_offset, num_experts=int(key("expert_count", 1)),
+        num_experts_per_tok=int(key("expert_used_count", 1)), mamba_d_state=int(key("ssm.state_size")),
+        mamba_d_conv=int(key("ssm.conv_kernel")), mamba_expand=inner // hidden,
+        mamba_dt_rank=int(key("ssm.time_step_rank")), mamba_conv_bias=f"blk.{mamba}.ssm_conv1d.bias" in shapes,
+        mamba_proj_bias=f"blk.{mamba}.ssm_in.bias" in shapes, architectures=["JambaForCausalLM"])  # fmt: skip
+
+
+def _period(flags: list[bool]) -> tuple[int, int]:
+    """The smallest (period, offset) with layer i flagged exactly where i % period == offset (a
+    config of Jamba's places its layers so); one past the layers where none is."""
+    if not any(flags):
+        return len(flags) + 1, len(flags)
+    offset = flags.index(True)
+    for period in range(offset + 1, len(flags) + 1):
+        if all(flag == (i % period == offset) for i, flag in enumerate(flags)):
+            return period, offset
+    raise BundleError(f"a layer pattern no period and offset describes ({''.join('x' if f else '.' for f in flags)}): "
+                      "a Jamba config places its layers by one")  # fmt: skip
+
+
+def _gguf_arch(name: str) -> Any:
+    """gguf's enum of the architecture llama.cpp names `name`."""
+    from gguf import MODEL_ARCH_NAMES
+
+    return next(arch for arch, arch_name in MODEL_ARCH_NAMES.items() if arch_name == name)
 
 
 def _falcon_h1_config(meta: dict[str, Any]) -> Any:
@@ -664,30 +713,38 @@ def _falcon_h1_config(meta: dict[str, Any]) -> Any:
 
 def _falcon_h1_state(take: Any, model_config: Any) -> dict[str, Any]:
     """Falcon-H1's weights by gguf's table (its attention's rows as they are: the converter is a
-    Mamba 2 one), its Mamba mixer's by _mamba2_weight, and its MLP's norm, which the converter
+    Mamba 2 one), its Mamba mixer's by _mamba_weight, and its MLP's norm, which the converter
     names without ".weight"."""
     from gguf import MODEL_ARCH
 
     def special(hf: str) -> Any:
-        return take(f"{_block(hf)}ffn_norm") if hf.endswith("pre_ff_layernorm.weight") else _mamba2_weight(take, hf)
+        return take(f"{_block(hf)}ffn_norm") if hf.endswith("pre_ff_layernorm.weight") else _mamba_weight(take, hf)
 
     return _by_name_table(take, model_config, MODEL_ARCH.FALCON_H1, special)
 
 
-def _mamba2_weight(take: Any, hf: str) -> Any:
-    """A Mamba 2 mixer's weight named `hf` as llama.cpp's converter reshapes it (A stored as
-    -exp(A_log), D given a dimension of 1, the convolution kernels losing one, the gated norm split
-    by group), or None for any other weight."""
+def _mamba_weight(take: Any, hf: str) -> Any:
+    """A Mamba (1 or 2) mixer's weight named `hf` as llama.cpp's converter reshapes it (A stored as
+    -exp(A_log), Mamba 2's A and D given a dimension of 1, the convolution kernels losing one, the
+    gated norm split by group), or None for any other weight."""
     import torch
 
     blk = _block(hf)
     if hf.endswith(".A_log"):  # in float64, so that the float32 exp's rounding is undone exactly
-        return torch.log(-take(f"{blk}ssm_a").double()).float().reshape(-1)
-    if hf.endswith((".D", "mamba.norm.weight", "mixer.norm.weight")):  # (a layer's own norm is not the mixer's)
-        return take(f"{blk}ssm_d" if hf.endswith("D") else f"{blk}ssm_norm.weight").reshape(-1)
+        return torch.log(-take(f"{blk}ssm_a").double()).float().squeeze(-1)
+    if hf.endswith(".D"):
+        return take(f"{blk}ssm_d").squeeze(-1)
+    if hf.endswith(("mamba.norm.weight", "mixer.norm.weight")):  # (a layer's own norm is not the mixer's)
+        return take(f"{blk}ssm_norm.weight").reshape(-1)
     if hf.endswith(".conv1d.weight"):
         return take(f"{blk}ssm_conv1d.weight").unsqueeze(1)
     return take(f"{blk}ssm_dt.bias") if hf.endswith(".dt_bias") else None
+
+
+def _mamba_or_experts(take: Any, hf: str) -> Any:
+    """A hybrid's Mamba mixer's weight (_mamba_weight) or its experts' (moe_weight), or None."""
+    mamba = _mamba_weight(take, hf)
+    return moe_weight(take, hf) if mamba is None else mamba
 
 
 def moe_weight(take: Any, hf: str) -> Any:
@@ -703,7 +760,8 @@ def moe_weight(take: Any, hf: str) -> Any:
         return torch.cat([take(f"{blk}ffn_gate_shexp.weight"), take(f"{blk}ffn_up_shexp.weight")], dim=0)
     if hf.endswith("experts.down_proj"):
         return take(f"{blk}ffn_down_exps.weight")
-    if hf.endswith(("block_sparse_moe.router.weight", "mlp.gate.weight", "feed_forward.gate.weight")):  # the router
+    if hf.endswith(("block_sparse_moe.router.weight", "mlp.gate.weight", "feed_forward.gate.weight",
+                    "feed_forward.router.weight")):  # the router
         return take(f"{blk}ffn_gate_inp.weight")
     return None
 
@@ -718,12 +776,8 @@ def _llama_state(take: Any, model_config: Any) -> dict[str, Any]:
     """A Llama's weights by gguf's table, the queries' and keys' rows put back from the order
     llama.cpp's converter permutes them to (each head's two halves interleaved) where it does, as
     transformers' loader does for a "llama" file; experts read by moe_weight."""
-    from gguf import MODEL_ARCH_NAMES
-
     arch, permuted = LLAMA_SHAPED[model_config.model_type]
-
-    gguf_arch = next(a for a, name in MODEL_ARCH_NAMES.items() if name == arch)
-    out = _by_name_table(take, model_config, gguf_arch, lambda hf: moe_weight(take, hf))
+    out = _by_name_table(take, model_config, _gguf_arch(arch), lambda hf: moe_weight(take, hf))
     return _unpermuted(out, model_config) if permuted else out
 
 

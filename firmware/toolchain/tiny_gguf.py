@@ -94,7 +94,7 @@ CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "gemma4": "gemma4"
              "cohere2": "cohere2", "glm4": "glm4", "seed_oss": "seed_oss", "arcee": "arcee",
              "hunyuan": "hunyuan-dense", "olmoe": "olmoe", "ernie4_5": "ernie4_5", "lfm2_moe": "lfm2moe",
              "granite4": "granite", "granite4_h": "granitehybrid", "granite4_moe": "granitehybrid",
-             "nemotron_h": "nemotron_h", "falcon_h1": "falcon-h1"}
+             "nemotron_h": "nemotron_h", "falcon_h1": "falcon-h1", "jamba": "jamba"}
 # What the converter is told for them: the published Qwen3.5 models have a multi-token prediction
 # layer, which a tiny one lacks.
 CONVERT_OPTIONS = {"qwen3_5": ("--no-mtp",), "qwen3_5_moe": ("--no-mtp",)}
@@ -309,10 +309,10 @@ def _fingerprint(arch: str) -> str:
 # llama.cpp's own converter, run on the fixture's folder as a user would, with three stand-ins for
 # what a tiny fixture lacks: its BPE is in no table of known pre-tokenizers (llama.cpp hashes real
 # vocabularies; "gpt-2" is the split it was trained with), it has no SentencePiece model to try
-# first, and a Phi-3, a Gemma 2, a Gemma 4, a Nemotron, a GLM-4 and an ERNIE 4.5 are read as BPE (as
-# llama.cpp does for Phi-4-mini, whose config names GPT2Tokenizer; its Gemma, Nemotron and ERNIE
-# converters know only SentencePiece or Gemma 4's own tokenizer, its GLM-4 one only GLM's own special
-# tokens). And one for the transformers here, 5, where llama.cpp pins 4: a Nemotron-H's config is
+# first, and a Phi-3, a Gemma 2, a Gemma 4, a Nemotron, a GLM-4, an ERNIE 4.5 and a Jamba are read as
+# BPE (as llama.cpp does for Phi-4-mini, whose config names GPT2Tokenizer; its Gemma, Nemotron, ERNIE
+# and Jamba converters know only SentencePiece, Llama's BPE or Gemma 4's own tokenizer, its GLM-4 one
+# only GLM's own special tokens). And one for the transformers here, 5, where llama.cpp pins 4: a Nemotron-H's config is
 # read as its config.json has it, as transformers 4 reads it (5 adds the keys of experts, which make
 # the converter write a nemotron_h_moe file, and lists the layers in words whose MLPs it misses).
 _CONVERT = """
@@ -327,6 +327,7 @@ import conversion.nemotron as nemotron
 import conversion.glm as glm
 import conversion.phi as phi
 import conversion.ernie as ernie
+import conversion.jamba as jamba
 
 def no_sentencepiece(self):
     raise FileNotFoundError("tokenizer.model")
@@ -339,6 +340,7 @@ gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 nemotron.NemotronModel.set_vocab = lambda self: self._set_vocab_gpt2()
 glm.Glm4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 ernie.Ernie4_5Model.set_vocab = lambda self: self._set_vocab_gpt2()
+jamba.JambaModel.set_vocab = lambda self: self._set_vocab_gpt2()
 _nemotron_h_init = nemotron.NemotronHModel.__init__
 
 
