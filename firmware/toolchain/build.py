@@ -295,7 +295,8 @@ GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3
                 "qwen35moe", "gemma4", "gpt2", "falcon", "bloom", "gpt-oss", "gemma3n", "mistral3",
                 "granite", "smollm3", "granitemoe", "olmo2", "exaone4", "stablelm", "command-r", "cohere2", "glm4",
                 "seed_oss", "arcee", "hunyuan-dense", "olmoe", "ernie4_5", "lfm2moe",
-                "granitehybrid", "nemotron_h", "falcon-h1", "jamba")
+                "granitehybrid", "nemotron_h", "falcon-h1", "jamba",
+                "phi2", "starcoder")
 
 
 def _gguf_hint(gguf: Path) -> str:

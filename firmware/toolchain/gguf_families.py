@@ -34,6 +34,9 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   µP multipliers multiplied into the weights by the converter (so each is read as 1).
 - jamba (Jamba Reasoning 3B, Jamba Mini): Mamba (1) layers and attention layers, experts in some,
   whose places its config gives as a period and an offset, read back from the file's layers.
+- phi2 (Phi-2, Phi-1.5) and starcoder (StarCoder 1, SantaCoder: GPT-BigCode): their tensors by
+  gguf's table as they are, their MLP's width from the tensors (the converter writes four times the
+  hidden size).
 """
 
 from __future__ import annotations
@@ -49,10 +52,10 @@ GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3 = "gpt-oss", "gemma3n", "mistral3",
 GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2 = "granitemoe", "olmo2", "exaone4", "command-r", "cohere2"
 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE = "glm4", "seed_oss", "arcee", "hunyuan-dense", "olmoe"
 ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granitehybrid", "nemotron_h"
-FALCON_H1, JAMBA = "falcon-h1", "jamba"
+FALCON_H1, JAMBA, PHI2, STARCODER = "falcon-h1", "jamba", "phi2", "starcoder"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
-                 JAMBA)
+                 JAMBA, PHI2, STARCODER)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -72,7 +75,8 @@ def config(meta: dict[str, Any]) -> Any:
                COHERE2: _cohere_config, GLM4: _glm4_config, SEED_OSS: _seed_oss_config, ARCEE: _arcee_config,
                HUNYUAN_DENSE: _hunyuan_config, OLMOE: _olmoe_config, ERNIE4_5: _ernie_config,
                LFM2_MOE: _lfm2_moe_config, GRANITE_HYBRID: _granite_config, NEMOTRON_H: _nemotron_h_config,
-               FALCON_H1: _falcon_h1_config, JAMBA: _jamba_config}  # fmt: skip
+               FALCON_H1: _falcon_h1_config, JAMBA: _jamba_config, PHI2: _phi2_config,
+               STARCODER: _starcoder_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -111,6 +115,8 @@ def state(gguf: Path, model_config: Any) -> dict[str, Any]:
         out = _nemotron_h_state(take, model_config)
     elif model_config.model_type == "falcon_h1":
         out = _falcon_h1_state(take, model_config)
+    elif model_config.model_type in ("phi", "gpt_bigcode"):  # every tensor by gguf's table
+        out = _by_name_table(take, model_config, _gguf_arch(PHI2 if model_config.model_type == "phi" else STARCODER))
     elif model_config.model_type == "jamba":
         out = _by_name_table(take, model_config, _gguf_arch(JAMBA), lambda hf: _mamba_or_experts(take, hf))
     else:  # a Llama's tensors: Ministral 3's, Mistral Small's, Granite's, SmolLM3's, OLMo's, EXAONE's
@@ -195,10 +201,8 @@ def _gpt_oss_config(meta: dict[str, Any]) -> Any:
         sliding_window=int(key("attention.sliding_window")), max_position_embeddings=int(key("context_length")),
         layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
         rms_norm_eps=as_float32(key("attention.layer_norm_rms_epsilon")), rope_parameters=rope,
-        swiglu_limit=SWIGLU_LIMIT, attention_bias=True, tie_word_embeddings="output.weight" not in shapes,
-        architectures=["GptOssForCausalLM"], bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
-    )  # fmt: skip
+        swiglu_limit=SWIGLU_LIMIT, attention_bias=True, architectures=["GptOssForCausalLM"],
+        **_tokens_and_tying(meta))  # fmt: skip
 
 
 def _gpt_oss_state(take: Any, model_config: Any) -> dict[str, Any]:
@@ -250,10 +254,7 @@ def _gemma3n_config(meta: dict[str, Any]) -> Any:
         # The converter writes each layer's sparsity as the quantile of the normal distribution it keeps.
         activation_sparsity_pattern=[0.5 * (1 + math.erf(s / math.sqrt(2))) for s in
                                      key("activation_sparsity_scale", [-math.inf] * layers)],
-        tie_word_embeddings="output.weight" not in shapes, architectures=["Gemma3nForCausalLM"],
-        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
-        pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
-    )  # fmt: skip
+        architectures=["Gemma3nForCausalLM"], **_tokens_and_tying(meta))  # fmt: skip
 
 
 def _gemma3n_state(take: Any, model_config: Any) -> dict[str, Any]:
@@ -287,9 +288,15 @@ def _llama_fields(meta: dict[str, Any], arch: str) -> dict[str, Any]:
         **({"head_dim": int(width)} if width else {}), max_position_embeddings=int(key("context_length")),
         rms_norm_eps=as_float32(key("attention.layer_norm_rms_epsilon", key("attention.layer_norm_epsilon"))),
         rope_parameters=_rope(meta, arch),
-        tie_word_embeddings="output.weight" not in shapes, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
-    )  # fmt: skip
+        **_tokens_and_tying(meta))  # fmt: skip
+
+
+def _tokens_and_tying(meta: dict[str, Any]) -> dict[str, Any]:
+    """The config's special tokens and whether its LM head is the embedding (no output tensor)."""
+    return dict(tie_word_embeddings="output.weight" not in meta["shapes"],
+                bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+                eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+                pad_token_id=meta.get("tokenizer.ggml.padding_token_id"))  # fmt: skip
 
 
 def _key_heads(meta: dict[str, Any], arch: str) -> list[int]:
@@ -630,9 +637,7 @@ def _nemotron_h_config(meta: dict[str, Any]) -> Any:
         use_conv_bias=has("linear_attention", "ssm_conv1d.bias"),
         mamba_proj_bias=has("linear_attention", "ssm_in.bias"),
         mlp_bias=has("mlp", "ffn_up.bias"), attention_bias=has("full_attention", "attn_q.bias"),
-        tie_word_embeddings="output.weight" not in shapes, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"), pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
-        architectures=["NemotronHForCausalLM"])  # fmt: skip
+        architectures=["NemotronHForCausalLM"], **_tokens_and_tying(meta))  # fmt: skip
 
 
 def _nemotron_h_state(take: Any, model_config: Any) -> dict[str, Any]:
@@ -643,6 +648,43 @@ def _nemotron_h_state(take: Any, model_config: Any) -> dict[str, Any]:
     out = _by_name_table(take, model_config, MODEL_ARCH.NEMOTRON_H, lambda hf: _mamba_weight(take, hf),
                          prefix="backbone.")
     return _unpermuted(out, model_config)
+
+
+def _phi2_config(meta: dict[str, Any]) -> Any:
+    """Microsoft's Phi-2 (and Phi-1.5): attention and MLP side by side on one LayerNorm, partial
+    rotary (rope.dimension_count of each head), biases, an LM head with one. llama.cpp's converter
+    writes four times the hidden size as the MLP's width, whatever it is: it is read from the
+    tensors."""
+    from transformers import PhiConfig
+
+    key, shapes = _key(meta, PHI2), meta["shapes"]
+    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
+    rope = {"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0)),
+            "partial_rotary_factor": int(key("rope.dimension_count")) / (hidden // heads)}  # fmt: skip
+    return PhiConfig(
+        vocab_size=shapes["token_embd.weight"][0], hidden_size=hidden,
+        intermediate_size=shapes["blk.0.ffn_up.weight"][0], num_hidden_layers=int(key("block_count")),
+        num_attention_heads=heads, num_key_value_heads=int(key("attention.head_count_kv", heads)),
+        max_position_embeddings=int(key("context_length")),
+        layer_norm_eps=as_float32(key("attention.layer_norm_epsilon")), rope_parameters=rope,
+        architectures=["PhiForCausalLM"], **_tokens_and_tying(meta))  # fmt: skip
+
+
+def _starcoder_config(meta: dict[str, Any]) -> Any:
+    """BigCode's StarCoder (1), SantaCoder and tiny_starcoder (GPT-BigCode): learned positions, one
+    key head (multi-query) or as many as the queries, LayerNorms, biases, a tanh GELU (llama.cpp's;
+    the file does not say). Its MLP's width, which the converter writes as four times the hidden
+    size, is read from the tensors."""
+    from transformers import GPTBigCodeConfig
+
+    key, shapes = _key(meta, STARCODER), meta["shapes"]
+    heads = int(key("attention.head_count"))
+    return GPTBigCodeConfig(
+        vocab_size=shapes["token_embd.weight"][0], n_embd=int(key("embedding_length")),
+        n_inner=shapes["blk.0.ffn_up.weight"][0], n_layer=int(key("block_count")), n_head=heads,
+        multi_query=int(key("attention.head_count_kv", heads)) == 1, n_positions=shapes["position_embd.weight"][0],
+        layer_norm_epsilon=as_float32(key("attention.layer_norm_epsilon")), activation_function="gelu_pytorch_tanh",
+        architectures=["GPTBigCodeForCausalLM"], **_tokens_and_tying(meta))  # fmt: skip
 
 
 def _jamba_config(meta: dict[str, Any]) -> Any:
