@@ -34,6 +34,7 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   µP multipliers multiplied into the weights by the converter (so each is read as 1).
 - jamba (Jamba Reasoning 3B, Jamba Mini): Mamba (1) layers and attention layers, experts in some,
   whose places its config gives as a period and an offset, read back from the file's layers.
+- olmo (OLMo 1; permuted, as a Llama) and jais2 (Jais 2): a Llama's tensor names and their own norms.
 - phi2 (Phi-2, Phi-1.5) and starcoder (StarCoder 1, SantaCoder: GPT-BigCode): their tensors by
   gguf's table as they are, their MLP's width from the tensors (the converter writes four times the
   hidden size).
@@ -52,10 +53,10 @@ GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3 = "gpt-oss", "gemma3n", "mistral3",
 GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2 = "granitemoe", "olmo2", "exaone4", "command-r", "cohere2"
 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE = "glm4", "seed_oss", "arcee", "hunyuan-dense", "olmoe"
 ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granitehybrid", "nemotron_h"
-FALCON_H1, JAMBA, PHI2, STARCODER = "falcon-h1", "jamba", "phi2", "starcoder"
+FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "starcoder", "olmo", "jais2"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
-                 JAMBA, PHI2, STARCODER)
+                 JAMBA, PHI2, STARCODER, OLMO, JAIS2)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -76,7 +77,7 @@ def config(meta: dict[str, Any]) -> Any:
                HUNYUAN_DENSE: _hunyuan_config, OLMOE: _olmoe_config, ERNIE4_5: _ernie_config,
                LFM2_MOE: _lfm2_moe_config, GRANITE_HYBRID: _granite_config, NEMOTRON_H: _nemotron_h_config,
                FALCON_H1: _falcon_h1_config, JAMBA: _jamba_config, PHI2: _phi2_config,
-               STARCODER: _starcoder_config}  # fmt: skip
+               STARCODER: _starcoder_config, OLMO: _olmo_config, JAIS2: _jais2_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -90,7 +91,7 @@ LLAMA_SHAPED = {"mistral": (MISTRAL3, True), "ministral3": (MISTRAL3, True), "gr
                 "exaone4": (EXAONE4, False), "cohere": (COMMAND_R, False), "cohere2": (COHERE2, False),
                 "glm4": (GLM4, False), "seed_oss": (SEED_OSS, False), "arcee": (ARCEE, True),
                 "hunyuan_v1_dense": (HUNYUAN_DENSE, False), "olmoe": (OLMOE, False),
-                "ernie4_5": (ERNIE4_5, False)}  # fmt: skip
+                "ernie4_5": (ERNIE4_5, False), "olmo": (OLMO, True), "jais2": (JAIS2, False)}  # fmt: skip
 
 
 def state(gguf: Path, model_config: Any) -> dict[str, Any]:
@@ -539,6 +540,28 @@ def _olmoe_config(meta: dict[str, Any]) -> Any:
     return OlmoeConfig(**_llama_fields(meta, OLMOE), num_experts=int(key("expert_count")),
                        num_experts_per_tok=int(key("expert_used_count")), norm_topk_prob=False,
                        architectures=["OlmoeForCausalLM"])  # fmt: skip
+
+
+def _olmo_config(meta: dict[str, Any]) -> Any:
+    """OLMo (1): a Llama with LayerNorms without weights (the file has none) and its queries, keys
+    and values clipped where attention.clamp_kqv says."""
+    from transformers import OlmoConfig
+
+    clip = _key(meta, OLMO)("attention.clamp_kqv")
+    fields = _llama_fields(meta, OLMO)
+    del fields["rms_norm_eps"]  # (its LayerNorms' epsilon is OLMo's own, 1e-5)
+    return OlmoConfig(**fields, clip_qkv=None if clip is None else float(clip), architectures=["OlmoForCausalLM"])
+
+
+def _jais2_config(meta: dict[str, Any]) -> Any:
+    """G42's Jais 2: a Llama with LayerNorms (biases), biased projections and an ungated ReLU-squared
+    MLP (Jais2Config's own)."""
+    from transformers import Jais2Config
+
+    fields, shapes = _llama_fields(meta, JAIS2), meta["shapes"]
+    return Jais2Config(**fields | {"layer_norm_eps": fields.pop("rms_norm_eps")},
+                       attention_bias="blk.0.attn_q.bias" in shapes, mlp_bias="blk.0.ffn_up.bias" in shapes,
+                       architectures=["Jais2ForCausalLM"])  # fmt: skip
 
 
 def _ernie_config(meta: dict[str, Any]) -> Any:

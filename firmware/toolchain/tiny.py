@@ -491,12 +491,12 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # Checked from their Hugging Face folder only: transformers' GGUF loader reads none of these families,
 # and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
-FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl", "gemma", "olmo",
+FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl", "gemma",
                "hunyuan_alpha", "gpt_oss_global", "llama_rope_linear", "qwen2_yarn",
                "qwen2_5_vl", "qwen3_vl", "lfm2_vl",
                "qwen3_moe_dense", "gemma4_unified",
                "granite_swa", "lfm3",
-               "ministral", "jais2", "apertus",
+               "ministral", "apertus",
                "qwen2_moe",
                "helium", "nanochat", "glm", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
