@@ -296,7 +296,8 @@ GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3
                 "granite", "smollm3", "granitemoe", "olmo2", "exaone4", "stablelm", "command-r", "cohere2", "glm4",
                 "seed_oss", "arcee", "hunyuan-dense", "olmoe", "ernie4_5", "lfm2moe",
                 "granitehybrid", "nemotron_h", "falcon-h1", "jamba",
-                "phi2", "starcoder", "olmo", "jais2")
+                "phi2", "starcoder", "olmo", "jais2",
+                "apertus")
 
 
 def _gguf_hint(gguf: Path) -> str:

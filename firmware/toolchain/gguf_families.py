@@ -34,7 +34,8 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   µP multipliers multiplied into the weights by the converter (so each is read as 1).
 - jamba (Jamba Reasoning 3B, Jamba Mini): Mamba (1) layers and attention layers, experts in some,
   whose places its config gives as a period and an offset, read back from the file's layers.
-- olmo (OLMo 1; permuted, as a Llama) and jais2 (Jais 2): a Llama's tensor names and their own norms.
+- olmo (OLMo 1; permuted, as a Llama) and jais2 (Jais 2): a Llama's tensor names and their own norms;
+  apertus (Apertus) too, its xIELU activation's parameters written as per-layer keys.
 - phi2 (Phi-2, Phi-1.5) and starcoder (StarCoder 1, SantaCoder: GPT-BigCode): their tensors by
   gguf's table as they are, their MLP's width from the tensors (the converter writes four times the
   hidden size).
@@ -54,9 +55,10 @@ GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2 = "granitemoe", "olmo2", "exaone
 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE = "glm4", "seed_oss", "arcee", "hunyuan-dense", "olmoe"
 ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granitehybrid", "nemotron_h"
 FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "starcoder", "olmo", "jais2"
+APERTUS = "apertus"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
-                 JAMBA, PHI2, STARCODER, OLMO, JAIS2)
+                 JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -77,7 +79,8 @@ def config(meta: dict[str, Any]) -> Any:
                HUNYUAN_DENSE: _hunyuan_config, OLMOE: _olmoe_config, ERNIE4_5: _ernie_config,
                LFM2_MOE: _lfm2_moe_config, GRANITE_HYBRID: _granite_config, NEMOTRON_H: _nemotron_h_config,
                FALCON_H1: _falcon_h1_config, JAMBA: _jamba_config, PHI2: _phi2_config,
-               STARCODER: _starcoder_config, OLMO: _olmo_config, JAIS2: _jais2_config}  # fmt: skip
+               STARCODER: _starcoder_config, OLMO: _olmo_config, JAIS2: _jais2_config,
+               APERTUS: _apertus_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -118,6 +121,8 @@ def state(gguf: Path, model_config: Any) -> dict[str, Any]:
         out = _falcon_h1_state(take, model_config)
     elif model_config.model_type in ("phi", "gpt_bigcode"):  # every tensor by gguf's table
         out = _by_name_table(take, model_config, _gguf_arch(PHI2 if model_config.model_type == "phi" else STARCODER))
+    elif model_config.model_type == "apertus":
+        out = _apertus_state(gguf, take, model_config)
     elif model_config.model_type == "jamba":
         out = _by_name_table(take, model_config, _gguf_arch(JAMBA), lambda hf: _mamba_or_experts(take, hf))
     else:  # a Llama's tensors: Ministral 3's, Mistral Small's, Granite's, SmolLM3's, OLMo's, EXAONE's
@@ -562,6 +567,37 @@ def _jais2_config(meta: dict[str, Any]) -> Any:
     return Jais2Config(**fields | {"layer_norm_eps": fields.pop("rms_norm_eps")},
                        attention_bias="blk.0.attn_q.bias" in shapes, mlp_bias="blk.0.ffn_up.bias" in shapes,
                        architectures=["Jais2ForCausalLM"])  # fmt: skip
+
+
+def _apertus_config(meta: dict[str, Any]) -> Any:
+    """Swiss AI's Apertus: a Llama with per-head query and key norms and an ungated MLP whose xIELU
+    activation has parameters of its own per layer (ApertusConfig's own)."""
+    from transformers import ApertusConfig
+
+    return ApertusConfig(**_llama_fields(meta, APERTUS), architectures=["ApertusForCausalLM"])
+
+
+def _apertus_state(gguf: Path, take: Any, model_config: Any) -> dict[str, Any]:
+    """Apertus's weights by gguf's table (its rows as they are), and each layer's xIELU parameters,
+    which llama.cpp's converter writes as keys (xielu.alpha_p and the rest: one number a layer),
+    not tensors."""
+    import torch
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf)).fields
+    names = ("alpha_p", "alpha_n", "beta", "eps")
+    if missing := [n for n in names if f"xielu.{n}" not in fields]:
+        raise BundleError(f"{gguf}: an {APERTUS} file without xielu.{missing[0]} (its activation's parameters)")
+    per_layer = {n: [float(v) for v in fields[f"xielu.{n}"].contents()] for n in names}
+
+    def special(hf: str) -> Any:
+        name = hf.rpartition(".act_fn.")[2]
+        if ".act_fn." not in hf or name not in per_layer:
+            return None
+        value = torch.tensor(per_layer[name][int(hf.split(".")[2])], dtype=torch.float32)
+        return value.reshape(1) if name.startswith("alpha") else value  # (alphas are learnt: [1]; the rest scalars)
+
+    return _by_name_table(take, model_config, _gguf_arch(APERTUS), special)
 
 
 def _ernie_config(meta: dict[str, Any]) -> Any:
