@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -107,39 +108,29 @@ def state(gguf: Path, model_config: Any) -> dict[str, Any]:
             raise BundleError(f"{gguf}: the file has no tensor {name} (a tensor layout this build does not read)")
         return found[name]
 
-    if model_config.model_type == "gpt_oss":
-        out = _gpt_oss_state(take, model_config)
-    elif model_config.model_type == "gemma3n_text":
-        out = _gemma3n_state(take, model_config)
-    elif model_config.model_type == "lfm2_moe":
-        out = _lfm2_moe_state(take, model_config)
-    elif model_config.model_type == "granitemoehybrid":
-        out = _granite_hybrid_state(take, model_config)
-    elif model_config.model_type == "nemotron_h":
-        out = _nemotron_h_state(take, model_config)
-    elif model_config.model_type == "falcon_h1":
-        out = _falcon_h1_state(take, model_config)
-    elif model_config.model_type in ("phi", "gpt_bigcode"):  # every tensor by gguf's table
-        out = _by_name_table(take, model_config, _gguf_arch(PHI2 if model_config.model_type == "phi" else STARCODER))
-    elif model_config.model_type == "apertus":
-        out = _apertus_state(gguf, take, model_config)
-    elif model_config.model_type == "jamba":
-        out = _by_name_table(take, model_config, _gguf_arch(JAMBA), lambda hf: _mamba_or_experts(take, hf))
-    else:  # a Llama's tensors: Ministral 3's, Mistral Small's, Granite's, SmolLM3's, OLMo's, EXAONE's
-        out = _llama_state(take, model_config)
+    # A model type -> its reader of the file's tensors (taking `take` and the config); a Llama's reader
+    # (Ministral 3's, Mistral Small's, Granite's, SmolLM3's, OLMo's, EXAONE's...) for every other.
+    readers: dict[str, Callable[..., dict[str, Any]]] = {
+        "gpt_oss": _gpt_oss_state, "gemma3n_text": _gemma3n_state, "lfm2_moe": _lfm2_moe_state,
+        "granitemoehybrid": _granite_hybrid_state, "nemotron_h": _nemotron_h_state, "falcon_h1": _falcon_h1_state,
+        "apertus": partial(_apertus_state, gguf), "phi": partial(_by_name_table, arch=PHI2),
+        "gpt_bigcode": partial(_by_name_table, arch=STARCODER),
+        "jamba": partial(_by_name_table, arch=JAMBA, special=lambda hf: _mamba_or_experts(take, hf))}  # fmt: skip
+    out = readers.get(model_config.model_type, _llama_state)(take, model_config)
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def _by_name_table(take: Any, model_config: Any, arch: Any, special: Any = None,
+def _by_name_table(take: Any, model_config: Any, arch: str, special: Any = None,
                    prefix: str = "model.") -> dict[str, Any]:  # fmt: skip
-    """Each weight of `model_config`'s model read by gguf's own table of `arch`'s tensor names
-    (checkpoints' names -> llama.cpp's; a checkpoint's names start with `prefix` where
-    transformers' start with "model."), but those `special` reads (it gives None for the rest)."""
+    """Each weight of `model_config`'s model read by gguf's own table of the tensor names of `arch`
+    (llama.cpp's name of the architecture; the table maps checkpoints' names to llama.cpp's, and a
+    checkpoint's names start with `prefix` where transformers' start with "model."), but those
+    `special` reads (it gives None for the rest)."""
     import torch
     import transformers
     from gguf import get_tensor_name_map
 
-    names = get_tensor_name_map(arch, model_config.num_hidden_layers)
+    names = get_tensor_name_map(_gguf_arch(arch), model_config.num_hidden_layers)
     with torch.device("meta"):
         wanted = getattr(transformers, model_config.architectures[0])(model_config).state_dict()
     out = {}
@@ -215,7 +206,6 @@ def _gpt_oss_state(take: Any, model_config: Any) -> dict[str, Any]:
     """Each weight by gguf's own table of gpt-oss's names, but the experts': llama.cpp's converter
     splits their fused gate and up projections, whose columns alternate gate, up."""
     import torch
-    from gguf import MODEL_ARCH
 
     def experts(hf: str) -> Any:
         layer, _, leaf = hf.partition(".mlp.experts.")
@@ -231,7 +221,7 @@ def _gpt_oss_state(take: Any, model_config: Any) -> dict[str, Any]:
             return take(blk + "ffn_down_exps.weight").transpose(1, 2)
         return take(blk + "ffn_down_exps.bias") if leaf == "down_proj_bias" else None
 
-    return _by_name_table(take, model_config, MODEL_ARCH.GPT_OSS, experts)
+    return _by_name_table(take, model_config, GPT_OSS, experts)
 
 
 def _gemma3n_config(meta: dict[str, Any]) -> Any:
@@ -266,13 +256,12 @@ def _gemma3n_config(meta: dict[str, Any]) -> Any:
 def _gemma3n_state(take: Any, model_config: Any) -> dict[str, Any]:
     """Each weight by gguf's own table of Gemma 3n's names, the stacked projections unstacked."""
     import torch
-    from gguf import MODEL_ARCH
 
     def unstacked(hf: str) -> Any:
         stacked = next((f for f, prefix in GEMMA3N_STACKED.items() if hf.startswith(prefix + ".")), None)
         return None if stacked is None else take(stacked)[int(hf.split(".")[2])]
 
-    out = _by_name_table(take, model_config, MODEL_ARCH.GEMMA3N, unstacked)
+    out = _by_name_table(take, model_config, GEMMA3N, unstacked)
     # The zero rows llama.cpp padded the per-layer table with are cut: transformers gives the
     # tokens past the table row 0, not zeros (the config is the model's from here on).
     table = out["model.embed_tokens_per_layer.weight"]
@@ -597,7 +586,7 @@ def _apertus_state(gguf: Path, take: Any, model_config: Any) -> dict[str, Any]:
         value = torch.tensor(per_layer[name][int(hf.split(".")[2])], dtype=torch.float32)
         return value.reshape(1) if name.startswith("alpha") else value  # (alphas are learnt: [1]; the rest scalars)
 
-    return _by_name_table(take, model_config, _gguf_arch(APERTUS), special)
+    return _by_name_table(take, model_config, APERTUS, special)
 
 
 def _ernie_config(meta: dict[str, Any]) -> Any:
@@ -636,7 +625,6 @@ def _lfm2_moe_config(meta: dict[str, Any]) -> Any:
 def _lfm2_moe_state(take: Any, model_config: Any) -> dict[str, Any]:
     """LFM2's weights by gguf's table, its convolutions' kernels [hidden, length] given their
     channel dimension back, its experts by moe_weight and their bias for choosing."""
-    from gguf import MODEL_ARCH
 
     def special(hf: str) -> Any:
         if hf.endswith("conv.conv.weight"):
@@ -645,7 +633,7 @@ def _lfm2_moe_state(take: Any, model_config: Any) -> dict[str, Any]:
             return take(f"{_block(hf)}exp_probs_b.bias")
         return moe_weight(take, hf)
 
-    return _by_name_table(take, model_config, MODEL_ARCH.LFM2MOE, special)
+    return _by_name_table(take, model_config, LFM2_MOE, special)
 
 
 def _granite_hybrid_state(take: Any, model_config: Any) -> dict[str, Any]:
@@ -653,7 +641,6 @@ def _granite_hybrid_state(take: Any, model_config: Any) -> dict[str, Any]:
     _mamba_weight, its shared MLP's gate and up projections joined again (named as a plain MLP's
     where the model has no experts)."""
     import torch
-    from gguf import MODEL_ARCH
 
     plain = not model_config.num_local_experts  # the shared MLP then has a plain MLP's names
 
@@ -665,7 +652,7 @@ def _granite_hybrid_state(take: Any, model_config: Any) -> dict[str, Any]:
             return take(f"{blk}ffn_down.weight")
         return _mamba_or_experts(take, hf)
 
-    return _unpermuted(_by_name_table(take, model_config, MODEL_ARCH.GRANITE_HYBRID, special), model_config)
+    return _unpermuted(_by_name_table(take, model_config, GRANITE_HYBRID, special), model_config)
 
 
 def _nemotron_h_config(meta: dict[str, Any]) -> Any:
@@ -702,9 +689,8 @@ def _nemotron_h_config(meta: dict[str, Any]) -> Any:
 def _nemotron_h_state(take: Any, model_config: Any) -> dict[str, Any]:
     """Nemotron-H's weights by gguf's table, its attention's permuted as a Granite's (the converter
     is Granite 4.0-H's), its Mamba layers' by _mamba_weight."""
-    from gguf import MODEL_ARCH
 
-    out = _by_name_table(take, model_config, MODEL_ARCH.NEMOTRON_H, lambda hf: _mamba_weight(take, hf),
+    out = _by_name_table(take, model_config, NEMOTRON_H, lambda hf: _mamba_weight(take, hf),
                          prefix="backbone.")
     return _unpermuted(out, model_config)
 
@@ -816,12 +802,11 @@ def _falcon_h1_state(take: Any, model_config: Any) -> dict[str, Any]:
     """Falcon-H1's weights by gguf's table (its attention's rows as they are: the converter is a
     Mamba 2 one), its Mamba mixer's by _mamba_weight, and its MLP's norm, which the converter
     names without ".weight"."""
-    from gguf import MODEL_ARCH
 
     def special(hf: str) -> Any:
         return take(f"{_block(hf)}ffn_norm") if hf.endswith("pre_ff_layernorm.weight") else _mamba_weight(take, hf)
 
-    return _by_name_table(take, model_config, MODEL_ARCH.FALCON_H1, special)
+    return _by_name_table(take, model_config, FALCON_H1, special)
 
 
 def _mamba_weight(take: Any, hf: str) -> Any:
@@ -878,7 +863,7 @@ def _llama_state(take: Any, model_config: Any) -> dict[str, Any]:
     llama.cpp's converter permutes them to (each head's two halves interleaved) where it does, as
     transformers' loader does for a "llama" file; experts read by moe_weight."""
     arch, permuted = LLAMA_SHAPED[model_config.model_type]
-    out = _by_name_table(take, model_config, _gguf_arch(arch), lambda hf: moe_weight(take, hf))
+    out = _by_name_table(take, model_config, arch, lambda hf: moe_weight(take, hf))
     return _unpermuted(out, model_config) if permuted else out
 
 

@@ -314,9 +314,10 @@ def _fingerprint(arch: str) -> str:
 # first, and a Phi-3, a Gemma 2, a Gemma 4, a Nemotron, a GLM-4, an ERNIE 4.5 and a Jamba are read as
 # BPE (as llama.cpp does for Phi-4-mini, whose config names GPT2Tokenizer; its Gemma, Nemotron, ERNIE
 # and Jamba converters know only SentencePiece, Llama's BPE or Gemma 4's own tokenizer, its GLM-4 one
-# only GLM's own special tokens). And one for the transformers here, 5, where llama.cpp pins 4: a Nemotron-H's config is
-# read as its config.json has it, as transformers 4 reads it (5 adds the keys of experts, which make
-# the converter write a nemotron_h_moe file, and lists the layers in words whose MLPs it misses).
+# only GLM's own special tokens). And one for the transformers here, 5, where llama.cpp pins 4: a
+# Nemotron-H's config is read as its config.json has it, as transformers 4 reads it (5 adds the keys
+# of experts, which make the converter write a nemotron_h_moe file, and lists the layers in words
+# whose MLPs it misses).
 _CONVERT = """
 import json
 from pathlib import Path
