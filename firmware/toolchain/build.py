@@ -197,13 +197,16 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     if missing or unexpected:
         raise BundleError(f"{gguf}: weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
     plain.tie_weights()  # a tied LM head: the embeddings, not a weight left on the meta device
-    end = _template_end_of_turn(out_dir)
     ends = list(config.eos_token_id) if isinstance(config.eos_token_id, list) else [config.eos_token_id]
-    if end is not None and end not in ends:
-        # A file names one end of generation (Gemma's <eos>); its template ends a turn with another
-        # (<end_of_turn>), which the Hugging Face folder's generation_config.json lists and a GGUF
-        # file does not: without it, the model writes the next turns itself.
-        plain.config.eos_token_id = [*(e for e in ends if e is not None), end]
+    # A file names one end of generation (Gemma's <eos>, GLM-4's <|endoftext|>); the Hugging Face
+    # folder's generation_config.json lists the others, which a GGUF file states, if at all, as its
+    # end of turn and of message (GLM-4's <|user|> and <|observation|>: llama.cpp stops at both), or
+    # its template ends a turn with (Gemma 3's <end_of_turn>): without them, the model writes the
+    # next turns itself.
+    stated = [metadata.get(f"tokenizer.ggml.{kind}_token_id") for kind in ("eot", "eom")]
+    wanted = list(dict.fromkeys(e for e in (*ends, *stated, _template_end_of_turn(out_dir)) if e is not None))
+    if wanted and wanted != ends:
+        plain.config.eos_token_id = wanted[0] if len(wanted) == 1 else wanted
     plain.save_pretrained(out_dir)
 
 
@@ -297,7 +300,7 @@ GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3
                 "seed_oss", "arcee", "hunyuan-dense", "olmoe", "ernie4_5", "lfm2moe",
                 "granitehybrid", "nemotron_h", "falcon-h1", "jamba",
                 "phi2", "starcoder", "olmo", "jais2",
-                "apertus")
+                "apertus", "gptneox", "chatglm")
 
 
 def _gguf_hint(gguf: Path) -> str:

@@ -39,6 +39,11 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
 - phi2 (Phi-2, Phi-1.5) and starcoder (StarCoder 1, SantaCoder: GPT-BigCode): their tensors by
   gguf's table as they are, their MLP's width from the tensors (the converter writes four times the
   hidden size).
+- gptneox (Pythia, Dolly 2, RedPajama-INCITE): the converter lays each layer's fused queries, keys
+  and values out as all queries, then keys, then values; the checkpoint has them head by head.
+- chatglm (GLM-4 9B, glm-4-9b-chat's own layout and the -hf one's, and GLM-Edge): GLM-4-0414's
+  layers without its post norms; no head width stated (it is the queries' rows shared out), the
+  queries, keys and values one tensor in the former, three in the latter.
 """
 
 from __future__ import annotations
@@ -56,10 +61,10 @@ GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2 = "granitemoe", "olmo2", "exaone
 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE = "glm4", "seed_oss", "arcee", "hunyuan-dense", "olmoe"
 ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granitehybrid", "nemotron_h"
 FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "starcoder", "olmo", "jais2"
-APERTUS = "apertus"
+APERTUS, GPT_NEOX, CHATGLM = "apertus", "gptneox", "chatglm"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
-                 JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS)
+                 JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -81,7 +86,7 @@ def config(meta: dict[str, Any]) -> Any:
                LFM2_MOE: _lfm2_moe_config, GRANITE_HYBRID: _granite_config, NEMOTRON_H: _nemotron_h_config,
                FALCON_H1: _falcon_h1_config, JAMBA: _jamba_config, PHI2: _phi2_config,
                STARCODER: _starcoder_config, OLMO: _olmo_config, JAIS2: _jais2_config,
-               APERTUS: _apertus_config}  # fmt: skip
+               APERTUS: _apertus_config, GPT_NEOX: _gpt_neox_config, CHATGLM: _chatglm_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -114,7 +119,8 @@ def state(gguf: Path, model_config: Any) -> dict[str, Any]:
         "gpt_oss": _gpt_oss_state, "gemma3n_text": _gemma3n_state, "lfm2_moe": _lfm2_moe_state,
         "granitemoehybrid": _granite_hybrid_state, "nemotron_h": _nemotron_h_state, "falcon_h1": _falcon_h1_state,
         "apertus": partial(_apertus_state, gguf), "phi": partial(_by_name_table, arch=PHI2),
-        "gpt_bigcode": partial(_by_name_table, arch=STARCODER),
+        "gpt_bigcode": partial(_by_name_table, arch=STARCODER), "gpt_neox": _gpt_neox_state,
+        "glm": partial(_chatglm_state, found),
         "jamba": partial(_by_name_table, arch=JAMBA, special=lambda hf: _mamba_or_experts(take, hf))}  # fmt: skip
     out = readers.get(model_config.model_type, _llama_state)(take, model_config)
     return {k: v.contiguous() for k, v in out.items()}
@@ -494,11 +500,48 @@ def _glm4_config(meta: dict[str, Any]) -> Any:
     projections fused (the file's ffn_up), and part of each head rotated (rope.dimension_count)."""
     from transformers import Glm4Config
 
-    fields = _llama_fields(meta, GLM4)
-    head = fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"]
-    rotated = _key(meta, GLM4)("rope.dimension_count", head)
-    fields["rope_parameters"]["partial_rotary_factor"] = int(rotated) / head
-    return Glm4Config(**fields, attention_bias="blk.0.attn_q.bias" in meta["shapes"], architectures=["Glm4ForCausalLM"])
+    return Glm4Config(**_glm_fields(meta, GLM4), architectures=["Glm4ForCausalLM"])
+
+
+def _chatglm_config(meta: dict[str, Any]) -> Any:
+    """GLM-4 9B's and GLM-Edge's: GLM-4-0414's layers without its post norms. The file's context is
+    the converter's (a config without ChatGLM's seq_length, as the -hf ones, gets its hidden size),
+    and its norms' epsilon (it reads ChatGLM's layernorm_epsilon, or takes 1e-5), as llama.cpp runs
+    them."""
+    from transformers import GlmConfig
+
+    return GlmConfig(**_glm_fields(meta, CHATGLM), architectures=["GlmForCausalLM"])
+
+
+def _glm_fields(meta: dict[str, Any], arch: str) -> dict[str, Any]:
+    """A GLM file's config fields: a Llama's, each head's width from the queries' rows where no key
+    states it (one fused tensor's rows are the queries', keys' and values'), the part of each head
+    rotated (rope.dimension_count) and biases where the file has them."""
+    fields, shapes = _llama_fields(meta, arch), meta["shapes"]
+    heads, kv = fields["num_attention_heads"], fields["num_key_value_heads"]
+    fused = shapes.get("blk.0.attn_qkv.weight")
+    width = fused[0] // (heads + 2 * kv) if fused else shapes["blk.0.attn_q.weight"][0] // heads
+    head = fields.get("head_dim") or width
+    fields["rope_parameters"]["partial_rotary_factor"] = int(_key(meta, arch)("rope.dimension_count", head)) / head
+    biased = "blk.0.attn_q.bias" in shapes or "blk.0.attn_qkv.bias" in shapes
+    return fields | {"head_dim": head, "attention_bias": biased}
+
+
+def _chatglm_state(found: dict[str, Any], take: Any, model_config: Any) -> dict[str, Any]:
+    """A chatglm file's weights (`found`: its tensors) by gguf's table, its rows as they are (llama.cpp
+    turns neighbouring pairs, as GLM does); the queries, keys and values of glm-4-9b-chat's own
+    layout, one tensor (attn_qkv: all queries, then keys, then values), split."""
+    width, kv = model_config.head_dim, model_config.num_key_value_heads
+    rows = {"q_proj": model_config.num_attention_heads * width, "k_proj": kv * width, "v_proj": kv * width}
+
+    def special(hf: str) -> Any:
+        proj, suffix = hf.split(".")[-2:]
+        fused = f"{_block(hf)}attn_qkv.{suffix}"
+        if proj not in rows or fused not in found:  # (the -hf layout's three: by the table)
+            return None
+        return take(fused).split(list(rows.values()))[list(rows).index(proj)]
+
+    return _by_name_table(take, model_config, CHATGLM, special)
 
 
 def _seed_oss_config(meta: dict[str, Any]) -> Any:
@@ -703,16 +746,50 @@ def _phi2_config(meta: dict[str, Any]) -> Any:
     from transformers import PhiConfig
 
     key, shapes = _key(meta, PHI2), meta["shapes"]
+    fields = _partially_rotated_fields(meta, PHI2)
+    return PhiConfig(**fields, intermediate_size=shapes["blk.0.ffn_up.weight"][0],
+                     num_key_value_heads=int(key("attention.head_count_kv", fields["num_attention_heads"])),
+                     architectures=["PhiForCausalLM"])  # fmt: skip
+
+
+def _partially_rotated_fields(meta: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The config fields of a file of LayerNorms and part of each head rotated (rope.dimension_count
+    of the hidden size shared out): Phi-2's, GPT-NeoX's."""
+    key, shapes = _key(meta, arch), meta["shapes"]
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     rope = {"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0)),
             "partial_rotary_factor": int(key("rope.dimension_count")) / (hidden // heads)}  # fmt: skip
-    return PhiConfig(
-        vocab_size=shapes["token_embd.weight"][0], hidden_size=hidden,
-        intermediate_size=shapes["blk.0.ffn_up.weight"][0], num_hidden_layers=int(key("block_count")),
-        num_attention_heads=heads, num_key_value_heads=int(key("attention.head_count_kv", heads)),
-        max_position_embeddings=int(key("context_length")),
-        layer_norm_eps=as_float32(key("attention.layer_norm_epsilon")), rope_parameters=rope,
-        architectures=["PhiForCausalLM"], **_tokens_and_tying(meta))  # fmt: skip
+    return dict(vocab_size=shapes["token_embd.weight"][0], hidden_size=hidden, num_attention_heads=heads,
+                num_hidden_layers=int(key("block_count")), max_position_embeddings=int(key("context_length")),
+                layer_norm_eps=as_float32(key("attention.layer_norm_epsilon")), rope_parameters=rope,
+                **_tokens_and_tying(meta))  # fmt: skip
+
+
+def _gpt_neox_config(meta: dict[str, Any]) -> Any:
+    """EleutherAI's GPT-NeoX (Pythia, Dolly 2, RedPajama-INCITE): LayerNorms, biases, part of each head
+    rotated (rope.dimension_count), the attention and the MLP side by side or one after the other
+    (use_parallel_residual). The converter writes no RoPE base (every published model's is 10000) nor
+    activation: the exact GELU of every published config (llama.cpp runs the tanh one)."""
+    from transformers import GPTNeoXConfig
+
+    key = _key(meta, GPT_NEOX)
+    return GPTNeoXConfig(**_partially_rotated_fields(meta, GPT_NEOX), intermediate_size=int(key("feed_forward_length")),
+                         use_parallel_residual=bool(key("use_parallel_residual", True)), hidden_act="gelu",
+                         architectures=["GPTNeoXForCausalLM"])  # fmt: skip
+
+
+def _gpt_neox_state(take: Any, model_config: Any) -> dict[str, Any]:
+    """GPT-NeoX's weights by gguf's table, each layer's fused queries, keys and values put back head by
+    head (the converter writes all queries, then keys, then values)."""
+    heads = model_config.num_attention_heads
+
+    def special(hf: str) -> Any:
+        if ".attention.query_key_value." not in hf:
+            return None
+        fused = take(f"{_block(hf)}attn_qkv.{hf.rpartition('.')[2]}")
+        return fused.reshape(3, heads, -1, *fused.shape[1:]).transpose(0, 1).reshape(fused.shape)
+
+    return _by_name_table(take, model_config, GPT_NEOX, special)
 
 
 def _starcoder_config(meta: dict[str, Any]) -> Any:
@@ -853,9 +930,10 @@ def moe_weight(take: Any, hf: str) -> Any:
 
 
 def _block(hf: str) -> str:
-    """The prefix of llama.cpp's names of the layer that transformers' weight `hf` is in ("blk.N."),
-    or "" for a weight of no layer."""
-    return f"blk.{hf.split('.')[2]}." if hf.startswith("model.layers.") else ""
+    """The prefix of llama.cpp's names of the layer that transformers' weight `hf` is in ("blk.N."
+    for "model.layers.N.", "gpt_neox.layers.N."), or "" for a weight of no layer."""
+    parts = hf.split(".")
+    return f"blk.{parts[2]}." if len(parts) > 3 and parts[1] == "layers" else ""
 
 
 def _llama_state(take: Any, model_config: Any) -> dict[str, Any]:

@@ -336,8 +336,13 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # GLM-4 (the 0414 models): a norm before and after the attention and the MLP, biased query, key
     # and value projections, and half of each head rotated by pairs of neighbouring dimensions.
     "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 32}),
-    # GLM-4 9B (glm-4-9b-chat-hf) and GLM-Edge: GLM-4-0414's layers without its post norms.
-    "glm": ("GlmConfig", "GlmForCausalLM", {"head_dim": 32}),
+    # GLM-4 9B (glm-4-9b-chat-hf) and GLM-Edge: GLM-4-0414's layers without its post norms. Heads as
+    # wide as the hidden size shares out, as the published ones' (llama.cpp's converter takes that
+    # width for theirs), a hidden size of 256 (the converter writes it as the context of a config
+    # without ChatGLM's seq_length, as the published ones, and the GGUF matrix's chat runs to 147) and
+    # the norms' epsilon the converter writes whatever the config's (it reads ChatGLM's key, or 1e-5).
+    "glm": ("GlmConfig", "GlmForCausalLM", {"hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
+                                            "head_dim": 32, "rms_norm_eps": 1e-5}),
     # Gemma 4 (31B's shape; 26B A4B's without its experts): five sliding layers to one global, whose
     # heads are fewer (its keys serve as its values) and twice as wide, rotated over a quarter of
     # their width (proportional RoPE); query, key and value norms, a scale on each layer's output,
@@ -498,9 +503,9 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl", "gemma",
                "granite_swa", "lfm3",
                "ministral",
                "qwen2_moe",
-               "helium", "nanochat", "glm", "starcoder2", "granitemoe_swa",
+               "helium", "nanochat", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
-               "opt", "gpt_neox", "falcon_new",
+               "opt", "falcon_new",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next")
 
 
@@ -527,11 +532,19 @@ def _nemotron_h_as_published(config: dict[str, Any]) -> dict[str, Any]:
         "hybrid_override_pattern": "".join(letters[kind] for kind in kinds), "num_hidden_layers": len(kinds)}
 
 
+def _gpt_neox_as_published(config: dict[str, Any]) -> dict[str, Any]:
+    """GPT-NeoX's rotation in its published configs' keys (rotary_pct, rotary_emb_base)."""
+    rope = config["rope_parameters"]
+    return {k: v for k, v in config.items() if k != "rope_parameters"} | {
+        "rotary_pct": rope["partial_rotary_factor"], "rotary_emb_base": rope["rope_theta"]}
+
+
 # The config.json of these classes as their published checkpoints have it, where transformers 5
 # saves another: llama.cpp's converter reads the published one (it would take every layer of a
 # Granite 4.0 saved in transformers 5's words for a Mamba layer, and a Nemotron-H with the keys of
-# experts for a mixture of experts).
-AS_PUBLISHED = {"GraniteMoeHybridConfig": _granite4_as_published, "NemotronHConfig": _nemotron_h_as_published}
+# experts for a mixture of experts, and fails on a GPT-NeoX without rotary_pct).
+AS_PUBLISHED = {"GraniteMoeHybridConfig": _granite4_as_published, "NemotronHConfig": _nemotron_h_as_published,
+                "GPTNeoXConfig": _gpt_neox_as_published}
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}

@@ -96,7 +96,7 @@ CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "gemma4": "gemma4"
              "granite4": "granite", "granite4_h": "granitehybrid", "granite4_moe": "granitehybrid",
              "nemotron_h": "nemotron_h", "falcon_h1": "falcon-h1", "jamba": "jamba",
              "phi": "phi2", "gpt_bigcode": "starcoder", "internlm3": "llama",
-             "olmo": "olmo", "jais2": "jais2", "apertus": "apertus"}
+             "olmo": "olmo", "jais2": "jais2", "apertus": "apertus", "gpt_neox": "gptneox", "glm": "chatglm"}
 # What the converter is told for them: the published Qwen3.5 models have a multi-token prediction
 # layer, which a tiny one lacks.
 CONVERT_OPTIONS = {"qwen3_5": ("--no-mtp",), "qwen3_5_moe": ("--no-mtp",)}
@@ -311,13 +311,14 @@ def _fingerprint(arch: str) -> str:
 # llama.cpp's own converter, run on the fixture's folder as a user would, with three stand-ins for
 # what a tiny fixture lacks: its BPE is in no table of known pre-tokenizers (llama.cpp hashes real
 # vocabularies; "gpt-2" is the split it was trained with), it has no SentencePiece model to try
-# first, and a Phi-3, a Gemma 2, a Gemma 4, a Nemotron, a GLM-4, an ERNIE 4.5 and a Jamba are read as
-# BPE (as llama.cpp does for Phi-4-mini, whose config names GPT2Tokenizer; its Gemma, Nemotron, ERNIE
-# and Jamba converters know only SentencePiece, Llama's BPE or Gemma 4's own tokenizer, its GLM-4 one
-# only GLM's own special tokens). And one for the transformers here, 5, where llama.cpp pins 4: a
-# Nemotron-H's config is read as its config.json has it, as transformers 4 reads it (5 adds the keys
-# of experts, which make the converter write a nemotron_h_moe file, and lists the layers in words
-# whose MLPs it misses).
+# first, and a Phi-3, a Gemma 2, a Gemma 4, a Nemotron, a GLM-4, a GLM, an ERNIE 4.5 and a Jamba are
+# read as BPE (as llama.cpp does for Phi-4-mini, whose config names GPT2Tokenizer; its Gemma, Nemotron,
+# ERNIE and Jamba converters know only SentencePiece, Llama's BPE or Gemma 4's own tokenizer, its GLM
+# ones only GLM's own special tokens). And one for the transformers here, 5, where llama.cpp pins 4:
+# a Nemotron-H's and a GPT-NeoX's config are read as their config.json has them, as transformers 4
+# reads them (5 adds the keys of experts to a Nemotron-H, which make the converter write a
+# nemotron_h_moe file, and lists its layers in words whose MLPs it misses; it reads a GPT-NeoX's
+# rotary_pct into keys of its own, and the converter fails without it).
 _CONVERT = """
 import json
 from pathlib import Path
@@ -331,6 +332,8 @@ import conversion.glm as glm
 import conversion.phi as phi
 import conversion.ernie as ernie
 import conversion.jamba as jamba
+import conversion.gptneox as gptneox
+import conversion.chatglm as chatglm
 
 def no_sentencepiece(self):
     raise FileNotFoundError("tokenizer.model")
@@ -342,18 +345,24 @@ gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
 gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 nemotron.NemotronModel.set_vocab = lambda self: self._set_vocab_gpt2()
 glm.Glm4Model.set_vocab = lambda self: self._set_vocab_gpt2()
+chatglm.ChatGLMModel.set_vocab = lambda self: self._set_vocab_gpt2()
 ernie.Ernie4_5Model.set_vocab = lambda self: self._set_vocab_gpt2()
 jamba.JambaModel.set_vocab = lambda self: self._set_vocab_gpt2()
-_nemotron_h_init = nemotron.NemotronHModel.__init__
 
 
-def nemotron_h_as_transformers_4(self, *args, **kwargs):
-    if kwargs.get("hparams") is None:
-        kwargs["hparams"] = json.loads((Path(args[0]) / "config.json").read_text())
-    _nemotron_h_init(self, *args, **kwargs)
+def as_transformers_4(model_class):
+    init = model_class.__init__
+
+    def read_as_published(self, *args, **kwargs):
+        if kwargs.get("hparams") is None:
+            kwargs["hparams"] = json.loads((Path(args[0]) / "config.json").read_text())
+        init(self, *args, **kwargs)
+
+    model_class.__init__ = read_as_published
 
 
-nemotron.NemotronHModel.__init__ = nemotron_h_as_transformers_4
+as_transformers_4(nemotron.NemotronHModel)
+as_transformers_4(gptneox.GPTNeoXModel)
 for folder, out, options in json.loads(sys.argv[2]):  # one process for many: its start is most of the time
     sys.argv = ["convert_hf_to_gguf.py", *options, "--outtype", "f32", "--outfile", out, folder]
     convert_hf_to_gguf.main()

@@ -346,6 +346,49 @@ def test_a_file_whose_end_of_generation_is_not_its_template_s_end_of_turn_stops_
     assert json.loads((tmp_path / "as-is" / "config.json").read_text())["eos_token_id"] == turn
 
 
+def test_a_file_s_end_of_turn_and_of_message_also_end_generation(tmp_path: Path) -> None:
+    """GLM-4's files name <|endoftext|> as the end of generation, <|user|> as the end of turn (eot)
+    and <|observation|> as the end of message (eom), which is where its turns end (its template ends
+    none): llama.cpp stops at each, and so does the build."""
+    import json
+
+    from firmware.toolchain.build import gguf_to_hf
+
+    eos = int(json.loads((tiny_hf_dir("glm4") / "config.json").read_text())["eos_token_id"])
+    stated = {"tokenizer.ggml.eot_token_id": 7, "tokenizer.ggml.eom_token_id": 9}
+    gguf_to_hf(_rewritten(tiny_gguf("glm4"), tmp_path / "eot.gguf", lambda name, data: data, fields=stated),
+               tmp_path / "hf")  # fmt: skip
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == [eos, 7, 9]
+
+
+def test_a_chatglm_file_of_glm_4_9b_chat_s_own_layout_gives_the_weights_of_the_hf_one_s(tmp_path: Path) -> None:
+    """glm-4-9b-chat's checkpoint (ChatGLM's remote code) keeps each layer's queries, keys and values
+    as one projection, which llama.cpp writes as attn_qkv (all queries, then keys, then values); the
+    -hf checkpoint's file has three. Both read as the same weights."""
+    from gguf import GGUFReader
+
+    from firmware.toolchain.build import _gguf_metadata
+
+    def fused(name: str, data: Any) -> Any:
+        block, _, rest = name.partition(".attn_")
+        proj, _, suffix = rest.partition(".")
+        if not name.startswith("blk.") or proj not in ("q", "k", "v"):
+            return data
+        parts = [tensors[f"{block}.attn_{p}.{suffix}"] for p in ("q", "k", "v")]
+        return {f"{block}.attn_qkv.{suffix}": np.concatenate(parts)} if proj == "q" else None
+
+    tensors = {t.name: np.array(t.data) for t in GGUFReader(str(tiny_gguf("glm"))).tensors}
+    file = _rewritten(tiny_gguf("glm"), tmp_path / "fused.gguf", fused)
+    meta = _gguf_metadata(file)
+    assert "blk.0.attn_qkv.weight" in meta["shapes"] and "blk.0.attn_q.weight" not in meta["shapes"]
+    config = gguf_families.config(meta)
+    assert config.to_dict() == gguf_families.config(_gguf_metadata(tiny_gguf("glm"))).to_dict()
+    ours, theirs = gguf_families.state(file, config), gguf_families.state(tiny_gguf("glm"), config)
+    assert set(ours) == set(theirs)
+    for key, value in theirs.items():
+        assert ours[key].equal(value), key
+
+
 def test_a_file_of_an_architecture_the_build_does_not_read_is_refused_naming_it(tmp_path: Path) -> None:
     """transformers' loader fails on a gpt-oss file as llama.cpp writes it (its YaRN settings) with
     a TypeError about arrays; the build says which architecture it was, which ones it reads, and
@@ -361,7 +404,8 @@ def test_a_file_of_an_architecture_the_build_does_not_read_is_refused_naming_it(
 
 def _rewritten(path: Path, out: Path, edit: Any, arch: str | None = None, fields: dict[str, Any] | None = None) -> Path:
     """The GGUF file at `path` written again to `out`, each tensor as `edit(name, data)` gives it
-    (None: left out), under architecture `arch` (default: its own), with `fields`' values."""
+    (None: left out; a dict: the tensors, by name, that replace it), under architecture `arch`
+    (default: its own), with `fields`' values (a key the file lacks: an unsigned integer)."""
     from gguf import GGUFReader, GGUFWriter
 
     reader = GGUFReader(str(path))
@@ -371,10 +415,14 @@ def _rewritten(path: Path, out: Path, edit: Any, arch: str | None = None, fields
             continue
         writer.add_key_value(key, (fields or {}).get(key, field.contents()), field.types[0],
                              sub_type=field.types[-1] if len(field.types) > 1 else None)  # fmt: skip
+    for key, value in (fields or {}).items():
+        if key not in reader.fields:
+            writer.add_uint32(key, value)
     for t in reader.tensors:
         data = edit(t.name, np.array(t.data))
-        if data is not None:
-            writer.add_tensor(t.name, data)
+        for name, tensor in (data if isinstance(data, dict) else {t.name: data}).items():
+            if tensor is not None:
+                writer.add_tensor(name, tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
