@@ -41,6 +41,10 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   hidden size).
 - gptneox (Pythia, Dolly 2, RedPajama-INCITE): the converter lays each layer's fused queries, keys
   and values out as all queries, then keys, then values; the checkpoint has them head by head.
+- qwen2moe (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B), which transformers' loader reads without the
+  experts' and the shared expert's widths (it takes 1408 and 5632 whatever the file states) and
+  with the shared expert's gate of an unquantized file one dimension too many: a Llama's tensors,
+  not permuted, its experts by moe_weight.
 - chatglm (GLM-4 9B, glm-4-9b-chat's own layout and the -hf one's, and GLM-Edge): GLM-4-0414's
   layers without its post norms; no head width stated (it is the queries' rows shared out), the
   queries, keys and values one tensor in the former, three in the latter.
@@ -61,10 +65,10 @@ GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2 = "granitemoe", "olmo2", "exaone
 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE = "glm4", "seed_oss", "arcee", "hunyuan-dense", "olmoe"
 ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granitehybrid", "nemotron_h"
 FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "starcoder", "olmo", "jais2"
-APERTUS, GPT_NEOX, CHATGLM = "apertus", "gptneox", "chatglm"
+APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE = "apertus", "gptneox", "chatglm", "qwen2moe"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
-                 JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM)
+                 JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -86,7 +90,8 @@ def config(meta: dict[str, Any]) -> Any:
                LFM2_MOE: _lfm2_moe_config, GRANITE_HYBRID: _granite_config, NEMOTRON_H: _nemotron_h_config,
                FALCON_H1: _falcon_h1_config, JAMBA: _jamba_config, PHI2: _phi2_config,
                STARCODER: _starcoder_config, OLMO: _olmo_config, JAIS2: _jais2_config,
-               APERTUS: _apertus_config, GPT_NEOX: _gpt_neox_config, CHATGLM: _chatglm_config}  # fmt: skip
+               APERTUS: _apertus_config, GPT_NEOX: _gpt_neox_config, CHATGLM: _chatglm_config,
+               QWEN2_MOE: _qwen2_moe_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -100,7 +105,8 @@ LLAMA_SHAPED = {"mistral": (MISTRAL3, True), "ministral3": (MISTRAL3, True), "gr
                 "exaone4": (EXAONE4, False), "cohere": (COMMAND_R, False), "cohere2": (COHERE2, False),
                 "glm4": (GLM4, False), "seed_oss": (SEED_OSS, False), "arcee": (ARCEE, True),
                 "hunyuan_v1_dense": (HUNYUAN_DENSE, False), "olmoe": (OLMOE, False),
-                "ernie4_5": (ERNIE4_5, False), "olmo": (OLMO, True), "jais2": (JAIS2, False)}  # fmt: skip
+                "ernie4_5": (ERNIE4_5, False), "olmo": (OLMO, True), "jais2": (JAIS2, False),
+                "qwen2_moe": (QWEN2_MOE, False)}  # fmt: skip
 
 
 def state(gguf: Path, model_config: Any) -> dict[str, Any]:
@@ -542,6 +548,20 @@ def _chatglm_state(found: dict[str, Any], take: Any, model_config: Any) -> dict[
         return take(fused).split(list(rows.values()))[list(rows).index(proj)]
 
     return _by_name_table(take, model_config, CHATGLM, special)
+
+
+def _qwen2_moe_config(meta: dict[str, Any]) -> Any:
+    """Qwen2-MoE's: Qwen2's attention (biased queries, keys and values), experts in every layer (a
+    file states no dense ones) beside a shared expert gated by a sigmoid, the chosen experts' weights
+    as the softmax gives them (llama.cpp does not scale them to sum to 1)."""
+    from transformers import Qwen2MoeConfig
+
+    key = _key(meta, QWEN2_MOE)
+    return Qwen2MoeConfig(**_llama_fields(meta, QWEN2_MOE), num_experts=int(key("expert_count")),
+                          num_experts_per_tok=int(key("expert_used_count")),
+                          moe_intermediate_size=int(key("expert_feed_forward_length")),
+                          shared_expert_intermediate_size=int(key("expert_shared_feed_forward_length")),
+                          norm_topk_prob=False, architectures=["Qwen2MoeForCausalLM"])  # fmt: skip
 
 
 def _seed_oss_config(meta: dict[str, Any]) -> Any:

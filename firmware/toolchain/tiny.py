@@ -31,6 +31,8 @@ GEMMA3_TINY: dict[str, object] = {"hidden_size": 72, "head_dim": 16, "query_pre_
                                   "layer_types": ["sliding_attention", "full_attention"]}  # fmt: skip
 GEMMA3_LOCAL_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 # Qwen3.5's tiny checkpoint: a gated delta-net layer and a gated full-attention one, a vision tower.
+QWEN2_MOE_TINY: dict[str, Any] = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                  "shared_expert_intermediate_size": 64}
 QWEN35_TINY: dict[str, Any] = {
     "text_config": {"head_dim": 32, "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
                     "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
@@ -485,10 +487,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # projection, and experts in place of the MLP (the softmax's top 2 of 4 as they are).
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
     # Qwen2-MoE's (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): Qwen2's attention, experts (the softmax's top 2
-    # of 4 as they are) beside a shared expert gated by a sigmoid; the first layer kept dense.
-    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {
-        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
-        "mlp_only_layers": [0], "num_hidden_layers": 3}),
+    # of 4 as they are) beside a shared expert gated by a sigmoid, in every layer as published; and a
+    # config whose first layer is kept dense (mlp_only_layers, which a GGUF file cannot state).
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", QWEN2_MOE_TINY),
+    "qwen2_moe_dense": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {**QWEN2_MOE_TINY, "mlp_only_layers": [0],
+                                                                  "num_hidden_layers": 3}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -502,7 +505,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl", "gemma",
                "qwen3_moe_dense", "gemma4_unified",
                "granite_swa", "lfm3",
                "ministral",
-               "qwen2_moe",
+               "qwen2_moe_dense",
                "helium", "nanochat", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
                "opt", "falcon_new",

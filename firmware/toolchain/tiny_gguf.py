@@ -96,7 +96,8 @@ CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "gemma4": "gemma4"
              "granite4": "granite", "granite4_h": "granitehybrid", "granite4_moe": "granitehybrid",
              "nemotron_h": "nemotron_h", "falcon_h1": "falcon-h1", "jamba": "jamba",
              "phi": "phi2", "gpt_bigcode": "starcoder", "internlm3": "llama",
-             "olmo": "olmo", "jais2": "jais2", "apertus": "apertus", "gpt_neox": "gptneox", "glm": "chatglm"}
+             "olmo": "olmo", "jais2": "jais2", "apertus": "apertus", "gpt_neox": "gptneox", "glm": "chatglm",
+             "qwen2_moe": "qwen2moe"}
 # What the converter is told for them: the published Qwen3.5 models have a multi-token prediction
 # layer, which a tiny one lacks.
 CONVERT_OPTIONS = {"qwen3_5": ("--no-mtp",), "qwen3_5_moe": ("--no-mtp",)}
