@@ -45,6 +45,9 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   experts' and the shared expert's widths (it takes 1408 and 5632 whatever the file states) and
   with the shared expert's gate of an unquantized file one dimension too many: a Llama's tensors,
   not permuted, its experts by moe_weight.
+- gemma (Gemma 1 and 1.1, CodeGemma), which transformers' loader does not read: a Llama's tensors,
+  not permuted, each norm's weight as Gemma keeps it (the converter writes one plus it, the factor
+  llama.cpp multiplies by).
 - chatglm (GLM-4 9B, glm-4-9b-chat's own layout and the -hf one's, and GLM-Edge): GLM-4-0414's
   layers without its post norms; no head width stated (it is the queries' rows shared out), the
   queries, keys and values one tensor in the former, three in the latter.
@@ -65,10 +68,10 @@ GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2 = "granitemoe", "olmo2", "exaone
 GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE = "glm4", "seed_oss", "arcee", "hunyuan-dense", "olmoe"
 ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granitehybrid", "nemotron_h"
 FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "starcoder", "olmo", "jais2"
-APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE = "apertus", "gptneox", "chatglm", "qwen2moe"
+APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA = "apertus", "gptneox", "chatglm", "qwen2moe", "gemma"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
-                 JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE)
+                 JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -91,7 +94,7 @@ def config(meta: dict[str, Any]) -> Any:
                FALCON_H1: _falcon_h1_config, JAMBA: _jamba_config, PHI2: _phi2_config,
                STARCODER: _starcoder_config, OLMO: _olmo_config, JAIS2: _jais2_config,
                APERTUS: _apertus_config, GPT_NEOX: _gpt_neox_config, CHATGLM: _chatglm_config,
-               QWEN2_MOE: _qwen2_moe_config}  # fmt: skip
+               QWEN2_MOE: _qwen2_moe_config, GEMMA: _gemma_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -126,7 +129,7 @@ def state(gguf: Path, model_config: Any) -> dict[str, Any]:
         "granitemoehybrid": _granite_hybrid_state, "nemotron_h": _nemotron_h_state, "falcon_h1": _falcon_h1_state,
         "apertus": partial(_apertus_state, gguf), "phi": partial(_by_name_table, arch=PHI2),
         "gpt_bigcode": partial(_by_name_table, arch=STARCODER), "gpt_neox": _gpt_neox_state,
-        "glm": partial(_chatglm_state, found),
+        "glm": partial(_chatglm_state, found), "gemma": _gemma_state,
         "jamba": partial(_by_name_table, arch=JAMBA, special=lambda hf: _mamba_or_experts(take, hf))}  # fmt: skip
     out = readers.get(model_config.model_type, _llama_state)(take, model_config)
     return {k: v.contiguous() for k, v in out.items()}
@@ -562,6 +565,21 @@ def _qwen2_moe_config(meta: dict[str, Any]) -> Any:
                           moe_intermediate_size=int(key("expert_feed_forward_length")),
                           shared_expert_intermediate_size=int(key("expert_shared_feed_forward_length")),
                           norm_topk_prob=False, architectures=["Qwen2MoeForCausalLM"])  # fmt: skip
+
+
+def _gemma_config(meta: dict[str, Any]) -> Any:
+    """Gemma's (the first): a Llama's fields (its heads' width from attention.key_length), its
+    embeddings scaled and its LM head tied by its class, the tanh GELU."""
+    from transformers import GemmaConfig
+
+    return GemmaConfig(**_llama_fields(meta, GEMMA), hidden_act="gelu_pytorch_tanh", architectures=["GemmaForCausalLM"])
+
+
+def _gemma_state(take: Any, model_config: Any) -> dict[str, Any]:
+    """Gemma's weights by gguf's table, its rows as they are, each norm's weight less the one the
+    converter added (Gemma scales by one plus the weight; llama.cpp by what it reads)."""
+    out = _by_name_table(take, model_config, GEMMA)
+    return {k: v - 1 if k.endswith("norm.weight") else v for k, v in out.items()}
 
 
 def _seed_oss_config(meta: dict[str, Any]) -> Any:

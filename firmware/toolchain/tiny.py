@@ -128,8 +128,9 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # Granite scales the embeddings, each residual branch, the attention scores and the logits by
     # constants of its own (none of them the neutral value here, so a dropped one shows).
     "granite": ("GraniteConfig", "GraniteForCausalLM", GRANITE_MULTIPLIERS),
-    # Gemma (the first): Gemma's norms (one plus the weight) and scaled embeddings, GELU.
-    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}),
+    # Gemma (the first): Gemma's norms (one plus the weight) and scaled embeddings, GELU, its LM head
+    # its embeddings, as published (llama.cpp's converter writes no other).
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16, "tie_word_embeddings": True}),
     # Gemma 2: sliding and global layers, soft-capped attention scores and logits; its LM head is
     # its embeddings, as in Gemma 2's models (llama.cpp writes no other).
     # Gemma 2's caps; its query and key weights random (RANDOMIZED), so its attention's logits reach
@@ -499,7 +500,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # Checked from their Hugging Face folder only: transformers' GGUF loader reads none of these families,
 # and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
 # llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
-FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl", "gemma",
+FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "hunyuan_alpha", "gpt_oss_global", "llama_rope_linear", "qwen2_yarn",
                "qwen2_5_vl", "qwen3_vl", "lfm2_vl",
                "qwen3_moe_dense", "gemma4_unified",

@@ -97,7 +97,7 @@ CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "gemma4": "gemma4"
              "nemotron_h": "nemotron_h", "falcon_h1": "falcon-h1", "jamba": "jamba",
              "phi": "phi2", "gpt_bigcode": "starcoder", "internlm3": "llama",
              "olmo": "olmo", "jais2": "jais2", "apertus": "apertus", "gpt_neox": "gptneox", "glm": "chatglm",
-             "qwen2_moe": "qwen2moe"}
+             "qwen2_moe": "qwen2moe", "gemma": "gemma"}
 # What the converter is told for them: the published Qwen3.5 models have a multi-token prediction
 # layer, which a tiny one lacks.
 CONVERT_OPTIONS = {"qwen3_5": ("--no-mtp",), "qwen3_5_moe": ("--no-mtp",)}
@@ -312,7 +312,7 @@ def _fingerprint(arch: str) -> str:
 # llama.cpp's own converter, run on the fixture's folder as a user would, with three stand-ins for
 # what a tiny fixture lacks: its BPE is in no table of known pre-tokenizers (llama.cpp hashes real
 # vocabularies; "gpt-2" is the split it was trained with), it has no SentencePiece model to try
-# first, and a Phi-3, a Gemma 2, a Gemma 4, a Nemotron, a GLM-4, a GLM, an ERNIE 4.5 and a Jamba are
+# first, and a Phi-3, a Gemma, a Gemma 2, a Gemma 4, a Nemotron, a GLM-4, a GLM, an ERNIE 4.5 and a Jamba are
 # read as BPE (as llama.cpp does for Phi-4-mini, whose config names GPT2Tokenizer; its Gemma, Nemotron,
 # ERNIE and Jamba converters know only SentencePiece, Llama's BPE or Gemma 4's own tokenizer, its GLM
 # ones only GLM's own special tokens). And one for the transformers here, 5, where llama.cpp pins 4:
@@ -342,6 +342,7 @@ def no_sentencepiece(self):
 base.TextModel._create_vocab_sentencepiece = no_sentencepiece
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()
+gemma.GemmaModel.set_vocab = lambda self: self._set_vocab_gpt2()
 gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
 gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 nemotron.NemotronModel.set_vocab = lambda self: self._set_vocab_gpt2()
