@@ -33,7 +33,7 @@ from firmware.manifest import (
     describe_files,
 )
 from firmware.signing import load_private_key, sign_manifest
-from firmware.toolchain import gguf_families, gpt_families, prequantized, qwen3_next
+from firmware.toolchain import gguf_families, gguf_pretokenizers, gpt_families, prequantized, qwen3_next
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
@@ -369,11 +369,13 @@ def _gguf_reading(metadata: dict[str, Any]) -> contextlib.AbstractContextManager
 
 def gguf_tokenizer(gguf: Path, metadata: dict[str, Any] | None = None) -> Any:
     """The GGUF file's tokenizer, as transformers reads it for the build (`metadata`: the file's, if
-    already read)."""
+    already read), splitting text as llama.cpp does where transformers does not know how."""
     from transformers import AutoTokenizer
 
-    with _gguf_reading(metadata if metadata is not None else _gguf_metadata(gguf)):
-        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    meta = metadata if metadata is not None else _gguf_metadata(gguf)
+    with _gguf_reading(meta):
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return gguf_pretokenizers.split_as_llama_cpp(tokenizer, meta)
 
 
 def _gemma4_config(meta: dict[str, Any]) -> Any:

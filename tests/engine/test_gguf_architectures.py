@@ -25,6 +25,7 @@ from firmware.toolchain.tiny_gguf import (
     GGUF_ARCHITECTURES,
     llama_cpp_convert,
     llama_cpp_convert_many,
+    llama_cpp_source,
     tiny_gguf,
     tiny_gguf_bundle,
 )
@@ -428,3 +429,103 @@ def _rewritten(path: Path, out: Path, edit: Any, arch: str | None = None, fields
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def _llama_cpp_pre_tokenizers() -> dict[str, tuple[str, ...]]:
+    """llama.cpp's own table, from its source (src/llama-vocab.cpp, as the converter's run fetches
+    it): each pre-tokenizer name -> the expressions its BPE tokenizer splits text by."""
+    import re
+
+    text = (llama_cpp_source() / "src" / "llama-vocab.cpp").read_text()
+    names: list[str] = []
+    kinds: dict[str, str] = {}
+    for m in re.finditer(r'tokenizer_pre == "([^"]+)"|pre_type = LLAMA_VOCAB_PRE_TYPE_(\w+);', text):
+        if m.group(1):
+            names.append(m.group(1))
+        else:
+            kinds.update(dict.fromkeys(names, m.group(2)))
+            names = []
+    body = text[text.index("struct llm_tokenizer_bpe") :]
+    body = body[: body.index("default:")]
+    exprs: dict[str, tuple[str, ...]] = {}
+    for block in re.finditer(r"((?:\s*case LLAMA_VOCAB_PRE_TYPE_\w+:)+)\s*regex_exprs = \{(.*?)\};", body, re.S):
+        lines = [line.strip() for line in block.group(2).splitlines() if not line.strip().startswith("//")]
+        literals = [lit for line in lines for lit in re.findall(r'"((?:[^"\\]|\\.)*)"', line)]
+        unescaped = tuple(re.sub(r"\\(.)", lambda e: {"n": "\n", "r": "\r", "t": "\t"}.get(e[1], e[1]), lit)
+                          for lit in literals)  # fmt: skip
+        exprs |= dict.fromkeys(re.findall(r"LLAMA_VOCAB_PRE_TYPE_(\w+)", block.group(1)), unescaped)
+    return {name: exprs[kind] for name, kind in kinds.items() if kind in exprs}
+
+
+def test_the_pre_tokenizers_transformers_does_not_know_are_llama_cpp_s_own() -> None:
+    """Each split the build gives a file's tokenizer is llama.cpp's, expression for expression (a
+    carriage return or a newline written as the character or as its escape alike)."""
+    from firmware.toolchain.gguf_pretokenizers import SPLITS
+
+    theirs = _llama_cpp_pre_tokenizers()
+
+    def plain(expressions: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(e.replace("\r", "\\r").replace("\n", "\\n") for e in expressions)
+
+    assert len(theirs) > 40  # (the table was read)
+    for name, ours in SPLITS.items():
+        assert name in theirs, name
+        assert plain(ours) == plain(theirs[name]), name
+
+
+PROBE = ("Hello world! It's 2024-12-07, obj.get(x) costs $1234.50 or 1,000,000.\n\n\tindent   spaces\r\n"
+         "你好世界 日本語のテキスト 한국어 émigré’s “quotes” … done.   ")  # fmt: skip
+
+
+def _split_as_llama_cpp(text: str, expressions: tuple[str, ...]) -> list[str]:
+    """`text` split by each expression in turn, as llama.cpp does (a match and the text between two
+    matches each a piece), with Python's regex module: the reference tokenizers' splits are checked
+    against; each piece in the byte-level alphabet."""
+    import regex
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    pieces = [text]
+    for expression in expressions:
+        split: list[str] = []
+        for piece in pieces:
+            at = 0
+            for m in regex.finditer(expression, piece):
+                split += [piece[at : m.start()]] if m.start() > at else []
+                split += [m.group()] if m.end() > m.start() else []
+                at = m.end()
+            split += [piece[at:]] if at < len(piece) else []
+        pieces = split
+    alphabet = bytes_to_unicode()
+    return ["".join(alphabet[b] for b in piece.encode()) for piece in pieces]
+
+
+def test_each_llama_cpp_split_the_build_gives_a_tokenizer_splits_as_llama_cpp_s_expressions() -> None:
+    from firmware.toolchain.gguf_pretokenizers import SPLITS, pre_tokenizer
+
+    for name, expressions in SPLITS.items():
+        got = [piece for piece, _ in pre_tokenizer(expressions).pre_tokenize_str(PROBE)]
+        assert got == _split_as_llama_cpp(PROBE, expressions), name
+
+
+def test_a_file_naming_a_pre_tokenizer_transformers_does_not_know_splits_text_as_llama_cpp(tmp_path: Path) -> None:
+    """GLM-4's files name "glm4" (GLM-4 9B's "chatglm-bpe"), which transformers' GGUF reader does not
+    know: it split their text as GPT-2's, so ".get" and numbers cut every three digits, which their
+    vocabulary was learned on, never formed. The build splits as llama.cpp does, and the folder it
+    writes keeps that split."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    from firmware.toolchain.build import gguf_to_hf, gguf_tokenizer
+    from firmware.toolchain.gguf_pretokenizers import SPLITS
+
+    file = _rewritten(tiny_gguf("glm4"), tmp_path / "glm4.gguf", lambda name, data: data,
+                      fields={"tokenizer.ggml.pre": "glm4"})  # fmt: skip
+    want = _split_as_llama_cpp(PROBE, SPLITS["glm4"])
+    assert want != _split_as_llama_cpp(PROBE, (SPLITS["smollm"][1],))  # (not GPT-2's split)
+    tokenizer = gguf_tokenizer(file)
+    assert [p for p, _ in tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(PROBE)] == want
+    gguf_to_hf(file, tmp_path / "hf")
+    saved = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    assert [p for p, _ in saved.pre_tokenizer.pre_tokenize_str(PROBE)] == want
+    assert json.loads((tmp_path / "hf" / "tokenizer.json").read_text())["pre_tokenizer"]["type"] == "Sequence"
