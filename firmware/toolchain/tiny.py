@@ -30,9 +30,10 @@ TINY_NAME = "tiny-llama"
 GEMMA3_TINY: dict[str, object] = {"hidden_size": 72, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16,
                                   "layer_types": ["sliding_attention", "full_attention"]}  # fmt: skip
 GEMMA3_LOCAL_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
-# Qwen3.5's tiny checkpoint: a gated delta-net layer and a gated full-attention one, a vision tower.
+# Qwen2-MoE's tiny checkpoint: top 2 of 4 experts and a shared expert in each layer.
 QWEN2_MOE_TINY: dict[str, Any] = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                                   "shared_expert_intermediate_size": 64}
+# Qwen3.5's tiny checkpoint: a gated delta-net layer and a gated full-attention one, a vision tower.
 QWEN35_TINY: dict[str, Any] = {
     "text_config": {"head_dim": 32, "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
                     "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
