@@ -312,14 +312,14 @@ def _fingerprint(arch: str) -> str:
 # llama.cpp's own converter, run on the fixture's folder as a user would, with three stand-ins for
 # what a tiny fixture lacks: its BPE is in no table of known pre-tokenizers (llama.cpp hashes real
 # vocabularies; "gpt-2" is the split it was trained with), it has no SentencePiece model to try
-# first, and a Phi-3, a Gemma, a Gemma 2, a Gemma 4, a Nemotron, a GLM-4, a GLM, an ERNIE 4.5 and a Jamba are
-# read as BPE (as llama.cpp does for Phi-4-mini, whose config names GPT2Tokenizer; its Gemma, Nemotron,
-# ERNIE and Jamba converters know only SentencePiece, Llama's BPE or Gemma 4's own tokenizer, its GLM
-# ones only GLM's own special tokens). And one for the transformers here, 5, where llama.cpp pins 4:
-# a Nemotron-H's and a GPT-NeoX's config are read as their config.json has them, as transformers 4
-# reads them (5 adds the keys of experts to a Nemotron-H, which make the converter write a
-# nemotron_h_moe file, and lists its layers in words whose MLPs it misses; it reads a GPT-NeoX's
-# rotary_pct into keys of its own, and the converter fails without it).
+# first, and a Phi-3, a Gemma (1, 2 or 4), a Nemotron, a GLM-4, a GLM, an ERNIE 4.5 and a Jamba are
+# read as BPE (as llama.cpp does for Phi-4-mini, whose config names GPT2Tokenizer; its Gemma,
+# Nemotron, ERNIE and Jamba converters know only SentencePiece, Llama's BPE or Gemma 4's own
+# tokenizer, its GLM ones only GLM's own special tokens). And one for the transformers here, 5,
+# where llama.cpp pins 4: a Nemotron-H's and a GPT-NeoX's config are read as their config.json has
+# them, as transformers 4 reads them (5 adds the keys of experts to a Nemotron-H, which make the
+# converter write a nemotron_h_moe file, and lists its layers in words whose MLPs it misses; it
+# reads a GPT-NeoX's rotary_pct into keys of its own, and the converter fails without it).
 _CONVERT = """
 import json
 from pathlib import Path
@@ -341,15 +341,10 @@ def no_sentencepiece(self):
 
 base.TextModel._create_vocab_sentencepiece = no_sentencepiece
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()
-gemma.GemmaModel.set_vocab = lambda self: self._set_vocab_gpt2()
-gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()
-gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
-nemotron.NemotronModel.set_vocab = lambda self: self._set_vocab_gpt2()
-glm.Glm4Model.set_vocab = lambda self: self._set_vocab_gpt2()
-chatglm.ChatGLMModel.set_vocab = lambda self: self._set_vocab_gpt2()
-ernie.Ernie4_5Model.set_vocab = lambda self: self._set_vocab_gpt2()
-jamba.JambaModel.set_vocab = lambda self: self._set_vocab_gpt2()
+for model_class in (phi.Phi3MiniModel, gemma.GemmaModel, gemma.Gemma2Model, gemma.Gemma4Model,
+                    nemotron.NemotronModel, glm.Glm4Model, chatglm.ChatGLMModel, ernie.Ernie4_5Model,
+                    jamba.JambaModel):
+    model_class.set_vocab = lambda self: self._set_vocab_gpt2()
 
 
 def as_transformers_4(model_class):
