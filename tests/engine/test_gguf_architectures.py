@@ -473,8 +473,9 @@ def test_the_pre_tokenizers_transformers_does_not_know_are_llama_cpp_s_own() -> 
         assert plain(ours) == plain(theirs[name]), name
 
 
-PROBE = ("Hello world! It's 2024-12-07, obj.get(x) costs $1234.50 or 1,000,000.\n\n\tindent   spaces\r\n"
-         "你好世界 日本語のテキスト 한국어 émigré’s “quotes” … done.   ")  # fmt: skip
+PROBE = ("Hello world! It's 2024-12-07, obj.get(x) costs $1234.50 or 1,000,000 or 1234567.\n\n\tindent   spaces\r\n"
+         "你好世界 日本語のテキスト 한국어 émigré’s “quotes” … done. HELLO'S Ünïcode\u0301 ΑΘΗΝΑ Привет ＡＢＣ！ "
+         "٣٤٥٦ ১২৩ ㄅㄆ ﬁ 𐐀𐐨 tab\tend   ")  # fmt: skip
 
 
 def _split_as_llama_cpp(text: str, expressions: tuple[str, ...]) -> list[str]:
@@ -499,19 +500,48 @@ def _split_as_llama_cpp(text: str, expressions: tuple[str, ...]) -> list[str]:
     return ["".join(alphabet[b] for b in piece.encode()) for piece in pieces]
 
 
-def test_each_llama_cpp_split_the_build_gives_a_tokenizer_splits_as_llama_cpp_s_expressions() -> None:
-    from firmware.toolchain.gguf_pretokenizers import SPLITS, pre_tokenizer
+# llama.cpp splits these by C++ of its own (unicode.cpp), not by the expression its table lists; their
+# families (Kimi K2, AFMoE) are not ones the build reads.
+SPLIT_BY_LLAMA_CPP_CODE = {"kimi-k2", "afmoe"}
+# llama.cpp writes GPT-4o's letter-case classes as "a letter, not a-z" ("..., not A-Z"): std::regex
+# has no \p{Lu}. The models' own tokenizers (and transformers' table) use the classes, which take
+# in combining marks; those are the reference.
+LETTER_CASES = {r"((?=[\p{L}])([^a-z]))": r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]",
+                r"((?=[\p{L}])([^A-Z]))": r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"}  # fmt: skip
 
-    for name, expressions in SPLITS.items():
-        got = [piece for piece, _ in pre_tokenizer(expressions).pre_tokenize_str(PROBE)]
-        assert got == _split_as_llama_cpp(PROBE, expressions), name
+
+def test_every_pre_tokenizer_llama_cpp_names_splits_as_llama_cpp_s_expressions() -> None:
+    """Every pre-tokenizer name of llama.cpp's table, through transformers' reading of a byte-level
+    BPE file (its builder and its own table of splits) and the build's mend (SPLITS), splits text
+    as llama.cpp's expressions do (Python's regex module splitting by them): no name whose file
+    the build would tokenize otherwise than llama.cpp. A name llama.cpp adds that transformers
+    does not know fails here until SPLITS gives it its expressions."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import byte_level_tokenizer, set_split_regex
+
+    from firmware.toolchain.gguf_pretokenizers import split_as_llama_cpp
+
+    theirs = _llama_cpp_pre_tokenizers()
+    assert len(theirs) > 80 and set(theirs) >= SPLIT_BY_LLAMA_CPP_CODE  # (the table was read)
+    wrong = []
+    for name, expressions in sorted(theirs.items()):
+        tokenizer = set_split_regex(byte_level_tokenizer({"tokens": ["a"], "merges": []}), {"pre_tokenizer_type": name})
+        tokenizer = split_as_llama_cpp(tokenizer, {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": name})
+        got = [piece for piece, _ in tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(PROBE)]
+        for approximation, letters in LETTER_CASES.items():
+            expressions = tuple(e.replace(approximation, letters) for e in expressions)
+        if name not in SPLIT_BY_LLAMA_CPP_CODE and got != _split_as_llama_cpp(PROBE, expressions):
+            wrong.append(name)
+    assert wrong == []
 
 
-def test_a_file_naming_a_pre_tokenizer_transformers_does_not_know_splits_text_as_llama_cpp(tmp_path: Path) -> None:
-    """GLM-4's files name "glm4" (GLM-4 9B's "chatglm-bpe"), which transformers' GGUF reader does not
-    know: it split their text as GPT-2's, so ".get" and numbers cut every three digits, which their
-    vocabulary was learned on, never formed. The build splits as llama.cpp does, and the folder it
-    writes keeps that split."""
+@pytest.mark.parametrize("pre", ["glm4", "deepseek-coder"])
+def test_a_file_naming_a_pre_tokenizer_transformers_does_not_know_splits_text_as_llama_cpp(pre: str,
+                                                                                           tmp_path: Path) -> None:
+    """GLM-4's files name "glm4" (GLM-4 9B's "chatglm-bpe"), DeepSeek Coder's "deepseek-coder", which
+    transformers' GGUF reader does not know: it split their text as GPT-2's, so pieces their
+    vocabularies were learned on never formed (GLM-4's ".get" and numbers cut every three digits,
+    DeepSeek Coder's every digit alone and punctuation runs apart from letters). The build splits as
+    llama.cpp does, and the folder it writes keeps that split."""
     import json
 
     from tokenizers import Tokenizer
@@ -520,8 +550,8 @@ def test_a_file_naming_a_pre_tokenizer_transformers_does_not_know_splits_text_as
     from firmware.toolchain.gguf_pretokenizers import SPLITS
 
     file = _rewritten(tiny_gguf("glm4"), tmp_path / "glm4.gguf", lambda name, data: data,
-                      fields={"tokenizer.ggml.pre": "glm4"})  # fmt: skip
-    want = _split_as_llama_cpp(PROBE, SPLITS["glm4"])
+                      fields={"tokenizer.ggml.pre": pre})  # fmt: skip
+    want = _split_as_llama_cpp(PROBE, SPLITS[pre])
     assert want != _split_as_llama_cpp(PROBE, (SPLITS["smollm"][1],))  # (not GPT-2's split)
     tokenizer = gguf_tokenizer(file)
     assert [p for p, _ in tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(PROBE)] == want
