@@ -452,6 +452,9 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
     - Phi-3's sliding window (attention.sliding_window; 0 means none), as Phi-3-mini's 2047.
     - Llama 3.1's RoPE scaling (Llama 3.1, 3.2, 3.3): llama.cpp keeps only each frequency's
       divisor (tensor rope_freqs), which the loader drops; see gguf_families.llama3_rope.
+    - Linear and YaRN RoPE scaling (rope.scaling.*, as llama.cpp's converter writes any config's:
+      DeepSeek Coder's linear factor 4, a Qwen2.5 or Llama file given YaRN for long contexts): the
+      loader reads none, which moved every position's rotation.
     - A sliding window on a "llama" file (attention.sliding_window; llama.cpp writes Mistral as
       llama and writes no window, so only a file that states one): the model becomes a Mistral.
     - Experts in a "llama" file (expert_count, expert_used_count: Mixtral, which llama.cpp writes
@@ -506,9 +509,9 @@ def _restore_gguf_config(config: Any, meta: dict[str, Any]) -> Any:
         if key("attention.sliding_window"):
             doc["sliding_window"] = int(key("attention.sliding_window"))
         doc["rope_parameters"], changed = rope, True
-    if arch == "llama" and meta.get("tensor.rope_freqs.weight"):
-        theta = float(key("rope.freq_base") or rope.get("rope_theta") or 10000.0)
-        doc["rope_parameters"], changed = gguf_families.llama3_rope(meta, theta), True
+    if arch != "gemma3" and (meta.get("tensor.rope_freqs.weight") or key("rope.scaling.type") in ("linear", "yarn")):
+        rope.update(gguf_families.rope_parameters(meta, arch))  # (a partial rotation the loader read is kept)
+        doc["rope_parameters"], changed = rope, True
     if arch == "llama" and key("attention.sliding_window"):
         doc["model_type"], doc["sliding_window"], changed = "mistral", int(key("attention.sliding_window")), True
         doc["architectures"] = ["MistralForCausalLM"]

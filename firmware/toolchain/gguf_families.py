@@ -200,7 +200,7 @@ def _gpt_oss_config(meta: dict[str, Any]) -> Any:
     layers = int(key("block_count"))
     pattern = key("attention.sliding_window_pattern")
     sliding = [bool(s) for s in pattern] if isinstance(pattern, list) else [i % 2 == 0 for i in range(layers)]
-    rope = _rope(meta, GPT_OSS)
+    rope = rope_parameters(meta, GPT_OSS)
     if rope["rope_type"] == "yarn":  # gpt-oss's YaRN, not truncated (its config's `truncate`)
         rope["truncate"] = False
     elif rope["rope_type"] != "default":
@@ -297,7 +297,7 @@ def _llama_fields(meta: dict[str, Any], arch: str) -> dict[str, Any]:
         num_attention_heads=int(key("attention.head_count")), num_key_value_heads=max(_key_heads(meta, arch)),
         **({"head_dim": int(width)} if width else {}), max_position_embeddings=int(key("context_length")),
         rms_norm_eps=as_float32(key("attention.layer_norm_rms_epsilon", key("attention.layer_norm_epsilon"))),
-        rope_parameters=_rope(meta, arch),
+        rope_parameters=rope_parameters(meta, arch),
         **_tokens_and_tying(meta))  # fmt: skip
 
 
@@ -317,7 +317,7 @@ def _key_heads(meta: dict[str, Any], arch: str) -> list[int]:
     return [int(h) for h in heads] if isinstance(heads, list) else [int(heads)] * int(key("block_count"))
 
 
-def _rope(meta: dict[str, Any], arch: str) -> dict[str, Any]:
+def rope_parameters(meta: dict[str, Any], arch: str) -> dict[str, Any]:
     """RoPE's parameters as llama.cpp's TextModel writes them: linear or YaRN scaling under
     rope.scaling.*, Llama 3's as the table of divisors it makes (rope_freqs)."""
     key = _key(meta, arch)

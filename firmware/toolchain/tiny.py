@@ -500,9 +500,9 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 }  # fmt: skip
 # Checked from their Hugging Face folder only: transformers' GGUF loader reads none of these families,
 # and the GGUF matrix (tiny_gguf.GGUF_ARCHITECTURES) writes the families
-# llama.cpp users bring most, with Llama 3's and Gemma 3's RoPE scaling.
+# llama.cpp users bring most, with Llama 3's, Gemma 3's, linear and YaRN RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
-               "hunyuan_alpha", "gpt_oss_global", "llama_rope_linear", "qwen2_yarn",
+               "hunyuan_alpha", "gpt_oss_global",
                "qwen2_5_vl", "qwen3_vl", "lfm2_vl",
                "qwen3_moe_dense", "gemma4_unified",
                "granite_swa", "lfm3",

@@ -77,9 +77,9 @@ def test_the_gguf_tokenizer_and_template_give_the_folder_s_token_ids(
     Except for Qwen's, both bundles also give the folder's own ids: the model builder re-saves a
     tokenizer by model type, and Qwen2Tokenizer splits text by Qwen's rule, which these fixtures'
     BPE (trained with GPT-2's) was not made with; the doubled spaces here split differently. Qwen2's
-    and Qwen3.5 MoE's do so from either source; the dense Qwen3.5's only from the folder (transformers
-    reads its file's tokenizer with the file's own rule, here GPT-2's). A real Qwen vocabulary is
-    made with Qwen's rule, and a real file names it."""
+    (both fixtures) and Qwen3.5 MoE's do so from either source; the dense Qwen3.5's only from the
+    folder (transformers reads its file's tokenizer with the file's own rule, here GPT-2's). A real
+    Qwen vocabulary is made with Qwen's rule, and a real file names it."""
     from firmware.toolchain.build import gguf_tokenizer
 
     name, from_gguf, from_folder = arch
@@ -90,7 +90,8 @@ def test_the_gguf_tokenizer_and_template_give_the_folder_s_token_ids(
     own = ChatTemplate(read_chat_template(folder), tok).prompt(CONVERSATION, system=system).ids
     path = tiny_gguf(name)
     assert _hf_chat_ids(gguf_tokenizer(path), system) == own, name
-    qwen_rule = {"qwen2": (False, True), "qwen3_5": (True, False), "qwen3_5_moe": (False, True)}
+    qwen_rule = {"qwen2": (False, True), "qwen2_yarn": (False, True), "qwen3_5": (True, False),
+                 "qwen3_5_moe": (False, True)}  # fmt: skip
     assert (ids == own, ids == folder_ids) == qwen_rule.get(name, (True, True)), name
 
 
@@ -126,6 +127,9 @@ RESTORED = {
     "gemma3": {"layer_types": ["sliding_attention", "full_attention"], "query_pre_attn_scalar": 16},
     "gemma3_linear": {"rope_parameters.full_attention.rope_type": "linear",
                       "rope_parameters.full_attention.factor": 8.0},
+    "llama_rope_linear": {"rope_parameters.rope_type": "linear", "rope_parameters.factor": 4.0},
+    "qwen2_yarn": {"rope_parameters.rope_type": "yarn", "rope_parameters.factor": 4.0,
+                   "rope_parameters.original_max_position_embeddings": 2048},
 }  # fmt: skip
 
 
