@@ -183,7 +183,7 @@ def gguf_to_hf(gguf: Path, out_dir: Path) -> None:
     _keep_byte_level_tokenizer(out_dir, metadata)
     if metadata.get("general.architecture") in gguf_families.ARCHITECTURES:  # transformers' loader reads none of it
         config = gguf_families.config(metadata)
-        state = gguf_families.state(gguf, config)
+        state = gguf_families.state(gguf, config, metadata)
         by_design = {"lm_head.weight"} if config.tie_word_embeddings else set()
     else:
         config, state, by_design = _read_by_transformers(gguf, metadata)

@@ -112,9 +112,10 @@ LLAMA_SHAPED = {"mistral": (MISTRAL3, True), "ministral3": (MISTRAL3, True), "gr
                 "qwen2_moe": (QWEN2_MOE, False)}  # fmt: skip
 
 
-def state(gguf: Path, model_config: Any) -> dict[str, Any]:
-    """Every weight of the model in transformers' names, dequantized to float32; a tensor the model
-    needs and the file lacks is refused, naming it."""
+def state(gguf: Path, model_config: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    """Every weight of the model in transformers' names, dequantized to float32 (`meta`: the file's
+    metadata, where a family keeps weights as keys); a tensor the model needs and the file lacks is
+    refused, naming it."""
     found = read_tensors(gguf)
 
     def take(name: str) -> Any:
@@ -127,7 +128,7 @@ def state(gguf: Path, model_config: Any) -> dict[str, Any]:
     readers: dict[str, Callable[..., dict[str, Any]]] = {
         "gpt_oss": _gpt_oss_state, "gemma3n_text": _gemma3n_state, "lfm2_moe": _lfm2_moe_state,
         "granitemoehybrid": _granite_hybrid_state, "nemotron_h": _nemotron_h_state, "falcon_h1": _falcon_h1_state,
-        "apertus": partial(_apertus_state, gguf), "phi": partial(_by_name_table, arch=PHI2),
+        "apertus": partial(_apertus_state, gguf, meta), "phi": partial(_by_name_table, arch=PHI2),
         "gpt_bigcode": partial(_by_name_table, arch=STARCODER), "gpt_neox": _gpt_neox_state,
         "glm": partial(_chatglm_state, found), "gemma": _gemma_state,
         "jamba": partial(_by_name_table, arch=JAMBA, special=lambda hf: _mamba_or_experts(take, hf))}  # fmt: skip
@@ -647,18 +648,16 @@ def _apertus_config(meta: dict[str, Any]) -> Any:
     return ApertusConfig(**_llama_fields(meta, APERTUS), architectures=["ApertusForCausalLM"])
 
 
-def _apertus_state(gguf: Path, take: Any, model_config: Any) -> dict[str, Any]:
+def _apertus_state(gguf: Path, meta: dict[str, Any], take: Any, model_config: Any) -> dict[str, Any]:
     """Apertus's weights by gguf's table (its rows as they are), and each layer's xIELU parameters,
     which llama.cpp's converter writes as keys (xielu.alpha_p and the rest: one number a layer),
     not tensors."""
     import torch
-    from gguf import GGUFReader
 
-    fields = GGUFReader(str(gguf)).fields
     names = ("alpha_p", "alpha_n", "beta", "eps")
-    if missing := [n for n in names if f"xielu.{n}" not in fields]:
+    if missing := [n for n in names if f"xielu.{n}" not in meta]:
         raise BundleError(f"{gguf}: an {APERTUS} file without xielu.{missing[0]} (its activation's parameters)")
-    per_layer = {n: [float(v) for v in fields[f"xielu.{n}"].contents()] for n in names}
+    per_layer = {n: [float(v) for v in meta[f"xielu.{n}"]] for n in names}
 
     def special(hf: str) -> Any:
         name = hf.rpartition(".act_fn.")[2]

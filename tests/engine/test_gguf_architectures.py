@@ -265,9 +265,10 @@ def test_gemma3n_s_per_layer_table_is_cut_to_the_rows_it_has() -> None:
     from firmware.toolchain import gguf_families
     from firmware.toolchain.build import _gguf_metadata
 
-    config = gguf_families.config(_gguf_metadata(tiny_gguf("gemma3n_text")))
+    meta = _gguf_metadata(tiny_gguf("gemma3n_text"))
+    config = gguf_families.config(meta)
     assert config.vocab_size_per_layer_input == 512  # the file's rows
-    state = gguf_families.state(tiny_gguf("gemma3n_text"), config)
+    state = gguf_families.state(tiny_gguf("gemma3n_text"), config, meta)
     assert config.vocab_size_per_layer_input == 480 == len(state["model.embed_tokens_per_layer.weight"])
     assert config.vocab_size_per_layer_input == _config_of("gemma3n_text")["vocab_size_per_layer_input"]
 
@@ -289,8 +290,9 @@ def test_a_file_read_here_gives_every_weight_of_the_folder_it_was_converted_from
 
     from firmware.toolchain.build import _gguf_metadata
 
-    config = gguf_families.config(_gguf_metadata(tiny_gguf(name)))
-    ours = gguf_families.state(tiny_gguf(name), config)
+    meta = _gguf_metadata(tiny_gguf(name))
+    config = gguf_families.config(meta)
+    ours = gguf_families.state(tiny_gguf(name), config, meta)
     folder = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_hf_dir(name)), dtype=torch.float32)
     theirs = folder.state_dict()
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
@@ -323,7 +325,7 @@ def test_a_gpt_oss_file_s_mxfp4_experts_are_the_published_folder_s(tmp_path: Pat
     assert meta["shapes"]["blk.0.ffn_gate_exps.weight"] == [4, 128, 64]
     kinds = {t.name: t.tensor_type for t in GGUFReader(str(tmp_path / "gpt-oss.gguf")).tensors}
     assert kinds["blk.0.ffn_up_exps.weight"] == GGMLQuantizationType.MXFP4
-    ours = gguf_families.state(tmp_path / "gpt-oss.gguf", gguf_families.config(meta))
+    ours = gguf_families.state(tmp_path / "gpt-oss.gguf", gguf_families.config(meta), meta)
     prequantized.dequantize_folder(folder, tmp_path / "float")
     theirs = load_file(str(tmp_path / "float" / "model.safetensors"))
     assert set(ours) == set(theirs)
@@ -386,12 +388,27 @@ def test_a_chatglm_file_of_glm_4_9b_chat_s_own_layout_gives_the_weights_of_the_h
     file = _rewritten(tiny_gguf("glm"), tmp_path / "fused.gguf", fused)
     meta = _gguf_metadata(file)
     assert "blk.0.attn_qkv.weight" in meta["shapes"] and "blk.0.attn_q.weight" not in meta["shapes"]
-    config = gguf_families.config(meta)
-    assert config.to_dict() == gguf_families.config(_gguf_metadata(tiny_gguf("glm"))).to_dict()
-    ours, theirs = gguf_families.state(file, config), gguf_families.state(tiny_gguf("glm"), config)
+    config, unfused = gguf_families.config(meta), _gguf_metadata(tiny_gguf("glm"))
+    assert config.to_dict() == gguf_families.config(unfused).to_dict()
+    ours, theirs = gguf_families.state(file, config, meta), gguf_families.state(tiny_gguf("glm"), config, unfused)
     assert set(ours) == set(theirs)
     for key, value in theirs.items():
         assert ours[key].equal(value), key
+
+
+def test_an_apertus_file_without_its_activation_s_parameters_is_refused_naming_them() -> None:
+    """Apertus's xIELU parameters are keys of the file (one number a layer), read from the metadata
+    the build already holds; a file without one is refused, not built with xIELU's defaults."""
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import _gguf_metadata
+
+    meta = _gguf_metadata(tiny_gguf("apertus"))
+    config = gguf_families.config(meta)
+    ours = gguf_families.state(tiny_gguf("apertus"), config, meta)
+    assert float(ours["model.layers.1.mlp.act_fn.beta"]) == float(meta["xielu.beta"][1])
+    del meta["xielu.beta"]
+    with pytest.raises(BundleError, match=r"without xielu\.beta"):
+        gguf_families.state(tiny_gguf("apertus"), config, meta)
 
 
 def test_a_file_of_an_architecture_the_build_does_not_read_is_refused_naming_it(tmp_path: Path) -> None:
