@@ -635,8 +635,8 @@ def _jais2_config(meta: dict[str, Any]) -> Any:
     from transformers import Jais2Config
 
     fields, shapes = _llama_fields(meta, JAIS2), meta["shapes"]
-    return Jais2Config(**fields | {"layer_norm_eps": fields.pop("rms_norm_eps")},
-                       attention_bias="blk.0.attn_q.bias" in shapes, mlp_bias="blk.0.ffn_up.bias" in shapes,
+    fields["layer_norm_eps"] = fields.pop("rms_norm_eps")  # (its norms are LayerNorms)
+    return Jais2Config(**fields, attention_bias="blk.0.attn_q.bias" in shapes, mlp_bias="blk.0.ffn_up.bias" in shapes,
                        architectures=["Jais2ForCausalLM"])  # fmt: skip
 
 
