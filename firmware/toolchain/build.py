@@ -830,8 +830,9 @@ ATTENTION_KINDS = ("full_attention", "sliding_attention")
 KIND_ALIASES = {"attention": "full_attention", "mamba": "linear_attention"}
 # Nemotron-H's published configs give each block's kind as one letter (hybrid_override_pattern).
 BLOCK_LETTERS = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
-# Blocks of a feed-forward layer alone (Nemotron-H's: a norm, the MLP, the residual), no cache.
-FEED_FORWARD_KINDS = {"mlp": ("NemotronHForCausalLM",)}
+# Blocks of a feed-forward layer alone (Nemotron-H's: a norm, the MLP or Nemotron 3's experts, the
+# residual), no cache.
+FEED_FORWARD_KINDS = {"mlp": ("NemotronHForCausalLM",), "moe": ("NemotronHForCausalLM",)}
 # Recurrent layer kinds, each with the architectures whose export of it was checked against
 # transformers (a tiny model in the architecture matrix): their layers carry a fixed-size state per
 # request instead of keys and values (session.KVSlots): Qwen3.5's gated delta-net layers, LFM2's
@@ -885,6 +886,19 @@ def gemma4_refusal(config: dict[str, Any]) -> str | None:
     return None
 
 
+def nemotron_h_refusal(config: dict[str, Any]) -> str | None:
+    """What of a Nemotron-H's experts the export would not route as transformers does, or None: it
+    chooses among all experts (one group) and mixes the chosen by their scores scaled to sum to 1."""
+    if config.get("model_type") != "nemotron_h" or "moe" not in layer_kinds(config):
+        return None
+    if int(config.get("topk_group") or 1) < int(config.get("n_group") or 1):
+        return (f"its experts are chosen within the best {config.get('topk_group')} of {config.get('n_group')} "
+                "groups (n_group, topk_group), which the export does not compute; not supported")
+    if config.get("norm_topk_prob") is False:
+        return "its experts are mixed by scores not scaled to sum to 1 (norm_topk_prob false); not supported"
+    return None
+
+
 # Options of a family's config that the export leaves out, each of which changes the model's answers:
 # (model type, option, what it does, the family as its users know it). Refused before the export.
 UNEXPORTED_OPTIONS = (
@@ -897,6 +911,7 @@ UNEXPORTED_OPTIONS = (
     ("gpt2", "add_cross_attention", "cross-attention (an encoder-decoder's decoder)", "GPT-2"),
     ("falcon", "alibi", "ALiBi position biases, as Falcon-RW's", "Falcon"),
     ("bloom", "apply_residual_connection_post_layernorm", "the residual taken after the input norm", "BLOOM"),
+    ("nemotron_h", "moe_latent_size", "a latent projection around its experts, as in Nemotron 3 Super", "Nemotron-H"),
 )
 
 
@@ -1014,8 +1029,8 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported for {arch or 'this model'}: {', '.join(sorted(supported))})")  # fmt: skip
-    refusal = gemma4_refusal(config) or unexported_option(config) or gpt_families.refusal(config) or \
-        qwen3_next.refusal(config)  # fmt: skip
+    refusal = gemma4_refusal(config) or nemotron_h_refusal(config) or unexported_option(config) or \
+        gpt_families.refusal(config) or qwen3_next.refusal(config)  # fmt: skip
     if refusal:
         raise BundleError(f"{model_dir.name}: {refusal}")
     for layers, rope_type in _rope_types(config):

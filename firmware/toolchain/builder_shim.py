@@ -225,8 +225,11 @@ the builder:
   (its ReLU-squared MLP), which gains Nemotron-H's blocks: a norm (RMS, its weight as it is: 4.1
   off with Nemotron's offset) and one mixer each, its output added to the stream: a Mamba 2 layer
   (as Granite 4.0-H's), attention without RoPE (0.76 off rotated) or the MLP. A tiny one matches
-  transformers to 1.2e-6; int8 0.090. Its experts' blocks (Nemotron 3) are refused before the
-  export.
+  transformers to 1.2e-6; int8 0.090. Nemotron 3's experts' blocks route as LFM2-MoE does (the
+  builder's LFM2-MoE class writes the routing: the top k of sigmoid scores plus a correction bias,
+  mixed by the scores scaled to sum to 1, then by routed_scaling_factor); their ReLU-squared experts
+  are the MoE operator's SwiGLU of the up projection with itself (see RELU_SQUARED_ALPHA), the
+  shared expert an ungated MLP beside them.
 
 TII's Falcon-H1 (FalconH1ForCausalLM) has no class in the builder either:
 
@@ -2365,11 +2368,46 @@ def granite4_mamba_layers() -> None:
     _replace(GraniteMoEHybridModel, "make_rotary_embedding_caches", make_caches)
 
 
+# The MoE operator has no ReLU-squared experts; its SwiGLU computes x * sigmoid(alpha * x) * (y + beta)
+# of each expert's two projections x and y, which with both the up projection, beta 0 and this alpha is
+# x * x where x > 0 and 0 elsewhere, to within x^2 * sigmoid(-alpha |x|): 6e-13 at most.
+RELU_SQUARED_ALPHA = 1e6
+
+
+def _relu_squared_experts(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
+    """Nemotron 3's experts' block: a router choosing the top k of sigmoid(logits) plus a correction
+    bias and mixing them by their sigmoids (scaled to sum to 1, then by routed_scaling_factor),
+    LFM2-MoE's routing, which the builder's LFM2-MoE class writes; ReLU-squared experts, as the
+    MoE operator's SwiGLU of the up projection with itself (RELU_SQUARED_ALPHA); and the shared
+    expert, an ungated MLP, added."""
+    import types
+
+    import torch
+    from builders.lfm2 import LFM2MoEModel as Routing
+
+    up = moe.experts.up_proj  # [experts, width, hidden]
+    moe.gate.exclude_from_quantization = True  # (as LFM2-MoE's: int4 rounding could flip a choice)
+    routed = types.SimpleNamespace(gate=moe.gate, expert_bias=moe.gate.e_score_correction_bias,
+                                   experts=types.SimpleNamespace(gate_up_proj=torch.cat([up, up], dim=1),
+                                                                 down_proj=moe.experts.down_proj))  # fmt: skip
+    self.moe_intermediate_size = int(up.shape[1])
+    self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
+    scores = Routing.make_moe_router_scores(self, layer_id, routed, root_input)
+    chosen = Routing.make_moe_router_selection(self, layer_id, routed, scores)
+    weights = Routing.make_moe_router_selected_scores(self, layer_id, scores, chosen)
+    scale = Routing.make_moe_router_output_scale(self, layer_id, root_input, weights)
+    probs = Routing.make_moe_router_mask(self, layer_id, scores, chosen, weights)
+    Routing.make_moe_subgraph(self, layer_id, routed, root_input, probs, scale)
+    dense, self.intermediate_size = self.intermediate_size, moe.shared_experts.up_proj.out_features
+    _ungated_mlp(self, layer_id, moe.shared_experts, root_input)  # (its activation's shape is of this width)
+    self.intermediate_size = dense
+    _add_to_skip(self, f"/model/layers.{layer_id}/moe/shared/Add", self.mlp_attrs["output_0"])
+
+
 def nemotron_h_blocks() -> None:
     """The builder's Nemotron class, with Nemotron-H's blocks where the config is one's: each block a
     norm and one mixer, its output added to the stream: Mamba 2 (_make_mamba), attention without
-    RoPE, or the ReLU-squared MLP (the class's own). Its experts' blocks (Nemotron 3's) are refused
-    before the export (build.FEED_FORWARD_KINDS)."""
+    RoPE, the ReLU-squared MLP (the class's own), or Nemotron 3's experts (_relu_squared_experts)."""
     import builders
     from builders.nemotron import NemotronModel
 
@@ -2384,7 +2422,11 @@ def nemotron_h_blocks() -> None:
             self.blocks = config.model_type == "nemotron_h"
             if self.blocks:  # RMS norms of their weights as they are (Nemotron's are LayerNorm1P)
                 self.layernorm_attrs.update(simple=True, add_offset=0)
-                self.intermediate_size = config.intermediate_size  # the builder took the experts' (unused)
+                self.intermediate_size = config.intermediate_size  # the builder took the experts'
+                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=True,
+                                      activation_alpha=RELU_SQUARED_ALPHA, activation_beta=0.0, use_expert_bias=True,
+                                      routed_scaling_factor=float(config.routed_scaling_factor),
+                                      router_sentinel=-10000.0)  # (LFM2-MoE's: far below any log-sigmoid)
 
         def is_layer(self, module: Any) -> bool:
             return bool(super().is_layer(module)) or (self.blocks and type(module).__name__ == "NemotronHBlock")
@@ -2408,6 +2450,8 @@ def nemotron_h_blocks() -> None:
             elif kind == "full_attention":
                 with _unrotated(self):
                     self.make_attention(layer_id, layer.mixer, root_input=normed)
+            elif kind == "moe":
+                _relu_squared_experts(self, layer_id, layer.mixer, normed)
             else:  # "mlp" (build.py refuses the others)
                 self.make_mlp(layer_id, layer.mixer, root_input=normed)
             _end_layer(self, layer_id)

@@ -236,6 +236,13 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "mlp"],
         "num_hidden_layers": 6, "head_dim": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2,
         "ssm_state_size": 16, "conv_kernel": 4, "mlp_bias": True}),  # (biases the published models lack: kept)
+    # Nemotron 3 Nano's blocks: Mamba 2 and attention between experts' blocks (here 8 experts, 2 chosen by
+    # sigmoid scores plus a correction bias, scaled by 2.5 as published, and a shared expert).
+    "nemotron_h_moe": ("NemotronHConfig", "NemotronHForCausalLM", {
+        "layers_block_type": ["linear_attention", "moe", "full_attention", "moe", "linear_attention", "moe"],
+        "num_hidden_layers": 6, "head_dim": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2,
+        "ssm_state_size": 16, "conv_kernel": 4, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 48, "routed_scaling_factor": 2.5}),
     # TII's Falcon-H1: attention and a Mamba 2 mixer side by side in every layer (8 heads of 16, B and C
     # in 2 groups, a gate then a norm per group: as Falcon-H1-Tiny's), µP multipliers everywhere, and
     # attention heads wider than the hidden size over the heads, as the published configs' head_dim.
@@ -508,7 +515,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "granite_swa", "lfm3",
                "ministral",
                "qwen2_moe_dense",
-               "helium", "nanochat", "starcoder2", "granitemoe_swa",
+               "helium", "nanochat", "starcoder2", "granitemoe_swa", "nemotron_h_moe",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
                "opt", "falcon_new",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next")
@@ -995,6 +1002,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     # Command R7B lists a turn's calls, numbered, between its own tokens (the cohere2 fixture).
     "cohere2": COMMAND_R7B_TURNS,
     "nemotron_h": NEMOTRON_H_TURNS,
+    "nemotron_h_moe": NEMOTRON_H_TURNS,
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",
                                                  "<|message|>", "<|end|>", "<|return|>", "<|constrain|>", "<|call|>"),
                          "<|startoftext|>", "<|return|>"),
@@ -1049,7 +1057,12 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                                         "conv1d.bias", "q_proj.weight", "k_proj.weight"),
                                           "nemotron_h": ("mixer.D", "mixer.dt_bias", "mixer.norm.weight",
                                                          "conv1d.bias", "q_proj.weight", "k_proj.weight",
-                                                         "up_proj.bias", "down_proj.bias")}
+                                                         "up_proj.bias", "down_proj.bias"),
+                                          # (the router's bias a buffer: drawn from 0.5 to 1.5, as much as
+                                          # the scores it is added to, so it changes which experts are chosen)
+                                          "nemotron_h_moe": ("mixer.D", "mixer.dt_bias", "mixer.norm.weight",
+                                                             "conv1d.bias", "q_proj.weight", "k_proj.weight",
+                                                             "gate.weight", "e_score_correction_bias")}
 
 
 def chat_style(arch: str) -> ChatStyle:

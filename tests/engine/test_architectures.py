@@ -645,11 +645,15 @@ def test_a_model_with_layers_of_another_kind_is_refused_before_export(tmp_path: 
     with pytest.raises(BundleError, match="layers of kind linear_attention are not supported"):
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
     # Nemotron-H's blocks, as published (a letter each): Mamba, MLP and attention ones are the
-    # nemotron_h fixture; its experts' blocks (Nemotron 3's "E") are not checked.
-    (hf / "config.json").write_text(json.dumps({"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"],
-                                                "hybrid_override_pattern": "M-M*-ME"}))  # fmt: skip
-    with pytest.raises(BundleError, match="layers of kind moe are not supported"):
-        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+    # nemotron_h fixture, experts' ones (Nemotron 3's "E") nemotron_h_moe's; experts chosen within
+    # groups, or mixed by scores not scaled to sum to 1, are not what the export computes.
+    nemotron = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"],
+                "hybrid_override_pattern": "M-M*-ME"}  # fmt: skip
+    for option, refusal in (({"n_group": 4, "topk_group": 2}, r"best 2 of 4 groups"),
+                            ({"norm_topk_prob": False}, r"norm_topk_prob false")):  # fmt: skip
+        (hf / "config.json").write_text(json.dumps(nemotron | option))
+        with pytest.raises(BundleError, match=refusal):
+            build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
 
 
 def test_olmo_with_clamped_attention_inputs_is_refused_before_export(tmp_path: Path) -> None:
@@ -830,7 +834,7 @@ def test_an_option_the_export_leaves_out_is_refused_before_export(tmp_path: Path
 
     model_type, option, _, family = entry
     classes = {"stablelm": "StableLmForCausalLM", "cohere": "CohereForCausalLM", "phi": "PhiForCausalLM",
-               "lfm2": "Lfm2ForCausalLM", **GPT_FAMILIES}
+               "lfm2": "Lfm2ForCausalLM", "nemotron_h": "NemotronHForCausalLM", **GPT_FAMILIES}
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({"architectures": [classes[model_type]], "model_type": model_type,
