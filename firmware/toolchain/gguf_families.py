@@ -29,7 +29,8 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   layers, a shared MLP in each layer and experts in some. (Granite 4.0's dense models are granite
   files.)
 - nemotron_h (Nemotron Nano 2, Nemotron-H): the same Mamba 2 layers, attention and squared-ReLU MLP
-  layers, one mixer a block, told apart by the per-layer lists of key heads and MLP widths.
+  layers, one mixer a block, told apart by the per-layer lists of key heads and MLP widths;
+  nemotron_h_moe (Nemotron 3) with experts' blocks where a layer has their tensors.
 - falcon-h1 (Falcon-H1, Falcon-H1R): attention and a Mamba 2 mixer side by side in every layer, its
   µP multipliers multiplied into the weights by the converter (so each is read as 1).
 - jamba (Jamba Reasoning 3B, Jamba Mini): Mamba (1) layers and attention layers, experts in some,
@@ -69,9 +70,10 @@ GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE = "glm4", "seed_oss", "arcee", "huny
 ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granitehybrid", "nemotron_h"
 FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "starcoder", "olmo", "jais2"
 APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA = "apertus", "gptneox", "chatglm", "qwen2moe", "gemma"
+NEMOTRON_H_MOE = "nemotron_h_moe"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
-                 JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA)
+                 JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA, NEMOTRON_H_MOE)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -91,6 +93,7 @@ def config(meta: dict[str, Any]) -> Any:
                COHERE2: _cohere_config, GLM4: _glm4_config, SEED_OSS: _seed_oss_config, ARCEE: _arcee_config,
                HUNYUAN_DENSE: _hunyuan_config, OLMOE: _olmoe_config, ERNIE4_5: _ernie_config,
                LFM2_MOE: _lfm2_moe_config, GRANITE_HYBRID: _granite_config, NEMOTRON_H: _nemotron_h_config,
+               NEMOTRON_H_MOE: _nemotron_h_config,
                FALCON_H1: _falcon_h1_config, JAMBA: _jamba_config, PHI2: _phi2_config,
                STARCODER: _starcoder_config, OLMO: _olmo_config, JAIS2: _jais2_config,
                APERTUS: _apertus_config, GPT_NEOX: _gpt_neox_config, CHATGLM: _chatglm_config,
@@ -736,18 +739,28 @@ def _granite_hybrid_state(take: Any, model_config: Any) -> dict[str, Any]:
 
 
 def _nemotron_h_config(meta: dict[str, Any]) -> Any:
-    """NVIDIA's Nemotron-H (Nemotron Nano 2, Nemotron-H 4B and 8B): blocks of one mixer each, told
-    apart by the file's per-layer lists: attention where a layer has key heads, an MLP (squared
-    ReLU) where it has a width, Mamba 2 elsewhere. No RoPE; the converter writes a context of 2^20."""
+    """NVIDIA's Nemotron-H (Nemotron Nano 2, Nemotron-H 4B and 8B; nemotron_h_moe: Nemotron 3's, with
+    experts): blocks of one mixer each, told apart by the file's per-layer lists and tensors:
+    attention where a layer has key heads, experts where it has their tensors, an MLP (squared ReLU)
+    where it has a width, Mamba 2 elsewhere. No RoPE; the converter writes a context of 2^20."""
     from transformers import NemotronHConfig
 
-    key, shapes = _key(meta, NEMOTRON_H), meta["shapes"]
+    arch = str(meta["general.architecture"])
+    key, shapes = _key(meta, arch), meta["shapes"]
     layers = int(key("block_count"))
-    widths, heads = key("feed_forward_length"), _key_heads(meta, NEMOTRON_H)
+    widths, heads = key("feed_forward_length"), _key_heads(meta, arch)
     widths = [int(w) for w in widths] if isinstance(widths, list) else [int(widths)] * layers
-    kinds = ["full_attention" if h else "mlp" if w else "linear_attention" for h, w in zip(heads, widths, strict=True)]
+    kinds = ["full_attention" if h else "moe" if f"blk.{i}.ffn_up_exps.weight" in shapes else
+             "mlp" if w else "linear_attention" for i, (h, w) in enumerate(zip(heads, widths, strict=True))]
     inner, ssm_heads = int(key("ssm.inner_size")), int(key("ssm.time_step_rank"))
     first = {kind: kinds.index(kind) if kind in kinds else 0 for kind in ("linear_attention", "mlp", "full_attention")}
+    experts = {} if "moe" not in kinds else dict(
+        n_routed_experts=int(key("expert_count")), num_experts_per_tok=int(key("expert_used_count")),
+        moe_intermediate_size=int(key("expert_feed_forward_length")),
+        moe_shared_expert_intermediate_size=int(key("expert_shared_feed_forward_length")),
+        n_shared_experts=int(key("expert_shared_count", 1)), norm_topk_prob=bool(key("expert_weights_norm", False)),
+        routed_scaling_factor=as_float32(key("expert_weights_scale", 1.0)), n_group=int(key("expert_group_count", 1)),
+        topk_group=int(key("expert_group_used_count", 1)), moe_latent_size=key("moe_latent_size"))  # fmt: skip
 
     def has(kind: str, tensor: str) -> bool:
         return f"blk.{first[kind]}.{tensor}" in shapes
@@ -763,15 +776,14 @@ def _nemotron_h_config(meta: dict[str, Any]) -> Any:
         use_conv_bias=has("linear_attention", "ssm_conv1d.bias"),
         mamba_proj_bias=has("linear_attention", "ssm_in.bias"),
         mlp_bias=has("mlp", "ffn_up.bias"), attention_bias=has("full_attention", "attn_q.bias"),
-        architectures=["NemotronHForCausalLM"], **_tokens_and_tying(meta))  # fmt: skip
+        architectures=["NemotronHForCausalLM"], **experts, **_tokens_and_tying(meta))  # fmt: skip
 
 
 def _nemotron_h_state(take: Any, model_config: Any) -> dict[str, Any]:
     """Nemotron-H's weights by gguf's table, its attention's permuted as a Granite's (the converter
-    is Granite 4.0-H's), its Mamba layers' by _mamba_weight."""
-
-    out = _by_name_table(take, model_config, NEMOTRON_H, lambda hf: _mamba_weight(take, hf),
-                         prefix="backbone.")
+    is Granite 4.0-H's), its Mamba layers' by _mamba_weight, its experts' by moe_weight."""
+    arch = NEMOTRON_H_MOE if "moe" in model_config.layers_block_type else NEMOTRON_H
+    out = _by_name_table(take, model_config, arch, lambda hf: _mamba_or_experts(take, hf), prefix="backbone.")
     return _unpermuted(out, model_config)
 
 
@@ -950,12 +962,17 @@ def _mamba_or_experts(take: Any, hf: str) -> Any:
 def moe_weight(take: Any, hf: str) -> Any:
     """A mixture of experts' weight named `hf` (transformers' name) read through `take` (llama.cpp's
     names -> tensors), or None for any other: the experts' gate and up projections, which the
-    converter writes apart, joined again (Mixtral, Granite, OLMoE), the rest taken as they are."""
+    converter writes apart, joined again (Mixtral, Granite, OLMoE), the rest taken as they are
+    (Nemotron 3's experts have no gate, their router a correction bias)."""
     import torch
 
     blk = _block(hf)
     if hf.endswith("experts.gate_up_proj"):  # [experts, width, hidden] gate and up -> [experts, 2 x width, hidden]
         return torch.cat([take(f"{blk}ffn_gate_exps.weight"), take(f"{blk}ffn_up_exps.weight")], dim=1)
+    if hf.endswith("experts.up_proj"):
+        return take(f"{blk}ffn_up_exps.weight")
+    if hf.endswith("gate.e_score_correction_bias"):
+        return take(f"{blk}exp_probs_b.bias")
     if hf.endswith("shared_mlp.input_linear.weight"):  # Granite's shared expert: [2 x width, hidden]
         return torch.cat([take(f"{blk}ffn_gate_shexp.weight"), take(f"{blk}ffn_up_shexp.weight")], dim=0)
     if hf.endswith("experts.down_proj"):
