@@ -8,8 +8,9 @@ profile (attention and matmuls on the device), the device's logits against the C
 64-token prompt, greedy decode with end-of-sequence ignored against the memory-bandwidth bound,
 aggregate tokens/s at 1, 4 and 16 concurrent streams, time to first token at two prompt sizes,
 prefix reuse, a memory hog moving placement to the CPU and back, a real out-of-memory
-continued on the CPU with the same text as a CPU run, and a hybrid model's recurrent states in
-device buffers (the tiny Qwen3.5: zeroed, kept for a padded row, two rows as each alone).
+continued on the CPU with the same text as a CPU run, a hybrid model's recurrent states in
+device buffers (the tiny Qwen3.5: zeroed, kept for a padded row, two rows as each alone), and
+Nemotron 3's ReLU-squared experts on the device's MoE kernel (the tiny one's logits against the CPU's).
 
 `--dry-run` runs the same steps on the CPU provider with the tiny fixture and smaller sizes (the
 hog is a probe whose readings the check sets; the out-of-memory step needs a GPU arena and says so),
@@ -360,9 +361,24 @@ class DeviceCheck:
         return {"ok": moved and got == want, "continued_on_cpu": moved, "same_text_as_cpu": got == want,
                 "arena_limit": tight["gpu_mem_limit"], "notes": done.trace.notes, "text": got[:80]}  # fmt: skip
 
+    def experts(self) -> dict[str, Any]:
+        """A mixture of experts on the device (the tiny Nemotron 3, float32): its ReLU-squared experts
+        are the MoE operator's SwiGLU of the up projection with itself (builder_shim.
+        RELU_SQUARED_ALPHA), right only where the device's kernel takes the operator's
+        activation_alpha and activation_beta; its prompt's logits against the CPU provider's."""
+        from firmware.toolchain.tiny import tiny_bundle
+
+        bundle = firmware.load(tiny_bundle("nemotron_h_moe"), dev_trusted_keys())
+        options = self.cuda_options if self.device.startswith("cuda") else None
+        device, cpu = ModelSession(bundle, self.device, cuda_options=options), ModelSession(bundle, "cpu")
+        ids = np.random.default_rng(4).integers(3, 500, size=40).astype(np.int64)
+        ours, reference = device.forward(device.new_cache(48), ids), cpu.forward(cpu.new_cache(48), ids)
+        diff, same = float(np.abs(ours - reference).max()), int(ours.argmax()) == int(reference.argmax())
+        return {"ok": same and diff <= 1e-3, "max_abs_diff": diff, "same_argmax": same, "tolerance": 1e-3}
+
     def run(self) -> dict[str, Any]:
         for name in ("providers", "placement", "logits", "decode", "streams", "ttft", "prefix_reuse", "governor",
-                     "out_of_memory", "hybrid"):  # fmt: skip
+                     "out_of_memory", "hybrid", "experts"):  # fmt: skip
             self.step(name, getattr(self, name))
         return {"device": self.device, "dry_run": self.dry_run, "onnxruntime": ort.__version__,
                 "bundle": {"name": self.bundle.name, "version": self.bundle.version,

@@ -3,7 +3,8 @@
 # installs onnxruntime-gpu from carried wheels, builds the demo firmware for CUDA, then runs
 # bench/device_check.py on cuda:0 (providers, node placement, logits against the CPU, decode
 # against the bandwidth bound, streams, TTFT, prefix reuse, the governor under a memory hog, a
-# real out-of-memory continued on the CPU, a hybrid model's recurrent states on the device);
+# real out-of-memory continued on the CPU, a hybrid model's recurrent states on the device,
+# Nemotron 3's experts on the device's MoE kernel);
 # everything lands in $OUT/device_check.json.
 # Budget: under 8 minutes. Inputs: .device/ from bench/device_prepare.sh (parts joined here).
 set -euo pipefail

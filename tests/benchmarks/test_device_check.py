@@ -50,7 +50,7 @@ def test_the_device_check_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     assert summary["ok"] and summary["dry_run"] and summary["device"] == "cpu"
     steps = summary["steps"]
     assert list(steps) == ["providers", "placement", "logits", "decode", "streams", "ttft", "prefix_reuse",
-                           "governor", "out_of_memory", "hybrid"]  # fmt: skip
+                           "governor", "out_of_memory", "hybrid", "experts"]  # fmt: skip
     assert steps["hybrid"]["answers_as_alone"] and steps["hybrid"]["states"] == 2
     assert steps["placement"]["heavy_nodes"] and not steps["placement"]["heavy_nodes_elsewhere"]
     assert steps["governor"]["placement"] == ["cpu-as-gpu", "cpu", "cpu-as-gpu"]
