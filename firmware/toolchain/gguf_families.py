@@ -70,10 +70,11 @@ GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE = "glm4", "seed_oss", "arcee", "huny
 ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granitehybrid", "nemotron_h"
 FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "starcoder", "olmo", "jais2"
 APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA = "apertus", "gptneox", "chatglm", "qwen2moe", "gemma"
-NEMOTRON_H_MOE = "nemotron_h_moe"
+NEMOTRON_H_MOE, EXAONE = "nemotron_h_moe", "exaone"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
-                 JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA, NEMOTRON_H_MOE)
+                 JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA, NEMOTRON_H_MOE,
+                 EXAONE)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -93,7 +94,7 @@ def config(meta: dict[str, Any]) -> Any:
                COHERE2: _cohere_config, GLM4: _glm4_config, SEED_OSS: _seed_oss_config, ARCEE: _arcee_config,
                HUNYUAN_DENSE: _hunyuan_config, OLMOE: _olmoe_config, ERNIE4_5: _ernie_config,
                LFM2_MOE: _lfm2_moe_config, GRANITE_HYBRID: _granite_config, NEMOTRON_H: _nemotron_h_config,
-               NEMOTRON_H_MOE: _nemotron_h_config,
+               NEMOTRON_H_MOE: _nemotron_h_config, EXAONE: _exaone_config,
                FALCON_H1: _falcon_h1_config, JAMBA: _jamba_config, PHI2: _phi2_config,
                STARCODER: _starcoder_config, OLMO: _olmo_config, JAIS2: _jais2_config,
                APERTUS: _apertus_config, GPT_NEOX: _gpt_neox_config, CHATGLM: _chatglm_config,
@@ -112,7 +113,7 @@ LLAMA_SHAPED = {"mistral": (MISTRAL3, True), "ministral3": (MISTRAL3, True), "gr
                 "glm4": (GLM4, False), "seed_oss": (SEED_OSS, False), "arcee": (ARCEE, True),
                 "hunyuan_v1_dense": (HUNYUAN_DENSE, False), "olmoe": (OLMOE, False),
                 "ernie4_5": (ERNIE4_5, False), "olmo": (OLMO, True), "jais2": (JAIS2, False),
-                "qwen2_moe": (QWEN2_MOE, False)}  # fmt: skip
+                "qwen2_moe": (QWEN2_MOE, False), "exaone": (EXAONE, False)}  # fmt: skip
 
 
 def state(gguf: Path, model_config: Any, meta: dict[str, Any]) -> dict[str, Any]:
@@ -475,6 +476,14 @@ def _olmo2_config(meta: dict[str, Any]) -> Any:
     fields["rope_parameters"] = {"full_attention": fields["rope_parameters"], "sliding_attention": sliding}
     return Olmo3Config(**fields, sliding_window=int(key("attention.sliding_window")), layer_types=types,
                        architectures=["Olmo3ForCausalLM"])  # fmt: skip
+
+
+def _exaone_config(meta: dict[str, Any]) -> Any:
+    """EXAONE 3.0 and 3.5's (and EXAONE Deep's): a Llama, its rows as they are (llama.cpp rotates
+    them as GPT-NeoX does), which transformers runs as its Llama class."""
+    from transformers import ExaoneConfig
+
+    return ExaoneConfig(**_llama_fields(meta, EXAONE), architectures=["LlamaForCausalLM"])
 
 
 def _exaone4_config(meta: dict[str, Any]) -> Any:

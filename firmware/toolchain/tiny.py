@@ -335,6 +335,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
                                      "original_max_position_embeddings": 256, "attention_factor": 1.2079,
                                      "beta_fast": 32.0, "beta_slow": 1.0},
                   "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}}}),
+    # EXAONE 3.0 and 3.5 (and EXAONE Deep): a Llama under other names (transformers renames its
+    # checkpoint's), Llama 3's RoPE scaling and a tied head as EXAONE 3.5 2.4B's.
+    "exaone": ("ExaoneConfig", "LlamaForCausalLM", {"num_key_value_heads": 2, "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 1000000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
     # EXAONE 4: OLMo 2's post-norm layers with per-head query and key norms; the 32B's hybrid of
     # three sliding layers (window 4096; here one, window 16) to a global one without RoPE, and
     # Llama 3's RoPE scaling, as published; the 1.2B's global layers only, all rotated.
@@ -544,6 +549,15 @@ def _nemotron_h_as_published(config: dict[str, Any]) -> dict[str, Any]:
         "hybrid_override_pattern": "".join(letters[kind] for kind in kinds), "num_hidden_layers": len(kinds)}
 
 
+def _exaone_as_published(config: dict[str, Any]) -> dict[str, Any]:
+    """EXAONE 3.5's config in its published keys (EXAONE's own names, RoPE as transformers 4's)."""
+    names = {"hidden_act": "activation_function", "num_hidden_layers": "num_layers",
+             "rms_norm_eps": "layer_norm_epsilon"}  # fmt: skip
+    rope = dict(config["rope_parameters"])
+    return {names.get(k, k): v for k, v in config.items() if k != "rope_parameters"} | {
+        "rope_theta": rope.pop("rope_theta"), "rope_scaling": rope}
+
+
 def _gpt_neox_as_published(config: dict[str, Any]) -> dict[str, Any]:
     """GPT-NeoX's rotation in its published configs' keys (rotary_pct, rotary_emb_base)."""
     rope = config["rope_parameters"]
@@ -556,10 +570,10 @@ def _gpt_neox_as_published(config: dict[str, Any]) -> dict[str, Any]:
 # Granite 4.0 saved in transformers 5's words for a Mamba layer, and a Nemotron-H with the keys of
 # experts for a mixture of experts, and fails on a GPT-NeoX without rotary_pct).
 AS_PUBLISHED = {"GraniteMoeHybridConfig": _granite4_as_published, "NemotronHConfig": _nemotron_h_as_published,
-                "GPTNeoXConfig": _gpt_neox_as_published}
+                "GPTNeoXConfig": _gpt_neox_as_published, "ExaoneConfig": _exaone_as_published}
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
-PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM"}
+PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM", "exaone": "ExaoneForCausalLM"}
 
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
@@ -1125,11 +1139,12 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
                 weight.uniform_(0.5, 1.5)
         model.lm_head.weight.mul_(8.0)
         model.lm_head.weight[tok.get_vocab_size() :] = 0.0
-    if arch in PUBLISHED_AS:
-        model.config.architectures = [PUBLISHED_AS[arch]]
     model.save_pretrained(out_dir)
-    if config_class in AS_PUBLISHED:
-        saved = AS_PUBLISHED[config_class](json.loads((out_dir / "config.json").read_text()))
+    if config_class in AS_PUBLISHED or arch in PUBLISHED_AS:
+        saved = json.loads((out_dir / "config.json").read_text())
+        saved = AS_PUBLISHED[config_class](saved) if config_class in AS_PUBLISHED else saved
+        if arch in PUBLISHED_AS:  # (save_pretrained names the class it saved)
+            saved["architectures"] = [PUBLISHED_AS[arch]]
         (out_dir / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
 
 
@@ -1139,7 +1154,7 @@ def _fingerprint(arch: str) -> str:
     if arch == "llama":
         return ""
     spec = repr((ARCHITECTURES[arch], chat_style(arch), *((RANDOMIZED[arch],) if arch in RANDOMIZED else ()),
-                 *((PUBLISHED_AS[arch],) if arch in PUBLISHED_AS else ()),
+                 *((("architectures", PUBLISHED_AS[arch]),) if arch in PUBLISHED_AS else ()),
                  *((inspect.getsource(AS_PUBLISHED[ARCHITECTURES[arch][0]]),)
                    if ARCHITECTURES[arch][0] in AS_PUBLISHED else ())))  # fmt: skip
     return "-" + hashlib.sha256(spec.encode()).hexdigest()[:8]
