@@ -575,6 +575,14 @@ AS_PUBLISHED = {"GraniteMoeHybridConfig": _granite4_as_published, "NemotronHConf
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM", "exaone": "ExaoneForCausalLM"}
 
+
+def reference_class(arch: str) -> str:
+    """The transformers class the fixture's folder loads as the reference: the spec's, or for a class
+    transformers lacks (PUBLISHED_AS) its auto class, which reads the config by its model type, as
+    the build does (the class it stands for would read the config as its own: EXAONE's num_layers
+    unread, a Llama of 32 layers)."""
+    return "AutoModelForCausalLM" if arch in PUBLISHED_AS else ARCHITECTURES[arch][1]
+
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
     "{% for message in messages %}"

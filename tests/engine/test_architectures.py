@@ -36,7 +36,7 @@ from appliance.engine.tokenizer import TextTokenizer
 from appliance.engine.tools import OutputRules, PastCall, Tool
 from firmware.toolchain.build import UNEXPORTED_OPTIONS
 from firmware.toolchain.gpt_families import GPT_FAMILIES
-from firmware.toolchain.tiny import ARCHITECTURES, PUBLISHED_AS, tiny_bundle, tiny_hf_dir
+from firmware.toolchain.tiny import ARCHITECTURES, reference_class, tiny_bundle, tiny_hf_dir
 
 OTHERS = sorted(set(ARCHITECTURES) - {"llama"})  # the Llama fixture has its own module
 CONVERSATION = (
@@ -56,11 +56,7 @@ def arch(request: pytest.FixtureRequest, trusted_keys: Path) -> Iterator[tuple[s
 
     name = str(request.param)
     bundle = firmware.load(tiny_bundle(name), trusted_keys)
-    # A class transformers lacks (PUBLISHED_AS: EXAONE 3.5's) is loaded as the build loads it, by the
-    # config's model type: the class it stands for would read the config as its own (EXAONE's
-    # num_layers unread, a Llama of 32 layers).
-    cls = "AutoModelForCausalLM" if name in PUBLISHED_AS else ARCHITECTURES[name][1]
-    hf = getattr(transformers, cls).from_pretrained(tiny_hf_dir(name), dtype=torch.float32).eval()
+    hf = getattr(transformers, reference_class(name)).from_pretrained(tiny_hf_dir(name), dtype=torch.float32).eval()
     yield name, bundle, hf
 
 

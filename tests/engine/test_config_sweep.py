@@ -168,8 +168,8 @@ def test_a_config_variant_answers_as_transformers_or_is_refused(name: str, tmp_p
     bundle = firmware.load(out, dev_trusted_keys())
     tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
     ids = ChatTemplate(bundle.chat_template, tokenizer).prompt(CONVERSATION).ids
-    ref = _hf_logits(getattr(transformers, model_class).from_pretrained(tmp_path / "hf", dtype=torch.float32).eval(),
-                     ids)
+    reference = getattr(transformers, tiny.reference_class(base))
+    ref = _hf_logits(reference.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval(), ids)
     session = ModelSession(bundle)
     cache = session.new_cache(len(ids))
     prefill = session.forward(cache, np.array(ids[:-1], dtype=np.int64))
