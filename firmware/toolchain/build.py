@@ -911,7 +911,6 @@ UNEXPORTED_OPTIONS = (
     ("gpt2", "add_cross_attention", "cross-attention (an encoder-decoder's decoder)", "GPT-2"),
     ("falcon", "alibi", "ALiBi position biases, as Falcon-RW's", "Falcon"),
     ("bloom", "apply_residual_connection_post_layernorm", "the residual taken after the input norm", "BLOOM"),
-    ("nemotron_h", "moe_latent_size", "a latent projection around its experts, as in Nemotron 3 Super", "Nemotron-H"),
 )
 
 

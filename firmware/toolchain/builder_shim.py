@@ -228,8 +228,9 @@ the builder:
   transformers to 1.2e-6; int8 0.090. Nemotron 3's experts' blocks route as LFM2-MoE does (the
   builder's LFM2-MoE class writes the routing: the top k of sigmoid scores plus a correction bias,
   mixed by the scores scaled to sum to 1, then by routed_scaling_factor); their ReLU-squared experts
-  are the MoE operator's SwiGLU of the up projection with itself (see RELU_SQUARED_ALPHA), the
-  shared expert an ungated MLP beside them.
+  are the MoE operator's SwiGLU of the up projection with itself (see RELU_SQUARED_ALPHA), on a
+  latent projection of the stream where the model has one (Nemotron 3 Super's), the shared expert
+  an ungated MLP beside them.
 
 TII's Falcon-H1 (FalconH1ForCausalLM) has no class in the builder either:
 
@@ -2381,8 +2382,10 @@ def _relu_squared_experts(self: Any, layer_id: int, moe: Any, root_input: str) -
     bias and mixing them by their sigmoids (scaled to sum to 1, then by routed_scaling_factor),
     LFM2-MoE's routing, which the builder's LFM2-MoE class writes (its sum of the chosen scores
     gains 1e-6 where Nemotron's gains 1e-20: a relative 1e-6 at most); ReLU-squared experts, as the
-    MoE operator's SwiGLU of the up projection with itself (RELU_SQUARED_ALPHA); and the shared
-    expert, an ungated MLP, added."""
+    MoE operator's SwiGLU of the up projection with itself (RELU_SQUARED_ALPHA), working on a
+    latent projection of the stream where the model has one (Nemotron 3 Super's: the operator
+    told the latent width, the experts' sum projected back); and the shared expert, an ungated
+    MLP, added."""
     import types
 
     import torch
@@ -2394,13 +2397,20 @@ def _relu_squared_experts(self: Any, layer_id: int, moe: Any, root_input: str) -
                                    experts=types.SimpleNamespace(gate_up_proj=torch.cat([up, up], dim=1),
                                                                  down_proj=moe.experts.down_proj))  # fmt: skip
     self.moe_intermediate_size = int(up.shape[1])
+    base, latent = f"/model/layers.{layer_id}/moe", isinstance(moe.fc1_latent_proj, torch.nn.Linear)
+    experts_input = _linear(self, moe.fc1_latent_proj, f"{base}/fc1_latent_proj", root_input) if latent else root_input
+    hidden, self.hidden_size = self.hidden_size, int(up.shape[2])  # (the experts' width: their shapes')
     self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
     scores = Routing.make_moe_router_scores(self, layer_id, routed, root_input)
     chosen = Routing.make_moe_router_selection(self, layer_id, routed, scores)
     weights = Routing.make_moe_router_selected_scores(self, layer_id, scores, chosen)
     scale = Routing.make_moe_router_output_scale(self, layer_id, root_input, weights)
     probs = Routing.make_moe_router_mask(self, layer_id, scores, chosen, weights)
-    Routing.make_moe_subgraph(self, layer_id, routed, root_input, probs, scale)
+    Routing.make_moe_subgraph(self, layer_id, routed, experts_input, probs, scale)
+    self.hidden_size = hidden
+    if latent:
+        self.layernorm_attrs["skip_input"] = _linear(self, moe.fc2_latent_proj, f"{base}/fc2_latent_proj",
+                                                     self.layernorm_attrs["skip_input"])  # fmt: skip
     dense, self.intermediate_size = self.intermediate_size, moe.shared_experts.up_proj.out_features
     _ungated_mlp(self, layer_id, moe.shared_experts, root_input)  # (its activation's shape is of this width)
     self.intermediate_size = dense

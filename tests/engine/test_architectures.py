@@ -834,7 +834,7 @@ def test_an_option_the_export_leaves_out_is_refused_before_export(tmp_path: Path
 
     model_type, option, _, family = entry
     classes = {"stablelm": "StableLmForCausalLM", "cohere": "CohereForCausalLM", "phi": "PhiForCausalLM",
-               "lfm2": "Lfm2ForCausalLM", "nemotron_h": "NemotronHForCausalLM", **GPT_FAMILIES}
+               "lfm2": "Lfm2ForCausalLM", **GPT_FAMILIES}
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({"architectures": [classes[model_type]], "model_type": model_type,

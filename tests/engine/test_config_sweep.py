@@ -86,6 +86,8 @@ VARIANTS: dict[str, Variant] = {
                                                               "partial_rotary_factor": 1.0}}, None),
     "nemotron_h_biases": ("nemotron_h", {"mamba_proj_bias": True, "use_conv_bias": False, "attention_bias": True},
                           None),
+    # Nemotron 3 Super's experts: on a latent projection of the stream (hidden 64, latent 32).
+    "nemotron_h_moe_latent": ("nemotron_h_moe", {"moe_latent_size": 32}, None),
     "lfm2_three_layers": ("lfm2", {"layer_types": ["conv", "full_attention", "conv"], "full_attn_idxs": [1],
                                    "num_hidden_layers": 3}, None),
     "lfm2_tied": ("lfm2", {"tie_word_embeddings": True}, None),

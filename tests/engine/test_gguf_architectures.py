@@ -368,6 +368,32 @@ def test_a_file_s_end_of_turn_and_of_message_also_end_generation(tmp_path: Path)
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == [eos, 7, 9]
 
 
+def test_a_nemotron_3_super_file_s_latent_experts_are_its_folder_s(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nemotron 3 Super's experts work on a latent projection of the stream (moe_latent_size, two
+    more projections a block), which llama.cpp's converter writes as a key and two tensors: read
+    weight for weight as the folder it was converted from."""
+    import torch
+    import transformers
+
+    from firmware.toolchain import tiny
+    from firmware.toolchain.build import _gguf_metadata
+
+    config_class, model_class, extra = tiny.ARCHITECTURES["nemotron_h_moe"]
+    monkeypatch.setitem(tiny.ARCHITECTURES, "latent", (config_class, model_class, {**extra, "moe_latent_size": 32}))
+    monkeypatch.setitem(tiny.RANDOMIZED, "latent", tiny.RANDOMIZED["nemotron_h_moe"])
+    tiny.make_tiny_hf(tmp_path / "hf", arch="latent")
+    llama_cpp_convert(tmp_path / "hf", tmp_path / "super.gguf")
+    meta = _gguf_metadata(tmp_path / "super.gguf")
+    config = gguf_families.config(meta)
+    assert config.moe_latent_size == 32
+    ours = gguf_families.state(tmp_path / "super.gguf", config, meta)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).state_dict()
+    assert set(ours) == set(theirs) and any("latent_proj" in k for k in ours)
+    for key, value in ours.items():
+        assert value.equal(theirs[key]), key
+
+
 def test_a_chatglm_file_of_glm_4_9b_chat_s_own_layout_gives_the_weights_of_the_hf_one_s(tmp_path: Path) -> None:
     """glm-4-9b-chat's checkpoint (ChatGLM's remote code) keeps each layer's queries, keys and values
     as one projection, which llama.cpp writes as attn_qkv (all queries, then keys, then values); the
