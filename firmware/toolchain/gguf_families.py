@@ -756,9 +756,11 @@ def _nemotron_h_config(meta: dict[str, Any]) -> Any:
 
     arch = str(meta["general.architecture"])
     key, shapes = _key(meta, arch), meta["shapes"]
-    layers = int(key("block_count"))
-    widths, heads = key("feed_forward_length"), _key_heads(meta, arch)
-    widths = [int(w) for w in widths] if isinstance(widths, list) else [int(widths)] * layers
+    # The converter writes a multi-token prediction head (Nemotron 3 Super's) as blocks after the
+    # model's: they are no layers of its (read as one, its attention and experts would run too).
+    layers = int(key("block_count")) - int(key("nextn_predict_layers", 0))
+    widths, heads = key("feed_forward_length"), _key_heads(meta, arch)[:layers]
+    widths = [int(w) for w in widths][:layers] if isinstance(widths, list) else [int(widths)] * layers
     kinds = ["full_attention" if h else "moe" if f"blk.{i}.ffn_up_exps.weight" in shapes else
              "mlp" if w else "linear_attention" for i, (h, w) in enumerate(zip(heads, widths, strict=True))]
     inner, ssm_heads = int(key("ssm.inner_size")), int(key("ssm.time_step_rank"))

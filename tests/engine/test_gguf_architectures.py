@@ -368,6 +368,22 @@ def test_a_file_s_end_of_turn_and_of_message_also_end_generation(tmp_path: Path)
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == [eos, 7, 9]
 
 
+def test_a_nemotron_3_file_s_multi_token_prediction_blocks_are_no_layers_of_the_model() -> None:
+    """llama.cpp's converter writes Nemotron 3 Super's multi-token prediction head as a block after
+    the model's (nextn_predict_layers: one more entry in each per-layer list, attention and experts
+    both); read as a layer, it would run in every step."""
+    from firmware.toolchain.build import _gguf_metadata
+
+    meta = _gguf_metadata(tiny_gguf("nemotron_h_moe"))
+    arch, n = "nemotron_h_moe", int(meta["nemotron_h_moe.block_count"])
+    with_head = dict(meta) | {f"{arch}.block_count": n + 1, f"{arch}.nextn_predict_layers": 1,
+                              f"{arch}.attention.head_count_kv": [*meta[f"{arch}.attention.head_count_kv"], 2],
+                              f"{arch}.feed_forward_length": [*meta[f"{arch}.feed_forward_length"], 32]}  # fmt: skip
+    with_head["shapes"] = meta["shapes"] | {f"blk.{n}.ffn_up_exps.weight": [8, 32, 64]}
+    plain, headed = gguf_families.config(meta), gguf_families.config(with_head)
+    assert headed.layers_block_type == plain.layers_block_type and len(plain.layers_block_type) == n
+
+
 def test_a_nemotron_3_super_file_s_latent_experts_are_its_folder_s(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Nemotron 3 Super's experts work on a latent projection of the stream (moe_latent_size, two
