@@ -583,6 +583,7 @@ def reference_class(arch: str) -> str:
     unread, a Llama of 32 layers)."""
     return "AutoModelForCausalLM" if arch in PUBLISHED_AS else ARCHITECTURES[arch][1]
 
+
 # ChatML, as SmolLM2 and Qwen use: rendered by Jinja exactly as Hugging Face renders it.
 TINY_CHAT_TEMPLATE = (
     "{% for message in messages %}"
