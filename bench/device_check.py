@@ -77,6 +77,12 @@ HOG = ("import sys, torch; x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, 
        "print('holding', flush=True); sys.stdin.read()")
 
 
+def logits_against(ours: np.ndarray, reference: np.ndarray, tolerance: float) -> dict[str, Any]:
+    """A step's result: `ours` within `tolerance` of the CPU provider's logits, the same token first."""
+    diff, same = float(np.abs(ours - reference).max()), int(ours.argmax()) == int(reference.argmax())
+    return {"ok": same and diff <= tolerance, "max_abs_diff": diff, "same_argmax": same, "tolerance": tolerance}
+
+
 @dataclass
 class DeviceCheck:
     bundle: firmware.Bundle
@@ -141,10 +147,8 @@ class DeviceCheck:
         cpu = device if self.device == "cpu" else self.session("cpu", target=device.target)
         ours = device.forward(device.new_cache(64), ids)
         reference = cpu.forward(cpu.new_cache(64), ids)
-        diff = float(np.abs(ours - reference).max())
-        same = int(ours.argmax()) == int(reference.argmax())
         tolerance = 0.5 if self.device.startswith("cuda") else 1e-5  # fp16 kernels of two providers
-        return {"ok": same and diff <= tolerance, "max_abs_diff": diff, "same_argmax": same, "tolerance": tolerance}
+        return logits_against(ours, reference, tolerance)
 
     def decode(self) -> dict[str, Any]:
         steps = self.sizes.decode_steps
@@ -372,9 +376,7 @@ class DeviceCheck:
         options = self.cuda_options if self.device.startswith("cuda") else None
         device, cpu = ModelSession(bundle, self.device, cuda_options=options), ModelSession(bundle, "cpu")
         ids = np.random.default_rng(4).integers(3, 500, size=40).astype(np.int64)
-        ours, reference = device.forward(device.new_cache(48), ids), cpu.forward(cpu.new_cache(48), ids)
-        diff, same = float(np.abs(ours - reference).max()), int(ours.argmax()) == int(reference.argmax())
-        return {"ok": same and diff <= 1e-3, "max_abs_diff": diff, "same_argmax": same, "tolerance": 1e-3}
+        return logits_against(device.forward(device.new_cache(48), ids), cpu.forward(cpu.new_cache(48), ids), 1e-3)
 
     def run(self) -> dict[str, Any]:
         for name in ("providers", "placement", "logits", "decode", "streams", "ttft", "prefix_reuse", "governor",

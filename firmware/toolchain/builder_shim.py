@@ -778,6 +778,22 @@ def _unrotated(model: Any) -> Iterator[None]:
         model.attention_attrs.update(kept)
 
 
+@contextlib.contextmanager
+def _declared_widths(model: Any, **widths: int) -> Iterator[None]:
+    """The values the builder makes meanwhile are declared with these widths (hidden_size,
+    intermediate_size), not the config's: a sublayer of other widths than the model's (Gemma 4's
+    double-wide MLPs, Nemotron 3's experts and shared expert), whose values ONNX Runtime would
+    otherwise find declared with the wrong shape."""
+    kept = {name: getattr(model, name) for name in widths}
+    for name, width in widths.items():
+        setattr(model, name, width)
+    try:
+        yield
+    finally:
+        for name, width in kept.items():
+            setattr(model, name, width)
+
+
 def smollm3_no_rope_layers() -> None:
     from builders.smollm import SmolLM3Model
 
@@ -1612,11 +1628,8 @@ def gemma4_dense_mlp() -> None:
                 return make_mlp(self, layer_id, mlp, root_input)
             # The width its values are declared with: twice the config's in E2B's and E4B's
             # KV-sharing layers (use_double_wide_mlp), which ONNX Runtime warns of at every load.
-            kept, self.intermediate_size = self.intermediate_size, mlp.up_proj.weight.shape[0]
-            try:
+            with _declared_widths(self, intermediate_size=mlp.up_proj.weight.shape[0]):
                 Gemma4Model.make_mlp(self, layer_id, mlp, root_input)
-            finally:
-                self.intermediate_size = kept
             return None
         return make_mlp_or_moe
 
@@ -2399,21 +2412,19 @@ def _relu_squared_experts(self: Any, layer_id: int, moe: Any, root_input: str) -
     self.moe_intermediate_size = int(up.shape[1])
     base, latent = f"/model/layers.{layer_id}/moe", isinstance(moe.fc1_latent_proj, torch.nn.Linear)
     experts_input = _linear(self, moe.fc1_latent_proj, f"{base}/fc1_latent_proj", root_input) if latent else root_input
-    hidden, self.hidden_size = self.hidden_size, int(up.shape[2])  # (the experts' width: their shapes')
-    self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
-    scores = Routing.make_moe_router_scores(self, layer_id, routed, root_input)
-    chosen = Routing.make_moe_router_selection(self, layer_id, routed, scores)
-    weights = Routing.make_moe_router_selected_scores(self, layer_id, scores, chosen)
-    scale = Routing.make_moe_router_output_scale(self, layer_id, root_input, weights)
-    probs = Routing.make_moe_router_mask(self, layer_id, scores, chosen, weights)
-    Routing.make_moe_subgraph(self, layer_id, routed, experts_input, probs, scale)
-    self.hidden_size = hidden
+    with _declared_widths(self, hidden_size=int(up.shape[2])):  # (the experts' input: the stream, or its latent)
+        self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
+        scores = Routing.make_moe_router_scores(self, layer_id, routed, root_input)
+        chosen = Routing.make_moe_router_selection(self, layer_id, routed, scores)
+        weights = Routing.make_moe_router_selected_scores(self, layer_id, scores, chosen)
+        scale = Routing.make_moe_router_output_scale(self, layer_id, root_input, weights)
+        probs = Routing.make_moe_router_mask(self, layer_id, scores, chosen, weights)
+        Routing.make_moe_subgraph(self, layer_id, routed, experts_input, probs, scale)
     if latent:
         self.layernorm_attrs["skip_input"] = _linear(self, moe.fc2_latent_proj, f"{base}/fc2_latent_proj",
                                                      self.layernorm_attrs["skip_input"])  # fmt: skip
-    dense, self.intermediate_size = self.intermediate_size, moe.shared_experts.up_proj.out_features
-    _ungated_mlp(self, layer_id, moe.shared_experts, root_input)  # (its activation's shape is of this width)
-    self.intermediate_size = dense
+    with _declared_widths(self, intermediate_size=moe.shared_experts.up_proj.out_features):
+        _ungated_mlp(self, layer_id, moe.shared_experts, root_input)
     _add_to_skip(self, f"/model/layers.{layer_id}/moe/shared/Add", self.mlp_attrs["output_0"])
 
 
