@@ -886,10 +886,13 @@ def gemma4_refusal(config: dict[str, Any]) -> str | None:
     return None
 
 
-def nemotron_h_refusal(config: dict[str, Any]) -> str | None:
-    """What of a Nemotron-H's experts the export would not route as transformers does, or None: it
-    chooses among all experts (one group) and mixes the chosen by their scores scaled to sum to 1."""
-    if config.get("model_type") != "nemotron_h" or "moe" not in layer_kinds(config):
+def sigmoid_routing_refusal(config: dict[str, Any]) -> str | None:
+    """What of a Nemotron 3's or GLM-4.5's experts the export would not route as transformers does, or
+    None: it chooses among all experts (one group) and mixes the chosen by their scores scaled to sum
+    to 1."""
+    experts = config.get("model_type") == "glm4_moe" or (config.get("model_type") == "nemotron_h"
+                                                          and "moe" in layer_kinds(config))  # fmt: skip
+    if not experts:
         return None
     if int(config.get("topk_group") or 1) < int(config.get("n_group") or 1):
         return (f"its experts are chosen within the best {config.get('topk_group')} of {config.get('n_group')} "
@@ -1028,7 +1031,7 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported for {arch or 'this model'}: {', '.join(sorted(supported))})")  # fmt: skip
-    refusal = gemma4_refusal(config) or nemotron_h_refusal(config) or unexported_option(config) or \
+    refusal = gemma4_refusal(config) or sigmoid_routing_refusal(config) or unexported_option(config) or \
         gpt_families.refusal(config) or qwen3_next.refusal(config)  # fmt: skip
     if refusal:
         raise BundleError(f"{model_dir.name}: {refusal}")

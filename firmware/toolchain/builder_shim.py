@@ -448,7 +448,7 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "qwen2_moe": "Qwen2MoeForCausalLM", "helium": "HeliumForCausalLM",
                   "internlm3": "InternLM3ForCausalLM", "nanochat": "NanoChatForCausalLM", "glm": "GlmForCausalLM",
                   "starcoder2": "Starcoder2ForCausalLM", "ministral3": "Ministral3ForCausalLM",
-                  "exaone": "ExaoneForCausalLM"}
+                  "exaone": "ExaoneForCausalLM", "glm4_moe": "Glm4MoeForCausalLM"}
 # Ungated MLPs' (up, down, activation) under other names: nanochat's, StarCoder2's.
 UNGATED_MLP_NAMES = (("fc1", "fc2", "activation_fn"), ("c_fc", "c_proj", "act"))
 # Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
@@ -981,7 +981,12 @@ def _layer_moe(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
     if not hasattr(moe, "experts"):
         self.make_mlp(layer_id, moe, root_input)
         return
-    routed = _experts(self, layer_id, moe.gate, moe.experts, root_input)
+    if hasattr(moe.gate, "e_score_correction_bias"):  # GLM-4.5's: sigmoid scores plus a correction bias
+        _sigmoid_routed_experts(self, layer_id, moe.gate, moe.experts.gate_up_proj, moe.experts.down_proj,
+                                root_input, root_input)  # fmt: skip
+        routed = self.layernorm_attrs["skip_input"]
+    else:
+        routed = _experts(self, layer_id, moe.gate, moe.experts, root_input)
     if getattr(moe, "shared_expert", None) is not None:
         from builders.qwen import Qwen35MoETextModel
 
@@ -990,6 +995,12 @@ def _layer_moe(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
         name = f"/model/layers.{layer_id}/moe/GatedAdd"
         self.make_gated_add(name, routed, shared, gate, self.make_hidden_state_shape())
         routed = f"{name}/output_0"
+    if getattr(moe, "shared_experts", None) is not None:  # GLM-4.5's: a SwiGLU MLP added, ungated
+        with _declared_widths(self, intermediate_size=moe.shared_experts.up_proj.out_features):
+            self.make_mlp(layer_id, moe.shared_experts, root_input)
+        self.layernorm_attrs["skip_input"] = routed
+        _add_to_skip(self, f"/model/layers.{layer_id}/moe/shared/Add", self.mlp_attrs["output_0"])
+        return
     self.layernorm_attrs["skip_input"] = routed
 
 
@@ -1231,6 +1242,11 @@ def post_norm_layers() -> None:
                                       normalize_routing_weights=bool(config.norm_topk_prob))  # fmt: skip
                 self.intermediate_size = config.intermediate_size  # a dense layer's MLP (Qwen2-MoE's)
                 self.shared_expert_intermediate_size = getattr(config, "shared_expert_intermediate_size", 0)
+            if config.model_type == "glm4_moe":  # experts chosen by sigmoid scores (_sigmoid_routed_experts)
+                _sigmoid_routing(self, config)
+                self.intermediate_size = config.intermediate_size  # the leading dense layers' MLP
+                if config.use_qk_norm:  # (GLM-4.5's published configs have none: per head, as Qwen3's)
+                    self.attention_attrs.update(q_norm=True, k_norm=True)
             if config.model_type in ("glm", "glm4", "helium"):  # neighbouring pairs turned together
                 self.rope_attrs["interleaved"] = 1
             if config.model_type == "hyperclovax":  # Granite's multipliers, but the logits' (a factor here)
@@ -2390,29 +2406,31 @@ def granite4_mamba_layers() -> None:
 RELU_SQUARED_ALPHA = 1e6
 
 
-def _relu_squared_experts(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
-    """Nemotron 3's experts' block: a router choosing the top k of sigmoid(logits) plus a correction
-    bias and mixing them by their sigmoids (scaled to sum to 1, then by routed_scaling_factor),
-    LFM2-MoE's routing, which the builder's LFM2-MoE class writes (its sum of the chosen scores
-    gains 1e-6 where Nemotron's gains 1e-20: a relative 1e-6 at most); ReLU-squared experts, as the
-    MoE operator's SwiGLU of the up projection with itself (RELU_SQUARED_ALPHA), working on a
-    latent projection of the stream where the model has one (Nemotron 3 Super's: the operator
-    told the latent width, the experts' sum projected back); and the shared expert, an ungated
-    MLP, added."""
+def _sigmoid_routing(self: Any, config: Any, **activation: float) -> None:
+    """The MoE operator's attributes for experts chosen by sigmoid scores plus a correction bias and
+    mixed by the chosen scores scaled to sum to 1, then by routed_scaling_factor (Nemotron 3's,
+    GLM-4.5's): SwiGLU experts (`activation`: the SwiGLU's alpha and beta, Nemotron 3's)."""
+    self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=True,
+                          use_expert_bias=True, routed_scaling_factor=float(config.routed_scaling_factor),
+                          router_sentinel=-10000.0, **activation)  # (LFM2-MoE's: far below any log-sigmoid)
+
+
+def _sigmoid_routed_experts(self: Any, layer_id: int, gate: Any, gate_up: Any, down: Any, root_input: str,
+                            experts_input: str) -> None:
+    """Experts routed as LFM2-MoE's, whose routing the builder's LFM2-MoE class writes (_sigmoid_routing:
+    its sum of the chosen scores gains 1e-6 where Nemotron 3's and GLM-4.5's gain 1e-20, a relative
+    1e-6 at most): the router reads the stream (`root_input`), the experts (fused gate-and-up weights
+    [experts, 2 x width, input], down [experts, output, width]) `experts_input`; the operator's
+    output, scaled, is left as what the layer adds to the stream."""
     import types
 
-    import torch
     from builders.lfm2 import LFM2MoEModel as Routing
 
-    up = moe.experts.up_proj  # [experts, width, hidden]
-    moe.gate.exclude_from_quantization = True  # (as LFM2-MoE's: int4 rounding could flip a choice)
-    routed = types.SimpleNamespace(gate=moe.gate, expert_bias=moe.gate.e_score_correction_bias,
-                                   experts=types.SimpleNamespace(gate_up_proj=torch.cat([up, up], dim=1),
-                                                                 down_proj=moe.experts.down_proj))  # fmt: skip
-    self.moe_intermediate_size = int(up.shape[1])
-    base, latent = f"/model/layers.{layer_id}/moe", isinstance(moe.fc1_latent_proj, torch.nn.Linear)
-    experts_input = _linear(self, moe.fc1_latent_proj, f"{base}/fc1_latent_proj", root_input) if latent else root_input
-    with _declared_widths(self, hidden_size=int(up.shape[2])):  # (the experts' input: the stream, or its latent)
+    gate.exclude_from_quantization = True  # (as LFM2-MoE's: int4 rounding could flip a choice)
+    routed = types.SimpleNamespace(gate=gate, expert_bias=gate.e_score_correction_bias,
+                                   experts=types.SimpleNamespace(gate_up_proj=gate_up, down_proj=down))  # fmt: skip
+    self.moe_intermediate_size = int(gate_up.shape[1]) // 2
+    with _declared_widths(self, hidden_size=int(gate_up.shape[2])):  # (the experts' input: the stream, or a latent)
         self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
         scores = Routing.make_moe_router_scores(self, layer_id, routed, root_input)
         chosen = Routing.make_moe_router_selection(self, layer_id, routed, scores)
@@ -2420,6 +2438,21 @@ def _relu_squared_experts(self: Any, layer_id: int, moe: Any, root_input: str) -
         scale = Routing.make_moe_router_output_scale(self, layer_id, root_input, weights)
         probs = Routing.make_moe_router_mask(self, layer_id, scores, chosen, weights)
         Routing.make_moe_subgraph(self, layer_id, routed, experts_input, probs, scale)
+
+
+def _relu_squared_experts(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
+    """Nemotron 3's experts' block: sigmoid-routed experts (_sigmoid_routed_experts) whose ReLU-squared
+    experts are the MoE operator's SwiGLU of the up projection with itself (RELU_SQUARED_ALPHA),
+    working on a latent projection of the stream where the model has one (Nemotron 3 Super's: the
+    operator told the latent width, the experts' sum projected back); and the shared expert, an
+    ungated MLP, added."""
+    import torch
+
+    up = moe.experts.up_proj  # [experts, width, hidden]
+    base, latent = f"/model/layers.{layer_id}/moe", isinstance(moe.fc1_latent_proj, torch.nn.Linear)
+    experts_input = _linear(self, moe.fc1_latent_proj, f"{base}/fc1_latent_proj", root_input) if latent else root_input
+    _sigmoid_routed_experts(self, layer_id, moe.gate, torch.cat([up, up], dim=1), moe.experts.down_proj, root_input,
+                            experts_input)  # fmt: skip
     if latent:
         self.layernorm_attrs["skip_input"] = _linear(self, moe.fc2_latent_proj, f"{base}/fc2_latent_proj",
                                                      self.layernorm_attrs["skip_input"])  # fmt: skip
@@ -2447,10 +2480,7 @@ def nemotron_h_blocks() -> None:
             if self.blocks:  # RMS norms of their weights as they are (Nemotron's are LayerNorm1P)
                 self.layernorm_attrs.update(simple=True, add_offset=0)
                 self.intermediate_size = config.intermediate_size  # the builder took the experts'
-                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=True,
-                                      activation_alpha=RELU_SQUARED_ALPHA, activation_beta=0.0, use_expert_bias=True,
-                                      routed_scaling_factor=float(config.routed_scaling_factor),
-                                      router_sentinel=-10000.0)  # (LFM2-MoE's: far below any log-sigmoid)
+                _sigmoid_routing(self, config, activation_alpha=RELU_SQUARED_ALPHA, activation_beta=0.0)
 
         def is_layer(self, module: Any) -> bool:
             return bool(super().is_layer(module)) or (self.blocks and type(module).__name__ == "NemotronHBlock")

@@ -506,6 +506,14 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", QWEN2_MOE_TINY),
     "qwen2_moe_dense": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {**QWEN2_MOE_TINY, "mlp_only_layers": [0],
                                                                   "num_hidden_layers": 3}),
+    # GLM-4.5's, 4.6's and 4.7's: GLM's biased query, key and value projections, per-head query and key
+    # norms, half of each head rotated (by halves, not GLM-4's neighbouring pairs), a dense first layer,
+    # then experts (2 of 8) chosen by sigmoid scores plus a correction bias, mixed by those scores
+    # scaled to sum to 1 and by 2.5, beside a shared expert. (Config as published: transformers 4's keys.)
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", {
+        "num_hidden_layers": 3, "head_dim": 32, "attention_bias": True, "use_qk_norm": True,
+        "first_k_dense_replace": 1, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "routed_scaling_factor": 2.5}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -522,7 +530,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "qwen2_moe_dense",
                "helium", "nanochat", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
-               "opt", "falcon_new",
+               "opt", "falcon_new", "glm4_moe",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next")
 
 
@@ -565,12 +573,23 @@ def _gpt_neox_as_published(config: dict[str, Any]) -> dict[str, Any]:
         "rotary_pct": rope["partial_rotary_factor"], "rotary_emb_base": rope["rope_theta"]}
 
 
+def _glm4_moe_as_published(config: dict[str, Any]) -> dict[str, Any]:
+    """GLM-4.5's RoPE in its published configs' keys (transformers 4's: rope_theta, partial_rotary_factor,
+    rope_scaling null)."""
+    rope = dict(config["rope_parameters"])
+    theta, rotated = rope.pop("rope_theta"), rope.pop("partial_rotary_factor", 1.0)
+    return {k: v for k, v in config.items() if k != "rope_parameters"} | {
+        "rope_theta": theta, "partial_rotary_factor": rotated,
+        "rope_scaling": None if rope.get("rope_type", "default") == "default" else rope}
+
+
 # The config.json of these classes as their published checkpoints have it, where transformers 5
 # saves another: llama.cpp's converter reads the published one (it would take every layer of a
 # Granite 4.0 saved in transformers 5's words for a Mamba layer, and a Nemotron-H with the keys of
 # experts for a mixture of experts, and fails on a GPT-NeoX without rotary_pct).
 AS_PUBLISHED = {"GraniteMoeHybridConfig": _granite4_as_published, "NemotronHConfig": _nemotron_h_as_published,
-                "GPTNeoXConfig": _gpt_neox_as_published, "ExaoneConfig": _exaone_as_published}
+                "GPTNeoXConfig": _gpt_neox_as_published, "ExaoneConfig": _exaone_as_published,
+                "Glm4MoeConfig": _glm4_moe_as_published}
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM", "exaone": "ExaoneForCausalLM"}
@@ -1083,6 +1102,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                                          "up_proj.bias", "down_proj.bias"),
                                           # (the router's bias a buffer: drawn from 0.5 to 1.5, as much as
                                           # the scores it is added to, so it changes which experts are chosen)
+                                          "glm4_moe": ("_proj.bias", "gate.weight", "e_score_correction_bias"),
                                           "nemotron_h_moe": ("mixer.D", "mixer.dt_bias", "mixer.norm.weight",
                                                              "conv1d.bias", "q_proj.weight", "k_proj.weight",
                                                              "gate.weight", "e_score_correction_bias")}

@@ -646,14 +646,17 @@ def test_a_model_with_layers_of_another_kind_is_refused_before_export(tmp_path: 
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
     # Nemotron-H's blocks, as published (a letter each): Mamba, MLP and attention ones are the
     # nemotron_h fixture, experts' ones (Nemotron 3's "E") nemotron_h_moe's; experts chosen within
-    # groups, or mixed by scores not scaled to sum to 1, are not what the export computes.
+    # groups, or mixed by scores not scaled to sum to 1, are not what the export computes, there or
+    # in GLM-4.5's layers (the glm4_moe fixture).
     nemotron = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"],
                 "hybrid_override_pattern": "M-M*-ME"}  # fmt: skip
-    for option, refusal in (({"n_group": 4, "topk_group": 2}, r"best 2 of 4 groups"),
-                            ({"norm_topk_prob": False}, r"norm_topk_prob false")):  # fmt: skip
-        (hf / "config.json").write_text(json.dumps(nemotron | option))
-        with pytest.raises(BundleError, match=refusal):
-            build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+    glm = {"model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLM"]}
+    for config in (nemotron, glm):
+        for option, refusal in (({"n_group": 4, "topk_group": 2}, r"best 2 of 4 groups"),
+                                ({"norm_topk_prob": False}, r"norm_topk_prob false")):  # fmt: skip
+            (hf / "config.json").write_text(json.dumps(config | option))
+            with pytest.raises(BundleError, match=refusal):
+                build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
 
 
 def test_olmo_with_clamped_attention_inputs_is_refused_before_export(tmp_path: Path) -> None:

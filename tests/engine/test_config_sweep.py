@@ -88,6 +88,10 @@ VARIANTS: dict[str, Variant] = {
                           None),
     # Nemotron 3 Super's experts: on a latent projection of the stream (hidden 64, latent 32).
     "nemotron_h_moe_latent": ("nemotron_h_moe", {"moe_latent_size": 32}, None),
+    # GLM-4.5-Air's: no query and key norms; and two shared experts, a second dense layer, the whole of
+    # each head rotated.
+    "glm4_moe_air": ("glm4_moe", {"use_qk_norm": False, "n_shared_experts": 2, "first_k_dense_replace": 2}, None),
+    "glm4_moe_full_rotary": ("glm4_moe", {"partial_rotary_factor": 1.0, "num_experts_per_tok": 3}, None),
     "lfm2_three_layers": ("lfm2", {"layer_types": ["conv", "full_attention", "conv"], "full_attn_idxs": [1],
                                    "num_hidden_layers": 3}, None),
     "lfm2_tied": ("lfm2", {"tie_word_embeddings": True}, None),
