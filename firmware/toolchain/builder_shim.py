@@ -141,7 +141,12 @@ Glm4ForCausalLM) have no class in the builder either:
   Qwen2-57B-A14B) is a Llama with Qwen2's biased projections and the same experts beside a shared
   expert, which a sigmoid of its own gates (as the builder's Qwen3.5 MoE class writes it); the layers
   `mlp_only_layers` or `decoder_sparse_step` leave dense keep their MLP: 2.1e-6 (0.43 off without
-  the shared expert), int8 0.14. Then, each a Llama to the class but for what is said: Kyutai's
+  the shared expert), int8 0.14. GLM-4.5, 4.6 and 4.7 (Glm4MoeForCausalLM) are a Llama with biased
+  query, key and value projections, per-head query and key norms where the config asks, half of each
+  head rotated by halves and, after its dense leading layers, experts routed as Nemotron 3's
+  (`_sigmoid_routed_experts`: the top k of sigmoid scores plus a correction bias, mixed by the
+  scores scaled to sum to 1, then by routed_scaling_factor), SwiGLU ones, beside a shared expert
+  added ungated: 1.2e-6, int8 0.040. Then, each a Llama to the class but for what is said: Kyutai's
   Helium and GLM-4 9B / GLM-Edge (GlmForCausalLM: GLM-4's layers without its post norms) rotate
   neighbouring pairs (1.9e-6 each); InternLM3 (InternLM3ForCausalLM, which transformers runs as a
   Llama), 1.9e-6, with dynamic NTK RoPE built as plain RoPE (`dynamic_ntk_as_default`); Ministral 3's
