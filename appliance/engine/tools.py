@@ -70,15 +70,22 @@ class CallFormat:
     # is another message, on the final channel.
     channel: str = ""
     # The arguments are written as parameters (QWEN_XML), not as a JSON object: each
-    # PARAM_OPEN + its name + `param_head_end` + its value + `param_close`.
+    # `param_open` + its name + `param_head_end` + its value + `param_close`; a value that is not a
+    # string as Python's str() writes it, or (`param_values_json`) as JSON.
     params: bool = False
+    param_open: str = "<parameter="
     param_head_end: str = ">\n"
     param_close: str = "\n</parameter>\n"
+    param_values_json: bool = False
+    # What the model may write before its first call, or not (GLM-4.5's newline after its thought).
+    lead: str = ""
     # The arguments are written as Python's keyword arguments (LFM2's calls), not as a JSON object.
     python: bool = False
-    # The arguments are written in Gemma 4's notation (`gemma_arguments`), not as JSON. Its special
-    # tokens are kept in the answer's text (`StreamDecoder`'s `kept`): a string's delimiters are one.
+    # The arguments are written in Gemma 4's notation (`gemma_arguments`), not as JSON.
     gemma: bool = False
+    # The format's special tokens are kept in the answer's text (`StreamDecoder`'s `kept`), where the
+    # parser reads them: Gemma 4's (a string's delimiters are one) and GLM-4.5's (its parameters' tags).
+    keeps_specials: bool = False
     # Special tokens the model writes its text answer between (Command R7B's <|START_RESPONSE|> and
     # <|END_RESPONSE|>), which a grammar for the answer allows around it.
     text_wrap: tuple[tuple[str, int], tuple[str, int]] | None = None
@@ -86,7 +93,7 @@ class CallFormat:
     def format(self, name: str, arguments: str, index: int = 0) -> str:
         """A call as the model would have written it (`arguments`: JSON text), the turn's `index`-th."""
         if self.params:
-            arguments = xml_params(arguments, self.param_head_end, self.param_close)
+            arguments = xml_params(arguments, self)
         elif self.python:
             arguments = python_kwargs(arguments)
         elif self.gemma:
@@ -100,11 +107,11 @@ class CallFormat:
     @property
     def kept(self) -> dict[int, str]:
         """The special tokens that decoding keeps in the answer's text (id -> text): the parser reads them."""
-        return {token: text for text, token in self.specials} if self.gemma else {}
+        return {token: text for text, token in self.specials} if self.keeps_specials else {}
 
     def visible(self, text: str) -> str:
         """`text` as decoding gives it back: without the special tokens it does not keep."""
-        if self.gemma:
+        if self.keeps_specials:
             return text
         for special, _ in self.specials:
             text = text.replace(special, "")
@@ -134,7 +141,7 @@ MISTRAL_ARGS = ("[TOOL_CALLS]", "[ARGS]")
 #   <tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>
 QWEN_XML = CallFormat("qwen_xml", "<tool_call>", "<tool_call>\n<function=", ">\n", "</function>\n</tool_call>", "\n",
                       params=True)  # fmt: skip
-PARAM_OPEN = "<parameter="
+PARAM_OPEN = QWEN_XML.param_open
 # ByteDance's Seed-OSS writes each call between two special tokens of its own, its parameters
 # without Qwen's newlines around their values:
 #   <seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>\n</seed:tool_call>
@@ -164,6 +171,11 @@ GEMMA_QUOTE = '<|"|>'
 # decodes them (special tokens, which decoding drops, where it has them so):
 #   <TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>
 NEMOTRON_CALLS = ("<TOOLCALL>", "</TOOLCALL>")
+# Zhipu's GLM-4.5, 4.6 and 4.7 write each call's name after a tag, then each argument as a key and a
+# value between tags, all special tokens of their vocabulary, a value that is not a string as JSON:
+#   <tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>
+# (GLM-4.7's without the newlines), after a newline where it follows the thought or text.
+GLM_TAGS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 
 
 def call_format(template: str, token_id: Callable[[str], int | None],
@@ -187,10 +199,12 @@ def call_format(template: str, token_id: Callable[[str], int | None],
         args_open = (" <|constrain|>json" if constrain is not None else " json") + "<|message|>"
         return CallFormat("harmony", " to=functions.", " to=functions.", args_open, "", "", parallel=False,
                           specials=specials, channel="commentary")  # fmt: skip
+    if all(tag in template for tag in GLM_TAGS[2:]) and "<tool_call>" in template:
+        return _glm_format(template, token_id, special)
     (opens, closes), quote = GEMMA_CALL, GEMMA_QUOTE
     open_id, close_id, quote_id = (token_id(t) for t in (opens, closes, quote))
     if open_id is not None and close_id is not None and quote_id is not None and opens + "call:" in template:
-        return CallFormat("gemma4", opens, opens + "call:", "", closes, "", gemma=True,
+        return CallFormat("gemma4", opens, opens + "call:", "", closes, "", gemma=True, keeps_specials=True,
                           specials=((opens, open_id), (closes, close_id), (quote, quote_id)))  # fmt: skip
     (opens, closes), (open_id, close_id) = PYTHON_CALLS, (token_id(t) for t in PYTHON_CALLS)
     if open_id is not None and close_id is not None and any(t in template for t in (opens, *PYTHON_TOOL_LISTS)):
@@ -227,6 +241,19 @@ def call_format(template: str, token_id: Callable[[str], int | None],
             return CallFormat(name, '[{"name"', '{"name": "', '", "arguments": ', "}", ", ", open=open_, end="]",
                               marker=marker, specials=((marker, marker_id),))  # fmt: skip
     return HERMES
+
+
+def _glm_format(template: str, token_id: Callable[[str], int | None], special: Callable[[str], bool]) -> CallFormat:
+    """GLM-4.5's calls (GLM_TAGS), with the newlines its template writes around them (GLM-4.7's
+    writes none); its tags that are special tokens of the vocabulary are named by id in the
+    grammar and kept in the text the parser reads."""
+    line = "\n" if "</arg_key>\n<arg_value>" in template else ""
+    ids = {tag: token_id(tag) for tag in GLM_TAGS}
+    specials = tuple((tag, i) for tag, i in ids.items() if i is not None and special(tag))
+    return CallFormat("glm", "<tool_call>", "<tool_call>", line, "</tool_call>", line, lead=line, params=True,
+                      param_open="<arg_key>", param_head_end=f"</arg_key>{line}<arg_value>",
+                      param_close=f"</arg_value>{line}", param_values_json=True, specials=specials,
+                      keeps_specials=True)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -292,17 +319,20 @@ def _argument_values(arguments: str) -> dict[str, Any]:
     return values if isinstance(values, dict) else {}
 
 
-def xml_params(arguments: str, head_end: str = QWEN_XML.param_head_end, close: str = QWEN_XML.param_close) -> str:
+def xml_params(arguments: str, fmt: CallFormat = QWEN_XML) -> str:
     """A call's arguments (JSON text of an object) as parameters, as the templates of QWEN_XML (and
-    Seed-OSS's, whose framing `head_end` and `close` say) write them."""
+    Seed-OSS's and GLM-4.5's, whose framing `fmt` says) write them."""
     values = _argument_values(arguments)
-    return "".join(f"{PARAM_OPEN}{key}{head_end}{_param_text(value)}{close}" for key, value in values.items())
+    return "".join(f"{fmt.param_open}{key}{fmt.param_head_end}{_param_text(value, fmt.param_values_json)}"
+                   f"{fmt.param_close}" for key, value in values.items())  # fmt: skip
 
 
-def _param_text(value: Any) -> str:
-    """A value as Jinja writes it in those templates: `tojson` for an object or a list, else
-    `string` (Python's str: True, None, 1.5)."""
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else str(value)
+def _param_text(value: Any, as_json: bool = False) -> str:
+    """A value as Jinja writes it in those templates: a string as it is, `tojson` for an object or a
+    list, else `string` (Python's str: True, None, 1.5), or `tojson` for anything (`as_json`)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False) if as_json or isinstance(value, dict | list) else str(value)
 
 
 def param_json(text: str, schema: Mapping[str, Any] | None) -> str:
@@ -502,7 +532,8 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
     if rules.json_schema is not None:
         text = "answer: " + schema_rule(rules.json_schema, rules.schema_strict)
     else:  # free text that does not begin as a call would (so a call is never half-written as text)
-        text = f"answer: TEXT\nTEXT: /(.|\\n)*/ & ~/ ?{re.escape(fmt.opening)}(.|\\n)*/"
+        lead = f"( |{fmt.lead})?".replace("\n", "\\n") if fmt.lead else " ?"
+        text = f"answer: TEXT\nTEXT: /(.|\\n)*/ & ~/{lead}{re.escape(fmt.opening)}(.|\\n)*/"
     # The answer as it is, or between the tokens the model wraps its text in.
     wrapped = f" | {fmt.lark(fmt.text_wrap[0][0])} answer {fmt.lark(fmt.text_wrap[1][0])}" if fmt.text_wrap else ""
     text = f"text: answer{wrapped}\n{text}"
@@ -529,7 +560,8 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
         lines += [f"gemma_quote: {fmt.lark(GEMMA_QUOTE)}", *_GEMMA_SHARED]
     parallel = rules.choice.parallel and fmt.parallel
     more = f"({fmt.lark(fmt.separator)} call){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else ""
-    calls = " ".join(p for p in (fmt.lark(fmt.marker + fmt.open), "call", more, fmt.lark(fmt.end)) if p)
+    lead = f"({fmt.lark(fmt.lead)})?" if fmt.lead else ""
+    calls = " ".join(p for p in (lead, fmt.lark(fmt.marker + fmt.open), "call", more, fmt.lark(fmt.end)) if p)
     start = "calls" if rules.choice.mode in ("required", "tool") else "text | calls"
     return "\n".join([f"start: {start}", text, f"calls: {calls}",
                       "call: " + " | ".join(f"call_{i}" for i in range(len(tools))), *lines]) + "\n"  # fmt: skip
@@ -541,22 +573,28 @@ def _param_rules(name: str, schema: Mapping[str, Any], strict: bool, fmt: CallFo
     (an enum's, one of its values; a strict tool's, held to its pattern and lengths), any other
     value JSON held to its schema (a boolean also in Python's spelling, as the templates write
     it). A schema that lists no properties takes any parameters of text (one that allows none is
-    `grammar`'s). The parameters' framing is the format's (`param_head_end`, `param_close`)."""
-    close, head_end = json.dumps(fmt.param_close), json.dumps(fmt.param_head_end)
-    text = f"[stop={close}]: /(.|\\n)*/"  # lazy: the text ends where the element's close is written
+    `grammar`'s). The parameters' framing is the format's (`param_open`, `param_head_end`,
+    `param_close`, special tokens named by id)."""
+    close, head_end, param_open = (fmt.lark(t) for t in (fmt.param_close, fmt.param_head_end, fmt.param_open))
+    # A string's text ends where its element's close is written: a lazy lexeme that the close
+    # stops, or (a close that opens with a special token, which text never holds) any text,
+    # which the close follows.
+    special = any(fmt.param_close.startswith(t) for t, _ in fmt.specials)
+    text, then = (": /(.|\\n)*/", f" {close}") if special else (f"[stop={close}]: /(.|\\n)*/", "")
     properties = schema.get("properties")
     if not isinstance(properties, Mapping) or not properties:
-        return [f"{name}: ({json.dumps(PARAM_OPEN)} /[A-Za-z0-9_.-]+/ {head_end} {name}_text)*", f"{name}_text{text}"]
+        return [f"{name}: ({param_open} /[A-Za-z0-9_.-]+/ {head_end} {name}_text{then})*", f"{name}_text{text}"]
     required = set(schema.get("required") or ())
     rules, parts = [], []
     for k, (key, sub) in enumerate(properties.items()):
-        value, opening = f"{name}_v{k}", json.dumps(f"{PARAM_OPEN}{key}{fmt.param_head_end}", ensure_ascii=False)
+        value, opening = f"{name}_v{k}", f"{param_open} {json.dumps(key, ensure_ascii=False)} {head_end}"
         parts.append(f"{name}_p{k}" + ("" if key in required else "?"))
         sub = sub if isinstance(sub, Mapping) else {}
         body = _param_value(sub, strict)
         if body is None:  # text
-            held = _text_regex(sub, key, fmt.param_close) if strict else None
-            rules += [f"{name}_p{k}: {opening} {value}", f"{value}[lazy]: {held}" if held else f"{value}{text}"]
+            held = _text_regex(sub, key, "" if special else fmt.param_close) if strict else None
+            lexeme = f"{value}: {held}" if special else f"{value}[lazy]: {held}"
+            rules += [f"{name}_p{k}: {opening} {value}{then}", lexeme if held else f"{value}{text}"]
         else:
             rules += [f"{name}_p{k}: {opening} {value} {close}", f"{value}: {body}"]
     return [f"{name}: " + " ".join(parts), *rules]
@@ -953,15 +991,16 @@ class CallParser:
             expect = self._first if self.calls == 0 else self._next
             if self.calls == 0 and expect.startswith(" ") and not self.buf.startswith(" "):
                 expect = expect[1:]  # decoding dropped the space of the answer's first token
+            lead = self.fmt.lead
+            if self.calls == 0 and lead and self.buf.startswith(lead[: len(self.buf)]):
+                expect = lead + expect  # what the model may write before its first call, written
             head = _head_end(self.buf, expect)
             if head is None:
                 return
             if head < 0:
                 self.mode = "text"
                 return
-            # The name ends where what opens the arguments does, or (where that is all special
-            # tokens) where the arguments' object begins.
-            end = self.buf.find(self._args_open[:1] or "{", head)
+            end = self._name_end(head)
             if end < 0:
                 return
             if not self.buf.startswith(self._args_open, end):
@@ -986,6 +1025,12 @@ class CallParser:
                 self._tail()  # (a format that closes nothing after the arguments closes the call now)
         elif self.mode == "tail":
             self._tail()
+
+    def _name_end(self, head: int) -> int:
+        """Where the call's name ends, from `head` (where it begins): where what opens the
+        arguments does, or (where that is all special tokens) where the arguments' object begins;
+        -1 while it has not come."""
+        return self.buf.find(self._args_open[:1] or "{", head)
 
     def _begin_call(self, index: int, name: str, out: list[Part]) -> None:
         """A call's name came and its arguments follow (as JSON here; a format that writes them
@@ -1051,6 +1096,14 @@ class ParamCallParser(CallParser):
         self._tool = ""  # the call in progress
         self._written = 0  # its parameters so far
 
+    def _name_end(self, head: int) -> int:
+        if self._args_open:
+            return super()._name_end(head)
+        # (GLM-4.7's: nothing between the name and its first parameter, or the call's close)
+        found = [i for i in (self.buf.find(self.fmt.param_open, head), self.buf.find(self._close, head))
+                 if i >= 0]  # fmt: skip
+        return min(found, default=-1)
+
     def _begin_call(self, index: int, name: str, out: list[Part]) -> None:
         self._tool, self._written = name, 0
         out.append(CallArguments(index, "{"))  # its arguments' object opens
@@ -1060,11 +1113,11 @@ class ParamCallParser(CallParser):
             self._string(out)
         elif self.mode != "args":
             super()._step(out)
-        elif self.buf.startswith(PARAM_OPEN):
-            head_end = self.buf.find(self.fmt.param_head_end, len(PARAM_OPEN))
+        elif self.buf.startswith(self.fmt.param_open):
+            head_end = self.buf.find(self.fmt.param_head_end, len(self.fmt.param_open))
             if head_end < 0:
                 return  # the parameter's name is not whole yet
-            key = self.buf[len(PARAM_OPEN) : head_end]
+            key = self.buf[len(self.fmt.param_open) : head_end]
             start = head_end + len(self.fmt.param_head_end)  # where its value begins
             schema = self.properties.get(self._tool, {}).get(key)
             schema = schema if isinstance(schema, Mapping) else None
@@ -1081,7 +1134,7 @@ class ParamCallParser(CallParser):
             out.append(CallArguments(self.calls - 1, named + value))
             self._written += 1
             self.buf = self.buf[value_end + len(close) :]
-        elif not PARAM_OPEN.startswith(self.buf):  # no more parameters: the call closes
+        elif not self.fmt.param_open.startswith(self.buf):  # no more parameters: the call closes
             out.append(CallArguments(self.calls - 1, "}"))
             self.mode = "tail"
             self._tail()

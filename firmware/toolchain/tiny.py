@@ -924,6 +924,33 @@ SEED_CHAT_TEMPLATE = (
     "{{ '</function>\n</seed:tool_call>' }}{%- endfor -%}{{ '<seed:eos>' }}{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<seed:bos>assistant\n' }}{%- endif -%}"
 )
+# Zhipu's GLM-4.5 and 4.6 (abridged): turns after special tokens of their own, the tools listed in a
+# system turn; each assistant turn an empty thought unless it has one, then its text, then each call
+# after a newline: the name after <tool_call>, each argument a key and a value between tags (a
+# value that is not a string as JSON); results after <|observation|> between <tool_response> tags.
+GLM45_CHAT_TEMPLATE = (
+    "[gMASK]<sop>{%- if tools -%}{{ '<|system|>\n# Tools\n\nYou may call one or more functions to assist with "
+    "the user query.\n\n<tools>\n' }}{%- for tool in tools -%}{{ tool | tojson + '\n' }}{%- endfor -%}"
+    "{{ '</tools>\n\nFor each function call, output the function name and arguments within the following XML "
+    "format:\n<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>\n<arg_value>{arg-value-1}</arg_value>"
+    "\n...\n</tool_call>' }}{%- endif -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{{ '<|user|>\n' + m.content }}"
+    "{%- elif m.role == 'assistant' -%}{{ '<|assistant|>\n<think></think>' }}"
+    "{%- if m.content and m.content.strip() -%}{{ '\n' + m.content.strip() }}{%- endif -%}"
+    "{%- for tc in m.tool_calls or [] -%}{{ '\n<tool_call>' + tc.function.name + '\n' }}"
+    "{%- for k, v in tc.function.arguments | items -%}"
+    "{{ '<arg_key>' + k + '</arg_key>\n<arg_value>' + (v if v is string else v | tojson) + '</arg_value>\n' }}"
+    "{%- endfor -%}{{ '</tool_call>' }}{%- endfor -%}"
+    "{%- elif m.role == 'tool' -%}{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}"
+    "{{ '<|observation|>' }}{%- endif -%}{{ '\n<tool_response>\n' + m.content + '\n</tool_response>' }}"
+    "{%- elif m.role == 'system' -%}{{ '<|system|>\n' + m.content }}{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"
+)
+GLM45_TURNS = ChatStyle(GLM45_CHAT_TEMPLATE, ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>",
+                                              "<|assistant|>", "<|observation|>", "<think>", "</think>",
+                                              "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+                                              "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
+                        "[gMASK]", "<|user|>")  # fmt: skip
 SEED_TURNS = ChatStyle(SEED_CHAT_TEMPLATE, ("<seed:pad>", "<seed:bos>", "<seed:eos>", "<seed:tool_call>",
                                             "</seed:tool_call>", "<seed:think>", "</seed:think>"),
                        "<seed:bos>", "<seed:eos>")  # fmt: skip
@@ -1039,6 +1066,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "lfm2": LFM2_TURNS,
     "lfm3": LFM2_TURNS,
     "seed_oss": SEED_TURNS,
+    "glm4_moe": GLM45_TURNS,
     # Apertus lists a turn's calls between its own tokens, each keyed by its tool's name.
     "apertus": APERTUS_TURNS,
     # Command R7B lists a turn's calls, numbered, between its own tokens (the cohere2 fixture).

@@ -451,6 +451,68 @@ def test_seed_oss_calls_are_read_from_its_parameters_between_its_tokens(chunk: i
     assert accepts(OutputRules((book,)), "It is sunny.")
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_glm_calls_are_read_from_their_keys_and_values_between_special_tokens(chunk: int,
+                                                                             trusted_keys: Path) -> None:  # fmt: skip
+    """GLM-4.5 writes each call's name after <tool_call>, then each argument as a key and a value
+    between tags (a value that is not a string as JSON), all special tokens: decoding keeps them in
+    the text the parser reads, the grammar names them by id and holds the values to the tool's
+    schema, and a newline may come before the first call (after a thought) as before the others."""
+    from appliance.engine.tokenizer import TextTokenizer
+    from firmware.toolchain.tiny import GLM45_CHAT_TEMPLATE, tiny_bundle
+
+    bundle = firmware.load(tiny_bundle("glm4_moe"), trusted_keys)
+    tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
+    fmt = call_format(bundle.chat_template, tokenizer.token_id)
+    assert (fmt.name, fmt.params, len(fmt.specials), fmt.lead) == ("glm", True, 6, "\n")
+    book = Tool("book", "", {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string"}, "nights": {"type": "integer"}, "pets": {"type": "boolean"}}})  # fmt: skip
+    args = {"city": 'Paris "centre"\n</x>', "nights": 3, "pets": True}
+    written = format_calls([PastCall("book", json.dumps(args)), PastCall("book", '{"city": "Rome"}')], fmt)
+    assert written == ('<tool_call>book\n<arg_key>city</arg_key>\n<arg_value>Paris "centre"\n</x></arg_value>\n'
+                       "<arg_key>nights</arg_key>\n<arg_value>3</arg_value>\n<arg_key>pets</arg_key>\n"
+                       "<arg_value>true</arg_value>\n</tool_call>\n<tool_call>book\n<arg_key>city</arg_key>\n"
+                       "<arg_value>Rome</arg_value>\n</tool_call>")  # fmt: skip
+    for lead in ("", "\n"):
+        text, calls, complete = _parse(lead + written, chunk, fmt=fmt, tools=(book,))
+        assert (text, complete) == ("", 2)
+        assert [json.loads(a) for _, a in calls] == [args, {"city": "Rome"}]
+    assert _parse("\nIt is sunny.", chunk, fmt=fmt, tools=(book,)) == ("\nIt is sunny.", [], 0)
+    # GLM-4.7's template writes no newlines around a call's parts; a vocabulary without the tags
+    # (a base model's) has them written as text.
+    compact = GLM45_CHAT_TEMPLATE.replace("</arg_key>\n<arg_value>", "</arg_key><arg_value>")
+    glm47 = call_format(compact, tokenizer.token_id)
+    assert (glm47.name, glm47.lead, glm47.param_head_end) == ("glm", "", "</arg_key><arg_value>")
+    for arguments in ('{"city": "Rome", "nights": 2}', "{}"):
+        once = format_calls([PastCall("book", arguments)], glm47)
+        assert "\n" not in once
+        assert _parse(once, chunk, fmt=glm47, tools=(book,)) == ("", [("book", json.dumps(json.loads(arguments)))], 1)
+    assert call_format(GLM45_CHAT_TEMPLATE, {}.get).specials == ()
+
+    compiler = GrammarCompiler(bundle.tokenizer_path, bundle.model.vocab_size, bundle.model.eos_token_ids)
+    special = dict(fmt.specials)
+
+    def accepts(rules: OutputRules, output: str, fmt: CallFormat = fmt) -> bool:
+        lark = grammar(rules, fmt)
+        assert lark is not None
+        matcher = compiler.constraint(lark, "tools").matcher
+        pieces = [p for p in re.split("(" + "|".join(map(re.escape, special)) + ")", output) if p]
+        tokens = [t for p in pieces for t in ([special[p]] if p in special else compiler.tokenizer.tokenize_str(p))]
+        return all(matcher.consume_token(t) for t in tokens) and bool(matcher.is_accepting())
+
+    required = OutputRules((book,), ToolChoice("required"))
+    assert accepts(required, written) and accepts(required, "\n" + written)
+    for wrong in ('{"nights": 3}', '{"city": "P", "nights": "three"}', '{"city": "P", "pets": "maybe"}'):
+        assert not accepts(required, format_calls([PastCall("book", wrong)], fmt)), wrong
+    assert not accepts(required, written.replace("</arg_key>\n<arg_value>", "</arg_key><arg_value>"))
+    assert accepts(required, format_calls([PastCall("book", '{"city": "Rome"}')], glm47), glm47)
+    strict = OutputRules((dataclasses.replace(book, strict=True, schema={**book.schema, "properties": {
+        "city": {"type": "string", "pattern": "^[A-Z][a-z]+$"}}}),), ToolChoice("required"))  # fmt: skip
+    assert accepts(strict, format_calls([PastCall("book", '{"city": "Rome"}')], fmt))
+    assert not accepts(strict, format_calls([PastCall("book", '{"city": "rome"}')], fmt))
+    assert accepts(OutputRules((book,)), "It is sunny.") and accepts(OutputRules((book,)), "\nIt is sunny.")
+
+
 GEMMA_IDS = {"<|tool_call>": 1, "<tool_call|>": 2, '<|"|>': 3}
 
 
@@ -1005,6 +1067,10 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
      '"get_weather", "parameters": {"city": "Paris", "unit": "c"}}\n]<|END_ACTION|>',
      '<|SYSTEM_TOKEN|><|START_TOOL_RESULT|>[\n    {"tool_call_id": "0", "results": {"0": "18 C"}, "is_error": null}'
      "\n]<|END_TOOL_RESULT|>"),
+    ("glm4_moe", "glm", '<tools>\n{"type": "function", "function": {"name": "get_weather"',
+     "<|assistant|>\n<think></think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>"
+     "\n<arg_key>unit</arg_key>\n<arg_value>c</arg_value>\n</tool_call>",
+     "<|observation|>\n<tool_response>\n18 C\n</tool_response>"),
     ("gemma4", "gemma4", "<|tool>declaration:get_weather{",  # the results in the turn of the calls, which goes on
      '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>c<|"|>}<tool_call|>',
      '<tool_call|><|tool_response>response:get_weather{value:<|"|>18 C<|"|>}<tool_response|><|channel>thought\n'
