@@ -52,6 +52,9 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
 - chatglm (GLM-4 9B, glm-4-9b-chat's own layout and the -hf one's, and GLM-Edge): GLM-4-0414's
   layers without its post norms; no head width stated (it is the queries' rows shared out), the
   queries, keys and values one tensor in the former, three in the latter.
+- glm4moe (GLM-4.5, 4.5-Air, 4.6, 4.7): a Llama's tensors, not permuted, GLM's biases and partial
+  rotation, dense leading layers, then experts chosen by sigmoid with a bias for choosing, beside
+  shared experts; its multi-token prediction block written after the model's, as Nemotron 3's.
 """
 
 from __future__ import annotations
@@ -70,11 +73,11 @@ GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE = "glm4", "seed_oss", "arcee", "huny
 ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granitehybrid", "nemotron_h"
 FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "starcoder", "olmo", "jais2"
 APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA = "apertus", "gptneox", "chatglm", "qwen2moe", "gemma"
-NEMOTRON_H_MOE, EXAONE = "nemotron_h_moe", "exaone"
+NEMOTRON_H_MOE, EXAONE, GLM4_MOE = "nemotron_h_moe", "exaone", "glm4moe"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
                  JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA, NEMOTRON_H_MOE,
-                 EXAONE)
+                 EXAONE, GLM4_MOE)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -98,7 +101,7 @@ def config(meta: dict[str, Any]) -> Any:
                FALCON_H1: _falcon_h1_config, JAMBA: _jamba_config, PHI2: _phi2_config,
                STARCODER: _starcoder_config, OLMO: _olmo_config, JAIS2: _jais2_config,
                APERTUS: _apertus_config, GPT_NEOX: _gpt_neox_config, CHATGLM: _chatglm_config,
-               QWEN2_MOE: _qwen2_moe_config, GEMMA: _gemma_config}  # fmt: skip
+               QWEN2_MOE: _qwen2_moe_config, GEMMA: _gemma_config, GLM4_MOE: _glm4_moe_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -113,7 +116,7 @@ LLAMA_SHAPED = {"mistral": (MISTRAL3, True), "ministral3": (MISTRAL3, True), "gr
                 "glm4": (GLM4, False), "seed_oss": (SEED_OSS, False), "arcee": (ARCEE, True),
                 "hunyuan_v1_dense": (HUNYUAN_DENSE, False), "olmoe": (OLMOE, False),
                 "ernie4_5": (ERNIE4_5, False), "olmo": (OLMO, True), "jais2": (JAIS2, False),
-                "qwen2_moe": (QWEN2_MOE, False), "exaone": (EXAONE, False)}  # fmt: skip
+                "qwen2_moe": (QWEN2_MOE, False), "exaone": (EXAONE, False), "glm4_moe": (GLM4_MOE, False)}  # fmt: skip
 
 
 def state(gguf: Path, model_config: Any, meta: dict[str, Any]) -> dict[str, Any]:
@@ -549,6 +552,40 @@ def _glm_fields(meta: dict[str, Any], arch: str) -> dict[str, Any]:
     return fields | {"head_dim": head, "attention_bias": biased}
 
 
+def _glm4_moe_config(meta: dict[str, Any]) -> Any:
+    """GLM-4.5's: GLM's fields, per-head query and key norms where the file has them, dense leading
+    layers, then experts chosen by sigmoid with a bias for choosing (exp_probs_b), mixed by their
+    scores (scaled to sum to 1 where expert_weights_norm) and expert_weights_scale, beside shared
+    experts; the layers less the multi-token prediction block the converter writes after them."""
+    from transformers import Glm4MoeConfig
+
+    key, shapes = _key(meta, GLM4_MOE), meta["shapes"]
+    _sigmoid_gated(key, "GLM-4.5's")
+    fields = _glm_fields(meta, GLM4_MOE) | {"num_hidden_layers": _layer_count(key)}
+    return Glm4MoeConfig(**fields, use_qk_norm="blk.0.attn_q_norm.weight" in shapes,
+                         first_k_dense_replace=int(key("leading_dense_block_count", 0)),
+                         n_routed_experts=int(key("expert_count")), num_experts_per_tok=int(key("expert_used_count")),
+                         moe_intermediate_size=int(key("expert_feed_forward_length")),
+                         n_shared_experts=int(key("expert_shared_count", 1)),
+                         norm_topk_prob=bool(key("expert_weights_norm", False)),
+                         routed_scaling_factor=as_float32(key("expert_weights_scale", 1.0)),
+                         n_group=int(key("expert_group_count", 1)), topk_group=int(key("expert_group_used_count", 1)),
+                         num_mtp_layers=0, architectures=["Glm4MoeForCausalLM"])  # fmt: skip
+
+
+def _layer_count(key: Any) -> int:
+    """The model's layers: the file's blocks less the multi-token prediction blocks (Nemotron 3
+    Super's, GLM-4.5's) that the converter writes after them (read as layers, they would run too)."""
+    return int(key("block_count")) - int(key("nextn_predict_layers", 0))
+
+
+def _sigmoid_gated(key: Any, whose: str) -> None:
+    """Refuses a file whose experts are not chosen by sigmoid, as `whose` are."""
+    gating = key("expert_gating_func")
+    if gating is not None and int(gating) != SIGMOID_GATING:
+        raise BundleError(f"a file whose experts are not chosen by sigmoid (gating {gating}): {whose} are")
+
+
 def _chatglm_state(found: dict[str, Any], take: Any, model_config: Any) -> dict[str, Any]:
     """A chatglm file's weights (`found`: its tensors) by gguf's table, its rows as they are (llama.cpp
     turns neighbouring pairs, as GLM does); the queries, keys and values of glm-4-9b-chat's own
@@ -697,10 +734,7 @@ def _lfm2_moe_config(meta: dict[str, Any]) -> Any:
     from transformers import Lfm2MoeConfig
 
     key, shapes = _key(meta, LFM2_MOE), meta["shapes"]
-    gating = key("expert_gating_func")
-    if gating is not None and int(gating) != SIGMOID_GATING:
-        raise BundleError(f"an {LFM2_MOE} file whose experts are not chosen by sigmoid (gating {gating}): "
-                          "LFM2's are")  # fmt: skip
+    _sigmoid_gated(key, f"{LFM2_MOE} files'")
     fields = _llama_fields(meta, LFM2_MOE)
     del fields["rms_norm_eps"]
     return Lfm2MoeConfig(**fields, norm_eps=as_float32(key("attention.layer_norm_rms_epsilon")),
@@ -756,9 +790,7 @@ def _nemotron_h_config(meta: dict[str, Any]) -> Any:
 
     arch = str(meta["general.architecture"])
     key, shapes = _key(meta, arch), meta["shapes"]
-    # The converter writes a multi-token prediction head (Nemotron 3 Super's) as blocks after the
-    # model's: they are no layers of its (read as one, its attention and experts would run too).
-    layers = int(key("block_count")) - int(key("nextn_predict_layers", 0))
+    layers = _layer_count(key)
     widths, heads = key("feed_forward_length"), _key_heads(meta, arch)[:layers]
     widths = [int(w) for w in widths][:layers] if isinstance(widths, list) else [int(widths)] * layers
     kinds = ["full_attention" if h else "moe" if f"blk.{i}.ffn_up_exps.weight" in shapes else

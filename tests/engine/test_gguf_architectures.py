@@ -384,6 +384,20 @@ def test_a_nemotron_3_file_s_multi_token_prediction_blocks_are_no_layers_of_the_
     assert headed.layers_block_type == plain.layers_block_type and len(plain.layers_block_type) == n
 
 
+def test_a_glm_4_5_file_s_prediction_block_is_no_layer_and_experts_a_softmax_chooses_are_refused() -> None:
+    """llama.cpp's converter counts GLM-4.5's multi-token prediction block among the file's blocks
+    (the tiny folder has no weights for it, as transformers saves none), after the model's; a file
+    whose experts a softmax chooses is not routed as GLM-4.5's and is refused."""
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import _gguf_metadata
+
+    meta = _gguf_metadata(tiny_gguf("glm4_moe"))
+    assert (int(meta["glm4moe.block_count"]), int(meta["glm4moe.nextn_predict_layers"])) == (4, 1)
+    assert gguf_families.config(meta).num_hidden_layers == 3
+    with pytest.raises(BundleError, match="not chosen by sigmoid"):
+        gguf_families.config(dict(meta) | {"glm4moe.expert_gating_func": 1})
+
+
 def test_a_nemotron_3_super_file_s_latent_experts_are_its_folder_s(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Nemotron 3 Super's experts work on a latent projection of the stream (moe_latent_size, two
