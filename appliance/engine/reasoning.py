@@ -171,7 +171,9 @@ class ThinkTags:
 
 
 class TagSplit:
-    """A generation of a model that thinks between tags: only its first token may open a thought."""
+    """A generation of a model that thinks between tags: only its first token may open a thought,
+    or the first after blank lines (GLM-4.5's templates write its turns "<|assistant|>\n<think>"),
+    which are then the tag's (MAX_BLANK_TOKENS at most)."""
 
     calling = False  # its calls are answer text
 
@@ -184,6 +186,7 @@ class TagSplit:
         self.started = inside  # a token was generated, or the prompt opened the thought
         self.begun = False  # the answer after a thought has begun (past the blank lines)
         self.blanks = 0  # blank tokens after the close tag
+        self.leading = 0  # blank tokens before anything else (before an open tag: the tag's)
         self.labelled = len(tags.label_ids)  # the label's tokens read since the open tag (all: none to come)
 
     def forced(self) -> int | None:
@@ -193,6 +196,9 @@ class TagSplit:
 
     def take(self, token: int) -> Kind:
         if not self.thinking:
+            if not self.started and token in self.tags.blank_ids and self.leading < MAX_BLANK_TOKENS:
+                self.leading += 1
+                return "tag"
             # A thought comes first: an open tag later (or a second one) is the answer's own text.
             opens = token == self.tags.open_id and not self.started
             self.started = True
@@ -220,8 +226,9 @@ class TagSplit:
     def gate(self) -> Gate:
         if self.thinking:
             return THOUGHT
-        if not self.started:  # the grammar's first token, or the tag that opens a thought
-            return Gate(grammar=True, also=frozenset({self.tags.open_id}))
+        if not self.started:  # the grammar's first token, or the tag that opens a thought (or a blank before it)
+            blanks = self.tags.blank_ids if self.leading < MAX_BLANK_TOKENS else frozenset()
+            return Gate(grammar=True, also=frozenset({self.tags.open_id}) | blanks)
         if self.answered and not self.begun:  # the blank lines after the close tag are the tag's
             return Gate(grammar=True, also=self.tags.blank_ids)
         return ANSWER

@@ -217,7 +217,7 @@ def test_under_a_grammar_the_thought_runs_free_and_the_answer_is_held(engine: En
 
 def test_under_a_grammar_the_first_token_may_open_a_thought_and_blank_lines_may_follow_one() -> None:
     split = ThinkTags(open_id=1, close_id=2, blank_ids=frozenset({8})).split([9], budget=None)
-    assert split.gate() == Gate(grammar=True, also=frozenset({1}))
+    assert split.gate() == Gate(grammar=True, also=frozenset({1, 8}))  # (a blank line before it: below)
     split.take(1)
     assert split.gate().free and not split.gate().grammar
     split.take(5)
@@ -234,7 +234,20 @@ def test_under_a_grammar_the_first_token_may_open_a_thought_and_blank_lines_may_
     tags = ThinkTags(open_id=1, close_id=2, blank_ids=frozenset({8}))
     assert tags.split([9, 1, 8, 2, 8], budget=None).gate() == Gate(grammar=True)
     assert tags.split([9, 1, 8, 2, 8], budget=None).take(1) == "answer"
-    assert tags.split([1, 5, 2, 9], budget=None).gate() == Gate(grammar=True, also=frozenset({1}))  # an earlier turn's
+    earlier = tags.split([1, 5, 2, 9], budget=None)  # an earlier turn's thought: this one may open its own
+    assert earlier.gate() == Gate(grammar=True, also=frozenset({1, 8}))
+
+
+def test_blank_lines_before_the_open_tag_are_the_tag_s_and_the_thought_still_opens() -> None:
+    """GLM-4.5's templates write its turns "<|assistant|>\n<think>": the newline its first token, then
+    the open tag. The blank lines are the tag's (not shown, fed to no grammar), two at most."""
+    tags = ThinkTags(open_id=1, close_id=2, blank_ids=frozenset({8}))
+    split = tags.split([9], budget=None)
+    assert [split.take(t) for t in (8, 1, 5, 2)] == ["tag", "tag", "thought", "tag"] and split.answered
+    direct = tags.split([9], budget=None)
+    assert [direct.take(t) for t in (8, 8)] == ["tag", "tag"]
+    assert direct.gate() == Gate(grammar=True, also=frozenset({1}))  # a third blank is the grammar's to allow
+    assert [direct.take(t) for t in (8, 1)] == ["answer", "answer"]  # and begins the answer: no thought opens
 
 
 def test_under_a_grammar_a_harmony_header_opens_the_analysis_or_the_final_answer() -> None:
