@@ -887,11 +887,12 @@ def gemma4_refusal(config: dict[str, Any]) -> str | None:
 
 
 def sigmoid_routing_refusal(config: dict[str, Any]) -> str | None:
-    """What of a Nemotron 3's or GLM-4.5's experts the export would not route as transformers does, or
+    """What of a Nemotron 3's, GLM-4.5's, GLM-4.7-Flash's or DeepSeek V3's experts the export would not
+    route as transformers does, or
     None: it chooses among all experts (one group) and mixes the chosen by their scores scaled to sum
     to 1."""
-    experts = config.get("model_type") == "glm4_moe" or (config.get("model_type") == "nemotron_h"
-                                                          and "moe" in layer_kinds(config))  # fmt: skip
+    experts = config.get("model_type") in ("glm4_moe", "glm4_moe_lite", "deepseek_v3") or (
+        config.get("model_type") == "nemotron_h" and "moe" in layer_kinds(config))
     if not experts:
         return None
     if int(config.get("topk_group") or 1) < int(config.get("n_group") or 1):

@@ -146,7 +146,14 @@ Glm4ForCausalLM) have no class in the builder either:
   head rotated by halves and, after its dense leading layers, experts routed as Nemotron 3's
   (`_sigmoid_routed_experts`: the top k of sigmoid scores plus a correction bias, mixed by the
   scores scaled to sum to 1, then by routed_scaling_factor), SwiGLU ones, beside a shared expert
-  added ungated: 1.2e-6, int8 0.040. Then, each a Llama to the class but for what is said: Kyutai's
+  added ungated: 1.2e-6, int8 0.040. GLM-4.7-Flash (Glm4MoeLiteForCausalLM) and DeepSeek V3
+  (DeepseekV3ForCausalLM: Moonlight, Kimi K2, experts in one group) have the same experts and
+  DeepSeek's multi-head latent attention, which the class builds as plain multi-head attention
+  (`mla_heads`, `_mla_as_heads`, `_mla_input_proj`): the queries with each head's rotated part
+  first, the keys and values projected from the rotated key and the normed latent side by side,
+  every head as wide as the queries or the values, whichever is wider (zeros padding the other),
+  neighbouring pairs rotated, the scores scaled by the queries' width (and YaRN's mscale): 1.7e-6
+  and 1.8e-6, int8 0.040 and 0.058. Then, each a Llama to the class but for what is said: Kyutai's
   Helium and GLM-4 9B / GLM-Edge (GlmForCausalLM: GLM-4's layers without its post norms) rotate
   neighbouring pairs (1.9e-6 each); InternLM3 (InternLM3ForCausalLM, which transformers runs as a
   Llama), 1.9e-6, with dynamic NTK RoPE built as plain RoPE (`dynamic_ntk_as_default`); Ministral 3's
@@ -453,7 +460,13 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "qwen2_moe": "Qwen2MoeForCausalLM", "helium": "HeliumForCausalLM",
                   "internlm3": "InternLM3ForCausalLM", "nanochat": "NanoChatForCausalLM", "glm": "GlmForCausalLM",
                   "starcoder2": "Starcoder2ForCausalLM", "ministral3": "Ministral3ForCausalLM",
-                  "exaone": "ExaoneForCausalLM", "glm4_moe": "Glm4MoeForCausalLM"}
+                  "exaone": "ExaoneForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+                  "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
+# Families whose attention is multi-head latent attention (DeepSeek V2's), built as plain multi-head
+# attention over heads as wide as its queries' or its values' (mla_heads, _mla_as_heads), and whose
+# experts route as GLM-4.5's (sigmoid scores plus a correction bias: _sigmoid_routed_experts).
+MLA_FAMILIES = ("glm4_moe_lite", "deepseek_v3")
+SIGMOID_ROUTED_FAMILIES = ("glm4_moe", *MLA_FAMILIES)
 # Ungated MLPs' (up, down, activation) under other names: nanochat's, StarCoder2's.
 UNGATED_MLP_NAMES = (("fc1", "fc2", "activation_fn"), ("c_fc", "c_proj", "act"))
 # Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
@@ -470,6 +483,21 @@ def post_norm_as_llama(config: Any) -> None:
     if names[:1] and names[0] in (*POST_NORM_FAMILIES.values(), *UNGATED_MLP_FAMILIES.values(),
                                   *LLAMA_FAMILIES.values()):  # fmt: skip
         config.architectures = ["LlamaForCausalLM"]
+
+
+def mla_heads(config: Any) -> None:
+    """A multi-head latent attention's config as the plain multi-head attention the build makes of it
+    (_mla_as_heads): a key head per query head, each as wide as a query's (its unrotated and rotated
+    parts) or a value's, whichever is wider, the rotated part first."""
+    if getattr(config, "model_type", "") not in MLA_FAMILIES or hasattr(config, "zerolayer_query_width"):
+        return
+    rotated = int(config.qk_rope_head_dim)
+    # (Kept first: GLM-4.7-Flash's config maps head_dim to qk_rope_head_dim, which setting it overwrites.)
+    config.zerolayer_query_width = int(config.qk_nope_head_dim) + rotated
+    config.head_dim = max(config.zerolayer_query_width, int(config.v_head_dim))
+    config.num_key_value_heads = config.num_attention_heads
+    config.partial_rotary_factor = rotated / config.head_dim
+    config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": rotated / config.head_dim}
 
 
 def granite_swa_as_granite(config: Any) -> None:
@@ -705,7 +733,7 @@ def mixtral_as_mistral(config: Any) -> None:
 FIXES = (dynamic_ntk_as_default, attention_softcap_as_transformers, gemma4_per_layer_shapes, gemma3n_as_gemma4,
          phi3_default_rope,
          longrope_type, gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon, qwen3_5_text_as_conditional,
-         qwen35_rope_as_text, qwen3_moe_as_qwen3, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
+         qwen35_rope_as_text, qwen3_moe_as_qwen3, mla_heads, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
          granite_moe_as_granite4, granite4_mamba_as_linear_attention, nemotron_h_as_nemotron, falcon_h1_as_mistral,
          jamba_as_mistral, cohere_as_mistral, mixtral_as_mistral, gpt_families.config_as_llama)  # fmt: skip
 
@@ -1050,6 +1078,92 @@ def _ungated_mlp(self: Any, layer_id: int, mlp: Any, root_input: str) -> None:
     self.mlp_attrs["output_0"] = _linear(self, mlp.down_proj, f"{base}/down_proj", act)
 
 
+def _rms_norm(self: Any, norm: Any, base: str, value: str, width: int, epsilon: float) -> str:
+    """An RMS norm (`norm`'s weight) of `value`, whose last dimension is `width`, as ONNX Runtime's
+    SimplifiedLayerNormalization; its output's name."""
+    name = f"{base}/SimplifiedLayerNormalization"
+    weight = f"{base[1:].replace('/', '.')}.layernorm.weight"
+    self.make_initializer(norm.weight, weight, to=self.io_dtype)
+    self.make_node("SimplifiedLayerNormalization", inputs=[value, weight], outputs=[f"{name}/output_0"], name=name,
+                   epsilon=epsilon, axis=-1, stash_type=1)  # fmt: skip
+    self.make_value(f"{name}/output_0", self.io_dtype, shape=self.make_hidden_state_shape(last_dim=width))
+    return f"{name}/output_0"
+
+
+def _mla_as_heads(model: Any) -> None:
+    """Each multi-head latent attention (DeepSeek V2's, as DeepSeek V3, Kimi K2 and GLM-4.7-Flash have
+    it) given the projections of the plain multi-head attention it computes (mla_heads' shapes), in
+    place: the queries (q_proj, or q_b_proj after q_a_proj and its norm) with each head's rotated
+    part first; keys and values (k_proj, v_proj) of the rotated key and the normed latent side by
+    side (_mla_input_proj), a head's key its rotated part as it is, then the latent's projection
+    (kv_b_proj's key rows), its value kv_b_proj's value rows; widths padded with zeros to the
+    head's, which the output projection's zero columns drop. (The keys and values held are then
+    the heads', not the latent: more memory a token than DeepSeek's own cache.)"""
+    import torch
+
+    for layer in model.model.layers:
+        a = layer.self_attn
+        heads, nope, rope, value = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim
+        width, rank = max(nope + rope, value), a.kv_lora_rank
+        with torch.no_grad():
+            query = a.q_proj if a.q_proj is not None else a.q_b_proj
+            rows = query.weight.view(heads, nope + rope, -1)
+            q = rows.new_zeros(heads, width, rows.shape[-1])
+            q[:, :rope], q[:, rope : rope + nope] = rows[:, nope:], rows[:, :nope]
+            latent = a.kv_b_proj.weight.view(heads, nope + value, rank)
+            k = latent.new_zeros(heads, width, rope + rank)
+            k[:, :rope, :rope] = torch.eye(rope)
+            k[:, rope : rope + nope, rope:] = latent[:, :nope]
+            v = latent.new_zeros(heads, width, rope + rank)
+            v[:, :value, rope:] = latent[:, nope:]
+            out = a.o_proj.weight.view(-1, heads, value)
+            o = out.new_zeros(out.shape[0], heads, width)
+            o[:, :, :value] = out
+        projections = {"q_proj" if a.q_proj is not None else "q_b_proj": q, "k_proj": k, "v_proj": v}
+        for name, weight in projections.items():
+            setattr(a, name, _linear_of(weight.reshape(heads * width, -1), None))
+        a.o_proj = _linear_of(o.reshape(o.shape[0], -1), a.o_proj.bias)
+
+
+def _linear_of(weight: Any, bias: Any) -> Any:
+    """A torch Linear with these weight and bias (None: none)."""
+    import torch
+
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
+    return linear
+
+
+def _mla_input_proj(self: Any, layer_id: int, attention: Any, root_input: str) -> None:
+    """A multi-head latent attention's queries, keys and values as _mla_as_heads laid them out: the
+    queries projected (through DeepSeek's low-rank projection and its norm, where it has one); the
+    latent and the rotated key projected together (kv_a_proj_with_mqa), the latent normed, the two
+    side by side projected to the keys and the values."""
+    base, rank, rope = f"/model/layers.{layer_id}/attn", attention.kv_lora_rank, attention.qk_rope_head_dim
+    if attention.q_a_proj is not None:
+        q = _linear(self, attention.q_a_proj, f"{base}/q_a_proj", root_input)
+        q = _rms_norm(self, attention.q_a_layernorm, f"{base}/q_a_layernorm", q, attention.q_a_proj.out_features,
+                      attention.q_a_layernorm.variance_epsilon)  # fmt: skip
+        q = _linear(self, attention.q_b_proj, f"{base}/q_b_proj", q)
+    else:
+        q = _linear(self, attention.q_proj, f"{base}/q_proj", root_input)
+    both = _linear(self, attention.kv_a_proj_with_mqa, f"{base}/kv_a_proj_with_mqa", root_input)
+    latent, rotated = f"{base}/kv_a/Split/output_0", f"{base}/kv_a/Split/output_1"
+    self.make_split(f"{base}/kv_a/Split", [both, f"/model/constants/INT64/[{rank}, {rope}]"], [latent, rotated],
+                    [self.io_dtype] * 2, [self.make_hidden_state_shape(last_dim=rank),
+                                          self.make_hidden_state_shape(last_dim=rope)])  # fmt: skip
+    latent = _rms_norm(self, attention.kv_a_layernorm, f"{base}/kv_a_layernorm", latent, rank,
+                       attention.kv_a_layernorm.variance_epsilon)  # fmt: skip
+    self.make_concat(f"{base}/kv_a/Concat", [rotated, latent], self.io_dtype,
+                     self.make_hidden_state_shape(last_dim=rope + rank), axis=-1)  # fmt: skip
+    joined = f"{base}/kv_a/Concat/output_0"
+    self.attention_attrs.update(q_path=q, k_path=_linear(self, attention.k_proj, f"{base}/k_proj", joined),
+                                v_path=_linear(self, attention.v_proj, f"{base}/v_proj", joined))  # fmt: skip
+
+
 def _padded_rotation_order(width: int, rotated: int) -> list[int]:
     """A head's dimensions reordered so that the pairs RoPE turns when it rotates the first
     `rotated` of them by halves (i with i + rotated/2) are the pairs it turns when it rotates all
@@ -1247,11 +1361,18 @@ def post_norm_layers() -> None:
                                       normalize_routing_weights=bool(config.norm_topk_prob))  # fmt: skip
                 self.intermediate_size = config.intermediate_size  # a dense layer's MLP (Qwen2-MoE's)
                 self.shared_expert_intermediate_size = getattr(config, "shared_expert_intermediate_size", 0)
-            if config.model_type == "glm4_moe":  # experts chosen by sigmoid scores (_sigmoid_routed_experts)
+            if config.model_type in SIGMOID_ROUTED_FAMILIES:  # sigmoid-chosen experts (_sigmoid_routed_experts)
                 _sigmoid_routing(self, config)
                 self.intermediate_size = config.intermediate_size  # the leading dense layers' MLP
-                if config.use_qk_norm:  # (GLM-4.5's published configs have none: per head, as Qwen3's)
+                if getattr(config, "use_qk_norm", False):  # (GLM-4.5's, per head as Qwen3's; 4.5-Air has none)
                     self.attention_attrs.update(q_norm=True, k_norm=True)
+            self.mla = config.model_type in MLA_FAMILIES
+            if self.mla:  # the rotated pairs DeepSeek's neighbouring ones; the scores scaled by the queries' width
+                from transformers.modeling_rope_utils import yarn_apply_mscale
+
+                self.rope_attrs["interleaved"] = int(bool(config.rope_interleave))
+                scale = config.zerolayer_query_width**-0.5  # (mla_heads')
+                self.attention_attrs["scale"] = yarn_apply_mscale(config.rope_parameters, scale)
             if config.model_type in ("glm", "glm4", "helium"):  # neighbouring pairs turned together
                 self.rope_attrs["interleaved"] = 1
             if config.model_type == "hyperclovax":  # Granite's multipliers, but the logits' (a factor here)
@@ -1304,6 +1425,8 @@ def post_norm_layers() -> None:
                 model = gpt_families.as_llama(model)
             if self.padded_rotation:
                 _heads_reordered_for_padded_rotation(self, model)
+            if self.mla:
+                _mla_as_heads(model)
             for layer in getattr(getattr(model, "model", None), "layers", ()):
                 mlp: Any = getattr(layer, "mlp", None)
                 for up, down, act in UNGATED_MLP_NAMES:  # under the names _ungated_mlp reads
@@ -1366,14 +1489,15 @@ def post_norm_layers() -> None:
                 return
             for path, norm, width in (("q_path", attention.q_norm, self.q_size), ("k_path", attention.k_norm,
                                                                                   self.kv_size)):  # fmt: skip
-                name = f"/model/layers.{layer_id}/attn/{path[0]}_norm/SimplifiedLayerNormalization"
-                weight = f"model.layers.{layer_id}.attn.{path[0]}_norm.layernorm.weight"
-                self.make_initializer(norm.weight, weight, to=self.io_dtype)
-                self.make_node("SimplifiedLayerNormalization", inputs=[self.attention_attrs[path], weight],
-                               outputs=[f"{name}/output_0"], name=name, epsilon=self.layernorm_attrs["epsilon"],
-                               axis=-1, stash_type=1)  # fmt: skip
-                self.make_value(f"{name}/output_0", self.io_dtype, shape=self.make_hidden_state_shape(last_dim=width))
-                self.attention_attrs[path] = f"{name}/output_0"
+                self.attention_attrs[path] = _rms_norm(self, norm, f"/model/layers.{layer_id}/attn/{path[0]}_norm",
+                                                       self.attention_attrs[path], width,
+                                                       self.layernorm_attrs["epsilon"])  # fmt: skip
+
+        def make_attention_input_proj(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
+            if self.mla:
+                _mla_input_proj(self, layer_id, attention, root_input)
+                return
+            super().make_attention_input_proj(layer_id, attention, root_input, **kwargs)
 
         def make_attention(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
             if layer_id not in self.unrotated:

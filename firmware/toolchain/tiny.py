@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -514,6 +514,21 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "num_hidden_layers": 3, "head_dim": 32, "attention_bias": True, "use_qk_norm": True,
         "first_k_dense_replace": 1, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
         "routed_scaling_factor": 2.5}),
+    # GLM-4.7-Flash's: DeepSeek's multi-head latent attention (queries through a low-rank projection and
+    # its norm, keys and values from a normed latent and one rotated key shared by the heads, whose
+    # neighbouring pairs turn), values narrower than the queries; GLM-4.5's experts.
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", {
+        "num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 8,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 32, "routed_scaling_factor": 1.8}),
+    # DeepSeek V3's (Moonlight's and Kimi K2's shape: experts in one group), its queries projected
+    # directly (DeepSeek-V2-Lite's), values wider than the queries, the first layer dense.
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
+        "num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": None, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 48, "n_routed_experts": 8,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 32, "routed_scaling_factor": 2.5, "n_group": 1,
+        "topk_group": 1, "first_k_dense_replace": 1, "rope_parameters": {"rope_type": "default",
+                                                                          "rope_theta": 10000.0}}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -530,7 +545,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "qwen2_moe_dense",
                "helium", "nanochat", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
-               "opt", "falcon_new",
+               "opt", "falcon_new", "glm4_moe_lite", "deepseek_v3",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next")
 
 
@@ -946,6 +961,11 @@ GLM45_CHAT_TEMPLATE = (
     "{%- elif m.role == 'system' -%}{{ '<|system|>\n' + m.content }}{%- endif -%}{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"
 )
+# GLM-4.7's (abridged: as 4.5's, but a call's parts without newlines between them).
+GLM47_CHAT_TEMPLATE = GLM45_CHAT_TEMPLATE.replace("'\n<tool_call>' + tc.function.name + '\n'",
+                                                  "'<tool_call>' + tc.function.name").replace(
+    "{function-name}\n", "{function-name}").replace("</arg_key>\n<arg_value>", "</arg_key><arg_value>").replace(
+    "</arg_value>\n", "</arg_value>")
 GLM45_TURNS = ChatStyle(GLM45_CHAT_TEMPLATE, ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>",
                                               "<|assistant|>", "<|observation|>", "<think>", "</think>",
                                               "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
@@ -1067,6 +1087,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "lfm3": LFM2_TURNS,
     "seed_oss": SEED_TURNS,
     "glm4_moe": GLM45_TURNS,
+    "glm4_moe_lite": replace(GLM45_TURNS, template=GLM47_CHAT_TEMPLATE),
     # Apertus lists a turn's calls between its own tokens, each keyed by its tool's name.
     "apertus": APERTUS_TURNS,
     # Command R7B lists a turn's calls, numbered, between its own tokens (the cohere2 fixture).
@@ -1131,6 +1152,10 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           # (the router's bias a buffer: drawn from 0.5 to 1.5, as much as
                                           # the scores it is added to, so it changes which experts are chosen)
                                           "glm4_moe": ("_proj.bias", "gate.weight", "e_score_correction_bias"),
+                                          "glm4_moe_lite": ("a_layernorm.weight", "gate.weight",
+                                                            "e_score_correction_bias"),
+                                          "deepseek_v3": ("a_layernorm.weight", "gate.weight",
+                                                          "e_score_correction_bias"),
                                           "nemotron_h_moe": ("mixer.D", "mixer.dt_bias", "mixer.norm.weight",
                                                              "conv1d.bias", "q_proj.weight", "k_proj.weight",
                                                              "gate.weight", "e_score_correction_bias")}

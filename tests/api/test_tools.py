@@ -459,7 +459,7 @@ def test_glm_calls_are_read_from_their_keys_and_values_between_special_tokens(ch
     the text the parser reads, the grammar names them by id and holds the values to the tool's
     schema, and a newline may come before the first call (after a thought) as before the others."""
     from appliance.engine.tokenizer import TextTokenizer
-    from firmware.toolchain.tiny import GLM45_CHAT_TEMPLATE, tiny_bundle
+    from firmware.toolchain.tiny import GLM45_CHAT_TEMPLATE, GLM47_CHAT_TEMPLATE, tiny_bundle
 
     bundle = firmware.load(tiny_bundle("glm4_moe"), trusted_keys)
     tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
@@ -480,8 +480,7 @@ def test_glm_calls_are_read_from_their_keys_and_values_between_special_tokens(ch
     assert _parse("\nIt is sunny.", chunk, fmt=fmt, tools=(book,)) == ("\nIt is sunny.", [], 0)
     # GLM-4.7's template writes no newlines around a call's parts; a vocabulary without the tags
     # (a base model's) has them written as text.
-    compact = GLM45_CHAT_TEMPLATE.replace("</arg_key>\n<arg_value>", "</arg_key><arg_value>")
-    glm47 = call_format(compact, tokenizer.token_id)
+    glm47 = call_format(GLM47_CHAT_TEMPLATE, tokenizer.token_id)
     assert (glm47.name, glm47.lead, glm47.param_head_end) == ("glm", "", "</arg_key><arg_value>")
     for arguments in ('{"city": "Rome", "nights": 2}', "{}"):
         once = format_calls([PastCall("book", arguments)], glm47)
@@ -1070,6 +1069,10 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
     ("glm4_moe", "glm", '<tools>\n{"type": "function", "function": {"name": "get_weather"',
      "<|assistant|>\n<think></think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>"
      "\n<arg_key>unit</arg_key>\n<arg_value>c</arg_value>\n</tool_call>",
+     "<|observation|>\n<tool_response>\n18 C\n</tool_response>"),
+    ("glm4_moe_lite", "glm", '<tools>\n{"type": "function", "function": {"name": "get_weather"',  # GLM-4.7's
+     "<|assistant|>\n<think></think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+     "<arg_key>unit</arg_key><arg_value>c</arg_value></tool_call>",
      "<|observation|>\n<tool_response>\n18 C\n</tool_response>"),
     ("gemma4", "gemma4", "<|tool>declaration:get_weather{",  # the results in the turn of the calls, which goes on
      '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>c<|"|>}<tool_call|>',

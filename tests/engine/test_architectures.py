@@ -647,11 +647,12 @@ def test_a_model_with_layers_of_another_kind_is_refused_before_export(tmp_path: 
     # Nemotron-H's blocks, as published (a letter each): Mamba, MLP and attention ones are the
     # nemotron_h fixture, experts' ones (Nemotron 3's "E") nemotron_h_moe's; experts chosen within
     # groups, or mixed by scores not scaled to sum to 1, are not what the export computes, there or
-    # in GLM-4.5's layers (the glm4_moe fixture).
+    # in GLM-4.5's and DeepSeek V3's layers (the glm4_moe and deepseek_v3 fixtures).
     nemotron = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"],
                 "hybrid_override_pattern": "M-M*-ME"}  # fmt: skip
     glm = {"model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLM"]}
-    for config in (nemotron, glm):
+    deepseek = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"]}  # (DeepSeek V3's own: 8, 4)
+    for config in (nemotron, glm, deepseek):
         for option, refusal in (({"n_group": 4, "topk_group": 2}, r"best 2 of 4 groups"),
                                 ({"norm_topk_prob": False}, r"norm_topk_prob false")):  # fmt: skip
             (hf / "config.json").write_text(json.dumps(config | option))

@@ -92,6 +92,15 @@ VARIANTS: dict[str, Variant] = {
     # each head rotated.
     "glm4_moe_air": ("glm4_moe", {"use_qk_norm": False, "n_shared_experts": 2, "first_k_dense_replace": 2}, None),
     "glm4_moe_full_rotary": ("glm4_moe", {"partial_rotary_factor": 1.0, "num_experts_per_tok": 3}, None),
+    # GLM-4.7-Flash's latent attention with its halves rotated (rope_interleave off), queries projected
+    # directly, values wider than the queries; DeepSeek V3's with the low-rank queries, biases, and
+    # YaRN as published (its mscale scaling the scores).
+    "glm4_moe_lite_variants": ("glm4_moe_lite", {"rope_interleave": False, "q_lora_rank": None, "v_head_dim": 64},
+                               None),
+    "deepseek_v3_lora_biases": ("deepseek_v3", {"q_lora_rank": 24, "attention_bias": True, "v_head_dim": 16}, None),
+    "deepseek_v3_yarn": ("deepseek_v3", {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 64,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}}, None),
     "lfm2_three_layers": ("lfm2", {"layer_types": ["conv", "full_attention", "conv"], "full_attn_idxs": [1],
                                    "num_hidden_layers": 3}, None),
     "lfm2_tied": ("lfm2", {"tie_word_embeddings": True}, None),
