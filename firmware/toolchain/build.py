@@ -886,19 +886,21 @@ def gemma4_refusal(config: dict[str, Any]) -> str | None:
     return None
 
 
-def sigmoid_routing_refusal(config: dict[str, Any]) -> str | None:
-    """What of a Nemotron 3's, GLM-4.5's, GLM-4.7-Flash's or DeepSeek V3's experts the export would not
-    route as transformers does, or
-    None: it chooses among all experts (one group) and mixes the chosen by their scores scaled to sum
-    to 1."""
-    experts = config.get("model_type") in ("glm4_moe", "glm4_moe_lite", "deepseek_v3") or (
-        config.get("model_type") == "nemotron_h" and "moe" in layer_kinds(config))
+def expert_choice_refusal(config: dict[str, Any]) -> str | None:
+    """What of a Nemotron 3's, GLM-4.5's, GLM-4.7-Flash's or DeepSeek's experts the export would not
+    route as transformers does, or None: it chooses among all experts (one group) and, where the
+    choice is by sigmoid, mixes the chosen by their scores scaled to sum to 1 (DeepSeek V2's softmax
+    weights go as they are)."""
+    kind = config.get("model_type")
+    experts = kind in ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "deepseek_v2") or (
+        kind == "nemotron_h" and "moe" in layer_kinds(config))
     if not experts:
         return None
-    if int(config.get("topk_group") or 1) < int(config.get("n_group") or 1):
+    grouped = int(config.get("topk_group") or 1) < int(config.get("n_group") or 1)
+    if grouped and (kind != "deepseek_v2" or config.get("topk_method") == "group_limited_greedy"):
         return (f"its experts are chosen within the best {config.get('topk_group')} of {config.get('n_group')} "
                 "groups (n_group, topk_group), which the export does not compute; not supported")
-    if config.get("norm_topk_prob") is False:
+    if config.get("norm_topk_prob") is False and kind != "deepseek_v2":
         return "its experts are mixed by scores not scaled to sum to 1 (norm_topk_prob false); not supported"
     return None
 
@@ -1032,7 +1034,7 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     if kinds:
         raise BundleError(f"{model_dir.name}: layers of kind {', '.join(kinds)} are not supported by the engine "
                           f"(supported for {arch or 'this model'}: {', '.join(sorted(supported))})")  # fmt: skip
-    refusal = gemma4_refusal(config) or sigmoid_routing_refusal(config) or unexported_option(config) or \
+    refusal = gemma4_refusal(config) or expert_choice_refusal(config) or unexported_option(config) or \
         gpt_families.refusal(config) or qwen3_next.refusal(config)  # fmt: skip
     if refusal:
         raise BundleError(f"{model_dir.name}: {refusal}")

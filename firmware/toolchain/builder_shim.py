@@ -153,7 +153,9 @@ Glm4ForCausalLM) have no class in the builder either:
   first, the keys and values projected from the rotated key and the normed latent side by side,
   every head as wide as the queries or the values, whichever is wider (zeros padding the other),
   neighbouring pairs rotated, the scores scaled by the queries' width (and YaRN's mscale): 1.7e-6
-  and 1.8e-6, int8 0.040 and 0.058. Then, each a Llama to the class but for what is said: Kyutai's
+  and 1.8e-6, int8 0.040 and 0.058. DeepSeek V2 (DeepseekV2ForCausalLM: DeepSeek-V2-Lite) has the
+  same attention and OLMoE's experts (the softmax's top k as they are) scaled by its
+  routed_scaling_factor, folded into them (`_routed_scale_folded`), beside shared experts: 1.2e-6. Then, each a Llama to the class but for what is said: Kyutai's
   Helium and GLM-4 9B / GLM-Edge (GlmForCausalLM: GLM-4's layers without its post norms) rotate
   neighbouring pairs (1.9e-6 each); InternLM3 (InternLM3ForCausalLM, which transformers runs as a
   Llama), 1.9e-6, with dynamic NTK RoPE built as plain RoPE (`dynamic_ntk_as_default`); Ministral 3's
@@ -461,12 +463,14 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "internlm3": "InternLM3ForCausalLM", "nanochat": "NanoChatForCausalLM", "glm": "GlmForCausalLM",
                   "starcoder2": "Starcoder2ForCausalLM", "ministral3": "Ministral3ForCausalLM",
                   "exaone": "ExaoneForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
-                  "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
+                  "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+                  "deepseek_v2": "DeepseekV2ForCausalLM"}
 # Families whose attention is multi-head latent attention (DeepSeek V2's), built as plain multi-head
-# attention over heads as wide as its queries' or its values' (mla_heads, _mla_as_heads), and whose
-# experts route as GLM-4.5's (sigmoid scores plus a correction bias: _sigmoid_routed_experts).
-MLA_FAMILIES = ("glm4_moe_lite", "deepseek_v3")
-SIGMOID_ROUTED_FAMILIES = ("glm4_moe", *MLA_FAMILIES)
+# attention over heads as wide as its queries' or its values' (mla_heads, _mla_as_heads); their experts
+# route as GLM-4.5's (sigmoid scores plus a correction bias: _sigmoid_routed_experts) but DeepSeek
+# V2's (the softmax's top k as they are, as OLMoE's, scaled by routed_scaling_factor).
+MLA_FAMILIES = ("glm4_moe_lite", "deepseek_v3", "deepseek_v2")
+SIGMOID_ROUTED_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3")
 # Ungated MLPs' (up, down, activation) under other names: nanochat's, StarCoder2's.
 UNGATED_MLP_NAMES = (("fc1", "fc2", "activation_fn"), ("c_fc", "c_proj", "act"))
 # Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
@@ -1125,6 +1129,18 @@ def _mla_as_heads(model: Any) -> None:
         a.o_proj = _linear_of(o.reshape(o.shape[0], -1), a.o_proj.bias)
 
 
+def _routed_scale_folded(model: Any, factor: float) -> None:
+    """DeepSeek V2's routed experts' output scaled by `factor` (routed_scaling_factor: 16 in DeepSeek
+    V2's own config), in place, in their down projections: the MoE operator scales nothing."""
+    import torch
+
+    with torch.no_grad():
+        for layer in model.model.layers:
+            experts = getattr(layer.mlp, "experts", None)
+            if experts is not None:
+                experts.down_proj.mul_(factor)
+
+
 def _linear_of(weight: Any, bias: Any) -> Any:
     """A torch Linear with these weight and bias (None: none)."""
     import torch
@@ -1355,10 +1371,11 @@ def post_norm_layers() -> None:
             self.norm_names = LAYER_NORMS.get(config.model_type, POST_NORMS_ONLY)
             if config.model_type in ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat"):
                 self.attention_attrs.update(q_norm=True, k_norm=True)
-            # SwiGLU experts: the softmax's top k, scaled to sum to 1 where the config asks.
-            if config.model_type in ("olmoe", "qwen2_moe"):
-                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1,
-                                      normalize_routing_weights=bool(config.norm_topk_prob))  # fmt: skip
+            # SwiGLU experts: the softmax's top k, scaled to sum to 1 where the config asks (DeepSeek V2's
+            # router never does: its routed_scaling_factor is folded into the experts, _routed_scale_folded).
+            if config.model_type in ("olmoe", "qwen2_moe", "deepseek_v2"):
+                normalized = bool(config.norm_topk_prob) and config.model_type != "deepseek_v2"
+                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=normalized)
                 self.intermediate_size = config.intermediate_size  # a dense layer's MLP (Qwen2-MoE's)
                 self.shared_expert_intermediate_size = getattr(config, "shared_expert_intermediate_size", 0)
             if config.model_type in SIGMOID_ROUTED_FAMILIES:  # sigmoid-chosen experts (_sigmoid_routed_experts)
@@ -1370,7 +1387,7 @@ def post_norm_layers() -> None:
             if self.mla:  # the rotated pairs DeepSeek's neighbouring ones; the scores scaled by the queries' width
                 from transformers.modeling_rope_utils import yarn_apply_mscale
 
-                self.rope_attrs["interleaved"] = int(bool(config.rope_interleave))
+                self.rope_attrs["interleaved"] = int(bool(getattr(config, "rope_interleave", True)))  # (V2: always)
                 scale = config.zerolayer_query_width**-0.5  # (mla_heads')
                 self.attention_attrs["scale"] = yarn_apply_mscale(config.rope_parameters, scale)
             if config.model_type in ("glm", "glm4", "helium"):  # neighbouring pairs turned together
@@ -1427,6 +1444,8 @@ def post_norm_layers() -> None:
                 _heads_reordered_for_padded_rotation(self, model)
             if self.mla:
                 _mla_as_heads(model)
+            if model_type == "deepseek_v2":
+                _routed_scale_folded(model, float(model.config.routed_scaling_factor))
             for layer in getattr(getattr(model, "model", None), "layers", ()):
                 mlp: Any = getattr(layer, "mlp", None)
                 for up, down, act in UNGATED_MLP_NAMES:  # under the names _ungated_mlp reads

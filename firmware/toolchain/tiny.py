@@ -529,6 +529,15 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "num_experts_per_tok": 2, "moe_intermediate_size": 32, "routed_scaling_factor": 2.5, "n_group": 1,
         "topk_group": 1, "first_k_dense_replace": 1, "rope_parameters": {"rope_type": "default",
                                                                           "rope_theta": 10000.0}}),
+    # DeepSeek V2's (DeepSeek-V2-Lite): the same latent attention, its queries projected directly, and
+    # experts chosen by a softmax, their weights as it gives them, scaled by routed_scaling_factor,
+    # beside two shared experts.
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", {
+        "num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": None, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 8,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 2, "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.0, "topk_method": "greedy", "rope_parameters": {"rope_type": "default",
+                                                                                   "rope_theta": 10000.0}}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -545,7 +554,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "qwen2_moe_dense",
                "helium", "nanochat", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
-               "opt", "falcon_new", "glm4_moe_lite", "deepseek_v3",
+               "opt", "falcon_new", "glm4_moe_lite", "deepseek_v3", "deepseek_v2",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next")
 
 
@@ -1156,6 +1165,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                                             "e_score_correction_bias"),
                                           "deepseek_v3": ("a_layernorm.weight", "gate.weight",
                                                           "e_score_correction_bias"),
+                                          "deepseek_v2": ("a_layernorm.weight", "gate.weight"),
                                           "nemotron_h_moe": ("mixer.D", "mixer.dt_bias", "mixer.norm.weight",
                                                              "conv1d.bias", "q_proj.weight", "k_proj.weight",
                                                              "gate.weight", "e_score_correction_bias")}

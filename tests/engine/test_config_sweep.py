@@ -101,6 +101,12 @@ VARIANTS: dict[str, Variant] = {
     "deepseek_v3_yarn": ("deepseek_v3", {"rope_parameters": {
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 64,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}}, None),
+    # DeepSeek-V2-Lite's YaRN (factor 40, mscale 0.707 on both sides), with low-rank queries.
+    "deepseek_v2_yarn": ("deepseek_v2", {"q_lora_rank": 24, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 64,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}}, None),
+    "deepseek_v2_grouped": ("deepseek_v2", {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2},
+                            r"best 2 of 4 groups"),
     "lfm2_three_layers": ("lfm2", {"layer_types": ["conv", "full_attention", "conv"], "full_attn_idxs": [1],
                                    "num_hidden_layers": 3}, None),
     "lfm2_tied": ("lfm2", {"tie_word_embeddings": True}, None),
