@@ -300,7 +300,8 @@ GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3
                 "seed_oss", "arcee", "hunyuan-dense", "olmoe", "ernie4_5", "lfm2moe",
                 "granitehybrid", "nemotron_h", "falcon-h1", "jamba",
                 "phi2", "starcoder", "olmo", "jais2",
-                "apertus", "gptneox", "chatglm", "qwen2moe", "gemma", "nemotron_h_moe", "exaone", "glm4moe")
+                "apertus", "gptneox", "chatglm", "qwen2moe", "gemma", "nemotron_h_moe", "exaone", "glm4moe",
+                "deepseek2")
 
 
 def _gguf_hint(gguf: Path) -> str:

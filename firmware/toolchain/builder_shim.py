@@ -155,7 +155,8 @@ Glm4ForCausalLM) have no class in the builder either:
   neighbouring pairs rotated, the scores scaled by the queries' width (and YaRN's mscale): 1.7e-6
   and 1.8e-6, int8 0.040 and 0.058. DeepSeek V2 (DeepseekV2ForCausalLM: DeepSeek-V2-Lite) has the
   same attention and OLMoE's experts (the softmax's top k as they are) scaled by its
-  routed_scaling_factor, folded into them (`_routed_scale_folded`), beside shared experts: 1.2e-6. Then, each a Llama to the class but for what is said: Kyutai's
+  routed_scaling_factor, folded into them (`_routed_scale_folded`), beside shared experts: 1.2e-6.
+  Then, each a Llama to the class but for what is said: Kyutai's
   Helium and GLM-4 9B / GLM-Edge (GlmForCausalLM: GLM-4's layers without its post norms) rotate
   neighbouring pairs (1.9e-6 each); InternLM3 (InternLM3ForCausalLM, which transformers runs as a
   Llama), 1.9e-6, with dynamic NTK RoPE built as plain RoPE (`dynamic_ntk_as_default`); Ministral 3's

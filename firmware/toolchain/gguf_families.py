@@ -55,6 +55,11 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
 - glm4moe (GLM-4.5, 4.5-Air, 4.6, 4.7): a Llama's tensors, not permuted, GLM's biases and partial
   rotation, dense leading layers, then experts chosen by sigmoid with a bias for choosing, beside
   shared experts; its multi-token prediction block written after the model's, as Nemotron 3's.
+- deepseek2 (DeepSeek-V2-Lite, DeepSeek V3, Moonlight, Kimi K2, GLM-4.7-Flash): multi-head latent
+  attention, whose latent's projection to the keys and values the converter splits in two (the
+  keys' half transposed), and experts chosen by softmax (DeepSeek V2's) or by sigmoid with a bias
+  (V3's), as the file's gating key says or, without one, as llama.cpp guesses (GLM-4.7-Flash's by
+  its layers and vocabulary, softmax otherwise); DeepSeek's YaRN mscale from its log multiplier.
 """
 
 from __future__ import annotations
@@ -73,14 +78,17 @@ GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE = "glm4", "seed_oss", "arcee", "huny
 ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granitehybrid", "nemotron_h"
 FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "starcoder", "olmo", "jais2"
 APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA = "apertus", "gptneox", "chatglm", "qwen2moe", "gemma"
-NEMOTRON_H_MOE, EXAONE, GLM4_MOE = "nemotron_h_moe", "exaone", "glm4moe"
+NEMOTRON_H_MOE, EXAONE, GLM4_MOE, DEEPSEEK2 = "nemotron_h_moe", "exaone", "glm4moe", "deepseek2"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
                  JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA, NEMOTRON_H_MOE,
-                 EXAONE, GLM4_MOE)
+                 EXAONE, GLM4_MOE, DEEPSEEK2)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
+# GLM-4.7-Flash's deepseek2 files, which llama.cpp tells apart (to route by sigmoid without a gating
+# key) by their layers (with or without the prediction block) and vocabulary.
+GLM47_FLASH_LAYERS, GLM47_FLASH_VOCABULARY = (47, 48), 154880
 SWIGLU_LIMIT = 7.0  # llama.cpp's constant for gpt-oss (llama-graph.cpp), gpt-oss's own
 # Gemma 3n's AltUp projections, stacked by llama.cpp's converter: file tensor -> transformers' list.
 GEMMA3N_STACKED = {"altup_proj.weight": "model.altup_projections", "altup_unembd_proj.weight":
@@ -101,7 +109,8 @@ def config(meta: dict[str, Any]) -> Any:
                FALCON_H1: _falcon_h1_config, JAMBA: _jamba_config, PHI2: _phi2_config,
                STARCODER: _starcoder_config, OLMO: _olmo_config, JAIS2: _jais2_config,
                APERTUS: _apertus_config, GPT_NEOX: _gpt_neox_config, CHATGLM: _chatglm_config,
-               QWEN2_MOE: _qwen2_moe_config, GEMMA: _gemma_config, GLM4_MOE: _glm4_moe_config}  # fmt: skip
+               QWEN2_MOE: _qwen2_moe_config, GEMMA: _gemma_config, GLM4_MOE: _glm4_moe_config,
+               DEEPSEEK2: _deepseek2_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -138,6 +147,7 @@ def state(gguf: Path, model_config: Any, meta: dict[str, Any]) -> dict[str, Any]
         "apertus": partial(_apertus_state, gguf, meta), "phi": partial(_by_name_table, arch=PHI2),
         "gpt_bigcode": partial(_by_name_table, arch=STARCODER), "gpt_neox": _gpt_neox_state,
         "glm": partial(_chatglm_state, found), "gemma": _gemma_state,
+        "deepseek_v3": _deepseek2_state, "deepseek_v2": _deepseek2_state,
         "jamba": partial(_by_name_table, arch=JAMBA, special=lambda hf: _mamba_or_experts(take, hf))}  # fmt: skip
     out = readers.get(model_config.model_type, _llama_state)(take, model_config)
     return {k: v.contiguous() for k, v in out.items()}
@@ -571,6 +581,62 @@ def _glm4_moe_config(meta: dict[str, Any]) -> Any:
                          routed_scaling_factor=as_float32(key("expert_weights_scale", 1.0)),
                          n_group=int(key("expert_group_count", 1)), topk_group=int(key("expert_group_used_count", 1)),
                          num_mtp_layers=0, architectures=["Glm4MoeForCausalLM"])  # fmt: skip
+
+
+def _deepseek2_config(meta: dict[str, Any]) -> Any:
+    """DeepSeek's latent attention models: its widths from the MLA keys (the file's key heads are the
+    converter's one latent head: every query head has its own), low-rank queries where the file has
+    them, and experts chosen by sigmoid (a DeepSeek V3 config) or softmax (a DeepSeek V2 one)."""
+    from transformers import DeepseekV2Config, DeepseekV3Config
+
+    key, shapes = _key(meta, DEEPSEEK2), meta["shapes"]
+    fields = _llama_fields(meta, DEEPSEEK2)
+    rotated, rank = int(key("rope.dimension_count")), int(key("attention.kv_lora_rank"))
+    rope = fields["rope_parameters"]
+    if rope["rope_type"] == "yarn" and key("rope.scaling.yarn_log_multiplier") is not None:
+        # (The converter writes 0.1 x mscale_all_dim; DeepSeek's published configs have mscale equal to it.)
+        scale = round(float(key("rope.scaling.yarn_log_multiplier")) / 0.1, 6)
+        rope |= {"mscale": scale, "mscale_all_dim": scale}
+    fields |= {"num_hidden_layers": _layer_count(key), "num_key_value_heads": fields["num_attention_heads"],
+               "head_dim": rotated, "kv_lora_rank": rank, "q_lora_rank": key("attention.q_lora_rank"),
+               "qk_rope_head_dim": rotated, "qk_nope_head_dim": int(key("attention.key_length_mla")) - rotated,
+               "v_head_dim": int(key("attention.value_length_mla")),
+               "attention_bias": "blk.0.attn_kv_a_mqa.bias" in shapes,
+               "first_k_dense_replace": int(key("leading_dense_block_count", 0)),
+               "n_routed_experts": int(key("expert_count")), "num_experts_per_tok": int(key("expert_used_count")),
+               "moe_intermediate_size": int(key("expert_feed_forward_length")),
+               "n_shared_experts": int(key("expert_shared_count", 1)),
+               "routed_scaling_factor": as_float32(key("expert_weights_scale", 1.0)),
+               "norm_topk_prob": bool(key("expert_weights_norm", False)),
+               "n_group": int(key("expert_group_count", 1)), "topk_group": int(key("expert_group_used_count", 1))}
+    if _deepseek2_sigmoid(key, fields):
+        return DeepseekV3Config(**fields, rope_interleave=True, architectures=["DeepseekV3ForCausalLM"])
+    return DeepseekV2Config(**fields, topk_method="greedy", architectures=["DeepseekV2ForCausalLM"])
+
+
+def _deepseek2_sigmoid(key: Any, fields: dict[str, Any]) -> bool:
+    """Whether a deepseek2 file's experts are chosen by sigmoid, as llama.cpp reads it: its gating
+    key, or without one GLM-4.7-Flash's layers and vocabulary (DeepSeek V2's older files, softmax)."""
+    gating = key("expert_gating_func")
+    if gating is not None:
+        return int(gating) == SIGMOID_GATING
+    return int(key("block_count")) in GLM47_FLASH_LAYERS and fields["vocab_size"] == GLM47_FLASH_VOCABULARY
+
+
+def _deepseek2_state(take: Any, model_config: Any) -> dict[str, Any]:
+    """A deepseek2 file's weights by gguf's table, its rows as they are, but the latent's projection
+    to the keys and values (kv_b_proj), which the converter writes as two (attn_k_b, each head's
+    rows transposed, and attn_v_b): joined again, head by head."""
+    import torch
+
+    def special(hf: str) -> Any:
+        if not hf.endswith("kv_b_proj.weight"):
+            return moe_weight(take, hf)
+        keys = take(f"{_block(hf)}attn_k_b.weight").transpose(1, 2)  # [heads, rank, nope] -> [heads, nope, rank]
+        both = torch.cat([keys, take(f"{_block(hf)}attn_v_b.weight")], dim=1)
+        return both.reshape(-1, both.shape[-1])
+
+    return _by_name_table(take, model_config, DEEPSEEK2, special)
 
 
 def _layer_count(key: Any) -> int:

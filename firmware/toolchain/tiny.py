@@ -531,13 +531,14 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
                                                                           "rope_theta": 10000.0}}),
     # DeepSeek V2's (DeepSeek-V2-Lite): the same latent attention, its queries projected directly, and
     # experts chosen by a softmax, their weights as it gives them, scaled by routed_scaling_factor,
-    # beside two shared experts.
+    # beside two shared experts; V2-Lite's YaRN (mscale 0.707; factor 32, past an original context of 64).
     "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", {
         "num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": None, "kv_lora_rank": 32,
         "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 8,
         "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 2, "first_k_dense_replace": 1,
-        "routed_scaling_factor": 2.0, "topk_method": "greedy", "rope_parameters": {"rope_type": "default",
-                                                                                   "rope_theta": 10000.0}}),
+        "routed_scaling_factor": 2.0, "topk_method": "greedy", "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0, "original_max_position_embeddings": 64,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -554,7 +555,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "qwen2_moe_dense",
                "helium", "nanochat", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
-               "opt", "falcon_new", "glm4_moe_lite", "deepseek_v3", "deepseek_v2",
+               "opt", "falcon_new", "glm4_moe_lite",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next")
 
 
@@ -597,6 +598,12 @@ def _gpt_neox_as_published(config: dict[str, Any]) -> dict[str, Any]:
         "rotary_pct": rope["partial_rotary_factor"], "rotary_emb_base": rope["rope_theta"]}
 
 
+def _deepseek_v3_as_published(config: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek V3's experts' choice as its published configs name it (scoring_func, topk_method),
+    which llama.cpp's converter reads (transformers 5 drops them: its class has no other)."""
+    return config | {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+
+
 def _glm4_moe_as_published(config: dict[str, Any]) -> dict[str, Any]:
     """GLM-4.5's RoPE in its published configs' keys (transformers 4's: rope_theta, partial_rotary_factor,
     rope_scaling null)."""
@@ -613,7 +620,7 @@ def _glm4_moe_as_published(config: dict[str, Any]) -> dict[str, Any]:
 # experts for a mixture of experts, and fails on a GPT-NeoX without rotary_pct).
 AS_PUBLISHED = {"GraniteMoeHybridConfig": _granite4_as_published, "NemotronHConfig": _nemotron_h_as_published,
                 "GPTNeoXConfig": _gpt_neox_as_published, "ExaoneConfig": _exaone_as_published,
-                "Glm4MoeConfig": _glm4_moe_as_published}
+                "Glm4MoeConfig": _glm4_moe_as_published, "DeepseekV3Config": _deepseek_v3_as_published}
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM", "exaone": "ExaoneForCausalLM"}

@@ -398,6 +398,22 @@ def test_a_glm_4_5_file_s_prediction_block_is_no_layer_and_experts_a_softmax_cho
         gguf_families.config(dict(meta) | {"glm4moe.expert_gating_func": 1})
 
 
+def test_a_deepseek2_file_s_experts_are_chosen_as_llama_cpp_reads_its_gating() -> None:
+    """A deepseek2 file says how its experts are chosen (expert_gating_func: the deepseek_v3 fixture's,
+    by sigmoid); without the key, llama.cpp takes softmax (DeepSeek V2's older files) but for
+    GLM-4.7-Flash's, which it knows by 47 or 48 blocks and a vocabulary of 154880, and so does the build."""
+    from firmware.toolchain.build import _gguf_metadata
+
+    meta = _gguf_metadata(tiny_gguf("deepseek_v3"))
+    assert gguf_families.config(meta).model_type == "deepseek_v3"
+    unkeyed = {k: v for k, v in meta.items() if k != "deepseek2.expert_gating_func"}
+    assert gguf_families.config(unkeyed).model_type == "deepseek_v2"
+    flash = unkeyed | {"deepseek2.block_count": 48, "deepseek2.nextn_predict_layers": 1,
+                       "shapes": meta["shapes"] | {"token_embd.weight": [154880, 64]}}  # fmt: skip
+    config = gguf_families.config(flash)
+    assert (config.model_type, config.num_hidden_layers) == ("deepseek_v3", 47)
+
+
 def test_a_nemotron_3_super_file_s_latent_experts_are_its_folder_s(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Nemotron 3 Super's experts work on a latent projection of the stream (moe_latent_size, two
