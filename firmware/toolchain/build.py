@@ -834,6 +834,9 @@ BLOCK_LETTERS = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E"
 # Blocks of a feed-forward layer alone (Nemotron-H's: a norm, the MLP or Nemotron 3's experts, the
 # residual), no cache.
 FEED_FORWARD_KINDS = {"mlp": ("NemotronHForCausalLM",), "moe": ("NemotronHForCausalLM",)}
+# Attention within chunks (Llama 4's rotated layers), served as full attention inside one chunk
+# (exact_positions caps the context there).
+CHUNKED_KINDS = {"chunked_attention": ("Llama4ForCausalLM", "Llama4ForConditionalGeneration")}
 # Recurrent layer kinds, each with the architectures whose export of it was checked against
 # transformers (a tiny model in the architecture matrix): their layers carry a fixed-size state per
 # request instead of keys and values (session.KVSlots): Qwen3.5's gated delta-net layers, LFM2's
@@ -946,8 +949,19 @@ def exact_positions(config: dict[str, Any]) -> tuple[int, str] | None:
     the builder leaves the scale out, so its export is exact only inside the original context (a
     tiny one matched transformers within 2.9e-6 there and was 4.9e-4 off past it). Dynamic NTK
     RoPE grows its base past max_position_embeddings as the sequence does, which the export's one
-    table of frequencies (builder_shim.dynamic_ntk_as_default) cannot follow."""
+    table of frequencies (builder_shim.dynamic_ntk_as_default) cannot follow. Llama 4 attends within
+    chunks in its rotated layers, and scales the queries of the others by position from floor_scale
+    on (attn_temperature_tuning), neither of which the export computes: exact before both."""
     text = config.get("text_config", config)
+    if text.get("model_type") == "llama4_text":
+        limits = [(int(text["attention_chunk_size"]), "its rotated layers attend within chunks of this many "
+                   "positions (attention_chunk_size), which the export attends across")] if text.get(
+            "attention_chunk_size") else []
+        if text.get("attn_temperature_tuning", True):
+            limits.append((int(text.get("floor_scale", 8192)) - 1, "from floor_scale on, its other layers scale "
+                           "their queries by position (attn_temperature_tuning), which the export leaves out"))
+        if limits:
+            return min(limits)
     for _, entry in _rope_entries(text):
         if entry.get("llama_4_scaling_beta") and entry.get("original_max_position_embeddings"):
             return (int(entry["original_max_position_embeddings"]), "past its original context the model scales its "
@@ -1029,7 +1043,7 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
     config = json.loads(config_file.read_text())
     config = config.get("text_config", config)  # multimodal configs nest the language model's
     arch = architecture(model_dir)
-    supported = {*ATTENTION_KINDS, *(kind for kinds in (RECURRENT_KINDS, FEED_FORWARD_KINDS)
+    supported = {*ATTENTION_KINDS, *(kind for kinds in (RECURRENT_KINDS, FEED_FORWARD_KINDS, CHUNKED_KINDS)
                                      for kind, archs in kinds.items() if arch in archs)}  # fmt: skip
     kinds = sorted(set(layer_kinds(config)) - supported)
     if kinds:

@@ -156,6 +156,11 @@ Glm4ForCausalLM) have no class in the builder either:
   and 1.8e-6, int8 0.040 and 0.058. DeepSeek V2 (DeepseekV2ForCausalLM: DeepSeek-V2-Lite) has the
   same attention and OLMoE's experts (the softmax's top k as they are) scaled by its
   routed_scaling_factor, folded into them (`_routed_scale_folded`), beside shared experts: 1.2e-6.
+  Llama 4 (Llama4ForCausalLM, and Llama4ForConditionalGeneration's language model alone) rotates
+  neighbouring pairs in three layers of four, which norm each query and key head without a weight
+  (`_llama4_layers_named`), attend within chunks (`llama4_chunks_as_full`: served inside one,
+  build.exact_positions), and whose experts take the stream scaled by the sigmoid of the one
+  expert's logit (`_llama4_moe`), a shared expert beside them: 1.9e-6.
   Then, each a Llama to the class but for what is said: Kyutai's
   Helium and GLM-4 9B / GLM-Edge (GlmForCausalLM: GLM-4's layers without its post norms) rotate
   neighbouring pairs (1.9e-6 each); InternLM3 (InternLM3ForCausalLM, which transformers runs as a
@@ -465,7 +470,7 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "starcoder2": "Starcoder2ForCausalLM", "ministral3": "Ministral3ForCausalLM",
                   "exaone": "ExaoneForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
                   "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
-                  "deepseek_v2": "DeepseekV2ForCausalLM"}
+                  "deepseek_v2": "DeepseekV2ForCausalLM", "llama4_text": "Llama4ForCausalLM"}
 # Families whose attention is multi-head latent attention (DeepSeek V2's), built as plain multi-head
 # attention over heads as wide as its queries' or its values' (mla_heads, _mla_as_heads); their experts
 # route as GLM-4.5's (sigmoid scores plus a correction bias: _sigmoid_routed_experts) but DeepSeek
@@ -505,6 +510,14 @@ def mla_heads(config: Any) -> None:
     config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": rotated / config.head_dim}
 
 
+def llama4_chunks_as_full(config: Any) -> None:
+    """Llama 4's chunked layers (attention within chunks of attention_chunk_size) as full attention:
+    the same inside one chunk, the only positions it is served (build.exact_positions); the builder
+    keeps keys and values only for full and sliding layers."""
+    if getattr(config, "model_type", "") == "llama4_text" and getattr(config, "layer_types", None):
+        config.layer_types = ["full_attention" if kind == "chunked_attention" else kind for kind in config.layer_types]
+
+
 def granite_swa_as_granite(config: Any) -> None:
     """IBM's Granite SWA models go to the builder's Granite class, which granite_swa_layers gives
     their attention (the builder has no class of their own)."""
@@ -531,7 +544,8 @@ def lfm3_as_lfm2(config: Any) -> None:
 LANGUAGE_MODEL_OF = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
                      "LlavaOnevisionForConditionalGeneration", "Idefics3ForConditionalGeneration",
                      "SmolVLMForConditionalGeneration", "Qwen2VLForConditionalGeneration",
-                     "InternVLForConditionalGeneration", "AyaVisionForConditionalGeneration")  # fmt: skip
+                     "InternVLForConditionalGeneration", "AyaVisionForConditionalGeneration",
+                     "Llama4ForConditionalGeneration")  # fmt: skip
 TEXT_FAMILY = {"qwen2_vl_text": "qwen2"}
 # Where their checkpoints keep the language model (as published, and as transformers 5 saves them).
 LANGUAGE_MODEL_KEYS = {r"^language_model\.model\.": "model.", r"^language_model\.lm_head\.": "lm_head.",
@@ -738,7 +752,8 @@ def mixtral_as_mistral(config: Any) -> None:
 FIXES = (dynamic_ntk_as_default, attention_softcap_as_transformers, gemma4_per_layer_shapes, gemma3n_as_gemma4,
          phi3_default_rope,
          longrope_type, gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon, qwen3_5_text_as_conditional,
-         qwen35_rope_as_text, qwen3_moe_as_qwen3, mla_heads, post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
+         qwen35_rope_as_text, qwen3_moe_as_qwen3, mla_heads, llama4_chunks_as_full,
+         post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
          granite_moe_as_granite4, granite4_mamba_as_linear_attention, nemotron_h_as_nemotron, falcon_h1_as_mistral,
          jamba_as_mistral, cohere_as_mistral, mixtral_as_mistral, gpt_families.config_as_llama)  # fmt: skip
 
@@ -1130,6 +1145,66 @@ def _mla_as_heads(model: Any) -> None:
         a.o_proj = _linear_of(o.reshape(o.shape[0], -1), a.o_proj.bias)
 
 
+def _llama4_layers_named(model: Any) -> None:
+    """Llama 4's layers under the names the class reads, in place: the feed-forward module as `mlp`,
+    and in each rotated layer whose config asks for them, weightless query and key norms (as
+    RMS norms of weight one)."""
+    import torch
+
+    config = model.config
+    for layer, rotated in zip(model.model.layers, config.no_rope_layers, strict=True):
+        layer.mlp = layer.feed_forward
+        if rotated and config.use_qk_norm:
+            attention = layer.self_attn
+            attention.q_norm = attention.k_norm = torch.nn.RMSNorm(attention.head_dim, eps=config.rms_norm_eps)
+
+
+def _llama4_moe(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
+    """Llama 4's experts' layer: its router's top expert (one) given the stream scaled by the sigmoid
+    of the expert's logit (the expert's input scaled, not its output), which the MoE operator then
+    runs with a weight of one; the shared expert's output added. (Its experts' weights are stored
+    [experts, in, out]: transposed to the operator's layout.)"""
+    import types
+
+    import onnx_ir as ir
+    from builders.qwen import Qwen35MoETextModel
+
+    if not hasattr(moe, "experts"):  # a dense layer's MLP
+        self.make_mlp(layer_id, moe, root_input)
+        return
+    if self.moe_attrs["top_k"] != 1:
+        raise ValueError(f"Llama 4's experts: {self.moe_attrs['top_k']} per token, where one is exported")
+    experts = types.SimpleNamespace(gate_up_proj=moe.experts.gate_up_proj.transpose(1, 2).contiguous(),
+                                    down_proj=moe.experts.down_proj.transpose(1, 2).contiguous())  # fmt: skip
+    routed = types.SimpleNamespace(gate=moe.router, experts=experts)
+    self.moe_intermediate_size = int(experts.down_proj.shape[-1])
+    Qwen35MoETextModel.make_moe_router(self, layer_id, routed, root_input)
+    base, rows = f"/model/layers.{layer_id}/moe/input_scale", self.make_moe_router_shape(last_dim=1)
+    logits = f"/model/layers.{layer_id}/moe/router/Reshape/output_0"  # [rows, experts]
+    self.make_topk(f"{base}/TopK", [logits, "/model/constants/INT64/[1]"], dtype=self.io_dtype, shape=rows)
+    self.make_node("Sigmoid", inputs=[f"{base}/TopK/output_0"], outputs=[f"{base}/Sigmoid/output_0"],
+                   name=f"{base}/Sigmoid")  # fmt: skip
+    self.make_value(f"{base}/Sigmoid/output_0", self.io_dtype, shape=rows)
+    # The scale [rows, 1] as the stream's leading dimensions and 1, broadcast over its width.
+    scale_shape = self.make_hidden_state_shape(last_dim=1)
+    self.make_shape(f"{base}/Shape", root_input, shape=[len(scale_shape)])
+    self.make_slice(f"{base}/Slice", [f"{base}/Shape/output_0", "/model/constants/INT64/[0]",
+                                      "/model/constants/INT64/[-1]"], dtype=ir.DataType.INT64,
+                    shape=[len(scale_shape) - 1])  # fmt: skip
+    self.make_concat(f"{base}/Concat", [f"{base}/Slice/output_0", "/model/constants/INT64/[1]"],
+                     dtype=ir.DataType.INT64, shape=[len(scale_shape)], axis=0)  # fmt: skip
+    self.make_reshape(f"{base}/Reshape", [f"{base}/Sigmoid/output_0", f"{base}/Concat/output_0"], dtype=self.io_dtype,
+                      shape=scale_shape)  # fmt: skip
+    self.make_mul(f"{base}/Mul", [root_input, f"{base}/Reshape/output_0"], self.io_dtype,
+                  self.make_hidden_state_shape())  # fmt: skip
+    self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
+    routed_out = _experts_op(self, layer_id, f"{base}/Mul/output_0")
+    with _declared_widths(self, intermediate_size=moe.shared_expert.up_proj.out_features):
+        self.make_mlp(layer_id, moe.shared_expert, root_input)
+    self.layernorm_attrs["skip_input"] = routed_out
+    _add_to_skip(self, f"/model/layers.{layer_id}/moe/shared/Add", self.mlp_attrs["output_0"])
+
+
 def _routed_scale_folded(model: Any, factor: float) -> None:
     """DeepSeek V2's routed experts' output scaled by `factor` (routed_scaling_factor: 16 in DeepSeek
     V2's own config), in place, in their down projections: the MoE operator scales nothing."""
@@ -1409,6 +1484,15 @@ def post_norm_layers() -> None:
             types = getattr(config, "layer_types", None) or []
             hybrid = config.model_type == "exaone4" and getattr(config, "sliding_window", None)
             self.unrotated = {i for i, kind in enumerate(types) if hybrid and kind != "sliding_attention"}
+            # Llama 4's: RoPE (neighbouring pairs) and weightless per-head query and key norms but in its
+            # every fourth layer; dense layers of their own width between its experts' (_llama4_moe).
+            self.llama4 = config.model_type == "llama4_text"
+            if self.llama4:
+                self.unrotated = {i for i, rotated in enumerate(config.no_rope_layers) if not rotated}
+                self.rope_attrs["interleaved"] = 1
+                self.intermediate_size = config.intermediate_size_mlp
+                self.attention_attrs.update(q_norm=bool(config.use_qk_norm), k_norm=bool(config.use_qk_norm))
+                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=True)
             if config.model_type in gpt_families.LEARNED_POSITIONS:  # positions learned (make_embedding_lookup)
                 self.input_names["position_ids"] = "position_ids"
             if config.model_type in (*gpt_families.LEARNED_POSITIONS, *gpt_families.ALIBI):  # (ALiBi's: _alibi)
@@ -1447,6 +1531,8 @@ def post_norm_layers() -> None:
                 _mla_as_heads(model)
             if model_type == "deepseek_v2":
                 _routed_scale_folded(model, float(model.config.routed_scaling_factor))
+            if model_type == "llama4_text":
+                _llama4_layers_named(model)
             for layer in getattr(getattr(model, "model", None), "layers", ()):
                 mlp: Any = getattr(layer, "mlp", None)
                 for up, down, act in UNGATED_MLP_NAMES:  # under the names _ungated_mlp reads
@@ -1492,7 +1578,13 @@ def post_norm_layers() -> None:
             return super().make_rotary_embedding_caches(**kwargs)
 
         def is_fused_qk_norm_gqa_supported(self) -> bool:
-            return False if self.whole_qk_norm else bool(super().is_fused_qk_norm_gqa_supported())
+            if self.whole_qk_norm or self.llama4:  # (Llama 4's: not in every layer)
+                return False
+            return bool(super().is_fused_qk_norm_gqa_supported())
+
+        def make_attention_qk_norm(self, layer_id: int, attention: Any) -> None:
+            if not (self.llama4 and layer_id in self.unrotated):
+                super().make_attention_qk_norm(layer_id, attention)
 
         def make_mlp_proj(self, layer_id: int, mlp: Any, root_input: str) -> None:
             if hasattr(mlp, "gate_proj"):
@@ -1501,7 +1593,9 @@ def post_norm_layers() -> None:
             _ungated_mlp(self, layer_id, mlp, root_input)  # Arcee's, Jais 2's, Apertus's
 
         get_moe_module = _mlp_of  # OLMoE's and Qwen2-MoE's experts
-        make_moe = _layer_moe
+
+        def make_moe(self, layer_id: int, moe: Any, root_input: str) -> None:
+            (_llama4_moe if self.llama4 else _layer_moe)(self, layer_id, moe, root_input)
 
         def make_qk_norm(self, layer_id: int, attention: Any) -> None:
             if not self.whole_qk_norm:

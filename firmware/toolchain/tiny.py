@@ -539,6 +539,22 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "routed_scaling_factor": 2.0, "topk_method": "greedy", "rope_parameters": {
             "rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0, "original_max_position_embeddings": 64,
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}}),
+    # Llama 4's (Scout's layers, text alone): every fourth layer without RoPE, weightless per-head query
+    # and key norms in the others, which rotate neighbouring pairs and attend within chunks; experts
+    # (one of 4 a token, its input scaled by the sigmoid of its logit, beside a shared expert) in
+    # every other layer, wider dense layers between.
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 1,
+        "intermediate_size": 32, "intermediate_size_mlp": 128, "interleave_moe_layer_step": 2}),
+    # Llama 4 Scout as published: the same language model under an image-and-text checkpoint
+    # (Llama4ForConditionalGeneration), a tiny vision tower beside it.
+    "llama4_vl": ("Llama4Config", "Llama4ForConditionalGeneration", {
+        "text_config": {"num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 1,
+                        "intermediate_size": 32, "intermediate_size_mlp": 128, "interleave_moe_layer_step": 2},
+        "vision_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                          "intermediate_size": 64, "vision_output_dim": 64, "image_size": 56, "patch_size": 14,
+                          "projector_input_dim": 64, "projector_output_dim": 64},
+        "image_token_index": 511, "boi_token_index": 509, "eoi_token_index": 510}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -555,7 +571,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "qwen2_moe_dense",
                "helium", "nanochat", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
-               "opt", "falcon_new", "glm4_moe_lite",
+               "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next")
 
 
@@ -1173,6 +1189,13 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "deepseek_v3": ("a_layernorm.weight", "gate.weight",
                                                           "e_score_correction_bias"),
                                           "deepseek_v2": ("a_layernorm.weight", "gate.weight"),
+                                          "llama4": ("experts.gate_up_proj", "experts.down_proj", "q_proj.weight",
+                                                     "k_proj.weight", "shared_expert.gate_proj.weight",
+                                                     "shared_expert.up_proj.weight"),
+                                          "llama4_vl": ("experts.gate_up_proj", "experts.down_proj",
+                                                        "q_proj.weight", "k_proj.weight",
+                                                        "shared_expert.gate_proj.weight",
+                                                        "shared_expert.up_proj.weight"),
                                           "nemotron_h_moe": ("mixer.D", "mixer.dt_bias", "mixer.norm.weight",
                                                              "conv1d.bias", "q_proj.weight", "k_proj.weight",
                                                              "gate.weight", "e_score_correction_bias")}
@@ -1236,8 +1259,9 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
         for name, weight in model.named_buffers():  # (GPT-BigCode's causal mask, a "bias" too, is not a scale)
             if name.endswith(RANDOMIZED.get(arch, ())) and weight.is_floating_point():
                 weight.uniform_(0.5, 1.5)
-        model.lm_head.weight.mul_(8.0)
-        model.lm_head.weight[tok.get_vocab_size() :] = 0.0
+        head = model.get_output_embeddings().weight  # (Llama 4's image-and-text model keeps it in its language model)
+        head.mul_(8.0)
+        head[tok.get_vocab_size() :] = 0.0
     model.save_pretrained(out_dir)
     if config_class in AS_PUBLISHED or arch in PUBLISHED_AS:
         saved = json.loads((out_dir / "config.json").read_text())

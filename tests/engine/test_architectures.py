@@ -1007,6 +1007,26 @@ def test_ministral3_is_served_only_as_far_as_its_export_is_exact(trusted_keys: P
     assert exact_positions(json.loads((tiny_hf_dir("mistral3_vl") / "config.json").read_text())) is None
 
 
+def test_llama4_is_served_inside_one_chunk_and_before_its_queries_scale_by_position(
+        tmp_path: Path, trusted_keys: Path, dev_key: Path) -> None:  # fmt: skip
+    """Llama 4's rotated layers attend within chunks (attention_chunk_size) and its others scale their
+    queries by position from floor_scale on (attn_temperature_tuning); the export does neither (the
+    llama4 fixture matches transformers inside both), so the bundle serves no position past them."""
+    import shutil
+
+    from firmware.toolchain.build import BuildOptions, build, exact_positions
+
+    config = json.loads((tiny_hf_dir("llama4") / "config.json").read_text())
+    assert exact_positions(config) == (8191, ANY)  # (position 8191 is the first whose queries scale)
+    assert exact_positions(config | {"attn_temperature_tuning": False}) == (8192, ANY)
+    assert exact_positions(config | {"attention_chunk_size": None, "attn_temperature_tuning": False}) is None
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny_hf_dir("llama4"), hf)
+    (hf / "config.json").write_text(json.dumps(config | {"attention_chunk_size": 1024}))
+    build(hf, tmp_path / "out", BuildOptions(precision="fp32"), key=dev_key, progress=lambda _: None)
+    assert firmware.load(tmp_path / "out", trusted_keys).model.context_length == 1024
+
+
 TRANSFORMERS_4_52_LLAVA = {"language_model.model.": "model.language_model.", "language_model.lm_head.": "lm_head."}
 
 

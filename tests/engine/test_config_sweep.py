@@ -107,6 +107,13 @@ VARIANTS: dict[str, Variant] = {
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}}, None),
     "deepseek_v2_grouped": ("deepseek_v2", {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2},
                             r"best 2 of 4 groups"),
+    # Llama 4 Scout's experts in every layer and its Llama 3 RoPE scaling; Maverick's without query
+    # and key norms.
+    "llama4_scout": ("llama4", {"interleave_moe_layer_step": 1, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 1.0, "original_max_position_embeddings": 64}}, None),
+    "llama4_maverick": ("llama4", {"use_qk_norm": False}, None),
+    "llama4_eight": ("llama4", {"num_local_experts": 8}, None),
     "lfm2_three_layers": ("lfm2", {"layer_types": ["conv", "full_attention", "conv"], "full_attn_idxs": [1],
                                    "num_hidden_layers": 3}, None),
     "lfm2_tied": ("lfm2", {"tie_word_embeddings": True}, None),
