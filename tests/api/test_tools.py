@@ -405,50 +405,66 @@ def test_lfm2_calls_are_read_from_their_python_arguments(chunk: int, trusted_key
     assert accepts(nothing, "[now()]") and not accepts(nothing, '[now(tz="UTC")]')
 
 
+# A tool of three typed parameters, and arguments whose text holds a quote, a newline and a tag.
+BOOK = Tool("book", "", {"type": "object", "required": ["city"], "properties": {
+    "city": {"type": "string"}, "nights": {"type": "integer"}, "pets": {"type": "boolean"}}})  # fmt: skip
+BOOKED = {"city": 'Paris "centre"\n</x>', "nights": 3, "pets": True}
+
+
+def _format_of(name: str, trusted_keys: Path) -> tuple[firmware.Bundle, CallFormat]:
+    """A fixture's bundle and the call format its template and vocabulary give."""
+    from appliance.engine.tokenizer import TextTokenizer
+    from firmware.toolchain.tiny import tiny_bundle
+
+    bundle = firmware.load(tiny_bundle(name), trusted_keys)
+    tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
+    return bundle, call_format(bundle.chat_template, tokenizer.token_id)
+
+
+def _two_bookings(fmt: CallFormat) -> str:
+    """BOOKED's call, then a call of the city alone, as `fmt` writes them."""
+    return format_calls([PastCall("book", json.dumps(BOOKED)), PastCall("book", '{"city": "Rome"}')], fmt)
+
+
+def _grammar_accepts(bundle: firmware.Bundle, fmt: CallFormat, rules: OutputRules, output: str) -> bool:
+    """Whether `rules`' grammar in `fmt` takes `output`, its special tokens as their ids, the rest as
+    the vocabulary tokenizes it."""
+    compiler = GrammarCompiler(bundle.tokenizer_path, bundle.model.vocab_size, bundle.model.eos_token_ids)
+    lark = grammar(rules, fmt)
+    assert lark is not None
+    matcher, special = compiler.constraint(lark, "tools").matcher, dict(fmt.specials)
+    pieces = [p for p in re.split("(" + "|".join(map(re.escape, special)) + ")", output) if p] if special else [output]
+    tokens = [t for p in pieces for t in ([special[p]] if p in special else compiler.tokenizer.tokenize_str(p))]
+    return all(matcher.consume_token(t) for t in tokens) and bool(matcher.is_accepting())
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
 def test_seed_oss_calls_are_read_from_its_parameters_between_its_tokens(chunk: int, trusted_keys: Path) -> None:
     """Seed-OSS writes each call between two special tokens of its own, its parameters as Qwen3.5's
     are but without the newlines around their values; they come back as the JSON object a client
     expects, and the grammar holds them to the tool's schema in that framing."""
-    from appliance.engine.tokenizer import TextTokenizer
-    from firmware.toolchain.tiny import SEED_CHAT_TEMPLATE, tiny_bundle
+    from firmware.toolchain.tiny import SEED_CHAT_TEMPLATE
 
-    bundle = firmware.load(tiny_bundle("seed_oss"), trusted_keys)
-    tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
-    fmt = call_format(bundle.chat_template, tokenizer.token_id)
+    bundle, fmt = _format_of("seed_oss", trusted_keys)
     assert (fmt.name, fmt.params, fmt.marker) == ("seed_xml", True, "<seed:tool_call>")
     assert call_format(SEED_CHAT_TEMPLATE, {}.get) is QWEN_XML  # a vocabulary without its tokens
-    book = Tool("book", "", {"type": "object", "required": ["city"], "properties": {
-        "city": {"type": "string"}, "nights": {"type": "integer"}, "pets": {"type": "boolean"}}})  # fmt: skip
-    args = {"city": 'Paris "centre"\n</x>', "nights": 3, "pets": True}
-    written = format_calls([PastCall("book", json.dumps(args)), PastCall("book", '{"city": "Rome"}')], fmt)
+    written = _two_bookings(fmt)
     assert written == ('<seed:tool_call>\n<function=book>\n<parameter=city>Paris "centre"\n</x></parameter>\n'
                        "<parameter=nights>3</parameter>\n<parameter=pets>True</parameter>\n</function>\n"
                        "</seed:tool_call>\n<seed:tool_call>\n<function=book>\n<parameter=city>Rome</parameter>\n"
                        "</function>\n</seed:tool_call>")  # fmt: skip
-    text, calls, complete = _parse(written, chunk, fmt=fmt, tools=(book,))
+    text, calls, complete = _parse(written, chunk, fmt=fmt, tools=(BOOK,))
     assert (text, complete) == ("", 2)
-    assert [json.loads(a) for _, a in calls] == [args, {"city": "Rome"}]
-    assert _parse("It is sunny.", chunk, fmt=fmt, tools=(book,)) == ("It is sunny.", [], 0)  # no marker: text
+    assert [json.loads(a) for _, a in calls] == [BOOKED, {"city": "Rome"}]
+    assert _parse("It is sunny.", chunk, fmt=fmt, tools=(BOOK,)) == ("It is sunny.", [], 0)  # no marker: text
 
-    compiler = GrammarCompiler(bundle.tokenizer_path, bundle.model.vocab_size, bundle.model.eos_token_ids)
-    special = dict(fmt.specials)
-
-    def accepts(rules: OutputRules, output: str) -> bool:
-        lark = grammar(rules, fmt)
-        assert lark is not None
-        matcher = compiler.constraint(lark, "tools").matcher
-        pieces = [p for p in re.split("(<seed:tool_call>|</seed:tool_call>)", output) if p]
-        tokens = [t for p in pieces for t in ([special[p]] if p in special else compiler.tokenizer.tokenize_str(p))]
-        return all(matcher.consume_token(t) for t in tokens) and bool(matcher.is_accepting())
-
-    required = OutputRules((book,), ToolChoice("required"))
-    assert accepts(required, written)
+    required = OutputRules((BOOK,), ToolChoice("required"))
+    assert _grammar_accepts(bundle, fmt, required, written)
     for wrong in ('{"nights": 3}', '{"city": "P", "nights": "three"}', '{"city": "P", "pets": "maybe"}'):
-        assert not accepts(required, format_calls([PastCall("book", wrong)], fmt)), wrong
+        assert not _grammar_accepts(bundle, fmt, required, format_calls([PastCall("book", wrong)], fmt)), wrong
     qwen_framed = written.replace("<parameter=nights>3</parameter>", "<parameter=nights>\n3\n</parameter>")
-    assert not accepts(required, qwen_framed)
-    assert accepts(OutputRules((book,)), "It is sunny.")
+    assert not _grammar_accepts(bundle, fmt, required, qwen_framed)
+    assert _grammar_accepts(bundle, fmt, OutputRules((BOOK,)), "It is sunny.")
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
@@ -459,57 +475,44 @@ def test_glm_calls_are_read_from_their_keys_and_values_between_special_tokens(ch
     the text the parser reads, the grammar names them by id and holds the values to the tool's
     schema, and a newline may come before the first call (after a thought) as before the others."""
     from appliance.engine.tokenizer import TextTokenizer
-    from firmware.toolchain.tiny import GLM45_CHAT_TEMPLATE, GLM47_CHAT_TEMPLATE, tiny_bundle
+    from firmware.toolchain.tiny import GLM45_CHAT_TEMPLATE, GLM47_CHAT_TEMPLATE
 
-    bundle = firmware.load(tiny_bundle("glm4_moe"), trusted_keys)
-    tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
-    fmt = call_format(bundle.chat_template, tokenizer.token_id)
+    bundle, fmt = _format_of("glm4_moe", trusted_keys)
     assert (fmt.name, fmt.params, len(fmt.specials), fmt.lead) == ("glm", True, 6, "\n")
-    book = Tool("book", "", {"type": "object", "required": ["city"], "properties": {
-        "city": {"type": "string"}, "nights": {"type": "integer"}, "pets": {"type": "boolean"}}})  # fmt: skip
-    args = {"city": 'Paris "centre"\n</x>', "nights": 3, "pets": True}
-    written = format_calls([PastCall("book", json.dumps(args)), PastCall("book", '{"city": "Rome"}')], fmt)
+    written = _two_bookings(fmt)
     assert written == ('<tool_call>book\n<arg_key>city</arg_key>\n<arg_value>Paris "centre"\n</x></arg_value>\n'
                        "<arg_key>nights</arg_key>\n<arg_value>3</arg_value>\n<arg_key>pets</arg_key>\n"
                        "<arg_value>true</arg_value>\n</tool_call>\n<tool_call>book\n<arg_key>city</arg_key>\n"
                        "<arg_value>Rome</arg_value>\n</tool_call>")  # fmt: skip
     for lead in ("", "\n"):
-        text, calls, complete = _parse(lead + written, chunk, fmt=fmt, tools=(book,))
+        text, calls, complete = _parse(lead + written, chunk, fmt=fmt, tools=(BOOK,))
         assert (text, complete) == ("", 2)
-        assert [json.loads(a) for _, a in calls] == [args, {"city": "Rome"}]
-    assert _parse("\nIt is sunny.", chunk, fmt=fmt, tools=(book,)) == ("\nIt is sunny.", [], 0)
+        assert [json.loads(a) for _, a in calls] == [BOOKED, {"city": "Rome"}]
+    assert _parse("\nIt is sunny.", chunk, fmt=fmt, tools=(BOOK,)) == ("\nIt is sunny.", [], 0)
     # GLM-4.7's template writes no newlines around a call's parts; a vocabulary without the tags
     # (a base model's) has them written as text.
+    tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
     glm47 = call_format(GLM47_CHAT_TEMPLATE, tokenizer.token_id)
     assert (glm47.name, glm47.lead, glm47.param_head_end) == ("glm", "", "</arg_key><arg_value>")
     for arguments in ('{"city": "Rome", "nights": 2}', "{}"):
         once = format_calls([PastCall("book", arguments)], glm47)
         assert "\n" not in once
-        assert _parse(once, chunk, fmt=glm47, tools=(book,)) == ("", [("book", json.dumps(json.loads(arguments)))], 1)
+        assert _parse(once, chunk, fmt=glm47, tools=(BOOK,)) == ("", [("book", json.dumps(json.loads(arguments)))], 1)
     assert call_format(GLM45_CHAT_TEMPLATE, {}.get).specials == ()
 
-    compiler = GrammarCompiler(bundle.tokenizer_path, bundle.model.vocab_size, bundle.model.eos_token_ids)
-    special = dict(fmt.specials)
-
-    def accepts(rules: OutputRules, output: str, fmt: CallFormat = fmt) -> bool:
-        lark = grammar(rules, fmt)
-        assert lark is not None
-        matcher = compiler.constraint(lark, "tools").matcher
-        pieces = [p for p in re.split("(" + "|".join(map(re.escape, special)) + ")", output) if p]
-        tokens = [t for p in pieces for t in ([special[p]] if p in special else compiler.tokenizer.tokenize_str(p))]
-        return all(matcher.consume_token(t) for t in tokens) and bool(matcher.is_accepting())
-
-    required = OutputRules((book,), ToolChoice("required"))
-    assert accepts(required, written) and accepts(required, "\n" + written)
+    required = OutputRules((BOOK,), ToolChoice("required"))
+    assert _grammar_accepts(bundle, fmt, required, written) and _grammar_accepts(bundle, fmt, required, "\n" + written)
     for wrong in ('{"nights": 3}', '{"city": "P", "nights": "three"}', '{"city": "P", "pets": "maybe"}'):
-        assert not accepts(required, format_calls([PastCall("book", wrong)], fmt)), wrong
-    assert not accepts(required, written.replace("</arg_key>\n<arg_value>", "</arg_key><arg_value>"))
-    assert accepts(required, format_calls([PastCall("book", '{"city": "Rome"}')], glm47), glm47)
-    strict = OutputRules((dataclasses.replace(book, strict=True, schema={**book.schema, "properties": {
+        assert not _grammar_accepts(bundle, fmt, required, format_calls([PastCall("book", wrong)], fmt)), wrong
+    assert not _grammar_accepts(bundle, fmt, required, written.replace("</arg_key>\n<arg_value>",
+                                                                       "</arg_key><arg_value>"))  # fmt: skip
+    assert _grammar_accepts(bundle, glm47, required, format_calls([PastCall("book", '{"city": "Rome"}')], glm47))
+    strict = OutputRules((dataclasses.replace(BOOK, strict=True, schema={**BOOK.schema, "properties": {
         "city": {"type": "string", "pattern": "^[A-Z][a-z]+$"}}}),), ToolChoice("required"))  # fmt: skip
-    assert accepts(strict, format_calls([PastCall("book", '{"city": "Rome"}')], fmt))
-    assert not accepts(strict, format_calls([PastCall("book", '{"city": "rome"}')], fmt))
-    assert accepts(OutputRules((book,)), "It is sunny.") and accepts(OutputRules((book,)), "\nIt is sunny.")
+    assert _grammar_accepts(bundle, fmt, strict, format_calls([PastCall("book", '{"city": "Rome"}')], fmt))
+    assert not _grammar_accepts(bundle, fmt, strict, format_calls([PastCall("book", '{"city": "rome"}')], fmt))
+    assert _grammar_accepts(bundle, fmt, OutputRules((BOOK,)), "It is sunny.")
+    assert _grammar_accepts(bundle, fmt, OutputRules((BOOK,)), "\nIt is sunny.")
 
 
 GEMMA_IDS = {"<|tool_call>": 1, "<tool_call|>": 2, '<|"|>': 3}
