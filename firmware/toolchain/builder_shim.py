@@ -144,7 +144,7 @@ Glm4ForCausalLM) have no class in the builder either:
   the shared expert), int8 0.14. GLM-4.5, 4.6 and 4.7 (Glm4MoeForCausalLM) are a Llama with biased
   query, key and value projections, per-head query and key norms where the config asks, half of each
   head rotated by halves and, after its dense leading layers, experts routed as Nemotron 3's
-  (`_sigmoid_routed_experts`: the top k of sigmoid scores plus a correction bias, mixed by the
+  (`_score_routed_experts`: the top k of sigmoid scores plus a correction bias, mixed by the
   scores scaled to sum to 1, then by routed_scaling_factor), SwiGLU ones, beside a shared expert
   added ungated: 1.2e-6, int8 0.040. GLM-4.7-Flash (Glm4MoeLiteForCausalLM) and DeepSeek V3
   (DeepseekV3ForCausalLM: Moonlight, Kimi K2, experts in one group) have the same experts and
@@ -160,7 +160,9 @@ Glm4ForCausalLM) have no class in the builder either:
   neighbouring pairs in three layers of four, which norm each query and key head without a weight
   (`_llama4_layers_named`), attend within chunks (`llama4_chunks_as_full`: served inside one,
   build.exact_positions), and whose experts take the stream scaled by the sigmoid of the one
-  expert's logit (`_llama4_moe`), a shared expert beside them: 1.9e-6.
+  expert's logit (`_llama4_moe`), a shared expert beside them: 1.9e-6. ERNIE 4.5's mixtures of
+  experts (Ernie4_5_MoeForCausalLM: ERNIE-4.5-21B-A3B) rotate neighbouring pairs and route as
+  GLM-4.5's but by the softmax's scores (`_softmax_scores`), their sum clamped at moe_norm_min: 4.8e-6.
   Then, each a Llama to the class but for what is said: Kyutai's
   Helium and GLM-4 9B / GLM-Edge (GlmForCausalLM: GLM-4's layers without its post norms) rotate
   neighbouring pairs (1.9e-6 each); InternLM3 (InternLM3ForCausalLM, which transformers runs as a
@@ -470,13 +472,17 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "starcoder2": "Starcoder2ForCausalLM", "ministral3": "Ministral3ForCausalLM",
                   "exaone": "ExaoneForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
                   "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
-                  "deepseek_v2": "DeepseekV2ForCausalLM", "llama4_text": "Llama4ForCausalLM"}
+                  "deepseek_v2": "DeepseekV2ForCausalLM", "llama4_text": "Llama4ForCausalLM",
+                  "ernie4_5_moe": "Ernie4_5_MoeForCausalLM"}
 # Families whose attention is multi-head latent attention (DeepSeek V2's), built as plain multi-head
 # attention over heads as wide as its queries' or its values' (mla_heads, _mla_as_heads); their experts
-# route as GLM-4.5's (sigmoid scores plus a correction bias: _sigmoid_routed_experts) but DeepSeek
+# route as GLM-4.5's (sigmoid scores plus a correction bias: _score_routed_experts) but DeepSeek
 # V2's (the softmax's top k as they are, as OLMoE's, scaled by routed_scaling_factor).
 MLA_FAMILIES = ("glm4_moe_lite", "deepseek_v3", "deepseek_v2")
 SIGMOID_ROUTED_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3")
+# ERNIE 4.5's experts are chosen from the softmax's scores plus a correction bias, and mixed by those
+# scores scaled to sum to 1: the same routing graph with a softmax for the sigmoid (_score_routed_experts).
+SOFTMAX_BIASED_FAMILIES = ("ernie4_5_moe",)
 # Ungated MLPs' (up, down, activation) under other names: nanochat's, StarCoder2's.
 UNGATED_MLP_NAMES = (("fc1", "fc2", "activation_fn"), ("c_fc", "c_proj", "act"))
 # Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
@@ -1034,9 +1040,11 @@ def _layer_moe(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
     if not hasattr(moe, "experts"):
         self.make_mlp(layer_id, moe, root_input)
         return
-    if hasattr(moe.gate, "e_score_correction_bias"):  # GLM-4.5's: sigmoid scores plus a correction bias
-        _sigmoid_routed_experts(self, layer_id, moe.gate, moe.experts.gate_up_proj, moe.experts.down_proj,
-                                root_input, root_input)  # fmt: skip
+    statics = getattr(moe.gate, "moe_statics", None)  # ERNIE 4.5's correction bias, [1, experts]
+    if hasattr(moe.gate, "e_score_correction_bias") or statics is not None:  # GLM-4.5's, DeepSeek's, ERNIE's
+        bias = statics.e_score_correction_bias.squeeze(0) if statics is not None else moe.gate.e_score_correction_bias
+        _score_routed_experts(self, layer_id, moe.gate, bias, moe.experts.gate_up_proj, moe.experts.down_proj,
+                              root_input, root_input, softmax=statics is not None)  # fmt: skip
         routed = self.layernorm_attrs["skip_input"]
     else:
         routed = _experts(self, layer_id, moe.gate, moe.experts, root_input)
@@ -1166,7 +1174,6 @@ def _llama4_moe(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
     [experts, in, out]: transposed to the operator's layout.)"""
     import types
 
-    import onnx_ir as ir
     from builders.qwen import Qwen35MoETextModel
 
     if not hasattr(moe, "experts"):  # a dense layer's MLP
@@ -1185,18 +1192,8 @@ def _llama4_moe(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
     self.make_node("Sigmoid", inputs=[f"{base}/TopK/output_0"], outputs=[f"{base}/Sigmoid/output_0"],
                    name=f"{base}/Sigmoid")  # fmt: skip
     self.make_value(f"{base}/Sigmoid/output_0", self.io_dtype, shape=rows)
-    # The scale [rows, 1] as the stream's leading dimensions and 1, broadcast over its width.
-    scale_shape = self.make_hidden_state_shape(last_dim=1)
-    self.make_shape(f"{base}/Shape", root_input, shape=[len(scale_shape)])
-    self.make_slice(f"{base}/Slice", [f"{base}/Shape/output_0", "/model/constants/INT64/[0]",
-                                      "/model/constants/INT64/[-1]"], dtype=ir.DataType.INT64,
-                    shape=[len(scale_shape) - 1])  # fmt: skip
-    self.make_concat(f"{base}/Concat", [f"{base}/Slice/output_0", "/model/constants/INT64/[1]"],
-                     dtype=ir.DataType.INT64, shape=[len(scale_shape)], axis=0)  # fmt: skip
-    self.make_reshape(f"{base}/Reshape", [f"{base}/Sigmoid/output_0", f"{base}/Concat/output_0"], dtype=self.io_dtype,
-                      shape=scale_shape)  # fmt: skip
-    self.make_mul(f"{base}/Mul", [root_input, f"{base}/Reshape/output_0"], self.io_dtype,
-                  self.make_hidden_state_shape())  # fmt: skip
+    scale = _per_row(self, base, f"{base}/Sigmoid/output_0", root_input)
+    self.make_mul(f"{base}/Mul", [root_input, scale], self.io_dtype, self.make_hidden_state_shape())
     self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
     routed_out = _experts_op(self, layer_id, f"{base}/Mul/output_0")
     with _declared_widths(self, intermediate_size=moe.shared_expert.up_proj.out_features):
@@ -1454,8 +1451,10 @@ def post_norm_layers() -> None:
                 self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=normalized)
                 self.intermediate_size = config.intermediate_size  # a dense layer's MLP (Qwen2-MoE's)
                 self.shared_expert_intermediate_size = getattr(config, "shared_expert_intermediate_size", 0)
-            if config.model_type in SIGMOID_ROUTED_FAMILIES:  # sigmoid-chosen experts (_sigmoid_routed_experts)
-                _sigmoid_routing(self, config)
+            if config.model_type in SOFTMAX_BIASED_FAMILIES:  # ERNIE 4.5's: neighbouring pairs turned together
+                self.rope_attrs["interleaved"] = 1
+            if config.model_type in (*SIGMOID_ROUTED_FAMILIES, *SOFTMAX_BIASED_FAMILIES):  # (_score_routed_experts)
+                _score_routing(self, config)
                 self.intermediate_size = config.intermediate_size  # the leading dense layers' MLP
                 if getattr(config, "use_qk_norm", False):  # (GLM-4.5's, per head as Qwen3's; 4.5-Air has none)
                     self.attention_attrs.update(q_norm=True, k_norm=True)
@@ -2649,42 +2648,113 @@ def granite4_mamba_layers() -> None:
 RELU_SQUARED_ALPHA = 1e6
 
 
-def _sigmoid_routing(self: Any, config: Any, **activation: float) -> None:
-    """The MoE operator's attributes for experts chosen by sigmoid scores plus a correction bias and
-    mixed by the chosen scores scaled to sum to 1, then by routed_scaling_factor (Nemotron 3's,
-    GLM-4.5's): SwiGLU experts (`activation`: the SwiGLU's alpha and beta, Nemotron 3's)."""
+def _score_routing(self: Any, config: Any, **activation: float) -> None:
+    """The MoE operator's attributes for experts chosen by scores plus a correction bias and mixed by
+    the chosen scores scaled to sum to 1, then by routed_scaling_factor where the config has one
+    (_score_routed_experts: Nemotron 3's, GLM-4.5's, DeepSeek V3's, ERNIE 4.5's): SwiGLU experts
+    (`activation`: the SwiGLU's alpha and beta, Nemotron 3's)."""
+    scale = float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
+    norm_min = getattr(config, "moe_norm_min", None)  # (ERNIE 4.5's clamp of the chosen scores' sum)
+    self.score_sum_floor = (True, float(norm_min)) if norm_min is not None else (False, 1e-20)
     self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=True,
-                          use_expert_bias=True, routed_scaling_factor=float(config.routed_scaling_factor),
+                          use_expert_bias=True, routed_scaling_factor=scale,
                           router_sentinel=-10000.0, **activation)  # (LFM2-MoE's: far below any log-sigmoid)
 
 
-def _sigmoid_routed_experts(self: Any, layer_id: int, gate: Any, gate_up: Any, down: Any, root_input: str,
-                            experts_input: str) -> None:
+def _score_routed_experts(self: Any, layer_id: int, gate: Any, bias: Any, gate_up: Any, down: Any, root_input: str,
+                          experts_input: str, softmax: bool = False) -> None:
     """Experts routed as LFM2-MoE's, whose routing the builder's LFM2-MoE class writes (_sigmoid_routing:
     its sum of the chosen scores gains 1e-6 where Nemotron 3's and GLM-4.5's gain 1e-20, a relative
-    1e-6 at most): the router reads the stream (`root_input`), the experts (fused gate-and-up weights
-    [experts, 2 x width, input], down [experts, output, width]) `experts_input`; the operator's
-    output, scaled, is left as what the layer adds to the stream."""
+    1e-6 at most): chosen by the sigmoid of the router's logits (or, `softmax`, ERNIE 4.5's softmax of
+    them) plus `bias`, mixed by those scores. The router reads the stream (`root_input`), the experts
+    (fused gate-and-up weights [experts, 2 x width, input], down [experts, output, width])
+    `experts_input`; the operator's output, scaled, is left as what the layer adds to the stream."""
     import types
 
     from builders.lfm2 import LFM2MoEModel as Routing
 
     gate.exclude_from_quantization = True  # (as LFM2-MoE's: int4 rounding could flip a choice)
-    routed = types.SimpleNamespace(gate=gate, expert_bias=gate.e_score_correction_bias,
+    routed = types.SimpleNamespace(gate=gate, expert_bias=bias,
                                    experts=types.SimpleNamespace(gate_up_proj=gate_up, down_proj=down))  # fmt: skip
     self.moe_intermediate_size = int(gate_up.shape[1]) // 2
     with _declared_widths(self, hidden_size=int(gate_up.shape[2])):  # (the experts' input: the stream, or a latent)
         self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
-        scores = Routing.make_moe_router_scores(self, layer_id, routed, root_input)
+        scores = (_softmax_scores if softmax else Routing.make_moe_router_scores)(self, layer_id, routed, root_input)
         chosen = Routing.make_moe_router_selection(self, layer_id, routed, scores)
         weights = Routing.make_moe_router_selected_scores(self, layer_id, scores, chosen)
-        scale = Routing.make_moe_router_output_scale(self, layer_id, root_input, weights)
         probs = Routing.make_moe_router_mask(self, layer_id, scores, chosen, weights)
-        Routing.make_moe_subgraph(self, layer_id, routed, experts_input, probs, scale)
+        Routing.make_moe_subgraph(self, layer_id, routed, experts_input, probs,
+                                  _mix_scale(self, layer_id, weights, root_input))  # fmt: skip
+
+
+def _mix_scale(self: Any, layer_id: int, chosen_scores: str, root_input: str) -> str:
+    """The factor the MoE operator's mix (the chosen scores over their sum) is scaled by, per row: the
+    sum over itself plus the family's epsilon (Nemotron 3's, GLM-4.5's, DeepSeek's 1e-20), or over
+    itself clamped at it (ERNIE 4.5's moe_norm_min), so 1 but where the chosen scores flushed to
+    (nearly) zero, as theirs; times routed_scaling_factor. (LFM2-MoE's class adds 1e-6, its own:
+    2.5e-4 off on a tiny ERNIE whose bias chose experts of scores near 0.)"""
+    import onnx_ir as ir
+
+    base, rows = f"/model/layers.{layer_id}/moe/router/scale", self.make_moe_router_shape(last_dim=1)
+    clamped, epsilon = self.score_sum_floor
+    self.make_reduce_sum(f"{base}/ReduceSum", [chosen_scores, "/model/constants/INT64/[-1]"], dtype=ir.DataType.FLOAT,
+                         shape=rows, keepdims=True)  # fmt: skip
+    total = f"{base}/ReduceSum/output_0"
+    floor = f"/model/constants/FLOAT/{epsilon}"
+    if clamped:
+        self.make_node("Max", inputs=[total, floor], outputs=[f"{base}/Max/output_0"], name=f"{base}/Max")
+        self.make_value(f"{base}/Max/output_0", ir.DataType.FLOAT, shape=rows)
+        below = f"{base}/Max/output_0"
+    else:
+        self.make_add(f"{base}/Add", [total, floor], dtype=ir.DataType.FLOAT, shape=rows)
+        below = f"{base}/Add/output_0"
+    self.make_div(f"{base}/Div", [total, below], dtype=ir.DataType.FLOAT, shape=rows)
+    self.make_mul(f"{base}/Mul", [f"{base}/Div/output_0",
+                                  f"/model/constants/FLOAT/{float(self.moe_attrs['routed_scaling_factor'])}"],
+                  ir.DataType.FLOAT, rows)  # fmt: skip
+    scale = _per_row(self, base, f"{base}/Mul/output_0", root_input)
+    if self.io_dtype != ir.DataType.FLOAT:
+        self.make_cast(f"{base}/Cast", scale, self.io_dtype, shape=self.make_hidden_state_shape(last_dim=1))
+        scale = f"{base}/Cast/output_0"
+    return scale
+
+
+def _per_row(self: Any, base: str, value: str, root_input: str) -> str:
+    """`value` [rows, 1] reshaped to the stream's (`root_input`'s) leading dimensions and 1, to
+    broadcast over its width: its output's name."""
+    import onnx_ir as ir
+
+    shape = self.make_hidden_state_shape(last_dim=1)
+    self.make_shape(f"{base}/Shape", root_input, shape=[len(shape)])
+    self.make_slice(f"{base}/Slice", [f"{base}/Shape/output_0", "/model/constants/INT64/[0]",
+                                      "/model/constants/INT64/[-1]"], dtype=ir.DataType.INT64,
+                    shape=[len(shape) - 1])  # fmt: skip
+    self.make_concat(f"{base}/Concat", [f"{base}/Slice/output_0", "/model/constants/INT64/[1]"],
+                     dtype=ir.DataType.INT64, shape=[len(shape)], axis=0)  # fmt: skip
+    dtype = self.make_value(value).dtype
+    self.make_reshape(f"{base}/Reshape", [value, f"{base}/Concat/output_0"], dtype=dtype, shape=shape)
+    return f"{base}/Reshape/output_0"
+
+
+def _softmax_scores(self: Any, layer_id: int, routed: Any, root_input: str) -> str:
+    """The router's softmax over the experts, in float32 (ERNIE 4.5's scores; LFM2-MoE's class writes
+    the sigmoid's in the same place): its output's name."""
+    import onnx_ir as ir
+
+    base, shape = f"/model/layers.{layer_id}/moe/router", self.make_moe_router_shape()
+    logits = f"{self.make_matmul(routed.gate, f'{base}/MatMul', root_input)}/output_0"
+    self.make_reshape(f"{base}/Reshape", [logits, f"/model/constants/INT64/{[-1, self.moe_attrs['num_experts']]}"],
+                      dtype=self.io_dtype, shape=shape)  # fmt: skip
+    logits = f"{base}/Reshape/output_0"
+    if self.io_dtype != ir.DataType.FLOAT:
+        self.make_cast(f"{base}/Cast", logits, ir.DataType.FLOAT, shape=shape)
+        logits = f"{base}/Cast/output_0"
+    self.make_softmax(f"{base}/Softmax", logits, ir.DataType.FLOAT, shape)
+    return f"{base}/Softmax/output_0"
 
 
 def _relu_squared_experts(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
-    """Nemotron 3's experts' block: sigmoid-routed experts (_sigmoid_routed_experts) whose ReLU-squared
+    """Nemotron 3's experts' block: sigmoid-routed experts (_score_routed_experts) whose ReLU-squared
     experts are the MoE operator's SwiGLU of the up projection with itself (RELU_SQUARED_ALPHA),
     working on a latent projection of the stream where the model has one (Nemotron 3 Super's: the
     operator told the latent width, the experts' sum projected back); and the shared expert, an
@@ -2694,8 +2764,8 @@ def _relu_squared_experts(self: Any, layer_id: int, moe: Any, root_input: str) -
     up = moe.experts.up_proj  # [experts, width, hidden]
     base, latent = f"/model/layers.{layer_id}/moe", isinstance(moe.fc1_latent_proj, torch.nn.Linear)
     experts_input = _linear(self, moe.fc1_latent_proj, f"{base}/fc1_latent_proj", root_input) if latent else root_input
-    _sigmoid_routed_experts(self, layer_id, moe.gate, torch.cat([up, up], dim=1), moe.experts.down_proj, root_input,
-                            experts_input)  # fmt: skip
+    _score_routed_experts(self, layer_id, moe.gate, moe.gate.e_score_correction_bias, torch.cat([up, up], dim=1),
+                          moe.experts.down_proj, root_input, experts_input)  # fmt: skip
     if latent:
         self.layernorm_attrs["skip_input"] = _linear(self, moe.fc2_latent_proj, f"{base}/fc2_latent_proj",
                                                      self.layernorm_attrs["skip_input"])  # fmt: skip
@@ -2723,7 +2793,7 @@ def nemotron_h_blocks() -> None:
             if self.blocks:  # RMS norms of their weights as they are (Nemotron's are LayerNorm1P)
                 self.layernorm_attrs.update(simple=True, add_offset=0)
                 self.intermediate_size = config.intermediate_size  # the builder took the experts'
-                _sigmoid_routing(self, config, activation_alpha=RELU_SQUARED_ALPHA, activation_beta=0.0)
+                _score_routing(self, config, activation_alpha=RELU_SQUARED_ALPHA, activation_beta=0.0)
 
         def is_layer(self, module: Any) -> bool:
             return bool(super().is_layer(module)) or (self.blocks and type(module).__name__ == "NemotronHBlock")

@@ -555,6 +555,12 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
                           "intermediate_size": 64, "vision_output_dim": 64, "image_size": 56, "patch_size": 14,
                           "projector_input_dim": 64, "projector_output_dim": 64},
         "image_token_index": 511, "boi_token_index": 509, "eoi_token_index": 510}),
+    # ERNIE 4.5's mixtures of experts (ERNIE-4.5-21B-A3B): ERNIE's neighbouring pairs rotated, a dense
+    # first layer, then experts (2 of 8) chosen by softmax scores plus a correction bias and mixed by
+    # those scores scaled to sum to 1, beside a shared expert; its embeddings its LM head.
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", {
+        "num_hidden_layers": 3, "moe_num_experts": 8, "moe_k": 2, "moe_intermediate_size": 32,
+        "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "tie_word_embeddings": True}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -571,7 +577,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "qwen2_moe_dense",
                "helium", "nanochat", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
-               "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
+               "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl", "ernie4_5_moe",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next")
 
 
@@ -1189,6 +1195,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "deepseek_v3": ("a_layernorm.weight", "gate.weight",
                                                           "e_score_correction_bias"),
                                           "deepseek_v2": ("a_layernorm.weight", "gate.weight"),
+                                          "ernie4_5_moe": ("gate.weight", "e_score_correction_bias"),
                                           "llama4": ("experts.gate_up_proj", "experts.down_proj", "q_proj.weight",
                                                      "k_proj.weight", "shared_expert.gate_proj.weight",
                                                      "shared_expert.up_proj.weight"),
