@@ -114,6 +114,9 @@ VARIANTS: dict[str, Variant] = {
         "high_freq_factor": 1.0, "original_max_position_embeddings": 64}}, None),
     "llama4_maverick": ("llama4", {"use_qk_norm": False}, None),
     "llama4_eight": ("llama4", {"num_local_experts": 8}, None),
+    # ERNIE 4.5's experts every other layer without a shared expert, and biased projections.
+    "ernie4_5_moe_sparse": ("ernie4_5_moe", {"moe_num_shared_experts": 0, "use_bias": True, "moe_layer_interval": 2,
+                                             "num_hidden_layers": 4}, None),
     "lfm2_three_layers": ("lfm2", {"layer_types": ["conv", "full_attention", "conv"], "full_attn_idxs": [1],
                                    "num_hidden_layers": 3}, None),
     "lfm2_tied": ("lfm2", {"tie_word_embeddings": True}, None),
