@@ -60,6 +60,9 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   keys' half transposed), and experts chosen by softmax (DeepSeek V2's) or by sigmoid with a bias
   (V3's), as the file's gating key says or, without one, as llama.cpp guesses (GLM-4.7-Flash's by
   its layers and vocabulary, softmax otherwise); DeepSeek's YaRN mscale from its log multiplier.
+- ernie4_5-moe (ERNIE-4.5-21B-A3B): ERNIE 4.5's layers (a Llama's tensors, not permuted), dense
+  leading layers, then experts every interleave_moe_layer_step layers, chosen by softmax with a
+  bias for choosing, beside shared experts.
 """
 
 from __future__ import annotations
@@ -79,10 +82,11 @@ ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granite
 FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "starcoder", "olmo", "jais2"
 APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA = "apertus", "gptneox", "chatglm", "qwen2moe", "gemma"
 NEMOTRON_H_MOE, EXAONE, GLM4_MOE, DEEPSEEK2 = "nemotron_h_moe", "exaone", "glm4moe", "deepseek2"
+ERNIE4_5_MOE = "ernie4_5-moe"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
                  JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA, NEMOTRON_H_MOE,
-                 EXAONE, GLM4_MOE, DEEPSEEK2)
+                 EXAONE, GLM4_MOE, DEEPSEEK2, ERNIE4_5_MOE)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -110,7 +114,7 @@ def config(meta: dict[str, Any]) -> Any:
                STARCODER: _starcoder_config, OLMO: _olmo_config, JAIS2: _jais2_config,
                APERTUS: _apertus_config, GPT_NEOX: _gpt_neox_config, CHATGLM: _chatglm_config,
                QWEN2_MOE: _qwen2_moe_config, GEMMA: _gemma_config, GLM4_MOE: _glm4_moe_config,
-               DEEPSEEK2: _deepseek2_config}  # fmt: skip
+               DEEPSEEK2: _deepseek2_config, ERNIE4_5_MOE: _ernie_moe_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -125,7 +129,8 @@ LLAMA_SHAPED = {"mistral": (MISTRAL3, True), "ministral3": (MISTRAL3, True), "gr
                 "glm4": (GLM4, False), "seed_oss": (SEED_OSS, False), "arcee": (ARCEE, True),
                 "hunyuan_v1_dense": (HUNYUAN_DENSE, False), "olmoe": (OLMOE, False),
                 "ernie4_5": (ERNIE4_5, False), "olmo": (OLMO, True), "jais2": (JAIS2, False),
-                "qwen2_moe": (QWEN2_MOE, False), "exaone": (EXAONE, False), "glm4_moe": (GLM4_MOE, False)}  # fmt: skip
+                "qwen2_moe": (QWEN2_MOE, False), "exaone": (EXAONE, False), "glm4_moe": (GLM4_MOE, False),
+                "ernie4_5_moe": (ERNIE4_5_MOE, False)}  # fmt: skip
 
 
 def state(gguf: Path, model_config: Any, meta: dict[str, Any]) -> dict[str, Any]:
@@ -793,6 +798,25 @@ def _ernie_config(meta: dict[str, Any]) -> Any:
                           architectures=["Ernie4_5ForCausalLM"])  # fmt: skip
 
 
+def _ernie_moe_config(meta: dict[str, Any]) -> Any:
+    """ERNIE 4.5's mixtures of experts (ERNIE-4.5-21B-A3B): its dense models' layers, dense leading
+    layers, then experts every interleave_moe_layer_step layers to the last, chosen by softmax with
+    a bias for choosing (exp_probs_b) and mixed scaled to sum to 1, beside shared experts (their
+    width from their tensors: the converter writes the MLP's width over the key heads)."""
+    from transformers import Ernie4_5_MoeConfig
+
+    key, shapes = _key(meta, ERNIE4_5_MOE), meta["shapes"]
+    fields = _llama_fields(meta, ERNIE4_5_MOE)
+    return Ernie4_5_MoeConfig(**fields, use_bias="blk.0.attn_q.bias" in shapes,
+                              moe_num_experts=int(key("expert_count")), moe_k=int(key("expert_used_count")),
+                              moe_intermediate_size=int(key("expert_feed_forward_length")),
+                              moe_num_shared_experts=int(key("expert_shared_count", 0)),
+                              moe_layer_start_index=int(key("leading_dense_block_count", 0)),
+                              moe_layer_interval=int(key("interleave_moe_layer_step", 1)),
+                              moe_layer_end_index=fields["num_hidden_layers"] - 1,
+                              architectures=["Ernie4_5_MoeForCausalLM"])  # fmt: skip
+
+
 def _lfm2_moe_config(meta: dict[str, Any]) -> Any:
     """Liquid's LFM2 mixtures of experts (LFM2-8B-A1B): LFM2's short convolutions (the layers with
     no key heads) and attention, dense leading layers, then experts routed by sigmoid with a bias
@@ -1080,7 +1104,7 @@ def moe_weight(take: Any, hf: str) -> Any:
         return torch.cat([take(f"{blk}ffn_gate_exps.weight"), take(f"{blk}ffn_up_exps.weight")], dim=1)
     if hf.endswith("experts.up_proj"):
         return take(f"{blk}ffn_up_exps.weight")
-    if hf.endswith("gate.e_score_correction_bias"):
+    if hf.endswith(("gate.e_score_correction_bias", "moe_statics.e_score_correction_bias")):  # (ERNIE's: [1, experts])
         return take(f"{blk}exp_probs_b.bias")
     if hf.endswith("shared_mlp.input_linear.weight"):  # Granite's shared expert: [2 x width, hidden]
         return torch.cat([take(f"{blk}ffn_gate_shexp.weight"), take(f"{blk}ffn_up_shexp.weight")], dim=0)
