@@ -2663,12 +2663,12 @@ def _score_routing(self: Any, config: Any, **activation: float) -> None:
 
 def _score_routed_experts(self: Any, layer_id: int, gate: Any, bias: Any, gate_up: Any, down: Any, root_input: str,
                           experts_input: str, softmax: bool = False) -> None:
-    """Experts routed as LFM2-MoE's, whose routing the builder's LFM2-MoE class writes (_sigmoid_routing:
-    its sum of the chosen scores gains 1e-6 where Nemotron 3's and GLM-4.5's gain 1e-20, a relative
-    1e-6 at most): chosen by the sigmoid of the router's logits (or, `softmax`, ERNIE 4.5's softmax of
-    them) plus `bias`, mixed by those scores. The router reads the stream (`root_input`), the experts
-    (fused gate-and-up weights [experts, 2 x width, input], down [experts, output, width])
-    `experts_input`; the operator's output, scaled, is left as what the layer adds to the stream."""
+    """Experts routed as LFM2-MoE's, whose routing the builder's LFM2-MoE class writes (_score_routing),
+    but for the scale of their mix (_mix_scale, the family's own): chosen by the sigmoid of the
+    router's logits (or, `softmax`, ERNIE 4.5's softmax of them) plus `bias`, mixed by those scores.
+    The router reads the stream (`root_input`), the experts (fused gate-and-up weights [experts,
+    2 x width, input], down [experts, output, width]) `experts_input`; the operator's output,
+    scaled, is left as what the layer adds to the stream."""
     import types
 
     from builders.lfm2 import LFM2MoEModel as Routing
