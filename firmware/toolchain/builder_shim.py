@@ -327,6 +327,7 @@ import json
 import math
 import runpy
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -483,6 +484,9 @@ SIGMOID_ROUTED_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3")
 # ERNIE 4.5's experts are chosen from the softmax's scores plus a correction bias, and mixed by those
 # scores scaled to sum to 1: the same routing graph with a softmax for the sigmoid (_score_routed_experts).
 SOFTMAX_BIASED_FAMILIES = ("ernie4_5_moe",)
+# Families whose RoPE turns pairs of neighbouring dimensions (interleaved), not the head's halves
+# (DeepSeek's latent attention families as their configs' rope_interleave says).
+NEIGHBOURING_PAIR_FAMILIES = ("glm", "glm4", "helium", "ernie4_5_moe", "llama4_text")
 # Ungated MLPs' (up, down, activation) under other names: nanochat's, StarCoder2's.
 UNGATED_MLP_NAMES = (("fc1", "fc2", "activation_fn"), ("c_fc", "c_proj", "act"))
 # Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
@@ -991,6 +995,17 @@ def _add_to_skip(self: Any, name: str, value: str) -> None:
     self.layernorm_attrs["skip_input"] = f"{name}/output_0"
 
 
+def _shared_expert_added(self: Any, layer_id: int, mlp: Any, root_input: str, make: Callable[..., Any]) -> None:
+    """A shared expert beside the routed ones (GLM-4.5's, DeepSeek's, ERNIE's, Llama 4's, Nemotron 3's):
+    `mlp` built by `make` (the class's make_mlp, or _ungated_mlp) as an MLP of its own width, its
+    output added to what the layer adds to the stream so far (the routed experts')."""
+    routed = self.layernorm_attrs["skip_input"]
+    with _declared_widths(self, intermediate_size=mlp.up_proj.out_features):
+        make(layer_id, mlp, root_input)  # (make_mlp leaves its output as the layer's: the routed one is put back)
+    self.layernorm_attrs["skip_input"] = routed
+    _add_to_skip(self, f"/model/layers.{layer_id}/moe/shared/Add", self.mlp_attrs["output_0"])
+
+
 def _end_layer(self: Any, layer_id: int) -> None:
     """What the builder's make_layer leaves at a layer's end: the next norm adds this layer's output
     (the final norm, after the last layer)."""
@@ -1056,13 +1071,9 @@ def _layer_moe(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
         name = f"/model/layers.{layer_id}/moe/GatedAdd"
         self.make_gated_add(name, routed, shared, gate, self.make_hidden_state_shape())
         routed = f"{name}/output_0"
-    if getattr(moe, "shared_experts", None) is not None:  # GLM-4.5's: a SwiGLU MLP added, ungated
-        with _declared_widths(self, intermediate_size=moe.shared_experts.up_proj.out_features):
-            self.make_mlp(layer_id, moe.shared_experts, root_input)
-        self.layernorm_attrs["skip_input"] = routed
-        _add_to_skip(self, f"/model/layers.{layer_id}/moe/shared/Add", self.mlp_attrs["output_0"])
-        return
     self.layernorm_attrs["skip_input"] = routed
+    if getattr(moe, "shared_experts", None) is not None:  # GLM-4.5's: a SwiGLU MLP added, ungated
+        _shared_expert_added(self, layer_id, moe.shared_experts, root_input, self.make_mlp)
 
 
 def qwen3_moe_layers() -> None:
@@ -1195,11 +1206,8 @@ def _llama4_moe(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
     scale = _per_row(self, base, f"{base}/Sigmoid/output_0", root_input)
     self.make_mul(f"{base}/Mul", [root_input, scale], self.io_dtype, self.make_hidden_state_shape())
     self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
-    routed_out = _experts_op(self, layer_id, f"{base}/Mul/output_0")
-    with _declared_widths(self, intermediate_size=moe.shared_expert.up_proj.out_features):
-        self.make_mlp(layer_id, moe.shared_expert, root_input)
-    self.layernorm_attrs["skip_input"] = routed_out
-    _add_to_skip(self, f"/model/layers.{layer_id}/moe/shared/Add", self.mlp_attrs["output_0"])
+    self.layernorm_attrs["skip_input"] = _experts_op(self, layer_id, f"{base}/Mul/output_0")
+    _shared_expert_added(self, layer_id, moe.shared_expert, root_input, self.make_mlp)
 
 
 def _routed_scale_folded(model: Any, factor: float) -> None:
@@ -1451,8 +1459,6 @@ def post_norm_layers() -> None:
                 self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=normalized)
                 self.intermediate_size = config.intermediate_size  # a dense layer's MLP (Qwen2-MoE's)
                 self.shared_expert_intermediate_size = getattr(config, "shared_expert_intermediate_size", 0)
-            if config.model_type in SOFTMAX_BIASED_FAMILIES:  # ERNIE 4.5's: neighbouring pairs turned together
-                self.rope_attrs["interleaved"] = 1
             if config.model_type in (*SIGMOID_ROUTED_FAMILIES, *SOFTMAX_BIASED_FAMILIES):  # (_score_routed_experts)
                 _score_routing(self, config)
                 self.intermediate_size = config.intermediate_size  # the leading dense layers' MLP
@@ -1465,7 +1471,7 @@ def post_norm_layers() -> None:
                 self.rope_attrs["interleaved"] = int(bool(getattr(config, "rope_interleave", True)))  # (V2: always)
                 scale = config.zerolayer_query_width**-0.5  # (mla_heads')
                 self.attention_attrs["scale"] = yarn_apply_mscale(config.rope_parameters, scale)
-            if config.model_type in ("glm", "glm4", "helium"):  # neighbouring pairs turned together
+            if config.model_type in NEIGHBOURING_PAIR_FAMILIES:  # neighbouring pairs turned together
                 self.rope_attrs["interleaved"] = 1
             if config.model_type == "hyperclovax":  # Granite's multipliers, but the logits' (a factor here)
                 self.embed_attrs["scale"] = config.embedding_multiplier
@@ -1488,7 +1494,6 @@ def post_norm_layers() -> None:
             self.llama4 = config.model_type == "llama4_text"
             if self.llama4:
                 self.unrotated = {i for i, rotated in enumerate(config.no_rope_layers) if not rotated}
-                self.rope_attrs["interleaved"] = 1
                 self.intermediate_size = config.intermediate_size_mlp
                 self.attention_attrs.update(q_norm=bool(config.use_qk_norm), k_norm=bool(config.use_qk_norm))
                 self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=True)
@@ -2769,9 +2774,7 @@ def _relu_squared_experts(self: Any, layer_id: int, moe: Any, root_input: str) -
     if latent:
         self.layernorm_attrs["skip_input"] = _linear(self, moe.fc2_latent_proj, f"{base}/fc2_latent_proj",
                                                      self.layernorm_attrs["skip_input"])  # fmt: skip
-    with _declared_widths(self, intermediate_size=moe.shared_experts.up_proj.out_features):
-        _ungated_mlp(self, layer_id, moe.shared_experts, root_input)
-    _add_to_skip(self, f"/model/layers.{layer_id}/moe/shared/Add", self.mlp_attrs["output_0"])
+    _shared_expert_added(self, layer_id, moe.shared_experts, root_input, partial(_ungated_mlp, self))
 
 
 def nemotron_h_blocks() -> None:

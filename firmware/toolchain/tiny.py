@@ -33,6 +33,10 @@ GEMMA3_LOCAL_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 # Qwen2-MoE's tiny checkpoint: top 2 of 4 experts and a shared expert in each layer.
 QWEN2_MOE_TINY: dict[str, Any] = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                                   "shared_expert_intermediate_size": 64}
+# Llama 4's tiny language model (Scout's layers): every fourth layer without RoPE, experts (one of 4
+# a token) every other layer.
+LLAMA4_TINY: dict[str, Any] = {"num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 1,
+                               "intermediate_size": 32, "intermediate_size_mlp": 128, "interleave_moe_layer_step": 2}
 # Qwen3.5's tiny checkpoint: a gated delta-net layer and a gated full-attention one, a vision tower.
 QWEN35_TINY: dict[str, Any] = {
     "text_config": {"head_dim": 32, "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
@@ -543,14 +547,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # and key norms in the others, which rotate neighbouring pairs and attend within chunks; experts
     # (one of 4 a token, its input scaled by the sigmoid of its logit, beside a shared expert) in
     # every other layer, wider dense layers between.
-    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", {
-        "num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 1,
-        "intermediate_size": 32, "intermediate_size_mlp": 128, "interleave_moe_layer_step": 2}),
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", LLAMA4_TINY),
     # Llama 4 Scout as published: the same language model under an image-and-text checkpoint
     # (Llama4ForConditionalGeneration), a tiny vision tower beside it.
     "llama4_vl": ("Llama4Config", "Llama4ForConditionalGeneration", {
-        "text_config": {"num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 1,
-                        "intermediate_size": 32, "intermediate_size_mlp": 128, "interleave_moe_layer_step": 2},
+        "text_config": LLAMA4_TINY,
         "vision_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
                           "intermediate_size": 64, "vision_output_dim": 64, "image_size": 56, "patch_size": 14,
                           "projector_input_dim": 64, "projector_output_dim": 64},
@@ -1141,6 +1142,9 @@ CHAT_STYLES: dict[str, ChatStyle] = {
 # Parameters transformers initializes to zeros, made random in these fixtures so the export's
 # handling of them shows (a Granite SWA's sinks; Seed-OSS's biases, all of its projections').
 FALCON_RANDOMIZED = (".bias", "layernorm.weight", "ln_attn.weight", "ln_mlp.weight", "ln_f.weight")
+# Llama 4's experts (transformers makes them 0), queries and keys (where its norms show) and shared expert.
+LLAMA4_RANDOMIZED = ("experts.gate_up_proj", "experts.down_proj", "q_proj.weight", "k_proj.weight",
+                     "shared_expert.gate_proj.weight", "shared_expert.up_proj.weight")
 GPT2_RANDOMIZED = (".bias", "ln_1.weight", "ln_2.weight", "ln_f.weight", "wpe.weight", "c_attn.weight")
 RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "seed_oss": ("_proj.bias",),
                                           "gemma2": ("q_proj.weight", "k_proj.weight"),
@@ -1196,13 +1200,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                                           "e_score_correction_bias"),
                                           "deepseek_v2": ("a_layernorm.weight", "gate.weight"),
                                           "ernie4_5_moe": ("gate.weight", "e_score_correction_bias"),
-                                          "llama4": ("experts.gate_up_proj", "experts.down_proj", "q_proj.weight",
-                                                     "k_proj.weight", "shared_expert.gate_proj.weight",
-                                                     "shared_expert.up_proj.weight"),
-                                          "llama4_vl": ("experts.gate_up_proj", "experts.down_proj",
-                                                        "q_proj.weight", "k_proj.weight",
-                                                        "shared_expert.gate_proj.weight",
-                                                        "shared_expert.up_proj.weight"),
+                                          "llama4": LLAMA4_RANDOMIZED, "llama4_vl": LLAMA4_RANDOMIZED,
                                           "nemotron_h_moe": ("mixer.D", "mixer.dt_bias", "mixer.norm.weight",
                                                              "conv1d.bias", "q_proj.weight", "k_proj.weight",
                                                              "gate.weight", "e_score_correction_bias")}
