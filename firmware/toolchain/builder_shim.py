@@ -309,9 +309,10 @@ Liquid's LFM3 (Lfm3ForCausalLM) has no class in the builder either:
   proportional (1.6 off with the sliding layers' on every layer). A tiny one matches
   transformers to 4e-6.
 - `language_model_alone`, `load_language_model_alone`: image-and-text checkpoints the builder
-  names no class for (LLaVA's, SmolVLM's, Qwen2-VL's, InternVL's, Aya Vision's) go to it as their
-  language model's family, whose weights are read alone from under the checkpoint's prefix (the
-  builder loaded the whole checkpoint with the class the folder's config names, which fails).
+  names no class for (LLaVA's, SmolVLM's, Qwen2-VL's, InternVL's, Aya Vision's, Qwen3-VL's
+  mixtures of experts) go to it as their language model's family, whose weights are read alone from
+  under the checkpoint's prefix (the builder loaded the whole checkpoint with the class the
+  folder's config names, which fails), in the checkpoint's layout (CHECKPOINT_LAYOUT).
 - `qwen3_next.as_qwen3_5_moe_config`, the same loading hook: Qwen3-Next goes to the builder's
   Qwen3.5 mixture-of-experts classes, its weights read as Qwen3-Next's and laid out as Qwen3.5's.
 
@@ -555,8 +556,15 @@ LANGUAGE_MODEL_OF = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGe
                      "LlavaOnevisionForConditionalGeneration", "Idefics3ForConditionalGeneration",
                      "SmolVLMForConditionalGeneration", "Qwen2VLForConditionalGeneration",
                      "InternVLForConditionalGeneration", "AyaVisionForConditionalGeneration",
-                     "Llama4ForConditionalGeneration")  # fmt: skip
-TEXT_FAMILY = {"qwen2_vl_text": "qwen2"}
+                     "Llama4ForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")  # fmt: skip
+TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen3_vl_moe_text": "qwen3_moe"}
+# Fields a text family's own class reads, which the checkpoint's language model fixes: Qwen3-VL's
+# experts always scale their weights to sum to 1 (Qwen3-MoE's only with norm_topk_prob).
+TEXT_FIELDS = {"qwen3_vl_moe_text": {"norm_topk_prob": True}}
+# Checkpoints whose weights are laid out otherwise than their text family's class reads them: the
+# model type whose conversions transformers applies to them (Qwen3-VL's fused experts, each matrix
+# transposed).
+CHECKPOINT_LAYOUT = {"Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe"}
 # Where their checkpoints keep the language model (as published, and as transformers 5 saves them).
 LANGUAGE_MODEL_KEYS = {r"^language_model\.model\.": "model.", r"^language_model\.lm_head\.": "lm_head.",
                        r"^model\.language_model\.": "model.", r"^model\.text_model\.": "model."}  # fmt: skip
@@ -576,9 +584,10 @@ def language_model_alone(config: Any) -> Any:
 
     fields = config.get_text_config().to_dict()
     family = TEXT_FAMILY.get(fields["model_type"], fields["model_type"])
+    fields.update(TEXT_FIELDS.get(fields["model_type"], {}))
     rope = fields.get("rope_parameters")
-    if isinstance(rope, dict):
-        fields["rope_parameters"] = {k: v for k, v in rope.items() if k != "mrope_section"}
+    if isinstance(rope, dict):  # (text's three position rows are the same: plain RoPE, interleaved or not)
+        fields["rope_parameters"] = {k: v for k, v in rope.items() if k not in ("mrope_section", "mrope_interleaved")}
     # The tie is the checkpoint's: transformers ties the head to the text model's embeddings by the
     # outer config's flag.
     fields["tie_word_embeddings"] = bool(getattr(config, "tie_word_embeddings", fields.get("tie_word_embeddings")))
@@ -1928,6 +1937,16 @@ def _gemma3n_language_model(folder: str) -> Any:
 def _language_model(folder: str, config: Any, causal_lm: Any, keys: dict[str, str], whose: str) -> Any:
     """A checkpoint's language model alone, as `causal_lm` of `config`, its weights renamed by
     `keys` (the rest, a vision tower's, left unread); one it has no weight for is refused."""
+    layout = CHECKPOINT_LAYOUT.get(whose)
+    if layout is not None:  # a subclass that reads the checkpoint's layout, as transformers does for `whose`
+        from transformers.conversion_mapping import (
+            get_checkpoint_conversion_mapping,
+            register_checkpoint_conversion_mapping,
+        )
+
+        causal_lm = type(f"{causal_lm.__name__}Of{whose}", (causal_lm,), {})
+        register_checkpoint_conversion_mapping(causal_lm.__name__, get_checkpoint_conversion_mapping(layout),
+                                               overwrite=True)  # fmt: skip
     model, info = causal_lm.from_pretrained(folder, config=config, key_mapping=keys, output_loading_info=True)
     if info.get("missing_keys"):  # the loader fills them with random values and goes on
         raise ValueError(f"{folder}: no weights for {sorted(info['missing_keys'])[:3]} of {whose}'s language model")

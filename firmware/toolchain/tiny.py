@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -315,6 +316,16 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
                           "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
         "image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}),
+    # Qwen3-VL's mixtures of experts (Qwen3-VL-30B-A3B, 235B-A22B): Qwen3's experts under Qwen3-VL's
+    # language model, its experts saved as published, fused and each transposed, always scaled to sum
+    # to 1 (its config has no norm_topk_prob).
+    "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", {
+        "text_config": {"head_dim": 32, "moe_intermediate_size": 24, "num_experts": 4, "num_experts_per_tok": 2,
+                        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6],
+                                            "mrope_interleaved": True}},
+        "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                          "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
+        "image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}),
     # Qwen3's mixture-of-experts models (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): Qwen3's attention, then
     # experts (top 2 of 4, their weights scaled to sum to 1) in every layer, as published; and a
     # config that keeps its first layer dense (mlp_only_layers), which no GGUF can state.
@@ -571,7 +582,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # llama.cpp users bring most, with Llama 3's, Gemma 3's, linear and YaRN RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "hunyuan_alpha", "gpt_oss_global",
-               "qwen2_5_vl", "qwen3_vl", "lfm2_vl",
+               "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "lfm2_vl",
                "qwen3_moe_dense", "gemma4_unified",
                "granite_swa", "lfm3",
                "ministral",
@@ -644,6 +655,27 @@ def _glm4_moe_as_published(config: dict[str, Any]) -> dict[str, Any]:
 AS_PUBLISHED = {"GraniteMoeHybridConfig": _granite4_as_published, "NemotronHConfig": _nemotron_h_as_published,
                 "GPTNeoXConfig": _gpt_neox_as_published, "ExaoneConfig": _exaone_as_published,
                 "Glm4MoeConfig": _glm4_moe_as_published, "DeepseekV3Config": _deepseek_v3_as_published}
+
+
+def _experts_transposed(name: str, weight: Any) -> Any:
+    """Qwen3-VL's fused experts as its published checkpoints hold them: each expert's matrix
+    transposed (inputs by outputs), which transformers transposes back where the shape says so."""
+    return weight.transpose(1, 2).contiguous() if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")) \
+        else weight
+
+
+# The weights of these fixtures as their published checkpoints lay them out, where transformers 5
+# saves another layout (name, tensor -> tensor).
+WEIGHTS_AS_PUBLISHED = {"qwen3_vl_moe": _experts_transposed}
+
+
+def _rewrite_weights(path: Path, rewrite: Callable[[str, Any], Any]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    save_file({name: rewrite(name, weight) for name, weight in tensors.items()}, str(path), metadata={"format": "pt"})
+
+
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM", "exaone": "ExaoneForCausalLM"}
@@ -1268,6 +1300,8 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
         head.mul_(8.0)
         head[tok.get_vocab_size() :] = 0.0
     model.save_pretrained(out_dir)
+    if arch in WEIGHTS_AS_PUBLISHED:
+        _rewrite_weights(out_dir / "model.safetensors", WEIGHTS_AS_PUBLISHED[arch])
     if config_class in AS_PUBLISHED or arch in PUBLISHED_AS:
         saved = json.loads((out_dir / "config.json").read_text())
         saved = AS_PUBLISHED[config_class](saved) if config_class in AS_PUBLISHED else saved
@@ -1284,7 +1318,9 @@ def _fingerprint(arch: str) -> str:
     spec = repr((ARCHITECTURES[arch], chat_style(arch), *((RANDOMIZED[arch],) if arch in RANDOMIZED else ()),
                  *((("architectures", PUBLISHED_AS[arch]),) if arch in PUBLISHED_AS else ()),
                  *((inspect.getsource(AS_PUBLISHED[ARCHITECTURES[arch][0]]),)
-                   if ARCHITECTURES[arch][0] in AS_PUBLISHED else ())))  # fmt: skip
+                   if ARCHITECTURES[arch][0] in AS_PUBLISHED else ()),
+                 *((inspect.getsource(WEIGHTS_AS_PUBLISHED[arch]),)
+                   if arch in WEIGHTS_AS_PUBLISHED else ())))  # fmt: skip
     return "-" + hashlib.sha256(spec.encode()).hexdigest()[:8]
 
 
