@@ -579,13 +579,20 @@ def _glm4_moe_config(meta: dict[str, Any]) -> Any:
     fields = _glm_fields(meta, GLM4_MOE) | {"num_hidden_layers": _layer_count(key)}
     return Glm4MoeConfig(**fields, use_qk_norm="blk.0.attn_q_norm.weight" in shapes,
                          first_k_dense_replace=int(key("leading_dense_block_count", 0)),
-                         n_routed_experts=int(key("expert_count")), num_experts_per_tok=int(key("expert_used_count")),
-                         moe_intermediate_size=int(key("expert_feed_forward_length")),
-                         n_shared_experts=int(key("expert_shared_count", 1)),
-                         norm_topk_prob=bool(key("expert_weights_norm", False)),
-                         routed_scaling_factor=as_float32(key("expert_weights_scale", 1.0)),
-                         n_group=int(key("expert_group_count", 1)), topk_group=int(key("expert_group_used_count", 1)),
-                         num_mtp_layers=0, architectures=["Glm4MoeForCausalLM"])  # fmt: skip
+                         **_deepseek_style_experts(key), num_mtp_layers=0,
+                         architectures=["Glm4MoeForCausalLM"])  # fmt: skip
+
+
+def _deepseek_style_experts(key: Any) -> dict[str, Any]:
+    """The experts' fields of a DeepSeek-style config (DeepSeek V2/V3's, GLM-4.5's, Nemotron 3's):
+    how many, how many chosen, their width, the shared ones, the weights' scaling and the groups
+    they are chosen in."""
+    return {"n_routed_experts": int(key("expert_count")), "num_experts_per_tok": int(key("expert_used_count")),
+            "moe_intermediate_size": int(key("expert_feed_forward_length")),
+            "n_shared_experts": int(key("expert_shared_count", 1)),
+            "norm_topk_prob": bool(key("expert_weights_norm", False)),
+            "routed_scaling_factor": as_float32(key("expert_weights_scale", 1.0)),
+            "n_group": int(key("expert_group_count", 1)), "topk_group": int(key("expert_group_used_count", 1))}
 
 
 def _deepseek2_config(meta: dict[str, Any]) -> Any:
@@ -607,13 +614,7 @@ def _deepseek2_config(meta: dict[str, Any]) -> Any:
                "qk_rope_head_dim": rotated, "qk_nope_head_dim": int(key("attention.key_length_mla")) - rotated,
                "v_head_dim": int(key("attention.value_length_mla")),
                "attention_bias": "blk.0.attn_kv_a_mqa.bias" in shapes,
-               "first_k_dense_replace": int(key("leading_dense_block_count", 0)),
-               "n_routed_experts": int(key("expert_count")), "num_experts_per_tok": int(key("expert_used_count")),
-               "moe_intermediate_size": int(key("expert_feed_forward_length")),
-               "n_shared_experts": int(key("expert_shared_count", 1)),
-               "routed_scaling_factor": as_float32(key("expert_weights_scale", 1.0)),
-               "norm_topk_prob": bool(key("expert_weights_norm", False)),
-               "n_group": int(key("expert_group_count", 1)), "topk_group": int(key("expert_group_used_count", 1))}
+               "first_k_dense_replace": int(key("leading_dense_block_count", 0)), **_deepseek_style_experts(key)}
     if _deepseek2_sigmoid(key, fields):
         return DeepseekV3Config(**fields, rope_interleave=True, architectures=["DeepseekV3ForCausalLM"])
     return DeepseekV2Config(**fields, topk_method="greedy", architectures=["DeepseekV2ForCausalLM"])
@@ -887,13 +888,9 @@ def _nemotron_h_config(meta: dict[str, Any]) -> Any:
              "mlp" if w else "linear_attention" for i, (h, w) in enumerate(zip(heads, widths, strict=True))]
     inner, ssm_heads = int(key("ssm.inner_size")), int(key("ssm.time_step_rank"))
     first = {kind: kinds.index(kind) if kind in kinds else 0 for kind in ("linear_attention", "mlp", "full_attention")}
-    experts = {} if "moe" not in kinds else dict(
-        n_routed_experts=int(key("expert_count")), num_experts_per_tok=int(key("expert_used_count")),
-        moe_intermediate_size=int(key("expert_feed_forward_length")),
-        moe_shared_expert_intermediate_size=int(key("expert_shared_feed_forward_length")),
-        n_shared_experts=int(key("expert_shared_count", 1)), norm_topk_prob=bool(key("expert_weights_norm", False)),
-        routed_scaling_factor=as_float32(key("expert_weights_scale", 1.0)), n_group=int(key("expert_group_count", 1)),
-        topk_group=int(key("expert_group_used_count", 1)), moe_latent_size=key("moe_latent_size"))  # fmt: skip
+    experts = {} if "moe" not in kinds else _deepseek_style_experts(key) | {
+        "moe_shared_expert_intermediate_size": int(key("expert_shared_feed_forward_length")),
+        "moe_latent_size": key("moe_latent_size")}
 
     def has(kind: str, tensor: str) -> bool:
         return f"blk.{first[kind]}.{tensor}" in shapes
