@@ -34,6 +34,7 @@ from firmware.manifest import (
 )
 from firmware.signing import load_private_key, sign_manifest
 from firmware.toolchain import gguf_families, gguf_pretokenizers, gpt_families, prequantized, qwen3_next
+from firmware.toolchain.expert_routing import GROUPED_CHOICE_FAMILIES
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
@@ -896,7 +897,7 @@ def expert_choice_refusal(config: dict[str, Any]) -> str | None:
     choice is by sigmoid, mixes the chosen by their scores scaled to sum to 1 (DeepSeek V2's softmax
     weights go as they are)."""
     kind = config.get("model_type")
-    experts = kind in ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "deepseek_v2") or (
+    experts = kind in GROUPED_CHOICE_FAMILIES or (
         kind == "nemotron_h" and "moe" in layer_kinds(config))
     if not experts:
         return None

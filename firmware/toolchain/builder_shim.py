@@ -335,6 +335,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from firmware.toolchain import gpt_families, qwen3_next
+from firmware.toolchain.expert_routing import MLA_FAMILIES, SIGMOID_ROUTED_FAMILIES, SOFTMAX_BIASED_FAMILIES
 
 
 def _get(self: Any) -> Any:
@@ -476,15 +477,6 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                   "ernie4_5_moe": "Ernie4_5_MoeForCausalLM"}
-# Families whose attention is multi-head latent attention (DeepSeek V2's), built as plain multi-head
-# attention over heads as wide as its queries' or its values' (mla_heads, _mla_as_heads); their experts
-# route as GLM-4.5's (sigmoid scores plus a correction bias: _score_routed_experts) but DeepSeek
-# V2's (the softmax's top k as they are, as OLMoE's, scaled by routed_scaling_factor).
-MLA_FAMILIES = ("glm4_moe_lite", "deepseek_v3", "deepseek_v2")
-SIGMOID_ROUTED_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3")
-# ERNIE 4.5's experts are chosen from the softmax's scores plus a correction bias, and mixed by those
-# scores scaled to sum to 1: the same routing graph with a softmax for the sigmoid (_score_routed_experts).
-SOFTMAX_BIASED_FAMILIES = ("ernie4_5_moe",)
 # Families whose RoPE turns pairs of neighbouring dimensions (interleaved), not the head's halves
 # (DeepSeek's latent attention families as their configs' rope_interleave says).
 NEIGHBOURING_PAIR_FAMILIES = ("glm", "glm4", "helium", "ernie4_5_moe", "llama4_text")
