@@ -18,7 +18,10 @@ reasoning.py), Qwen3.5's and Qwen3-Coder's XML, each argument an element whose t
 "arguments": {...}}]</TOOLCALL>`, or Apertus' between its tokens, each call keyed by its name:
 `<|tools_prefix|>[{"get_weather": {...}}]<|tools_suffix|>`, or Command R7B's numbered list,
 `<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {...}}\n]<|END_ACTION|>`
-(its text answer between `<|START_RESPONSE|>` and `<|END_RESPONSE|>`: `CallFormat.text_wrap`). A
+(its text answer between `<|START_RESPONSE|>` and `<|END_RESPONSE|>`: `CallFormat.text_wrap`), or Kimi
+K2's, each call after a token of its own, named and numbered, `<|tool_calls_section_begin|>
+<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{...}<|tool_call_end|>
+<|tool_calls_section_end|>` (without the line breaks). A
 model that would write a call its own way and is held to another answers in text instead, in
 `auto`. Earlier calls reach the template as `tool_calls` where it renders them, else as text in the
 same format; their results in the template's tool turn or as Hermes' `<tool_response>` blocks
@@ -42,7 +45,8 @@ from appliance.engine.errors import InvalidRequest
 
 MAX_PARALLEL_CALLS = 8  # calls in one turn when parallel calls are allowed: a small model may otherwise loop
 # Where a format's `head` holds the call's id, which the model numbers its calls with (Command R7B's
-# count the conversation's calls): digits, as many as CALL_ID_DIGITS.
+# count the conversation's calls; Kimi K2's follows the name, in `args_open`): digits, as many as
+# CALL_ID_DIGITS.
 CALL_ID = "{id}"
 CALL_ID_DIGITS = 4
 
@@ -98,7 +102,8 @@ class CallFormat:
             arguments = python_kwargs(arguments)
         elif self.gemma:
             arguments = gemma_arguments(arguments)
-        return f"{self.head.replace(CALL_ID, str(index))}{name}{self.args_open}{arguments}{self.close}"
+        head, args_open = (part.replace(CALL_ID, str(index)) for part in (self.head, self.args_open))
+        return f"{head}{name}{args_open}{arguments}{self.close}"
 
     @property
     def marker_id(self) -> int | None:
@@ -171,6 +176,13 @@ GEMMA_QUOTE = '<|"|>'
 # decodes them (special tokens, which decoding drops, where it has them so):
 #   <TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>
 NEMOTRON_CALLS = ("<TOOLCALL>", "</TOOLCALL>")
+# Moonshot's Kimi K2 writes a turn's calls between two special tokens, each call between two more, its
+# name after "functions." and numbered (the conversation's calls counted) before a token that opens
+# its arguments' JSON:
+#   <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{...}
+#   <|tool_call_end|><|tool_calls_section_end|>
+KIMI_TOKENS = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+               "<|tool_call_argument_begin|>", "<|tool_call_end|>")
 # Zhipu's GLM-4.5, 4.6 and 4.7 write each call's name after a tag, then each argument as a key and a
 # value between tags, all special tokens of their vocabulary, a value that is not a string as JSON:
 #   <tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>
@@ -222,6 +234,12 @@ def call_format(template: str, token_id: Callable[[str], int | None],
     if open_id is not None and close_id is not None and opens in template:
         return CallFormat("apertus", opens, '{"', '": ', "}", ", ", open="[", end="]" + closes, marker=opens,
                           specials=((opens, open_id), (closes, close_id)))  # fmt: skip
+    kimi = {token: token_id(token) for token in KIMI_TOKENS}
+    if None not in kimi.values() and KIMI_TOKENS[0] in template:
+        opens, closes, call, args, call_end = KIMI_TOKENS
+        specials = tuple((token, i) for token, i in kimi.items() if i is not None)
+        return CallFormat("kimi", opens, call + "functions.", f":{CALL_ID}{args}", call_end, "", end=closes,
+                          marker=opens, specials=specials)  # fmt: skip
     marker, args = MISTRAL_ARGS
     marker_id, args_id = token_id(marker), token_id(args)
     if marker_id is not None and args_id is not None and marker in template and args in template:
@@ -862,8 +880,8 @@ Part = TextPart | CallStart | CallArguments
 
 
 def _head_end(text: str, head: str) -> int | None:
-    """Where `head` (a call's opening, CALL_ID in it standing for digits) ends in `text`; None where
-    `text` may yet become it, -1 where it cannot."""
+    """Where `head` (a call's opening, or what opens its arguments, CALL_ID in it standing for
+    digits) ends in `text`; None where `text` may yet become it, -1 where it cannot."""
     at = 0
     for n, piece in enumerate(head.split(CALL_ID)):
         if n:  # the call's id
@@ -1003,15 +1021,16 @@ class CallParser:
             end = self._name_end(head)
             if end < 0:
                 return
-            if not self.buf.startswith(self._args_open, end):
-                if len(self.buf) - end < len(self._args_open):
-                    return
+            opened = _head_end(self.buf[end:], self._args_open)  # (Kimi K2's holds the call's id)
+            if opened is None:
+                return
+            if opened < 0:
                 self.mode = "text"
                 return
             name = self.buf[head:end]
             out.append(CallStart(self.calls, name))
             self.calls += 1
-            self.buf = self.buf[end + len(self._args_open) :]
+            self.buf = self.buf[end + opened :]
             self.mode, self._depth, self._in_string, self._escape = "args", 0, False, False
             self._begin_call(self.calls - 1, name, out)
         elif self.mode == "args":

@@ -1120,6 +1120,34 @@ COMMAND_R7B_TURNS = ChatStyle(COMMAND_R7B_CHAT_TEMPLATE, ("<PAD>", "<BOS_TOKEN>"
                                                          "<|START_RESPONSE|>", "<|END_RESPONSE|>",
                                                          "<|START_TOOL_RESULT|>", "<|END_TOOL_RESULT|>"),
                               "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")  # fmt: skip
+# Moonshot's Kimi K2 (abridged): turns between special tokens of its own, the tools declared as JSON
+# in a system turn of their own; each call between tokens, named and numbered (the conversation's
+# calls counted), within a section of the turn; each result after "## Return of" the call's id.
+KIMI_K2_CHAT_TEMPLATE = (
+    "{%- if tools -%}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>{%- endif -%}"
+    "{%- set ns = namespace(calls=0, ids=[]) -%}{%- for message in messages -%}"
+    "{%- if loop.first and message.role != 'system' -%}"
+    "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>{%- endif -%}"
+    "{%- if message.role == 'user' -%}<|im_user|>user<|im_middle|>"
+    "{%- elif message.role == 'assistant' -%}<|im_assistant|>assistant<|im_middle|>"
+    "{%- else -%}<|im_system|>{{ message.role }}<|im_middle|>{%- endif -%}"
+    "{%- if message.role == 'assistant' and message.tool_calls -%}"
+    "{{ message.content or '' }}<|tool_calls_section_begin|>{%- for call in message.tool_calls -%}"
+    "{%- set id = 'functions.' + call.function.name + ':' + ns.calls | string -%}"
+    "{%- set ns.calls = ns.calls + 1 -%}{%- set ns.ids = ns.ids + [id] -%}"
+    "<|tool_call_begin|>{{ id }}<|tool_call_argument_begin|>{{ call.function.arguments"
+    " if call.function.arguments is string else call.function.arguments | tojson }}<|tool_call_end|>"
+    "{%- endfor -%}<|tool_calls_section_end|>"
+    "{%- elif message.role == 'tool' -%}## Return of {{ ns.ids[0] if ns.ids else 'functions.unknown' }}\n"
+    "{{ message.content }}{%- set ns.ids = ns.ids[1:] -%}"
+    "{%- else -%}{{ message.content }}{%- endif -%}<|im_end|>{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"
+)
+KIMI_K2_TURNS = ChatStyle(KIMI_K2_CHAT_TEMPLATE, ("[PAD]", "[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>",
+                                                 "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
+                                                 "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+                                                 "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
+                                                 "<|tool_call_end|>"), "[BOS]", "<|im_end|>")  # fmt: skip
 QWEN35_TURNS = ChatStyle(QWEN35_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>"))
 MISTRAL_TURNS = ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]",
                                                  "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
@@ -1163,6 +1191,8 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "apertus": APERTUS_TURNS,
     # Command R7B lists a turn's calls, numbered, between its own tokens (the cohere2 fixture).
     "cohere2": COMMAND_R7B_TURNS,
+    # Kimi K2 (DeepSeek V3's architecture) calls tools in its own format, numbered.
+    "deepseek_v3": KIMI_K2_TURNS,
     "nemotron_h": NEMOTRON_H_TURNS,
     "nemotron_h_moe": NEMOTRON_H_TURNS,
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",

@@ -245,6 +245,37 @@ def test_a_tag_the_tokenizer_decodes_as_text_is_text_to_the_grammar(trusted_keys
     constraint.accept(opens)  # (refused before: llguidance consumed it as a special token)
 
 
+KIMI_IDS = {"<|tool_calls_section_begin|>": 40, "<|tool_calls_section_end|>": 41, "<|tool_call_begin|>": 42,
+            "<|tool_call_argument_begin|>": 43, "<|tool_call_end|>": 44}
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_kimi_k2_calls_are_read_named_and_numbered_between_its_tokens(chunk: int) -> None:
+    """Kimi K2 numbers each call after its name, counting the conversation's calls; decoding drops
+    its tokens, so the parser reads `functions.get_weather:12{...}functions.get_time:13{}`."""
+    from firmware.toolchain.tiny import KIMI_K2_CHAT_TEMPLATE
+
+    fmt = call_format(KIMI_K2_CHAT_TEMPLATE, KIMI_IDS.get)
+    assert (fmt.name, fmt.marker_id) == ("kimi", 40)
+    paris, tricky = '{"city": "Paris", "unit": "c"}', '{"q": "a:1 ] b {", "list": [1, "}"]}'
+    written = format_calls([PastCall("get_weather", paris), PastCall("search", tricky)], fmt)
+    assert written == ("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                       f"<|tool_call_argument_begin|>{paris}<|tool_call_end|><|tool_call_begin|>functions.search:1"
+                       f"<|tool_call_argument_begin|>{tricky}<|tool_call_end|><|tool_calls_section_end|>")  # fmt: skip
+    two = [("get_weather", paris), ("search", tricky)]
+    assert _parse(written, chunk, fmt=fmt) == ("", two, 2)
+    assert _parse(written.replace(":0<", ":12<").replace(":1<", ":13<"), chunk, fmt=fmt) == ("", two, 2)
+    for not_an_id in (":<", ":x<", ":12345<"):  # a call without its number, or with more than CALL_ID_DIGITS
+        assert _parse(written.replace(":0<", not_an_id), chunk, fmt=fmt)[1] == []
+    cut = written[: written.index("Par")]  # max_tokens inside the first call's arguments
+    assert _parse(cut, chunk, calls_only=True, fmt=fmt)[1] == [("get_weather", '{"city": "')]
+    # Without the marker, what looks like calls is text.
+    assert _parse(fmt.visible(written), chunk, fmt=fmt) == (fmt.visible(written), [], 0)
+    assert call_format(KIMI_K2_CHAT_TEMPLATE, {}.get) is HERMES  # a vocabulary without Kimi's tokens
+    missing = {token: i for token, i in KIMI_IDS.items() if token != "<|tool_call_argument_begin|>"}
+    assert call_format(KIMI_K2_CHAT_TEMPLATE, missing.get) is HERMES
+
+
 MISTRAL_SMALL_CALLS = "{{- '[TOOL_CALLS]' + tool['function']['name'] + '[ARGS]' + arguments }}"
 
 
@@ -1077,6 +1108,11 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
      "<|assistant|>\n<think></think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
      "<arg_key>unit</arg_key><arg_value>c</arg_value></tool_call>",
      "<|observation|>\n<tool_response>\n18 C\n</tool_response>"),
+    ("deepseek_v3", "kimi", '<|im_system|>tool_declare<|im_middle|>[{"type": "function", "function": {"name": '
+     '"get_weather"', "<|im_assistant|>assistant<|im_middle|><|tool_calls_section_begin|><|tool_call_begin|>"
+     'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris", "unit": "c"}<|tool_call_end|>'
+     "<|tool_calls_section_end|><|im_end|>", "<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\n"
+     "18 C<|im_end|>"),  # Kimi K2
     ("gemma4", "gemma4", "<|tool>declaration:get_weather{",  # the results in the turn of the calls, which goes on
      '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>c<|"|>}<tool_call|>',
      '<tool_call|><|tool_response>response:get_weather{value:<|"|>18 C<|"|>}<tool_response|><|channel>thought\n'
