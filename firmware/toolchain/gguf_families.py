@@ -63,6 +63,10 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
 - ernie4_5-moe (ERNIE-4.5-21B-A3B): ERNIE 4.5's layers (a Llama's tensors, not permuted), dense
   leading layers, then experts every interleave_moe_layer_step layers, chosen by softmax with a
   bias for choosing, beside shared experts.
+- qwen3vl and qwen3vlmoe (Qwen3-VL's language model, dense and its mixtures of experts, the files
+  beside an mmproj file): Qwen3's and Qwen3-MoE's tensors, not permuted, the experts' weights always
+  scaled to sum to 1; the multimodal RoPE's sections and the deepstack layers' count unread (text has
+  the same position on each of RoPE's three rows, plain RoPE, and no image features).
 """
 
 from __future__ import annotations
@@ -82,11 +86,11 @@ ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granite
 FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "starcoder", "olmo", "jais2"
 APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA = "apertus", "gptneox", "chatglm", "qwen2moe", "gemma"
 NEMOTRON_H_MOE, EXAONE, GLM4_MOE, DEEPSEEK2 = "nemotron_h_moe", "exaone", "glm4moe", "deepseek2"
-ERNIE4_5_MOE = "ernie4_5-moe"
+ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE = "ernie4_5-moe", "qwen3vl", "qwen3vlmoe"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
                  JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA, NEMOTRON_H_MOE,
-                 EXAONE, GLM4_MOE, DEEPSEEK2, ERNIE4_5_MOE)
+                 EXAONE, GLM4_MOE, DEEPSEEK2, ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -114,7 +118,8 @@ def config(meta: dict[str, Any]) -> Any:
                STARCODER: _starcoder_config, OLMO: _olmo_config, JAIS2: _jais2_config,
                APERTUS: _apertus_config, GPT_NEOX: _gpt_neox_config, CHATGLM: _chatglm_config,
                QWEN2_MOE: _qwen2_moe_config, GEMMA: _gemma_config, GLM4_MOE: _glm4_moe_config,
-               DEEPSEEK2: _deepseek2_config, ERNIE4_5_MOE: _ernie_moe_config}  # fmt: skip
+               DEEPSEEK2: _deepseek2_config, ERNIE4_5_MOE: _ernie_moe_config, QWEN3VL: _qwen3_vl_config,
+               QWEN3VL_MOE: _qwen3_vl_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -130,7 +135,8 @@ LLAMA_SHAPED = {"mistral": (MISTRAL3, True), "ministral3": (MISTRAL3, True), "gr
                 "hunyuan_v1_dense": (HUNYUAN_DENSE, False), "olmoe": (OLMOE, False),
                 "ernie4_5": (ERNIE4_5, False), "olmo": (OLMO, True), "jais2": (JAIS2, False),
                 "qwen2_moe": (QWEN2_MOE, False), "exaone": (EXAONE, False), "glm4_moe": (GLM4_MOE, False),
-                "ernie4_5_moe": (ERNIE4_5_MOE, False)}  # fmt: skip
+                "ernie4_5_moe": (ERNIE4_5_MOE, False), "qwen3": (QWEN3VL, False),
+                "qwen3_moe": (QWEN3VL_MOE, False)}  # fmt: skip
 
 
 def state(gguf: Path, model_config: Any, meta: dict[str, Any]) -> dict[str, Any]:
@@ -687,6 +693,22 @@ def _qwen2_moe_config(meta: dict[str, Any]) -> Any:
                           moe_intermediate_size=int(key("expert_feed_forward_length")),
                           shared_expert_intermediate_size=int(key("expert_shared_feed_forward_length")),
                           norm_topk_prob=False, architectures=["Qwen2MoeForCausalLM"])  # fmt: skip
+
+
+def _qwen3_vl_config(meta: dict[str, Any]) -> Any:
+    """Qwen3-VL's language model as the Qwen3 (qwen3vl) or Qwen3 mixture of experts (qwen3vlmoe,
+    experts in every layer, their weights scaled to sum to 1 as Qwen3-VL's always are) that runs
+    its text."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    arch = str(meta["general.architecture"])
+    key, fields = _key(meta, arch), _llama_fields(meta, arch)
+    if arch == QWEN3VL:
+        return Qwen3Config(**fields, architectures=["Qwen3ForCausalLM"])
+    return Qwen3MoeConfig(**fields, num_experts=int(key("expert_count")),
+                          num_experts_per_tok=int(key("expert_used_count")),
+                          moe_intermediate_size=int(key("expert_feed_forward_length")), norm_topk_prob=True,
+                          architectures=["Qwen3MoeForCausalLM"])  # fmt: skip
 
 
 def _gemma_config(meta: dict[str, Any]) -> Any:

@@ -582,7 +582,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # llama.cpp users bring most, with Llama 3's, Gemma 3's, linear and YaRN RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "hunyuan_alpha", "gpt_oss_global",
-               "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "lfm2_vl",
+               "qwen2_5_vl", "lfm2_vl",
                "qwen3_moe_dense", "gemma4_unified",
                "granite_swa", "lfm3",
                "ministral",

@@ -19,7 +19,7 @@ from appliance.engine.chat import ChatTemplate
 from appliance.engine.tokenizer import TextTokenizer
 from firmware.toolchain import gguf_families
 from firmware.toolchain.build import read_chat_template
-from firmware.toolchain.tiny import ARCHITECTURES, FOLDER_ONLY, tiny_bundle, tiny_hf_dir
+from firmware.toolchain.tiny import ARCHITECTURES, FOLDER_ONLY, reference_class, tiny_bundle, tiny_hf_dir
 from firmware.toolchain.tiny_gguf import (
     CONVERTED,
     GGUF_ARCHITECTURES,
@@ -284,7 +284,8 @@ def test_a_file_read_here_gives_every_weight_of_the_folder_it_was_converted_from
     can hide a wrong layout (Granite's attention multiplier leaves its scores near zero, so rows
     permuted within a head barely show), its F32 file's weights cannot. (Mistral Small's
     image-and-text folder has the ministral3 fixture's language model; a dense Granite 4.0's file is
-    a Granite 3's, whose weights have other names; Falcon-H1's has its multipliers multiplied in.)"""
+    a Granite 3's, whose weights have other names; Falcon-H1's has its multipliers multiplied in.)
+    An image-and-text folder's file (Qwen3-VL's) holds its language model's weights alone."""
     import torch
     import transformers
 
@@ -293,8 +294,11 @@ def test_a_file_read_here_gives_every_weight_of_the_folder_it_was_converted_from
     meta = _gguf_metadata(tiny_gguf(name))
     config = gguf_families.config(meta)
     ours = gguf_families.state(tiny_gguf(name), config, meta)
-    folder = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_hf_dir(name)), dtype=torch.float32)
-    theirs = folder.state_dict()
+    image_and_text = "text_config" in ARCHITECTURES[name][2]
+    loader = getattr(transformers, reference_class(name)) if image_and_text else transformers.AutoModelForCausalLM
+    folder = loader.from_pretrained(str(tiny_hf_dir(name)), dtype=torch.float32)
+    theirs = {key.replace("model.language_model.", "model.", 1): value for key, value in folder.state_dict().items()
+              if not key.startswith("model.visual.")}  # fmt: skip
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
     assert set(ours) | tied == set(theirs) | tied
     for key, value in ours.items():
