@@ -55,11 +55,12 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
 - glm4moe (GLM-4.5, 4.5-Air, 4.6, 4.7): a Llama's tensors, not permuted, GLM's biases and partial
   rotation, dense leading layers, then experts chosen by sigmoid with a bias for choosing, beside
   shared experts; its multi-token prediction block written after the model's, as Nemotron 3's.
-- deepseek2 (DeepSeek-V2-Lite, DeepSeek V3, Moonlight, Kimi K2, GLM-4.7-Flash): multi-head latent
+- deepseek2 (DeepSeek-V2-Lite, DeepSeek V3, Moonlight, Kimi K2, GLM-4.7-Flash, Youtu-LLM): multi-head latent
   attention, whose latent's projection to the keys and values the converter splits in two (the
   keys' half transposed), and experts chosen by softmax (DeepSeek V2's) or by sigmoid with a bias
   (V3's), as the file's gating key says or, without one, as llama.cpp guesses (GLM-4.7-Flash's by
-  its layers and vocabulary, softmax otherwise); DeepSeek's YaRN mscale from its log multiplier.
+  its layers and vocabulary, softmax otherwise), or none (Youtu-LLM's dense layers); DeepSeek's YaRN
+  mscale from its log multiplier.
 - ernie4_5-moe (ERNIE-4.5-21B-A3B): ERNIE 4.5's layers (a Llama's tensors, not permuted), dense
   leading layers, then experts every interleave_moe_layer_step layers, chosen by softmax with a
   bias for choosing, beside shared experts.
@@ -158,7 +159,7 @@ def state(gguf: Path, model_config: Any, meta: dict[str, Any]) -> dict[str, Any]
         "apertus": partial(_apertus_state, gguf, meta), "phi": partial(_by_name_table, arch=PHI2),
         "gpt_bigcode": partial(_by_name_table, arch=STARCODER), "gpt_neox": _gpt_neox_state,
         "glm": partial(_chatglm_state, found), "gemma": _gemma_state,
-        "deepseek_v3": _deepseek2_state, "deepseek_v2": _deepseek2_state,
+        "deepseek_v3": _deepseek2_state, "deepseek_v2": _deepseek2_state, "youtu": _deepseek2_state,
         "jamba": partial(_by_name_table, arch=JAMBA, special=lambda hf: _mamba_or_experts(take, hf))}  # fmt: skip
     out = readers.get(model_config.model_type, _llama_state)(take, model_config)
     return {k: v.contiguous() for k, v in out.items()}
@@ -605,7 +606,7 @@ def _deepseek2_config(meta: dict[str, Any]) -> Any:
     """DeepSeek's latent attention models: its widths from the MLA keys (the file's key heads are the
     converter's one latent head: every query head has its own), low-rank queries where the file has
     them, and experts chosen by sigmoid (a DeepSeek V3 config) or softmax (a DeepSeek V2 one)."""
-    from transformers import DeepseekV2Config, DeepseekV3Config
+    from transformers import DeepseekV2Config, DeepseekV3Config, YoutuConfig
 
     key, shapes = _key(meta, DEEPSEEK2), meta["shapes"]
     fields = _llama_fields(meta, DEEPSEEK2)
@@ -619,8 +620,10 @@ def _deepseek2_config(meta: dict[str, Any]) -> Any:
                "head_dim": rotated, "kv_lora_rank": rank, "q_lora_rank": key("attention.q_lora_rank"),
                "qk_rope_head_dim": rotated, "qk_nope_head_dim": int(key("attention.key_length_mla")) - rotated,
                "v_head_dim": int(key("attention.value_length_mla")),
-               "attention_bias": "blk.0.attn_kv_a_mqa.bias" in shapes,
-               "first_k_dense_replace": int(key("leading_dense_block_count", 0)), **_deepseek_style_experts(key)}
+               "attention_bias": "blk.0.attn_kv_a_mqa.bias" in shapes}
+    if key("expert_count") is None:  # Youtu-LLM's: no experts (the converter calls every block a leading dense one)
+        return YoutuConfig(**fields, architectures=["YoutuForCausalLM"])
+    fields |= {"first_k_dense_replace": int(key("leading_dense_block_count", 0)), **_deepseek_style_experts(key)}
     if _deepseek2_sigmoid(key, fields):
         return DeepseekV3Config(**fields, rope_interleave=True, architectures=["DeepseekV3ForCausalLM"])
     return DeepseekV2Config(**fields, topk_method="greedy", architectures=["DeepseekV2ForCausalLM"])

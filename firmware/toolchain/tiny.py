@@ -554,6 +554,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "routed_scaling_factor": 2.0, "topk_method": "greedy", "rope_parameters": {
             "rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0, "original_max_position_embeddings": 64,
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}}),
+    # Tencent's Youtu-LLM (2B): DeepSeek V3's latent attention, low-rank queries, neighbouring pairs
+    # rotated, in a Llama's dense layers; its embeddings its LM head.
+    "youtu": ("YoutuConfig", "YoutuForCausalLM", {
+        "num_hidden_layers": 2, "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}),
     # Llama 4's (Scout's layers, text alone): every fourth layer without RoPE, weightless per-head query
     # and key norms in the others, which rotate neighbouring pairs and attend within chunks; experts
     # (one of 4 a token, its input scaled by the sigmoid of its logit, beside a shared expert) in
