@@ -456,6 +456,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # build caps the context: build.exact_positions).
     "internlm3": ("InternLM3Config", "LlamaForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "factor": 6.0, "rope_theta": 50000000.0}}),
+    # IQuest-Coder-V1: a Llama, which transformers runs it as (PUBLISHED_AS), under its own names.
+    "iquestcoder": ("IQuestCoderConfig", "LlamaForCausalLM", {"head_dim": 16}),
     # Karpathy's nanochat: norms without weights (one more before the first layer), per-head query
     # and key norms after RoPE, which turns each head's halves the other way, an ungated ReLU-squared
     # MLP (fc1, fc2) and capped logits.
@@ -595,7 +597,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "helium", "nanochat", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
-               "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next")
+               "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next", "iquestcoder")
 
 
 def _granite4_as_published(config: dict[str, Any]) -> dict[str, Any]:
@@ -683,7 +685,8 @@ def _rewrite_weights(path: Path, rewrite: Callable[[str, Any], Any]) -> None:
 
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
-PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM", "exaone": "ExaoneForCausalLM"}
+PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM", "exaone": "ExaoneForCausalLM",
+                "iquestcoder": "IQuestCoderForCausalLM"}
 
 
 def reference_class(arch: str) -> str:
