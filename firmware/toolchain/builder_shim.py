@@ -477,7 +477,7 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                   "ernie4_5_moe": "Ernie4_5_MoeForCausalLM", "youtu": "YoutuForCausalLM",
-                  "iquestcoder": "IQuestCoderForCausalLM"}
+                  "iquestcoder": "IQuestCoderForCausalLM", "solar_open": "SolarOpenForCausalLM"}
 # Families whose RoPE turns pairs of neighbouring dimensions (interleaved), not the head's halves
 # (DeepSeek's latent attention families as their configs' rope_interleave says).
 NEIGHBOURING_PAIR_FAMILIES = ("glm", "glm4", "helium", "ernie4_5_moe", "llama4_text")
