@@ -477,7 +477,8 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                   "ernie4_5_moe": "Ernie4_5_MoeForCausalLM", "youtu": "YoutuForCausalLM",
-                  "iquestcoder": "IQuestCoderForCausalLM", "solar_open": "SolarOpenForCausalLM"}
+                  "iquestcoder": "IQuestCoderForCausalLM", "solar_open": "SolarOpenForCausalLM",
+                  "dots1": "Dots1ForCausalLM"}
 # Families whose RoPE turns pairs of neighbouring dimensions (interleaved), not the head's halves
 # (DeepSeek's latent attention families as their configs' rope_interleave says).
 NEIGHBOURING_PAIR_FAMILIES = ("glm", "glm4", "helium", "ernie4_5_moe", "llama4_text")
@@ -1452,7 +1453,7 @@ def post_norm_layers() -> None:
             self.post_norm = config.model_type in POST_NORM_FAMILIES
             self.whole_qk_norm = config.model_type in ("olmo2", "olmo3", "olmoe")
             self.norm_names = LAYER_NORMS.get(config.model_type, POST_NORMS_ONLY)
-            if config.model_type in ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat"):
+            if config.model_type in ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat", "dots1"):
                 self.attention_attrs.update(q_norm=True, k_norm=True)
             # SwiGLU experts: the softmax's top k, scaled to sum to 1 where the config asks (DeepSeek V2's
             # router never does: its routed_scaling_factor is folded into the experts, _routed_scale_folded).
