@@ -478,7 +478,10 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "deepseek_v2": "DeepseekV2ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                   "ernie4_5_moe": "Ernie4_5_MoeForCausalLM", "youtu": "YoutuForCausalLM",
                   "iquestcoder": "IQuestCoderForCausalLM", "solar_open": "SolarOpenForCausalLM",
-                  "dots1": "Dots1ForCausalLM"}
+                  "dots1": "Dots1ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM"}
+# Families of the Llama class whose queries and keys are normed (per head, or over the whole
+# projection where whole_qk_norm says so).
+QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat", "dots1", "exaone_moe")
 # Families whose RoPE turns pairs of neighbouring dimensions (interleaved), not the head's halves
 # (DeepSeek's latent attention families as their configs' rope_interleave says).
 NEIGHBOURING_PAIR_FAMILIES = ("glm", "glm4", "helium", "ernie4_5_moe", "llama4_text")
@@ -1453,7 +1456,7 @@ def post_norm_layers() -> None:
             self.post_norm = config.model_type in POST_NORM_FAMILIES
             self.whole_qk_norm = config.model_type in ("olmo2", "olmo3", "olmoe")
             self.norm_names = LAYER_NORMS.get(config.model_type, POST_NORMS_ONLY)
-            if config.model_type in ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat", "dots1"):
+            if config.model_type in QK_NORM_FAMILIES:
                 self.attention_attrs.update(q_norm=True, k_norm=True)
             # SwiGLU experts: the softmax's top k, scaled to sum to 1 where the config asks (DeepSeek V2's
             # router never does: its routed_scaling_factor is folded into the experts, _routed_scale_folded).
@@ -1490,7 +1493,7 @@ def post_norm_layers() -> None:
                 self.layernorm_attrs["simple"] = False
             # EXAONE 4's global layers have no RoPE where the model has sliding ones.
             types = getattr(config, "layer_types", None) or []
-            hybrid = config.model_type == "exaone4" and getattr(config, "sliding_window", None)
+            hybrid = config.model_type in ("exaone4", "exaone_moe") and getattr(config, "sliding_window", None)
             self.unrotated = {i for i, kind in enumerate(types) if hybrid and kind != "sliding_attention"}
             # Llama 4's: RoPE (neighbouring pairs) and weightless per-head query and key norms but in its
             # every fourth layer; dense layers of their own width between its experts' (_llama4_moe).

@@ -543,6 +543,13 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "num_hidden_layers": 3, "head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 1,
         "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1, "norm_topk_prob": True,
         "routed_scaling_factor": 2.5}),
+    # LG's K-EXAONE (ExaoneMoe): EXAONE 4's attention (per-head query and key norms, three sliding layers
+    # to a global one without RoPE) in a Llama's pre-norm layers, a dense first layer, then DeepSeek
+    # V3's experts beside a shared expert.
+    "exaone_moe": ("ExaoneMoeConfig", "ExaoneMoeForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 16, "sliding_window": 16, "sliding_window_pattern": 4,
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.5}),
     # GLM-4.7-Flash's: DeepSeek's multi-head latent attention (queries through a low-rank projection and
     # its norm, keys and values from a normed latent and one rotated key shared by the heads, whose
     # neighbouring pairs turn), values narrower than the queries; GLM-4.5's experts.
@@ -610,7 +617,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next", "iquestcoder",
-               "solar_open", "dots1")
+               "solar_open", "dots1", "exaone_moe")
 
 
 def _granite4_as_published(config: dict[str, Any]) -> dict[str, Any]:
@@ -1279,6 +1286,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "glm4_moe": ("_proj.bias", "gate.weight", "e_score_correction_bias"),
                                           "solar_open": ("gate.weight", "e_score_correction_bias"),
                                           "dots1": ("gate.weight", "e_score_correction_bias", "norm.weight"),
+                                          "exaone_moe": ("gate.weight", "e_score_correction_bias", "norm.weight"),
                                           "glm4_moe_lite": ("a_layernorm.weight", "gate.weight",
                                                             "e_score_correction_bias"),
                                           "deepseek_v3": ("a_layernorm.weight", "gate.weight",
