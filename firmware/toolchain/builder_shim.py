@@ -478,7 +478,8 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "deepseek_v2": "DeepseekV2ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                   "ernie4_5_moe": "Ernie4_5_MoeForCausalLM", "youtu": "YoutuForCausalLM",
                   "iquestcoder": "IQuestCoderForCausalLM", "solar_open": "SolarOpenForCausalLM",
-                  "dots1": "Dots1ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM"}
+                  "dots1": "Dots1ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM",
+                  "cwm": "CwmForCausalLM"}
 # Families of the Llama class whose queries and keys are normed (per head, or over the whole
 # projection where whole_qk_norm says so).
 QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat", "dots1", "exaone_moe")

@@ -456,6 +456,12 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # build caps the context: build.exact_positions).
     "internlm3": ("InternLM3Config", "LlamaForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "factor": 6.0, "rope_theta": 50000000.0}}),
+    # Meta's Code World Model (CWM): a Llama whose layers slide but every fourth, Llama 3's RoPE.
+    "cwm": ("CwmConfig", "CwmForCausalLM", {"num_hidden_layers": 4, "head_dim": 16, "sliding_window": 16,
+                                            "rope_parameters": {"rope_type": "llama3", "rope_theta": 1000000.0,
+                                                                "factor": 16.0, "low_freq_factor": 1.0,
+                                                                "high_freq_factor": 4.0,
+                                                                "original_max_position_embeddings": 64}}),
     # IQuest-Coder-V1: a Llama, which transformers runs it as (PUBLISHED_AS), under its own names.
     "iquestcoder": ("IQuestCoderConfig", "LlamaForCausalLM", {"head_dim": 16}),
     # Karpathy's nanochat: norms without weights (one more before the first layer), per-head query
@@ -617,7 +623,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next", "iquestcoder",
-               "solar_open", "dots1", "exaone_moe")
+               "solar_open", "dots1", "exaone_moe", "cwm")
 
 
 def _granite4_as_published(config: dict[str, Any]) -> dict[str, Any]:
