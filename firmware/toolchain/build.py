@@ -895,8 +895,13 @@ def expert_choice_refusal(config: dict[str, Any]) -> str | None:
     """What of a Nemotron 3's, GLM-4.5's, GLM-4.7-Flash's or DeepSeek's experts the export would not
     route as transformers does, or None: it chooses among all experts (one group) and, where the
     choice is by sigmoid, mixes the chosen by their scores scaled to sum to 1 (DeepSeek V2's softmax
-    weights go as they are)."""
+    weights go as they are); HunYuan's choose as many of as many experts in every layer."""
     kind = config.get("model_type")
+    if kind == "hunyuan_v1_moe":  # (its counts may be given per layer: the export takes one for all)
+        for name in ("num_experts", "moe_topk"):
+            value = config.get(name)
+            if isinstance(value, list) and len(set(value)) > 1:
+                return f"its {name} differs by layer ({value}), which the export does not compute; not supported"
     experts = kind in GROUPED_CHOICE_FAMILIES or (
         kind == "nemotron_h" and "moe" in layer_kinds(config))
     if not experts:

@@ -669,6 +669,13 @@ def dynamic_ntk_as_default(config: Any) -> None:
         config.rope_parameters = {**{k: v for k, v in rope.items() if k != "factor"}, "rope_type": "default"}
 
 
+def hunyuan_moe_as_dense(config: Any) -> None:
+    """Tencent's HunYuan mixture-of-experts checkpoints (Hunyuan-A13B) go to the builder's dense
+    HunYuan class, which hunyuan_moe_layers gives their experts."""
+    if list(getattr(config, "architectures", None) or ())[:1] == ["HunYuanMoEV1ForCausalLM"]:
+        config.architectures = ["HunYuanDenseV1ForCausalLM"]
+
+
 def qwen3_moe_as_qwen3(config: Any) -> None:
     """Qwen3's mixture-of-experts checkpoints go to the builder's Qwen3 class, which
     qwen3_moe_layers gives their experts (the builder has no class of their own)."""
@@ -769,7 +776,7 @@ def mixtral_as_mistral(config: Any) -> None:
 FIXES = (dynamic_ntk_as_default, attention_softcap_as_transformers, gemma4_per_layer_shapes, gemma3n_as_gemma4,
          phi3_default_rope,
          longrope_type, gemma3_rope_per_layer_type, sliding_window_layers, norm_epsilon, qwen3_5_text_as_conditional,
-         qwen35_rope_as_text, qwen3_moe_as_qwen3, mla_heads, llama4_chunks_as_full,
+         qwen35_rope_as_text, qwen3_moe_as_qwen3, hunyuan_moe_as_dense, mla_heads, llama4_chunks_as_full,
          post_norm_as_llama, granite_swa_as_granite, lfm3_as_lfm2,
          granite_moe_as_granite4, granite4_mamba_as_linear_attention, nemotron_h_as_nemotron, falcon_h1_as_mistral,
          jamba_as_mistral, cohere_as_mistral, mixtral_as_mistral, gpt_families.config_as_llama)  # fmt: skip
@@ -1062,6 +1069,7 @@ def _layer_moe(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
     if not hasattr(moe, "experts"):
         self.make_mlp(layer_id, moe, root_input)
         return
+    router = getattr(moe.gate, "wg", moe.gate)  # (HunYuan's router holds its weight as `wg`)
     statics = getattr(moe.gate, "moe_statics", None)  # ERNIE 4.5's correction bias, [1, experts]
     if hasattr(moe.gate, "e_score_correction_bias") or statics is not None:  # GLM-4.5's, DeepSeek's, ERNIE's
         bias = statics.e_score_correction_bias.squeeze(0) if statics is not None else moe.gate.e_score_correction_bias
@@ -1069,7 +1077,7 @@ def _layer_moe(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
                               root_input, root_input, softmax=statics is not None)  # fmt: skip
         routed = self.layernorm_attrs["skip_input"]
     else:
-        routed = _experts(self, layer_id, moe.gate, moe.experts, root_input)
+        routed = _experts(self, layer_id, router, moe.experts, root_input)
     if getattr(moe, "shared_expert", None) is not None:
         from builders.qwen import Qwen35MoETextModel
 
@@ -1079,8 +1087,9 @@ def _layer_moe(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
         self.make_gated_add(name, routed, shared, gate, self.make_hidden_state_shape())
         routed = f"{name}/output_0"
     self.layernorm_attrs["skip_input"] = routed
-    if getattr(moe, "shared_experts", None) is not None:  # GLM-4.5's: a SwiGLU MLP added, ungated
-        _shared_expert_added(self, layer_id, moe.shared_experts, root_input, self.make_mlp)
+    shared = getattr(moe, "shared_experts", None) or getattr(moe, "shared_mlp", None)  # (HunYuan's name)
+    if shared is not None:  # GLM-4.5's, HunYuan's: a SwiGLU MLP added, ungated
+        _shared_expert_added(self, layer_id, shared, root_input, self.make_mlp)
 
 
 def qwen3_moe_layers() -> None:
@@ -1109,6 +1118,35 @@ def qwen3_moe_layers() -> None:
         make_moe = _layer_moe
 
     builders.Qwen3Model = Qwen3MoeModel
+
+
+def hunyuan_moe_layers() -> None:
+    """The builder's dense HunYuan class, with the layers of HunYuan's mixtures of experts where a
+    config has experts: its attention (query and key norms after RoPE), then a router (softmax over
+    the experts, the top k kept and scaled to sum to 1, the MoE operator's own routing; its weight
+    `gate.wg`) and SwiGLU experts, beside a shared MLP added ungated (_layer_moe); a count given per
+    layer is the same in every layer (build.expert_choice_refusal refuses others)."""
+    import builders
+    from builders.hunyuan import HunyuanDenseV1Model
+
+    if getattr(builders.HunyuanDenseV1Model, "_zerolayer_moe", False):
+        return
+
+    class HunyuanMoeModel(HunyuanDenseV1Model):
+        _zerolayer_moe = True
+
+        def __init__(self, config: Any, *args: Any) -> None:
+            for name in ("num_experts", "moe_topk"):  # (one per layer, all the same: build.expert_choice_refusal)
+                if isinstance(getattr(config, name, None), list):
+                    setattr(config, name, getattr(config, name)[0])
+            super().__init__(config, *args)
+            if config.model_type == "hunyuan_v1_moe":
+                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=True)
+
+        get_moe_module = _mlp_of
+        make_moe = _layer_moe
+
+    builders.HunyuanDenseV1Model = HunyuanMoeModel
 
 
 def _ungated_mlp(self: Any, layer_id: int, mlp: Any, root_input: str) -> None:
@@ -3004,6 +3042,7 @@ def install() -> None:
     qwen35_text_positions()
     qwen35_l2norm_epsilon()
     qwen3_moe_layers()
+    hunyuan_moe_layers()
     post_norm_layers()
     gemma4_dense_mlp()
     gemma4_per_layer_inputs()

@@ -163,6 +163,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # HunYuan (dense): query and key norms after the rotation, which its export applies beside the
     # attention from a position_ids input (the engine feeds it).
     "hunyuan": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16}),
+    # Tencent's Hunyuan-A13B (HunYuanMoEV1): HunYuan's attention (query and key norms after RoPE), then
+    # experts in every layer (the softmax's top k, scaled to sum to 1) beside a shared MLP; how many are
+    # chosen given per layer.
+    "hunyuan_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", {"head_dim": 16, "num_experts": 4,
+                                                                     "moe_topk": [2, 2], "intermediate_size": 32}),
     # SmolLM3 leaves RoPE out of every fourth layer, as published (builder_shim.smollm3_no_rope_layers;
     # llama.cpp's GGUF files state no pattern: its SmolLM3 takes every fourth).
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"num_hidden_layers": 4, "no_rope_layers": [1, 1, 1, 0],
@@ -623,7 +628,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next", "iquestcoder",
-               "solar_open", "dots1", "exaone_moe", "cwm")
+               "solar_open", "dots1", "exaone_moe", "cwm", "hunyuan_moe")
 
 
 def _granite4_as_published(config: dict[str, Any]) -> dict[str, Any]:
@@ -1292,6 +1297,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "glm4_moe": ("_proj.bias", "gate.weight", "e_score_correction_bias"),
                                           "solar_open": ("gate.weight", "e_score_correction_bias"),
                                           "dots1": ("gate.weight", "e_score_correction_bias", "norm.weight"),
+                                          "hunyuan_moe": ("layernorm.weight",),
                                           "exaone_moe": ("gate.weight", "e_score_correction_bias", "norm.weight"),
                                           "glm4_moe_lite": ("a_layernorm.weight", "gate.weight",
                                                             "e_score_correction_bias"),

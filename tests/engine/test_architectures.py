@@ -847,6 +847,20 @@ def test_an_option_the_export_leaves_out_is_refused_before_export(tmp_path: Path
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
 
 
+def test_a_hunyuan_whose_experts_differ_by_layer_is_refused_before_export(tmp_path: Path) -> None:
+    """HunYuan's configs may give the experts' counts per layer; the export takes one for every layer
+    (the hunyuan_moe fixture's list of one count builds, as its matrix tests show)."""
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import BuildOptions, build
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"architectures": ["HunYuanMoEV1ForCausalLM"],
+                                                "model_type": "hunyuan_v1_moe", "moe_topk": [2, 4]}))  # fmt: skip
+    with pytest.raises(BundleError, match=re.escape("its moe_topk differs by layer ([2, 4])")):
+        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+
+
 @pytest.mark.parametrize(("option", "refusal"), [({"norm_topk_prob": False}, "norm_topk_prob false"),
                                                  ({"mlp_only_layers": [0]}, "dense layers"),
                                                  ({"decoder_sparse_step": 2}, "dense layers")])
