@@ -479,10 +479,12 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "ernie4_5_moe": "Ernie4_5_MoeForCausalLM", "youtu": "YoutuForCausalLM",
                   "iquestcoder": "IQuestCoderForCausalLM", "solar_open": "SolarOpenForCausalLM",
                   "dots1": "Dots1ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM",
-                  "cwm": "CwmForCausalLM"}
+                  "cwm": "CwmForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM"}
 # Families of the Llama class whose queries and keys are normed (per head, or over the whole
 # projection where whole_qk_norm says so).
-QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat", "dots1", "exaone_moe")
+QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat", "dots1", "exaone_moe",
+                    "minimax_m2")
+WHOLE_QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "minimax_m2")
 # Families whose RoPE turns pairs of neighbouring dimensions (interleaved), not the head's halves
 # (DeepSeek's latent attention families as their configs' rope_interleave says).
 NEIGHBOURING_PAIR_FAMILIES = ("glm", "glm4", "helium", "ernie4_5_moe", "llama4_text")
@@ -1071,8 +1073,10 @@ def _layer_moe(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
         return
     router = getattr(moe.gate, "wg", moe.gate)  # (HunYuan's router holds its weight as `wg`)
     statics = getattr(moe.gate, "moe_statics", None)  # ERNIE 4.5's correction bias, [1, experts]
-    if hasattr(moe.gate, "e_score_correction_bias") or statics is not None:  # GLM-4.5's, DeepSeek's, ERNIE's
-        bias = statics.e_score_correction_bias.squeeze(0) if statics is not None else moe.gate.e_score_correction_bias
+    # GLM-4.5's, DeepSeek's, ERNIE's correction bias; MiniMax-M2's is the block's
+    bias = getattr(moe.gate, "e_score_correction_bias", getattr(moe, "e_score_correction_bias", None))
+    if bias is not None or statics is not None:
+        bias = statics.e_score_correction_bias.squeeze(0) if statics is not None else bias
         _score_routed_experts(self, layer_id, moe.gate, bias, moe.experts.gate_up_proj, moe.experts.down_proj,
                               root_input, root_input, softmax=statics is not None)  # fmt: skip
         routed = self.layernorm_attrs["skip_input"]
@@ -1493,7 +1497,7 @@ def post_norm_layers() -> None:
         def __init__(self, config: Any, *args: Any) -> None:
             super().__init__(config, *args)
             self.post_norm = config.model_type in POST_NORM_FAMILIES
-            self.whole_qk_norm = config.model_type in ("olmo2", "olmo3", "olmoe")
+            self.whole_qk_norm = config.model_type in WHOLE_QK_NORM_FAMILIES
             self.norm_names = LAYER_NORMS.get(config.model_type, POST_NORMS_ONLY)
             if config.model_type in QK_NORM_FAMILIES:
                 self.attention_attrs.update(q_norm=True, k_norm=True)

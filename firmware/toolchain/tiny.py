@@ -561,6 +561,12 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "num_hidden_layers": 4, "head_dim": 16, "sliding_window": 16, "sliding_window_pattern": 4,
         "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1,
         "routed_scaling_factor": 2.5}),
+    # MiniMax-M2: queries and keys normed over their whole projections (OLMo 2's), half of each head
+    # rotated, and experts in every layer chosen by sigmoid scores plus a correction bias (the block's),
+    # mixed by those scores scaled to sum to 1.
+    "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", {
+        "head_dim": 32, "rotary_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
     # GLM-4.7-Flash's: DeepSeek's multi-head latent attention (queries through a low-rank projection and
     # its norm, keys and values from a normed latent and one rotated key shared by the heads, whose
     # neighbouring pairs turn), values narrower than the queries; GLM-4.5's experts.
@@ -628,7 +634,8 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next", "iquestcoder",
-               "solar_open", "dots1", "exaone_moe", "cwm", "hunyuan_moe")
+               "solar_open", "dots1", "exaone_moe", "cwm", "hunyuan_moe",
+               "minimax_m2")
 
 
 def _granite4_as_published(config: dict[str, Any]) -> dict[str, Any]:
@@ -1298,6 +1305,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "solar_open": ("gate.weight", "e_score_correction_bias"),
                                           "dots1": ("gate.weight", "e_score_correction_bias", "norm.weight"),
                                           "hunyuan_moe": ("layernorm.weight",),
+                                          "minimax_m2": ("gate.weight", "e_score_correction_bias", "norm.weight"),
                                           "exaone_moe": ("gate.weight", "e_score_correction_bias", "norm.weight"),
                                           "glm4_moe_lite": ("a_layernorm.weight", "gate.weight",
                                                             "e_score_correction_bias"),
