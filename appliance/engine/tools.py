@@ -21,7 +21,9 @@ reasoning.py), Qwen3.5's and Qwen3-Coder's XML, each argument an element whose t
 (its text answer between `<|START_RESPONSE|>` and `<|END_RESPONSE|>`: `CallFormat.text_wrap`), or Kimi
 K2's, each call after a token of its own, named and numbered, `<|tool_calls_section_begin|>
 <|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{...}<|tool_call_end|>
-<|tool_calls_section_end|>` (without the line breaks). A
+<|tool_calls_section_end|>` (without the line breaks), or MiniMax-M2's elements between its tags,
+`<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n</invoke>
+\n</minimax:tool_call>` (`MINIMAX_CALLS`). A
 model that would write a call its own way and is held to another answers in text instead, in
 `auto`. Earlier calls reach the template as `tool_calls` where it renders them, else as text in the
 same format; their results in the template's tool turn or as Hermes' `<tool_response>` blocks
@@ -188,6 +190,12 @@ KIMI_TOKENS = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|
 #   <tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>
 # (GLM-4.7's without the newlines), after a newline where it follows the thought or text.
 GLM_TAGS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+# MiniMax-M2 writes a turn's calls between two tags (special tokens where its vocabulary has them so),
+# each an <invoke> element of <parameter> elements, a value that is not a string as JSON:
+#   <minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n</invoke>\n
+#   </minimax:tool_call> (without the last line break), after a newline where it follows text.
+MINIMAX_CALLS = ("<minimax:tool_call>", "</minimax:tool_call>")
+MINIMAX_INVOKE, MINIMAX_PARAMETER = '<invoke name="', '<parameter name="'
 
 
 def call_format(template: str, token_id: Callable[[str], int | None],
@@ -213,6 +221,13 @@ def call_format(template: str, token_id: Callable[[str], int | None],
                           specials=specials, channel="commentary")  # fmt: skip
     if all(tag in template for tag in GLM_TAGS[2:]) and "<tool_call>" in template:
         return _glm_format(template, token_id, special)
+    if all(tag in template for tag in (*MINIMAX_CALLS, MINIMAX_INVOKE, MINIMAX_PARAMETER)):
+        (opens, closes), ids = MINIMAX_CALLS, {tag: token_id(tag) for tag in MINIMAX_CALLS}
+        specials = tuple((tag, i) for tag, i in ids.items() if i is not None and special(tag))
+        return CallFormat("minimax", opens, MINIMAX_INVOKE, '">\n', "</invoke>\n", "", open=opens + "\n", end=closes,
+                          lead="\n", params=True, param_open=MINIMAX_PARAMETER, param_head_end='">',
+                          param_close="</parameter>\n", param_values_json=True, specials=specials,
+                          keeps_specials=True)  # fmt: skip
     (opens, closes), quote = GEMMA_CALL, GEMMA_QUOTE
     open_id, close_id, quote_id = (token_id(t) for t in (opens, closes, quote))
     if open_id is not None and close_id is not None and quote_id is not None and opens + "call:" in template:

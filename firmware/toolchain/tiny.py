@@ -1078,6 +1078,29 @@ GLM45_CHAT_TEMPLATE = (
     "{%- elif m.role == 'system' -%}{{ '<|system|>\n' + m.content }}{%- endif -%}{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"
 )
+# MiniMax-M2's (abridged): turns between tokens of its own, the tools listed as JSON, each call an
+# <invoke> element, its arguments <parameter> elements (a value that is not a string as JSON), all
+# of a turn's between two special tokens after a newline; results in a tool turn.
+MINIMAX_M2_CHAT_TEMPLATE = (
+    "{{ ']~!b[]~b]system\n' }}{%- if messages[0].role == 'system' -%}{{ messages[0].content }}"
+    "{%- else -%}{{ 'You are a helpful assistant.' }}{%- endif -%}"
+    "{%- if tools -%}{{ '\n\n# Tools\nYou may call one or more tools to assist with the user query.\nHere are the "
+    "tools available in JSONSchema format:\n\n<tools>\n' }}{%- for tool in tools -%}"
+    "{{ '<tool>' + tool.function | tojson + '</tool>\n' }}{%- endfor -%}{{ '</tools>\n\nWhen making tool calls, use "
+    "XML format to invoke tools and pass parameters:\n\n<minimax:tool_call>\n<invoke name=\"tool-name-1\">\n"
+    "<parameter name=\"param-key-1\">param-value-1</parameter>\n...\n</invoke>\n</minimax:tool_call>' }}"
+    "{%- endif -%}{{ '[e~[\n' }}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{{ ']~b]user\n' + m.content + '[e~[\n' }}"
+    "{%- elif m.role == 'assistant' -%}{{ ']~b]ai\n' + (m.content or '') }}"
+    "{%- if m.tool_calls -%}{{ '\n<minimax:tool_call>\n' }}{%- for tc in m.tool_calls -%}"
+    "{{ '<invoke name=\"' + tc.function.name + '\">\n' }}{%- for k, v in tc.function.arguments | items -%}"
+    "{{ '<parameter name=\"' + k + '\">' + (v if v is string else v | tojson) + '</parameter>\n' }}"
+    "{%- endfor -%}{{ '</invoke>\n' }}{%- endfor -%}{{ '</minimax:tool_call>' }}{%- endif -%}{{ '[e~[\n' }}"
+    "{%- elif m.role == 'tool' -%}{{ ']~b]tool\n<response>' + m.content + '</response>[e~[\n' }}"
+    "{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}{{ ']~b]ai\n' }}{%- endif -%}"
+)
+MINIMAX_M2_TURNS = ChatStyle(MINIMAX_M2_CHAT_TEMPLATE, ("<pad>", "]~!b[", "]~b]", "[e~[", "<minimax:tool_call>",
+                                                       "</minimax:tool_call>"), "]~!b[", "[e~[")  # fmt: skip
 # GLM-4.7's (abridged: as 4.5's, but a call's parts without newlines between them).
 GLM47_CHAT_TEMPLATE = GLM45_CHAT_TEMPLATE.replace("'\n<tool_call>' + tc.function.name + '\n'",
                                                   "'<tool_call>' + tc.function.name").replace(
@@ -1237,6 +1260,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "apertus": APERTUS_TURNS,
     # Command R7B lists a turn's calls, numbered, between its own tokens (the cohere2 fixture).
     "cohere2": COMMAND_R7B_TURNS,
+    "minimax_m2": MINIMAX_M2_TURNS,
     # Kimi K2 (DeepSeek V3's architecture) calls tools in its own format, numbered.
     "deepseek_v3": KIMI_K2_TURNS,
     "nemotron_h": NEMOTRON_H_TURNS,

@@ -276,6 +276,29 @@ def test_kimi_k2_calls_are_read_named_and_numbered_between_its_tokens(chunk: int
     assert call_format(KIMI_K2_CHAT_TEMPLATE, missing.get) is HERMES
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+@pytest.mark.parametrize("ids", [{"<minimax:tool_call>": 50, "</minimax:tool_call>": 51}, {}])
+def test_minimax_m2_calls_are_read_from_their_invoke_and_parameter_elements(chunk: int, ids: dict[str, int]) -> None:
+    """MiniMax-M2 writes a turn's calls as <invoke> elements of <parameter> elements between its
+    tags (special tokens, kept for the parser, or text), after a newline where it follows text."""
+    from firmware.toolchain.tiny import MINIMAX_M2_CHAT_TEMPLATE
+
+    fmt = call_format(MINIMAX_M2_CHAT_TEMPLATE, ids.get)
+    assert fmt.name == "minimax" and dict(fmt.specials) == ids
+    weather = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"},
+                                                                        "days": {"type": "integer"}}})  # fmt: skip
+    paris = '{"city": "Paris: <b>", "days": 3}'
+    written = format_calls([PastCall("get_weather", paris), PastCall("get_time", "{}")], fmt)
+    assert written == ('<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris: <b>'
+                       '</parameter>\n<parameter name="days">3</parameter>\n</invoke>\n<invoke name="get_time">\n'
+                       "</invoke>\n</minimax:tool_call>")  # fmt: skip
+    two = [("get_weather", paris), ("get_time", "{}")]
+    for lead in ("", "\n"):
+        assert _parse(lead + written, chunk, fmt=fmt, tools=(weather, CLOCK)) == ("", two, 2)
+    assert _parse("<invoke is not a call", chunk, fmt=fmt) == ("<invoke is not a call", [], 0)
+    assert call_format(MINIMAX_M2_CHAT_TEMPLATE.replace("<invoke name=", "<call name="), ids.get) is HERMES
+
+
 MISTRAL_SMALL_CALLS = "{{- '[TOOL_CALLS]' + tool['function']['name'] + '[ARGS]' + arguments }}"
 
 
@@ -1113,6 +1136,10 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
      'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris", "unit": "c"}<|tool_call_end|>'
      "<|tool_calls_section_end|><|im_end|>", "<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\n"
      "18 C<|im_end|>"),  # Kimi K2
+    ("minimax_m2", "minimax", '<tools>\n<tool>{"name": "get_weather"',
+     ']~b]ai\n\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+     '<parameter name="unit">c</parameter>\n</invoke>\n</minimax:tool_call>[e~[\n',
+     "]~b]tool\n<response>18 C</response>[e~[\n"),
     ("gemma4", "gemma4", "<|tool>declaration:get_weather{",  # the results in the turn of the calls, which goes on
      '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>c<|"|>}<tool_call|>',
      '<tool_call|><|tool_response>response:get_weather{value:<|"|>18 C<|"|>}<tool_response|><|channel>thought\n'
