@@ -64,6 +64,9 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
 - ernie4_5-moe (ERNIE-4.5-21B-A3B): ERNIE 4.5's layers (a Llama's tensors, not permuted), dense
   leading layers, then experts every interleave_moe_layer_step layers, chosen by softmax with a
   bias for choosing, beside shared experts.
+- dots1 (rednote's dots.llm1): Qwen3's attention (a Llama's tensors, not permuted, query and key
+  norms), dense leading layers, then experts chosen by sigmoid with a bias for choosing, beside
+  shared experts; no sliding layers (its published configs have none).
 - qwen3vl and qwen3vlmoe (Qwen3-VL's language model, dense and its mixtures of experts, the files
   beside an mmproj file): Qwen3's and Qwen3-MoE's tensors, not permuted, the experts' weights always
   scaled to sum to 1; the multimodal RoPE's sections and the deepstack layers' count unread (text has
@@ -87,11 +90,11 @@ ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granite
 FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "starcoder", "olmo", "jais2"
 APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA = "apertus", "gptneox", "chatglm", "qwen2moe", "gemma"
 NEMOTRON_H_MOE, EXAONE, GLM4_MOE, DEEPSEEK2 = "nemotron_h_moe", "exaone", "glm4moe", "deepseek2"
-ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE = "ernie4_5-moe", "qwen3vl", "qwen3vlmoe"
+ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1 = "ernie4_5-moe", "qwen3vl", "qwen3vlmoe", "dots1"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
                  JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA, NEMOTRON_H_MOE,
-                 EXAONE, GLM4_MOE, DEEPSEEK2, ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE)
+                 EXAONE, GLM4_MOE, DEEPSEEK2, ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -120,7 +123,7 @@ def config(meta: dict[str, Any]) -> Any:
                APERTUS: _apertus_config, GPT_NEOX: _gpt_neox_config, CHATGLM: _chatglm_config,
                QWEN2_MOE: _qwen2_moe_config, GEMMA: _gemma_config, GLM4_MOE: _glm4_moe_config,
                DEEPSEEK2: _deepseek2_config, ERNIE4_5_MOE: _ernie_moe_config, QWEN3VL: _qwen3_vl_config,
-               QWEN3VL_MOE: _qwen3_vl_config}  # fmt: skip
+               QWEN3VL_MOE: _qwen3_vl_config, DOTS1: _dots1_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -137,7 +140,7 @@ LLAMA_SHAPED = {"mistral": (MISTRAL3, True), "ministral3": (MISTRAL3, True), "gr
                 "ernie4_5": (ERNIE4_5, False), "olmo": (OLMO, True), "jais2": (JAIS2, False),
                 "qwen2_moe": (QWEN2_MOE, False), "exaone": (EXAONE, False), "glm4_moe": (GLM4_MOE, False),
                 "ernie4_5_moe": (ERNIE4_5_MOE, False), "qwen3": (QWEN3VL, False),
-                "qwen3_moe": (QWEN3VL_MOE, False)}  # fmt: skip
+                "qwen3_moe": (QWEN3VL_MOE, False), "dots1": (DOTS1, False)}  # fmt: skip
 
 
 def state(gguf: Path, model_config: Any, meta: dict[str, Any]) -> dict[str, Any]:
@@ -712,6 +715,17 @@ def _qwen3_vl_config(meta: dict[str, Any]) -> Any:
                           num_experts_per_tok=int(key("expert_used_count")),
                           moe_intermediate_size=int(key("expert_feed_forward_length")), norm_topk_prob=True,
                           architectures=["Qwen3MoeForCausalLM"])  # fmt: skip
+
+
+def _dots1_config(meta: dict[str, Any]) -> Any:
+    """dots.llm1's: Qwen3's attention, dense leading layers, then DeepSeek V3's experts (sigmoid, a
+    bias for choosing, shared experts); every layer global, as its published configs have them."""
+    from transformers import Dots1Config
+
+    key = _key(meta, DOTS1)
+    return Dots1Config(**_llama_fields(meta, DOTS1), first_k_dense_replace=int(key("leading_dense_block_count", 0)),
+                       **_deepseek_style_experts(key), sliding_window=None,
+                       architectures=["Dots1ForCausalLM"])  # fmt: skip
 
 
 def _gemma_config(meta: dict[str, Any]) -> Any:

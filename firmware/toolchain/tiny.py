@@ -634,7 +634,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next", "iquestcoder",
-               "solar_open", "dots1", "exaone_moe", "cwm", "hunyuan_moe",
+               "solar_open", "exaone_moe", "cwm", "hunyuan_moe",
                "minimax_m2")
 
 
