@@ -117,6 +117,22 @@ VARIANTS: dict[str, Variant] = {
     # ERNIE 4.5's experts every other layer without a shared expert, and biased projections.
     "ernie4_5_moe_sparse": ("ernie4_5_moe", {"moe_num_shared_experts": 0, "use_bias": True, "moe_layer_interval": 2,
                                              "num_hidden_layers": 4}, None),
+    # Youtu-LLM's latent attention with queries projected directly, halves rotated, wider values.
+    "youtu_direct_queries": ("youtu", {"q_lora_rank": None, "rope_interleave": False, "v_head_dim": 48}, None),
+    # Solar Open with biased projections and two shared experts.
+    "solar_open_biases": ("solar_open", {"attention_bias": True, "n_shared_experts": 2}, None),
+    # dots.llm1 with its later layers sliding (max_window_layers) and two shared experts.
+    "dots1_window": ("dots1", {"sliding_window": 16, "max_window_layers": 1, "n_shared_experts": 2}, None),
+    # K-EXAONE's layers alternating (its global layers unrotated), two shared experts' width.
+    "exaone_moe_alternating": ("exaone_moe", {"layer_types": ["sliding_attention", "full_attention"] * 2,
+                                              "num_shared_experts": 2}, None),
+    # Hunyuan-A13B's fixed NTK alpha, one expert a token.
+    "hunyuan_moe_alpha": ("hunyuan_moe", {"moe_topk": [1, 1], "rope_parameters": {
+        "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}}, None),
+    # MiniMax-M2 wholly rotated, three experts a token.
+    "minimax_m2_full_rotary": ("minimax_m2", {"rotary_dim": 32, "num_experts_per_tok": 3, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}, None),
+    "cwm_global": ("cwm", {"layer_types": ["full_attention"] * 4}, None),
     "lfm2_three_layers": ("lfm2", {"layer_types": ["conv", "full_attention", "conv"], "full_attn_idxs": [1],
                                    "num_hidden_layers": 3}, None),
     "lfm2_tied": ("lfm2", {"tie_word_embeddings": True}, None),
