@@ -455,14 +455,16 @@ def norm_epsilon(config: Any) -> None:
 # Families whose layers normalize each sublayer's output (post_norm_layers); GLM-4's normalize its input too.
 POST_NORM_FAMILIES = {"olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "exaone4": "Exaone4ForCausalLM",
                       "glm4": "Glm4ForCausalLM", "apertus": "ApertusForCausalLM",
-                      "vaultgemma": "VaultGemmaForCausalLM", "hyperclovax": "HyperCLOVAXForCausalLM"}  # fmt: skip
+                      "vaultgemma": "VaultGemmaForCausalLM", "hyperclovax": "HyperCLOVAXForCausalLM",
+                      "afmoe": "AfmoeForCausalLM"}  # fmt: skip
 # Each family's norms (Hugging Face module names): before the attention, after it, before the
 # MLP, after it; None where the layer has none.
 LAYER_NORMS = {"glm4": ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
                         "post_mlp_layernorm"),
                "apertus": ("attention_layernorm", None, "feedforward_layernorm", None),  # a Llama's, renamed
                "vaultgemma": ("input_layernorm", None, "pre_feedforward_layernorm", None),  # Gemma 2's, less two
-               "hyperclovax": ("input_layernorm", "post_norm1", "post_attention_layernorm", "post_norm2")}
+               "hyperclovax": ("input_layernorm", "post_norm1", "post_attention_layernorm", "post_norm2"),
+               "afmoe": ("input_layernorm", "post_attention_layernorm", "pre_mlp_layernorm", "post_mlp_layernorm")}
 POST_NORMS_ONLY = (None, "post_attention_layernorm", None, "post_feedforward_layernorm")
 LLAMA_NORMS = ("input_layernorm", None, "post_attention_layernorm", None)  # (HyperCLOVA X's without post norms)
 # Families that are a Llama but for their MLP: up, ReLU squared, down (Nemotron's, without its norms).
@@ -483,7 +485,7 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
 # Families of the Llama class whose queries and keys are normed (per head, or over the whole
 # projection where whole_qk_norm says so).
 QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat", "dots1", "exaone_moe",
-                    "minimax_m2")
+                    "minimax_m2", "afmoe")
 WHOLE_QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "minimax_m2")
 # Families whose RoPE turns pairs of neighbouring dimensions (interleaved), not the head's halves
 # (DeepSeek's latent attention families as their configs' rope_interleave says).
@@ -1071,13 +1073,16 @@ def _layer_moe(self: Any, layer_id: int, moe: Any, root_input: str) -> None:
     if not hasattr(moe, "experts"):
         self.make_mlp(layer_id, moe, root_input)
         return
-    router = getattr(moe.gate, "wg", moe.gate)  # (HunYuan's router holds its weight as `wg`)
-    statics = getattr(moe.gate, "moe_statics", None)  # ERNIE 4.5's correction bias, [1, experts]
-    # GLM-4.5's, DeepSeek's, ERNIE's correction bias; MiniMax-M2's is the block's
-    bias = getattr(moe.gate, "e_score_correction_bias", getattr(moe, "e_score_correction_bias", None))
+    gate = moe.router.gate if hasattr(moe, "router") else moe.gate  # (AFMoE's router holds a Linear `gate`)
+    router = getattr(gate, "wg", gate)  # (HunYuan's router holds its weight as `wg`)
+    statics = getattr(gate, "moe_statics", None)  # ERNIE 4.5's correction bias, [1, experts]
+    # GLM-4.5's, DeepSeek's, ERNIE's correction bias; MiniMax-M2's and AFMoE's are the block's
+    biases = (getattr(gate, "e_score_correction_bias", None), getattr(moe, "e_score_correction_bias", None),
+              getattr(moe, "expert_bias", None))  # fmt: skip
+    bias = next((b for b in biases if b is not None), None)
     if bias is not None or statics is not None:
         bias = statics.e_score_correction_bias.squeeze(0) if statics is not None else bias
-        _score_routed_experts(self, layer_id, moe.gate, bias, moe.experts.gate_up_proj, moe.experts.down_proj,
+        _score_routed_experts(self, layer_id, gate, bias, moe.experts.gate_up_proj, moe.experts.down_proj,
                               root_input, root_input, softmax=statics is not None)  # fmt: skip
         routed = self.layernorm_attrs["skip_input"]
     else:
@@ -1528,6 +1533,8 @@ def post_norm_layers() -> None:
                 self.lm_head_attrs["scale"] = config.logits_scaling
                 if not config.use_post_norm:
                     self.norm_names = LLAMA_NORMS
+            if config.model_type == "afmoe" and config.mup_enabled:  # (AFMoE's µP: the embeddings scaled)
+                self.embed_attrs["scale"] = math.sqrt(self.hidden_size)
             if config.model_type == "vaultgemma":  # Gemma 2's embedding scale, norms (1 + w) and query scale
                 self.embed_attrs["scale"] = math.sqrt(self.hidden_size)
                 self.layernorm_attrs["add_offset"] = 1
@@ -1536,7 +1543,9 @@ def post_norm_layers() -> None:
                 self.layernorm_attrs["simple"] = False
             # EXAONE 4's global layers have no RoPE where the model has sliding ones.
             types = getattr(config, "layer_types", None) or []
-            hybrid = config.model_type in ("exaone4", "exaone_moe") and getattr(config, "sliding_window", None)
+            # (AFMoE's global layers never rotate, whatever its window.)
+            windowed = config.model_type in ("exaone4", "exaone_moe") and getattr(config, "sliding_window", None)
+            hybrid = bool(windowed) or config.model_type == "afmoe"
             self.unrotated = {i for i, kind in enumerate(types) if hybrid and kind != "sliding_attention"}
             # Llama 4's: RoPE (neighbouring pairs) and weightless per-head query and key norms but in its
             # every fourth layer; dense layers of their own width between its experts' (_llama4_moe).
@@ -1666,6 +1675,17 @@ def post_norm_layers() -> None:
                 return
             super().make_attention_input_proj(layer_id, attention, root_input, **kwargs)
 
+        def make_attention_output_proj(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
+            if hasattr(attention, "gate_proj"):  # AFMoE's: the output gated by sigmoid(gate_proj(layer input))
+                base, width = f"/model/layers.{layer_id}/attn/gate_proj", self.num_attn_heads * self.head_size
+                gate = self.make_matmul(attention.gate_proj, f"{base}/MatMul", root_input)
+                shape = self.make_hidden_state_shape(last_dim=width)
+                self.make_sigmoid(f"{base}/Sigmoid", f"{gate}/output_0", self.io_dtype, shape)
+                self.make_mul(f"{base}/Mul", [self.attention_attrs["o_path"], f"{base}/Sigmoid/output_0"],
+                              self.io_dtype, shape)  # fmt: skip
+                self.attention_attrs["o_path"] = f"{base}/Mul/output_0"
+            super().make_attention_output_proj(layer_id, attention, root_input, **kwargs)
+
         def make_attention(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
             if layer_id not in self.unrotated:
                 super().make_attention(layer_id, attention, root_input, **kwargs)
@@ -1688,7 +1708,8 @@ def post_norm_layers() -> None:
             self.make_attention(layer_id, layer.self_attn, root_input=self._norm(layer_id, before_attention, "input",
                                                                                  residual))  # fmt: skip
             residual = self._post_norm(layer_id, after_attention, "post_attention", residual)
-            self.make_mlp(layer_id, layer.mlp, root_input=self._norm(layer_id, before_mlp, "pre_feedforward", residual))
+            feed_forward = self.make_moe if self.moe_attrs["num_experts"] > 0 else self.make_mlp  # (AFMoE's experts)
+            feed_forward(layer_id, layer.mlp, root_input=self._norm(layer_id, before_mlp, "pre_feedforward", residual))
             last = layer_id == self.num_layers - 1
             if last:  # the final norm (SkipSimplifiedLayerNormalization) adds the MLP's normed output itself
                 self.layernorm_attrs["root_input"] = residual
@@ -2717,7 +2738,7 @@ def _score_routing(self: Any, config: Any, **activation: float) -> None:
     the chosen scores scaled to sum to 1, then by routed_scaling_factor where the config has one
     (_score_routed_experts: Nemotron 3's, GLM-4.5's, DeepSeek V3's, ERNIE 4.5's): SwiGLU experts
     (`activation`: the SwiGLU's alpha and beta, Nemotron 3's)."""
-    scale = float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
+    scale = float(getattr(config, "routed_scaling_factor", None) or getattr(config, "route_scale", None) or 1.0)
     norm_min = getattr(config, "moe_norm_min", None)  # (ERNIE 4.5's clamp of the chosen scores' sum)
     self.score_sum_floor = (True, float(norm_min)) if norm_min is not None else (False, 1e-20)
     self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=True,

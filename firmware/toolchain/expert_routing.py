@@ -14,7 +14,7 @@ MLA_FAMILIES = ("glm4_moe_lite", "deepseek_v3", "deepseek_v2", "youtu")
 # GLM-4.7-Flash's, DeepSeek V3's, Solar Open's (GLM-4.5's experts under a Llama's attention) and
 # dots.llm1's (under Qwen3's).
 SIGMOID_ROUTED_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "solar_open", "dots1", "exaone_moe",
-                           "minimax_m2")
+                           "minimax_m2", "afmoe")
 # ERNIE 4.5's experts are chosen from the softmax's scores plus a correction bias, and mixed by those
 # scores scaled to sum to 1: the same routing graph with a softmax for the sigmoid.
 SOFTMAX_BIASED_FAMILIES = ("ernie4_5_moe",)

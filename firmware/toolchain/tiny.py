@@ -567,6 +567,14 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", {
         "head_dim": 32, "rotary_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
+    # Arcee's Trinity (AFMoE): norms before and after the attention and the MLP, per-head query and key
+    # norms, the attention's output gated by a sigmoid, RoPE in the sliding layers alone, µP's scaled
+    # embeddings, a dense first layer, then experts chosen by sigmoid scores plus a bias (the block's),
+    # mixed by those scores scaled to sum to 1 times route_scale, beside a shared expert.
+    "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "num_shared_experts": 1, "num_dense_layers": 1, "route_scale": 2.0,
+        "sliding_window": 16, "global_attn_every_n_layers": 2, "mup_enabled": True}),
     # GLM-4.7-Flash's: DeepSeek's multi-head latent attention (queries through a low-rank projection and
     # its norm, keys and values from a normed latent and one rotated key shared by the heads, whose
     # neighbouring pairs turn), values narrower than the queries; GLM-4.5's experts.
@@ -635,7 +643,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next", "iquestcoder",
                "solar_open", "exaone_moe", "cwm", "hunyuan_moe",
-               "minimax_m2")
+               "minimax_m2", "afmoe")
 
 
 def _granite4_as_published(config: dict[str, Any]) -> dict[str, Any]:
@@ -1330,6 +1338,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "dots1": ("gate.weight", "e_score_correction_bias", "norm.weight"),
                                           "hunyuan_moe": ("layernorm.weight",),
                                           "minimax_m2": ("gate.weight", "e_score_correction_bias", "norm.weight"),
+                                          "afmoe": ("expert_bias", "norm.weight", "layernorm.weight"),
                                           "exaone_moe": ("gate.weight", "e_score_correction_bias", "norm.weight"),
                                           "glm4_moe_lite": ("a_layernorm.weight", "gate.weight",
                                                             "e_score_correction_bias"),
