@@ -52,7 +52,8 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
 - chatglm (GLM-4 9B, glm-4-9b-chat's own layout and the -hf one's, and GLM-Edge): GLM-4-0414's
   layers without its post norms; no head width stated (it is the queries' rows shared out), the
   queries, keys and values one tensor in the former, three in the latter.
-- glm4moe (GLM-4.5, 4.5-Air, 4.6, 4.7): a Llama's tensors, not permuted, GLM's biases and partial
+- glm4moe (GLM-4.5, 4.5-Air, 4.6, 4.7; and Solar Open, written as GLM-4.5): a Llama's tensors, not
+  permuted, GLM's biases and partial
   rotation, dense leading layers, then experts chosen by sigmoid with a bias for choosing, beside
   shared experts; its multi-token prediction block written after the model's, as Nemotron 3's.
 - deepseek2 (DeepSeek-V2-Lite, DeepSeek V3, Moonlight, Kimi K2, GLM-4.7-Flash, Youtu-LLM): multi-head latent

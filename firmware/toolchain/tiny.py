@@ -543,11 +543,12 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "first_k_dense_replace": 1, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
         "routed_scaling_factor": 2.5}),
     # Upstage's Solar Open (100B): GLM-4.5's experts (sigmoid scores plus a correction bias, beside a
-    # shared expert) in every layer, under a Llama's attention, its heads wholly rotated.
+    # shared expert) in every layer, under a Llama's attention, its heads wholly rotated (as its config
+    # says: llama.cpp's converter takes GLM-4.5's half where it does not).
     "solar_open": ("SolarOpenConfig", "SolarOpenForCausalLM", {
         "num_hidden_layers": 2, "head_dim": 16, "n_routed_experts": 8, "num_experts_per_tok": 2,
         "moe_intermediate_size": 32, "routed_scaling_factor": 2.5, "rope_parameters": {
-            "rope_type": "default", "rope_theta": 10000.0}}),
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}),
     # rednote's dots.llm1: Qwen3's attention (per-head query and key norms), a dense first layer, then
     # DeepSeek V3's experts (sigmoid scores plus a correction bias, beside a shared expert).
     "dots1": ("Dots1Config", "Dots1ForCausalLM", {
@@ -642,7 +643,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next", "iquestcoder",
-               "solar_open", "exaone_moe", "cwm", "hunyuan_moe",
+               "exaone_moe", "cwm", "hunyuan_moe",
                "minimax_m2", "afmoe")
 
 
@@ -1109,6 +1110,13 @@ MINIMAX_M2_CHAT_TEMPLATE = (
 )
 MINIMAX_M2_TURNS = ChatStyle(MINIMAX_M2_CHAT_TEMPLATE, ("<pad>", "]~!b[", "]~b]", "[e~[", "<minimax:tool_call>",
                                                        "</minimax:tool_call>"), "]~!b[", "[e~[")  # fmt: skip
+# Upstage's Solar Open (abridged): each message between <|begin|>role<|content|> and <|end|>.
+SOLAR_OPEN_CHAT_TEMPLATE = (
+    "{%- for m in messages -%}{{ '<|begin|>' + m.role + '<|content|>' + m.content + '<|end|>' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|begin|>assistant<|content|>' }}{%- endif -%}"
+)
+SOLAR_OPEN_TURNS = ChatStyle(SOLAR_OPEN_CHAT_TEMPLATE, ("<unk>", "<|startoftext|>", "<|endoftext|>", "<|begin|>",
+                                                       "<|end|>", "<|content|>"), "<|startoftext|>", "<|end|>")
 # GLM-4.7's (abridged: as 4.5's, but a call's parts without newlines between them).
 GLM47_CHAT_TEMPLATE = GLM45_CHAT_TEMPLATE.replace("'\n<tool_call>' + tc.function.name + '\n'",
                                                   "'<tool_call>' + tc.function.name").replace(
@@ -1269,6 +1277,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     # Command R7B lists a turn's calls, numbered, between its own tokens (the cohere2 fixture).
     "cohere2": COMMAND_R7B_TURNS,
     "minimax_m2": MINIMAX_M2_TURNS,
+    "solar_open": SOLAR_OPEN_TURNS,
     # Kimi K2 (DeepSeek V3's architecture) calls tools in its own format, numbered.
     "deepseek_v3": KIMI_K2_TURNS,
     "nemotron_h": NEMOTRON_H_TURNS,

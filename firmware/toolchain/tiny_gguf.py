@@ -98,7 +98,7 @@ CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "gemma4": "gemma4"
              "phi": "phi2", "gpt_bigcode": "starcoder", "internlm3": "llama",
              "llama_rope_linear": "llama", "qwen2_yarn": "qwen2", "nemotron_h_moe": "nemotron_h_moe",
              "exaone": "exaone", "glm4_moe": "glm4moe", "deepseek_v3": "deepseek2", "deepseek_v2": "deepseek2",
-             "youtu": "deepseek2", "dots1": "dots1",
+             "youtu": "deepseek2", "dots1": "dots1", "solar_open": "glm4moe",
              "ernie4_5_moe": "ernie4_5-moe", "qwen3_vl": "qwen3vl", "qwen3_vl_moe": "qwen3vlmoe",
              "olmo": "olmo", "jais2": "jais2", "apertus": "apertus", "gpt_neox": "gptneox", "glm": "chatglm",
              "qwen2_moe": "qwen2moe", "gemma": "gemma"}
