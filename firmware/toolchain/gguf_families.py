@@ -53,15 +53,15 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   layers without its post norms; no head width stated (it is the queries' rows shared out), the
   queries, keys and values one tensor in the former, three in the latter.
 - glm4moe (GLM-4.5, 4.5-Air, 4.6, 4.7; and Solar Open, written as GLM-4.5): a Llama's tensors, not
-  permuted, GLM's biases and partial
-  rotation, dense leading layers, then experts chosen by sigmoid with a bias for choosing, beside
-  shared experts; its multi-token prediction block written after the model's, as Nemotron 3's.
-- deepseek2 (DeepSeek-V2-Lite, DeepSeek V3, Moonlight, Kimi K2, GLM-4.7-Flash, Youtu-LLM): multi-head latent
-  attention, whose latent's projection to the keys and values the converter splits in two (the
-  keys' half transposed), and experts chosen by softmax (DeepSeek V2's) or by sigmoid with a bias
-  (V3's), as the file's gating key says or, without one, as llama.cpp guesses (GLM-4.7-Flash's by
-  its layers and vocabulary, softmax otherwise), or none (Youtu-LLM's dense layers); DeepSeek's YaRN
-  mscale from its log multiplier.
+  permuted, GLM's biases and partial rotation, dense leading layers, then experts chosen by sigmoid
+  with a bias for choosing, beside shared experts; its multi-token prediction block written after
+  the model's, as Nemotron 3's.
+- deepseek2 (DeepSeek-V2-Lite, DeepSeek V3, Moonlight, Kimi K2, GLM-4.7-Flash, Youtu-LLM): multi-head
+  latent attention, whose latent's projection to the keys and values the converter splits in two
+  (the keys' half transposed), and experts chosen by softmax (DeepSeek V2's) or by sigmoid with a
+  bias (V3's), as the file's gating key says or, without one, as llama.cpp guesses (GLM-4.7-Flash's
+  by its layers and vocabulary, softmax otherwise), or none (Youtu-LLM's dense layers); DeepSeek's
+  YaRN mscale from its log multiplier.
 - ernie4_5-moe (ERNIE-4.5-21B-A3B): ERNIE 4.5's layers (a Llama's tensors, not permuted), dense
   leading layers, then experts every interleave_moe_layer_step layers, chosen by softmax with a
   bias for choosing, beside shared experts.
