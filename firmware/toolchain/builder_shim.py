@@ -112,6 +112,13 @@ have no class of their own in the builder ("model is not currently supported"):
   as the builder's Qwen3.5 MoE class writes them without its shared expert; a layer that
   `mlp_only_layers` leaves dense keeps its MLP. A tiny one matches transformers to 1.1e-6.
 
+Tencent's HunYuan mixtures of experts (HunYuanMoEV1ForCausalLM: Hunyuan-A13B) have none either:
+
+- `hunyuan_moe_as_dense`, `hunyuan_moe_layers`: the config is sent to the builder's dense HunYuan
+  class (query and key norms after RoPE), which gains their layers: the router (its weight
+  `gate.wg`; softmax, the top k scaled to sum to 1) and fused SwiGLU experts beside a shared MLP
+  added ungated (_layer_moe). A tiny one matches transformers to 1.9e-6.
+
 OLMo 2 and 3, EXAONE 4 and GLM-4 (Olmo2ForCausalLM, Olmo3ForCausalLM, Exaone4ForCausalLM,
 Glm4ForCausalLM) have no class in the builder either:
 
@@ -163,6 +170,13 @@ Glm4ForCausalLM) have no class in the builder either:
   expert's logit (`_llama4_moe`), a shared expert beside them: 1.9e-6. ERNIE 4.5's mixtures of
   experts (Ernie4_5_MoeForCausalLM: ERNIE-4.5-21B-A3B) rotate neighbouring pairs and route as
   GLM-4.5's but by the softmax's scores (`_softmax_scores`), their sum clamped at moe_norm_min: 4.8e-6.
+  The same sigmoid-routed experts serve Solar Open (under a Llama's attention: 9.5e-7), dots.llm1
+  (Qwen3's: 1.7e-6), K-EXAONE (ExaoneMoeForCausalLM: EXAONE 4's attention, pre-norm layers: 1.4e-6),
+  MiniMax-M2 (OLMo 2's whole-projection norms, half of each head rotated, the bias the block's:
+  1.9e-6) and Arcee's Trinity (AfmoeForCausalLM: sandwich norms as GLM-4's, the attention's output
+  gated by a sigmoid, RoPE in its sliding layers alone, the bias the block's, µP's embedding scale:
+  1.7e-6); Youtu-LLM has DeepSeek's latent attention in dense layers (1.3e-5), Meta's CWM is a
+  Llama whose layers slide but every fourth (1.2e-6), IQuest-Coder-V1 a Llama under its own names.
   Then, each a Llama to the class but for what is said: Kyutai's
   Helium and GLM-4 9B / GLM-Edge (GlmForCausalLM: GLM-4's layers without its post norms) rotate
   neighbouring pairs (1.9e-6 each); InternLM3 (InternLM3ForCausalLM, which transformers runs as a
