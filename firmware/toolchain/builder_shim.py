@@ -176,7 +176,9 @@ Glm4ForCausalLM) have no class in the builder either:
   1.9e-6) and Arcee's Trinity (AfmoeForCausalLM: sandwich norms as GLM-4's, the attention's output
   gated by a sigmoid, RoPE in its sliding layers alone, the bias the block's, µP's embedding scale:
   1.7e-6); Youtu-LLM has DeepSeek's latent attention in dense layers (1.3e-5), Meta's CWM is a
-  Llama whose layers slide but every fourth (1.2e-6), IQuest-Coder-V1 a Llama under its own names.
+  Llama whose layers slide but every fourth (1.2e-6), IQuest-Coder-V1 a Llama under its own names,
+  JetBrains' Mellum Qwen3's attention and experts in sliding and global layers of their own RoPE
+  bases (two tables, as OLMo 3's: 1.4e-6).
   Then, each a Llama to the class but for what is said: Kyutai's
   Helium and GLM-4 9B / GLM-Edge (GlmForCausalLM: GLM-4's layers without its post norms) rotate
   neighbouring pairs (1.9e-6 each); InternLM3 (InternLM3ForCausalLM, which transformers runs as a
@@ -495,11 +497,11 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "ernie4_5_moe": "Ernie4_5_MoeForCausalLM", "youtu": "YoutuForCausalLM",
                   "iquestcoder": "IQuestCoderForCausalLM", "solar_open": "SolarOpenForCausalLM",
                   "dots1": "Dots1ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM",
-                  "cwm": "CwmForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM"}
+                  "cwm": "CwmForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM", "mellum": "MellumForCausalLM"}
 # Families of the Llama class whose queries and keys are normed (per head, or over the whole
 # projection where whole_qk_norm says so).
 QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat", "dots1", "exaone_moe",
-                    "minimax_m2", "afmoe")
+                    "minimax_m2", "afmoe", "mellum")
 WHOLE_QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "minimax_m2")
 # Families whose RoPE turns pairs of neighbouring dimensions (interleaved), not the head's halves
 # (DeepSeek's latent attention families as their configs' rope_interleave says).
@@ -1522,7 +1524,7 @@ def post_norm_layers() -> None:
                 self.attention_attrs.update(q_norm=True, k_norm=True)
             # SwiGLU experts: the softmax's top k, scaled to sum to 1 where the config asks (DeepSeek V2's
             # router never does: its routed_scaling_factor is folded into the experts, _routed_scale_folded).
-            if config.model_type in ("olmoe", "qwen2_moe", "deepseek_v2"):
+            if config.model_type in ("olmoe", "qwen2_moe", "deepseek_v2", "mellum"):
                 normalized = bool(config.norm_topk_prob) and config.model_type != "deepseek_v2"
                 self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=normalized)
                 self.intermediate_size = config.intermediate_size  # a dense layer's MLP (Qwen2-MoE's)
@@ -1584,7 +1586,7 @@ def post_norm_layers() -> None:
                 self.padded_rotation = rotated
                 self.rope_attrs.update(partial_rotary_factor=1.0, rotary_embedding_dim=0)
             self.rope_local_theta = getattr(config, "rope_local_base_freq", None)  # gemma3_rope_per_layer_type's
-            if self.post_norm and self.rope_local_theta is not None:
+            if self.rope_local_theta is not None:  # (OLMo 3's, Mellum's: a base per layer type)
                 _global_and_plain_local_caches(self)
 
         def make_rotary_embedding_caches_from_scratch(self) -> Any:
@@ -1646,7 +1648,7 @@ def post_norm_layers() -> None:
                 del self.make_node  # the class's again
 
         def make_rotary_embedding_caches(self, **kwargs: Any) -> Any:
-            two_tables = getattr(self, "post_norm", False) and self.rope_local_theta is not None
+            two_tables = getattr(self, "rope_local_theta", None) is not None
             if two_tables and "cos_cache_name" not in kwargs:
                 local = self.window_size != -1  # make_attention sets it per layer
                 kwargs = {"cos_cache_name": self.cos_cache_local_name if local else self.cos_cache_global_name,

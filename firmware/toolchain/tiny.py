@@ -576,6 +576,14 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "num_hidden_layers": 4, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
         "moe_intermediate_size": 32, "num_shared_experts": 1, "num_dense_layers": 1, "route_scale": 2.0,
         "sliding_window": 16, "global_attn_every_n_layers": 2, "mup_enabled": True}),
+    # JetBrains' Mellum: Qwen3's attention, layers sliding and global at bases of their own, a dense first
+    # layer, then Qwen3's experts (the softmax's top k, scaled to sum to 1).
+    "mellum": ("MellumConfig", "MellumForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
     # GLM-4.7-Flash's: DeepSeek's multi-head latent attention (queries through a low-rank projection and
     # its norm, keys and values from a normed latent and one rotated key shared by the heads, whose
     # neighbouring pairs turn), values narrower than the queries; GLM-4.5's experts.
@@ -644,7 +652,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next", "iquestcoder",
                "exaone_moe", "cwm", "hunyuan_moe",
-               "minimax_m2", "afmoe")
+               "minimax_m2", "afmoe", "mellum")
 
 
 def _granite4_as_published(config: dict[str, Any]) -> dict[str, Any]:

@@ -133,6 +133,9 @@ VARIANTS: dict[str, Variant] = {
     "minimax_m2_full_rotary": ("minimax_m2", {"rotary_dim": 32, "num_experts_per_tok": 3, "rope_parameters": {
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}, None),
     "cwm_global": ("cwm", {"layer_types": ["full_attention"] * 4}, None),
+    # Mellum with every layer sparse and global at one base.
+    "mellum_sparse": ("mellum", {"mlp_layer_types": ["sparse"] * 4, "layer_types": ["full_attention"] * 4,
+                                 "num_experts_per_tok": 1}, None),
     # Arcee's Trinity without µP's scale, two shared experts, one global layer in four.
     "afmoe_plain": ("afmoe", {"mup_enabled": False, "num_shared_experts": 2, "global_attn_every_n_layers": 4}, None),
     "lfm2_three_layers": ("lfm2", {"layer_types": ["conv", "full_attention", "conv"], "full_attn_idxs": [1],
