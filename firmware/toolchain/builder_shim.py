@@ -175,7 +175,8 @@ Glm4ForCausalLM) have no class in the builder either:
   MiniMax-M2 (OLMo 2's whole-projection norms, half of each head rotated, the bias the block's:
   1.9e-6) and Arcee's Trinity (AfmoeForCausalLM: sandwich norms as GLM-4's, the attention's output
   gated by a sigmoid, RoPE in its sliding layers alone, the bias the block's, µP's embedding scale:
-  1.7e-6); Youtu-LLM has DeepSeek's latent attention in dense layers (1.3e-5), Meta's CWM is a
+  1.7e-6) and Tencent's Hy3 (HYV3ForCausalLM: per-head norms, the block's bias, router_scaling_factor:
+  1.4e-6); Youtu-LLM has DeepSeek's latent attention in dense layers (1.3e-5), Meta's CWM is a
   Llama whose layers slide but every fourth (1.2e-6), IQuest-Coder-V1 a Llama under its own names,
   JetBrains' Mellum Qwen3's attention and experts in sliding and global layers of their own RoPE
   bases (two tables, as OLMo 3's: 1.4e-6).
@@ -497,11 +498,12 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "ernie4_5_moe": "Ernie4_5_MoeForCausalLM", "youtu": "YoutuForCausalLM",
                   "iquestcoder": "IQuestCoderForCausalLM", "solar_open": "SolarOpenForCausalLM",
                   "dots1": "Dots1ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM",
-                  "cwm": "CwmForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM", "mellum": "MellumForCausalLM"}
+                  "cwm": "CwmForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM", "mellum": "MellumForCausalLM",
+                  "hy_v3": "HYV3ForCausalLM"}
 # Families of the Llama class whose queries and keys are normed (per head, or over the whole
 # projection where whole_qk_norm says so).
 QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat", "dots1", "exaone_moe",
-                    "minimax_m2", "afmoe", "mellum")
+                    "minimax_m2", "afmoe", "mellum", "hy_v3")
 WHOLE_QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "minimax_m2")
 # Families whose RoPE turns pairs of neighbouring dimensions (interleaved), not the head's halves
 # (DeepSeek's latent attention families as their configs' rope_interleave says).
@@ -2754,7 +2756,8 @@ def _score_routing(self: Any, config: Any, **activation: float) -> None:
     the chosen scores scaled to sum to 1, then by routed_scaling_factor where the config has one
     (_score_routed_experts: Nemotron 3's, GLM-4.5's, DeepSeek V3's, ERNIE 4.5's): SwiGLU experts
     (`activation`: the SwiGLU's alpha and beta, Nemotron 3's)."""
-    scale = float(getattr(config, "routed_scaling_factor", None) or getattr(config, "route_scale", None) or 1.0)
+    names = ("routed_scaling_factor", "route_scale", "router_scaling_factor")  # (AFMoE's, Hy3's names)
+    scale = float(next((getattr(config, n) for n in names if getattr(config, n, None)), 1.0))
     norm_min = getattr(config, "moe_norm_min", None)  # (ERNIE 4.5's clamp of the chosen scores' sum)
     self.score_sum_floor = (True, float(norm_min)) if norm_min is not None else (False, 1e-20)
     self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=True,

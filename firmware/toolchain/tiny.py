@@ -576,6 +576,13 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "num_hidden_layers": 4, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
         "moe_intermediate_size": 32, "num_shared_experts": 1, "num_dense_layers": 1, "route_scale": 2.0,
         "sliding_window": 16, "global_attn_every_n_layers": 2, "mup_enabled": True}),
+    # Tencent's Hy3 (HYV3): per-head query and key norms, a dense first layer, then experts chosen by
+    # sigmoid scores plus the block's bias, mixed by those scores scaled to sum to 1 times
+    # router_scaling_factor, beside a shared expert (its init widened: the published 0.006 leaves a
+    # tiny model's logits near zero).
+    "hy_v3": ("HYV3Config", "HYV3ForCausalLM", {
+        "num_hidden_layers": 3, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2, "num_shared_experts": 1,
+        "moe_intermediate_size": 32, "router_scaling_factor": 2.5, "initializer_range": 0.03}),
     # JetBrains' Mellum: Qwen3's attention, layers sliding and global at bases of their own, a dense first
     # layer, then Qwen3's experts (the softmax's top k, scaled to sum to 1).
     "mellum": ("MellumConfig", "MellumForCausalLM", {
@@ -652,7 +659,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next", "iquestcoder",
                "exaone_moe", "cwm", "hunyuan_moe",
-               "minimax_m2", "afmoe", "mellum")
+               "minimax_m2", "afmoe", "mellum", "hy_v3")
 
 
 def _granite4_as_published(config: dict[str, Any]) -> dict[str, Any]:
@@ -1356,6 +1363,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "hunyuan_moe": ("layernorm.weight",),
                                           "minimax_m2": ("gate.weight", "e_score_correction_bias", "norm.weight"),
                                           "afmoe": ("expert_bias", "norm.weight", "layernorm.weight"),
+                                          "hy_v3": ("e_score_correction_bias", "norm.weight"),
                                           "exaone_moe": ("gate.weight", "e_score_correction_bias", "norm.weight"),
                                           "glm4_moe_lite": ("a_layernorm.weight", "gate.weight",
                                                             "e_score_correction_bias"),

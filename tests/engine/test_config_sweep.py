@@ -133,6 +133,8 @@ VARIANTS: dict[str, Variant] = {
     "minimax_m2_full_rotary": ("minimax_m2", {"rotary_dim": 32, "num_experts_per_tok": 3, "rope_parameters": {
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}, None),
     "cwm_global": ("cwm", {"layer_types": ["full_attention"] * 4}, None),
+    # Hy3 with two shared experts' width and experts in every layer.
+    "hy_v3_sparse": ("hy_v3", {"num_shared_experts": 2, "mlp_layer_types": ["sparse"] * 3}, None),
     # Mellum with every layer sparse and global at one base.
     "mellum_sparse": ("mellum", {"mlp_layer_types": ["sparse"] * 4, "layer_types": ["full_attention"] * 4,
                                  "num_experts_per_tok": 1}, None),
