@@ -178,7 +178,8 @@ Glm4ForCausalLM) have no class in the builder either:
   1.7e-6) and Tencent's Hy3 (HYV3ForCausalLM: per-head norms, the block's bias, router_scaling_factor:
   1.4e-6); Youtu-LLM has DeepSeek's latent attention in dense layers (1.3e-5), Meta's CWM is a
   Llama whose layers slide but every fourth (1.2e-6), IQuest-Coder-V1 a Llama under its own names,
-  JetBrains' Mellum Qwen3's attention and experts in sliding and global layers of their own RoPE
+  AllenAI's FlexOlmo OLMo 2's post-norm layers with OLMoE's experts (post-norm layers take experts:
+  1.4e-6), JetBrains' Mellum Qwen3's attention and experts in sliding and global layers of their own RoPE
   bases (two tables, as OLMo 3's: 1.4e-6).
   Then, each a Llama to the class but for what is said: Kyutai's
   Helium and GLM-4 9B / GLM-Edge (GlmForCausalLM: GLM-4's layers without its post norms) rotate
@@ -473,7 +474,7 @@ def norm_epsilon(config: Any) -> None:
 POST_NORM_FAMILIES = {"olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "exaone4": "Exaone4ForCausalLM",
                       "glm4": "Glm4ForCausalLM", "apertus": "ApertusForCausalLM",
                       "vaultgemma": "VaultGemmaForCausalLM", "hyperclovax": "HyperCLOVAXForCausalLM",
-                      "afmoe": "AfmoeForCausalLM"}  # fmt: skip
+                      "afmoe": "AfmoeForCausalLM", "flex_olmo": "FlexOlmoForCausalLM"}  # fmt: skip
 # Each family's norms (Hugging Face module names): before the attention, after it, before the
 # MLP, after it; None where the layer has none.
 LAYER_NORMS = {"glm4": ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
@@ -503,8 +504,8 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
 # Families of the Llama class whose queries and keys are normed (per head, or over the whole
 # projection where whole_qk_norm says so).
 QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat", "dots1", "exaone_moe",
-                    "minimax_m2", "afmoe", "mellum", "hy_v3")
-WHOLE_QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "minimax_m2")
+                    "minimax_m2", "afmoe", "mellum", "hy_v3", "flex_olmo")
+WHOLE_QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "minimax_m2", "flex_olmo")
 # Families whose RoPE turns pairs of neighbouring dimensions (interleaved), not the head's halves
 # (DeepSeek's latent attention families as their configs' rope_interleave says).
 NEIGHBOURING_PAIR_FAMILIES = ("glm", "glm4", "helium", "ernie4_5_moe", "llama4_text")
@@ -1526,7 +1527,7 @@ def post_norm_layers() -> None:
                 self.attention_attrs.update(q_norm=True, k_norm=True)
             # SwiGLU experts: the softmax's top k, scaled to sum to 1 where the config asks (DeepSeek V2's
             # router never does: its routed_scaling_factor is folded into the experts, _routed_scale_folded).
-            if config.model_type in ("olmoe", "qwen2_moe", "deepseek_v2", "mellum"):
+            if config.model_type in ("olmoe", "qwen2_moe", "deepseek_v2", "mellum", "flex_olmo"):
                 normalized = bool(config.norm_topk_prob) and config.model_type != "deepseek_v2"
                 self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=normalized)
                 self.intermediate_size = config.intermediate_size  # a dense layer's MLP (Qwen2-MoE's)

@@ -583,6 +583,9 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "hy_v3": ("HYV3Config", "HYV3ForCausalLM", {
         "num_hidden_layers": 3, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2, "num_shared_experts": 1,
         "moe_intermediate_size": 32, "router_scaling_factor": 2.5, "initializer_range": 0.03}),
+    # AllenAI's FlexOlmo: OLMo 2's layers (norms after the attention and the MLP, queries and keys normed
+    # over their whole projections) with OLMoE's experts in place of the MLP.
+    "flex_olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
     # JetBrains' Mellum: Qwen3's attention, layers sliding and global at bases of their own, a dense first
     # layer, then Qwen3's experts (the softmax's top k, scaled to sum to 1).
     "mellum": ("MellumConfig", "MellumForCausalLM", {
@@ -659,7 +662,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next", "iquestcoder",
                "exaone_moe", "cwm", "hunyuan_moe",
-               "minimax_m2", "afmoe", "mellum", "hy_v3")
+               "minimax_m2", "afmoe", "mellum", "hy_v3", "flex_olmo")
 
 
 def _granite4_as_published(config: dict[str, Any]) -> dict[str, Any]:
@@ -1364,6 +1367,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "minimax_m2": ("gate.weight", "e_score_correction_bias", "norm.weight"),
                                           "afmoe": ("expert_bias", "norm.weight", "layernorm.weight"),
                                           "hy_v3": ("e_score_correction_bias", "norm.weight"),
+                                          "flex_olmo": ("norm.weight", "layernorm.weight"),
                                           "exaone_moe": ("gate.weight", "e_score_correction_bias", "norm.weight"),
                                           "glm4_moe_lite": ("a_layernorm.weight", "gate.weight",
                                                             "e_score_correction_bias"),
