@@ -948,6 +948,11 @@ def _rope_types(config: dict[str, Any]) -> list[tuple[str | None, str]]:
     return found
 
 
+# Families whose builder class switches LongRoPE's factors by the sequence's length, as transformers
+# does (Phi-3's); any other's export rotates by the short factors alone (builder_shim.yarn_as_transformers).
+LONGROPE_BY_LENGTH = ("phi3",)
+
+
 def exact_positions(config: dict[str, Any]) -> tuple[int, str] | None:
     """How many positions the export answers as transformers does, where that may be fewer than
     the model's context, and why (None: all of them). Ministral 3 scales its queries by position
@@ -957,7 +962,8 @@ def exact_positions(config: dict[str, Any]) -> tuple[int, str] | None:
     RoPE grows its base past max_position_embeddings as the sequence does, which the export's one
     table of frequencies (builder_shim.dynamic_ntk_as_default) cannot follow. Llama 4 attends within
     chunks in its rotated layers, and scales the queries of the others by position from floor_scale
-    on (attn_temperature_tuning), neither of which the export computes: exact before both."""
+    on (attn_temperature_tuning), neither of which the export computes: exact before both. LongRoPE
+    turns to its long factors past the original context, which only Phi-3's export follows."""
     text = config.get("text_config", config)
     if text.get("model_type") == "llama4_text":
         limits = [(int(text["attention_chunk_size"]), "its rotated layers attend within chunks of this many "
@@ -973,6 +979,10 @@ def exact_positions(config: dict[str, Any]) -> tuple[int, str] | None:
             return (int(entry["original_max_position_embeddings"]), "past its original context the model scales its "
                     "queries by position (llama_4_scaling_beta), which the export leaves out")  # fmt: skip
         kind = entry.get("rope_type") or entry.get("type")
+        original = entry.get("original_max_position_embeddings") or text.get("original_max_position_embeddings")
+        if kind == "longrope" and text.get("model_type") not in LONGROPE_BY_LENGTH and original:
+            return (int(original), "past its original context the model's LongRoPE turns to its long factors, "
+                    "which the export (its short ones) leaves out")  # fmt: skip
         if kind == "dynamic" and not entry.get("alpha") and text.get("max_position_embeddings"):
             return (int(text["max_position_embeddings"]), "past max_position_embeddings the model's dynamic NTK RoPE "
                     "grows its base with the sequence, which the export's one table of frequencies cannot follow")

@@ -176,7 +176,10 @@ Glm4ForCausalLM) have no class in the builder either:
   1.9e-6) and Arcee's Trinity (AfmoeForCausalLM: sandwich norms as GLM-4's, the attention's output
   gated by a sigmoid, RoPE in its sliding layers alone, the bias the block's, µP's embedding scale:
   1.7e-6) and Tencent's Hy3 (HYV3ForCausalLM: per-head norms, the block's bias, router_scaling_factor:
-  1.4e-6); Youtu-LLM has DeepSeek's latent attention in dense layers (1.3e-5), Meta's CWM is a
+  1.4e-6); Youtu-LLM has DeepSeek's latent attention in dense layers (1.3e-5), as does OpenBMB's
+  MiniCPM3, rotated by halves, with µP's scales (the embeddings' and the LM head's as the class's
+  attributes, each sublayer's output's folded into its last projection: `_sublayer_outputs_scaled`;
+  2.4e-6), its LongRoPE by the short factors (`yarn_as_transformers`), Meta's CWM is a
   Llama whose layers slide but every fourth (1.2e-6), IQuest-Coder-V1 a Llama under its own names,
   AllenAI's FlexOlmo OLMo 2's post-norm layers with OLMoE's experts (post-norm layers take experts:
   1.4e-6), JetBrains' Mellum Qwen3's attention and experts in sliding and global layers of their own RoPE
@@ -500,7 +503,7 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "iquestcoder": "IQuestCoderForCausalLM", "solar_open": "SolarOpenForCausalLM",
                   "dots1": "Dots1ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM",
                   "cwm": "CwmForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM", "mellum": "MellumForCausalLM",
-                  "hy_v3": "HYV3ForCausalLM"}
+                  "hy_v3": "HYV3ForCausalLM", "minicpm3": "MiniCPM3ForCausalLM"}
 # Families of the Llama class whose queries and keys are normed (per head, or over the whole
 # projection where whole_qk_norm says so).
 QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat", "dots1", "exaone_moe",
@@ -933,10 +936,12 @@ def yarn_as_transformers() -> None:
 
     def make_init(read_rope: Any) -> Any:
         def make_rope_init(self: Any, config: Any) -> None:
-            read_rope(self, config)
             params = getattr(config, "rope_parameters", None)
-            if isinstance(params, dict) and params.get("rope_type") == "yarn":
-                inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, None)
+            kind = params.get("rope_type") if isinstance(params, dict) else None
+            if kind != "longrope":  # (the base class reads no LongRoPE: Phi-3's class reads its own)
+                read_rope(self, config)
+            if kind in ("yarn", "longrope"):  # (LongRoPE's short factors: build.exact_positions caps the context)
+                inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[kind](config, None)
                 self.rope_attrs["rescale_inv_freq"] = {"transformers": inv_freq}
                 self.rope_attrs["mscale"] = float(attention_factor)
 
@@ -1459,13 +1464,21 @@ def _residual_multiplier_folded(model: Any) -> None:
     """HyperCLOVA X's sublayer outputs, scaled by `residual_multiplier` before they join the
     residual stream: the scale folded into the last weights before the sum (each post norm's
     weight, or where the model has none, the output projection's and the MLP's down projection's)."""
+    post_norms = ("post_norm1", "post_norm2") if model.config.use_post_norm else None
+    _sublayer_outputs_scaled(model, float(model.config.residual_multiplier), post_norms)
+
+
+def _sublayer_outputs_scaled(model: Any, scale: float, post_norms: tuple[str, str] | None = None) -> None:
+    """Each layer's attention and MLP outputs scaled by `scale` before they join the residual stream
+    (HyperCLOVA X's residual_multiplier, MiniCPM3's scale_depth / sqrt(layers)): folded into the last
+    weights before the sum, the `post_norms`' where the layer has them, else the output and down
+    projections' (and their biases)."""
     import torch
 
-    scale = float(model.config.residual_multiplier)
     with torch.no_grad():
         for layer in model.model.layers:
-            if model.config.use_post_norm:
-                last = [layer.post_norm1.weight, layer.post_norm2.weight]
+            if post_norms is not None:
+                last = [getattr(layer, name).weight for name in post_norms]
             else:
                 last = [layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight]
                 last += [b for b in (layer.self_attn.o_proj.bias, layer.mlp.down_proj.bias) if b is not None]
@@ -1541,7 +1554,9 @@ def post_norm_layers() -> None:
             if self.mla:  # the rotated pairs DeepSeek's neighbouring ones; the scores scaled by the queries' width
                 from transformers.modeling_rope_utils import yarn_apply_mscale
 
-                self.rope_attrs["interleaved"] = int(bool(getattr(config, "rope_interleave", True)))  # (V2: always)
+                # (V2's always; MiniCPM3's never: it turns halves)
+                self.rope_attrs["interleaved"] = int(bool(getattr(config, "rope_interleave",
+                                                                  config.model_type != "minicpm3")))  # fmt: skip
                 scale = config.zerolayer_query_width**-0.5  # (mla_heads')
                 self.attention_attrs["scale"] = yarn_apply_mscale(config.rope_parameters, scale)
             if config.model_type in NEIGHBOURING_PAIR_FAMILIES:  # neighbouring pairs turned together
@@ -1552,6 +1567,9 @@ def post_norm_layers() -> None:
                 self.lm_head_attrs["scale"] = config.logits_scaling
                 if not config.use_post_norm:
                     self.norm_names = LLAMA_NORMS
+            if config.model_type == "minicpm3":  # µP's embedding and LM head scales (the residual's: load_weights)
+                self.embed_attrs["scale"] = float(config.scale_emb)
+                self.lm_head_attrs["scale"] = 1.0 / float(config.logits_scaling)
             if config.model_type == "afmoe" and config.mup_enabled:  # (AFMoE's µP: the embeddings scaled)
                 self.embed_attrs["scale"] = math.sqrt(self.hidden_size)
             if config.model_type == "vaultgemma":  # Gemma 2's embedding scale, norms (1 + w) and query scale
@@ -1604,6 +1622,8 @@ def post_norm_layers() -> None:
                 _nanochat_as_llama(model)
             if model_type == "hyperclovax":
                 _residual_multiplier_folded(model)
+            if model_type == "minicpm3":  # each sublayer's output scaled before the residual sum
+                _sublayer_outputs_scaled(model, model.config.scale_depth / math.sqrt(model.config.num_hidden_layers))
             if model_type in gpt_families.GPT_FAMILIES:
                 model = gpt_families.as_llama(model)
             if self.padded_rotation:

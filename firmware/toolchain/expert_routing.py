@@ -8,7 +8,7 @@ from __future__ import annotations
 # attention over heads as wide as its queries' or its values' (builder_shim.mla_heads); their experts
 # route as GLM-4.5's (sigmoid scores plus a correction bias) but DeepSeek V2's (the softmax's top k as
 # they are, as OLMoE's, scaled by routed_scaling_factor).
-MLA_FAMILIES = ("glm4_moe_lite", "deepseek_v3", "deepseek_v2", "youtu")
+MLA_FAMILIES = ("glm4_moe_lite", "deepseek_v3", "deepseek_v2", "youtu", "minicpm3")
 # Experts chosen by sigmoid scores plus a correction bias, mixed by those scores
 # (builder_shim._score_routed_experts; Nemotron 3's too, where its layers have experts): GLM-4.5's,
 # GLM-4.7-Flash's, DeepSeek V3's, Solar Open's (GLM-4.5's experts under a Llama's attention),
@@ -19,5 +19,5 @@ SIGMOID_ROUTED_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "solar_op
 # scores scaled to sum to 1: the same routing graph with a softmax for the sigmoid.
 SOFTMAX_BIASED_FAMILIES = ("ernie4_5_moe",)
 # The families of DeepSeek's routing, whose configs may choose experts in groups (n_group, topk_group)
-# (a dense one, Youtu-LLM, has no such keys).
+# (the dense ones, Youtu-LLM and MiniCPM3, have no such keys).
 GROUPED_CHOICE_FAMILIES = tuple(dict.fromkeys((*SIGMOID_ROUTED_FAMILIES, *MLA_FAMILIES)))

@@ -583,6 +583,12 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "hy_v3": ("HYV3Config", "HYV3ForCausalLM", {
         "num_hidden_layers": 3, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2, "num_shared_experts": 1,
         "moe_intermediate_size": 32, "router_scaling_factor": 2.5, "initializer_range": 0.03}),
+    # OpenBMB's MiniCPM3 (4B): DeepSeek V2's latent attention rotated by halves, in a Llama's layers with
+    # µP's scales: the embeddings by scale_emb, each sublayer's output by scale_depth / sqrt(layers),
+    # the LM head's input by dim_model_base / hidden_size.
+    "minicpm3": ("MiniCPM3Config", "MiniCPM3ForCausalLM", {
+        "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 32,
+        "num_key_value_heads": 4, "scale_emb": 3.0, "scale_depth": 1.4, "dim_model_base": 16}),
     # AllenAI's FlexOlmo: OLMo 2's layers (norms after the attention and the MLP, queries and keys normed
     # over their whole projections) with OLMoE's experts in place of the MLP.
     "flex_olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
@@ -662,7 +668,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next", "iquestcoder",
                "exaone_moe", "cwm", "hunyuan_moe",
-               "minimax_m2", "afmoe", "mellum", "hy_v3", "flex_olmo")
+               "minimax_m2", "afmoe", "mellum", "hy_v3", "flex_olmo", "minicpm3")
 
 
 def _granite4_as_published(config: dict[str, Any]) -> dict[str, Any]:

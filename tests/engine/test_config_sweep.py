@@ -133,6 +133,12 @@ VARIANTS: dict[str, Variant] = {
     "minimax_m2_full_rotary": ("minimax_m2", {"rotary_dim": 32, "num_experts_per_tok": 3, "rope_parameters": {
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}, None),
     "cwm_global": ("cwm", {"layer_types": ["full_attention"] * 4}, None),
+    # MiniCPM3 with its queries projected directly and no logit scale (dim_model_base the hidden size).
+    "minicpm3_direct_queries": ("minicpm3", {"q_lora_rank": None, "dim_model_base": 64, "scale_emb": 1.0}, None),
+    # MiniCPM3-4B's LongRoPE inside its original context (the short factors).
+    "minicpm3_longrope": ("minicpm3", {"rope_parameters": {
+        "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 2048,
+        "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8], "long_factor": [1.0] * 8}}, None),
     # Hy3 with two shared experts' width and experts in every layer.
     "hy_v3_sparse": ("hy_v3", {"num_shared_experts": 2, "mlp_layer_types": ["sparse"] * 3}, None),
     # Mellum with every layer sparse and global at one base.
