@@ -1021,6 +1021,22 @@ def test_ministral3_is_served_only_as_far_as_its_export_is_exact(trusted_keys: P
     assert exact_positions(json.loads((tiny_hf_dir("mistral3_vl") / "config.json").read_text())) is None
 
 
+def test_longrope_outside_phi3_is_served_inside_its_original_context() -> None:
+    """LongRoPE turns to its long factors past the original context; only Phi-3's builder class
+    follows it there, any other's export rotates by the short factors (the config sweep's MiniCPM3
+    LongRoPE variant matches transformers inside), so its context stops at the original one."""
+    from firmware.toolchain.build import exact_positions
+
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+            "original_max_position_embeddings": 4096}  # fmt: skip
+    minicpm3 = {"model_type": "minicpm3", "max_position_embeddings": 32768, "rope_parameters": rope}
+    assert exact_positions(minicpm3) == (4096, ANY)
+    assert exact_positions(minicpm3 | {"model_type": "phi3"}) is None  # (its class switches the factors)
+    published = {"model_type": "minicpm3", "max_position_embeddings": 32768,  # (MiniCPM3-4B's: never past)
+                 "rope_scaling": {**rope, "type": "longrope", "original_max_position_embeddings": 32768}}
+    assert exact_positions(published) == (32768, ANY)  # (its whole context: nothing capped)
+
+
 def test_llama4_is_served_inside_one_chunk_and_before_its_queries_scale_by_position(
         tmp_path: Path, trusted_keys: Path, dev_key: Path) -> None:  # fmt: skip
     """Llama 4's rotated layers attend within chunks (attention_chunk_size) and its others scale their
