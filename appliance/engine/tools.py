@@ -222,12 +222,11 @@ def call_format(template: str, token_id: Callable[[str], int | None],
     if all(tag in template for tag in GLM_TAGS[2:]) and "<tool_call>" in template:
         return _glm_format(template, token_id, special)
     if all(tag in template for tag in (*MINIMAX_CALLS, MINIMAX_INVOKE, MINIMAX_PARAMETER)):
-        (opens, closes), ids = MINIMAX_CALLS, {tag: token_id(tag) for tag in MINIMAX_CALLS}
-        specials = tuple((tag, i) for tag, i in ids.items() if i is not None and special(tag))
+        opens, closes = MINIMAX_CALLS
         return CallFormat("minimax", opens, MINIMAX_INVOKE, '">\n', "</invoke>\n", "", open=opens + "\n", end=closes,
                           lead="\n", params=True, param_open=MINIMAX_PARAMETER, param_head_end='">',
-                          param_close="</parameter>\n", param_values_json=True, specials=specials,
-                          keeps_specials=True)  # fmt: skip
+                          param_close="</parameter>\n", param_values_json=True,
+                          specials=_special_tags(MINIMAX_CALLS, token_id, special), keeps_specials=True)  # fmt: skip
     (opens, closes), quote = GEMMA_CALL, GEMMA_QUOTE
     open_id, close_id, quote_id = (token_id(t) for t in (opens, closes, quote))
     if open_id is not None and close_id is not None and quote_id is not None and opens + "call:" in template:
@@ -281,12 +280,18 @@ def _glm_format(template: str, token_id: Callable[[str], int | None], special: C
     writes none); its tags that are special tokens of the vocabulary are named by id in the
     grammar and kept in the text the parser reads."""
     line = "\n" if "</arg_key>\n<arg_value>" in template else ""
-    ids = {tag: token_id(tag) for tag in GLM_TAGS}
-    specials = tuple((tag, i) for tag, i in ids.items() if i is not None and special(tag))
     return CallFormat("glm", "<tool_call>", "<tool_call>", line, "</tool_call>", line, lead=line, params=True,
                       param_open="<arg_key>", param_head_end=f"</arg_key>{line}<arg_value>",
-                      param_close=f"</arg_value>{line}", param_values_json=True, specials=specials,
-                      keeps_specials=True)  # fmt: skip
+                      param_close=f"</arg_value>{line}", param_values_json=True,
+                      specials=_special_tags(GLM_TAGS, token_id, special), keeps_specials=True)  # fmt: skip
+
+
+def _special_tags(tags: Sequence[str], token_id: Callable[[str], int | None],
+                  special: Callable[[str], bool]) -> tuple[tuple[str, int], ...]:  # fmt: skip
+    """(tag, id) of those of a format's `tags` that are special tokens of the vocabulary (GLM-4.5's,
+    MiniMax-M2's: the others, text to decoding, are text to the grammar too)."""
+    ids = {tag: token_id(tag) for tag in tags}
+    return tuple((tag, i) for tag, i in ids.items() if i is not None and special(tag))
 
 
 @dataclass(frozen=True)
