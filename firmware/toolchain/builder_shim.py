@@ -1134,23 +1134,8 @@ def qwen3_moe_layers() -> None:
     import builders
     from builders.qwen import Qwen3Model
 
-    if getattr(builders.Qwen3Model, "_zerolayer_moe", False):
-        return
-
-    class Qwen3MoeModel(Qwen3Model):
-        _zerolayer_moe = True
-
-        def __init__(self, config: Any, *args: Any) -> None:
-            super().__init__(config, *args)
-            if self.moe_attrs["num_experts"]:
-                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1,
-                                      normalize_routing_weights=bool(config.norm_topk_prob))  # fmt: skip
-                self.intermediate_size = config.intermediate_size  # the dense layers' (the builder took the experts')
-
-        get_moe_module = _mlp_of
-        make_moe = _layer_moe
-
-    builders.Qwen3Model = Qwen3MoeModel
+    if not getattr(builders.Qwen3Model, "_zerolayer_moe", False):
+        builders.Qwen3Model = _with_fused_experts(Qwen3Model, lambda config: bool(config.norm_topk_prob))
 
 
 def hunyuan_moe_layers() -> None:
@@ -1162,24 +1147,36 @@ def hunyuan_moe_layers() -> None:
     import builders
     from builders.hunyuan import HunyuanDenseV1Model
 
-    if getattr(builders.HunyuanDenseV1Model, "_zerolayer_moe", False):
-        return
+    def one_count(config: Any) -> None:
+        for name in ("num_experts", "moe_topk"):  # (one per layer, all the same: build.expert_choice_refusal)
+            if isinstance(getattr(config, name, None), list):
+                setattr(config, name, getattr(config, name)[0])
 
-    class HunyuanMoeModel(HunyuanDenseV1Model):
+    if not getattr(builders.HunyuanDenseV1Model, "_zerolayer_moe", False):
+        builders.HunyuanDenseV1Model = _with_fused_experts(HunyuanDenseV1Model, lambda _: True, one_count)
+
+
+def _with_fused_experts(base: Any, normalized: Callable[[Any], bool],
+                        prepare: Callable[[Any], None] = lambda _: None) -> Any:  # fmt: skip
+    """The builder's class `base`, given transformers' fused SwiGLU experts where a config has
+    experts (_layer_moe: the router's softmax top k, scaled to sum to 1 where `normalized(config)`),
+    its dense layers' MLP as wide as the config's intermediate_size; `prepare` reads the config first."""
+
+    class WithFusedExperts(base):
         _zerolayer_moe = True
 
         def __init__(self, config: Any, *args: Any) -> None:
-            for name in ("num_experts", "moe_topk"):  # (one per layer, all the same: build.expert_choice_refusal)
-                if isinstance(getattr(config, name, None), list):
-                    setattr(config, name, getattr(config, name)[0])
+            prepare(config)
             super().__init__(config, *args)
-            if config.model_type == "hunyuan_v1_moe":
-                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=True)
+            if self.moe_attrs["num_experts"]:
+                self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1,
+                                      normalize_routing_weights=normalized(config))  # fmt: skip
+                self.intermediate_size = config.intermediate_size  # the dense layers' (the builder took the experts')
 
         get_moe_module = _mlp_of
         make_moe = _layer_moe
 
-    builders.HunyuanDenseV1Model = HunyuanMoeModel
+    return WithFusedExperts
 
 
 def _ungated_mlp(self: Any, layer_id: int, mlp: Any, root_input: str) -> None:
