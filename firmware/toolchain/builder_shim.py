@@ -198,12 +198,12 @@ Glm4ForCausalLM) have no class in the builder either:
   into the projections before the sum: `_residual_multiplier_folded`), 6.3e-6 and 3.3e-6; GPT-2,
   GPT-BigCode and OPT, rebuilt under a Llama's module names (`gpt_families.as_llama`) with no RoPE
   and a learned row per position added to the embeddings (`_learned_positions_added`, gathered by a
-  `position_ids` input), 2.7e-5, 1.2e-5 and 2.0e-6; GPT-NeoX and Falcon, rebuilt so too, their
-  attention and MLP side by side (the class's `_parallel_layer`, after one norm or two), 2.9e-6,
-  2.4e-6 and 2.9e-6; BLOOM, rebuilt so too, with a norm of the embeddings (`_embeddings_normed`) and
-  ALiBi, a bias on the scores given to the attention operator (`_alibi`), 1.4e-6. A rotated part of
-  each head whose width the attention operator refuses (not a multiple of 16: StableLM 3B's 20 of
-  80) is rotated as the whole head: each query and key head's dimensions reordered
+  `position_ids` input), 2.7e-5, 1.2e-5 and 2.0e-6; GPT-NeoX, GPT-J, CodeGen and Falcon, rebuilt so
+  too, their attention and MLP side by side (the class's `_parallel_layer`, after one norm or two),
+  2.9e-6, 1.4e-6, 2.2e-6, 2.4e-6 and 2.9e-6; BLOOM, rebuilt so too, with a norm of the embeddings
+  (`_embeddings_normed`) and ALiBi, a bias on the scores given to the attention operator
+  (`_alibi`), 1.4e-6. A rotated part of each head whose width the attention operator refuses (not a
+  multiple of 16: StableLM 3B's 20 of 80) is rotated as the whole head: each query and key head's dimensions reordered
   (`_padded_rotation_order`), the unrotated pairs turned by a frequency of 0
   (`_padded_rotation_tables`), 5.7e-6.
 
@@ -511,7 +511,7 @@ QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat",
 WHOLE_QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "minimax_m2", "flex_olmo")
 # Families whose RoPE turns pairs of neighbouring dimensions (interleaved), not the head's halves
 # (DeepSeek's latent attention families as their configs' rope_interleave says).
-NEIGHBOURING_PAIR_FAMILIES = ("glm", "glm4", "helium", "ernie4_5_moe", "llama4_text")
+NEIGHBOURING_PAIR_FAMILIES = ("glm", "glm4", "helium", "ernie4_5_moe", "llama4_text", *gpt_families.ROTATE_EVERY_TWO)
 # Ungated MLPs' (up, down, activation) under other names: nanochat's, StarCoder2's.
 UNGATED_MLP_NAMES = (("fc1", "fc2", "activation_fn"), ("c_fc", "c_proj", "act"))
 # Families whose norms are LayerNorms (mean-centred, with biases) where a Llama has RMS norms.
@@ -1593,7 +1593,7 @@ def post_norm_layers() -> None:
                 self.input_names["position_ids"] = "position_ids"
             if config.model_type in (*gpt_families.LEARNED_POSITIONS, *gpt_families.ALIBI):  # (ALiBi's: _alibi)
                 self.unrotated = set(range(self.num_layers))
-            # GPT-NeoX's and Falcon's attention and MLP side by side on the same input.
+            # GPT-NeoX's, GPT-J's and Falcon's attention and MLP side by side on the same input.
             self.parallel_residual = gpt_families.parallel_residual(config)
             # A rotated part of each head whose width the attention operator refuses (not a multiple of
             # 16: StableLM 3B's 20 of 80, Pythia 2.8B's): rotated as the whole head instead (padded_rotation).

@@ -1,12 +1,12 @@
-"""GPT-2, GPT-BigCode (SantaCoder, StarCoder 1), OPT, GPT-NeoX, Falcon and BLOOM as the Llama the
-builder's class builds.
+"""GPT-2, GPT-BigCode (SantaCoder, StarCoder 1), OPT, GPT-NeoX, GPT-J, CodeGen, Falcon and BLOOM as
+the Llama the builder's class builds.
 
 The model builder has no class for these older families, and their layers are a Llama's in all but
 names and three details, which the builder's Llama class is given (builder_shim.post_norm_layers):
 LayerNorms with biases (as StableLM's), an MLP without a gate (up, GELU or ReLU, down), and but for
-GPT-NeoX and Falcon no RoPE: each position has a learned row added to its token's embedding
-(`zerolayer_positions`, which the class gathers by the graph's `position_ids` input), or in BLOOM
-a bias on each score (ALiBi: `zerolayer_alibi_slopes`); GPT-NeoX's and
+GPT-NeoX, GPT-J, CodeGen and Falcon no RoPE: each position has a learned row added to its token's
+embedding (`zerolayer_positions`, which the class gathers by the graph's `position_ids` input), or in
+BLOOM a bias on each score (ALiBi: `zerolayer_alibi_slopes`); GPT-NeoX's, GPT-J's, CodeGen's and
 Falcon's attention and MLP run side by side (their parallel residual). Here a loaded transformers
 model is rebuilt, weights shared, as modules under the names the builder reads
 (`model.embed_tokens`, `model.layers[i].input_layernorm`, `.self_attn.q_proj`, ..., `model.norm`,
@@ -24,14 +24,23 @@ from firmware.errors import BundleError
 
 # model_type -> the transformers class a checkpoint of it names.
 GPT_FAMILIES = {"gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM", "opt": "OPTForCausalLM",
-                "gpt_neox": "GPTNeoXForCausalLM", "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM"}
-# Those of them whose positions are a learned table (GPT-NeoX and Falcon rotate their heads instead).
+                "gpt_neox": "GPTNeoXForCausalLM", "gptj": "GPTJForCausalLM", "codegen": "CodeGenForCausalLM",
+                "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM"}
+# Those of them whose positions are a learned table (GPT-NeoX, GPT-J, CodeGen and Falcon rotate their
+# heads instead).
 LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "opt")
 # And those whose positions are a bias on each score, by the key's position times a slope per head (ALiBi).
 ALIBI = ("bloom",)
 BLOOM_CONTEXT = 2048  # the sequence length BLOOM was trained on
 # OPT's position table starts two rows in (a padding offset fairseq left in it).
 OPT_POSITION_OFFSET = 2
+# GPT-J's layer, which CodeGen's repeats but for its fused projection: the first `rotary_dim` of each
+# head rotated by neighbouring pairs (RoPE base 10000), attention and MLP side by side after one norm.
+ROTATE_EVERY_TWO = ("gptj", "codegen")
+ROTARY_BASE = 10000.0
+# CodeGen's fused projection is laid out for the 4 devices it was trained on: each device's part its
+# queries, then its values, then its keys.
+CODEGEN_DEVICES = 4
 
 
 def config_as_llama(config: Any) -> None:
@@ -53,7 +62,9 @@ def config_as_llama(config: Any) -> None:
     if kind == "gpt_neox":  # its rotated part of each head, which the builder reads from the config itself
         config.partial_rotary_factor = float(config.rope_parameters.get("partial_rotary_factor", 1.0))
         return
-    config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}  # read, never applied: no layer rotates
+    config.rope_parameters = {"rope_type": "default", "rope_theta": ROTARY_BASE}  # (read, unused where none rotates)
+    if kind in ROTATE_EVERY_TWO:
+        config.partial_rotary_factor = config.rotary_dim / config.head_dim
     if kind == "bloom":  # (its GELU is the tanh one)
         config.hidden_act, config.intermediate_size = "gelu_pytorch_tanh", 4 * config.hidden_size
         config.rms_norm_eps = config.layer_norm_epsilon
@@ -74,6 +85,8 @@ def parallel_residual(config: Any) -> bool:
     and Falcon's, mostly), each after its own norm of it or both after one."""
     if config.model_type == "gpt_neox":
         return bool(config.use_parallel_residual)
+    if config.model_type in ROTATE_EVERY_TWO:
+        return True
     return config.model_type == "falcon" and bool(config.parallel_attn or config.new_decoder_architecture)
 
 
@@ -97,6 +110,8 @@ def as_llama(model: Any) -> Any:
             return _opt(model)
         if kind == "gpt_neox":
             return _gpt_neox(model)
+        if kind in ROTATE_EVERY_TWO:
+            return _gptj(model)
         if kind == "falcon":
             return _falcon(model)
         if kind == "bloom":
@@ -176,6 +191,26 @@ def _gpt_neox(model: Any) -> Any:
         layers.append(_dense_layer(block.input_layernorm, block.attention, qkv, block.post_attention_layernorm,
                                    block.mlp, block.mlp.act))  # fmt: skip
     return _as_llama_model(config, body.embed_in, layers, body.final_layer_norm, model.lm_head, None)
+
+
+def _gptj(model: Any) -> Any:
+    """GPT-J (6B, GPT4All-J) and CodeGen (Salesforce's 350M to 16B, mono and multi, and CodeGen 2's
+    1B to 16B): attention and an ungated MLP side by side after one LayerNorm, no biases but the
+    MLP's and the LM head's; CodeGen's queries, keys and values one projection (CODEGEN_DEVICES)."""
+    config, body = model.config, model.transformer
+    hidden = config.hidden_size
+    layers = []
+    for block in body.h:
+        attention = block.attn
+        if config.model_type == "codegen":
+            rows = attention.qkv_proj.weight.reshape(CODEGEN_DEVICES, 3, hidden // CODEGEN_DEVICES, hidden)
+            qkv = tuple((rows[:, part].reshape(hidden, hidden), None) for part in (0, 2, 1))
+        else:
+            qkv = tuple(_weight_and_bias(p, False) for p in (attention.q_proj, attention.k_proj, attention.v_proj))
+        out, up, down = (_weight_and_bias(p, False) for p in (attention.out_proj, block.mlp.fc_in, block.mlp.fc_out))
+        # One norm before both: the MLP reads the attention's normed input (None, to the builder's layer).
+        layers.append(_layer(block.ln_1, (*qkv, out), None, up, block.mlp.act, down))
+    return _as_llama_model(config, body.wte, layers, body.ln_f, model.lm_head, None)
 
 
 def _falcon(model: Any) -> Any:

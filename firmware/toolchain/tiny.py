@@ -496,6 +496,14 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
                                                           "rope_parameters": {"rope_type": "default",
                                                                               "rope_theta": 10000.0,
                                                                               "partial_rotary_factor": 0.25}}),
+    # EleutherAI's GPT-J (6B, GPT4All-J): neighbouring pairs of a quarter of each head rotated, the
+    # attention and an ungated MLP side by side after one LayerNorm, biases on the MLP and the LM head.
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", {"hidden_size": 128, "num_attention_heads": 2, "rotary_dim": 16,
+                                               "n_inner": 256}),
+    # Salesforce's CodeGen: GPT-J's layers, its queries, values and keys one projection laid out for
+    # 4 devices (here each head spread over two of them), half of each head rotated (as 350M's).
+    "codegen": ("CodeGenConfig", "CodeGenForCausalLM", {"hidden_size": 128, "num_attention_heads": 2,
+                                                        "rotary_dim": 32, "n_inner": 256}),
     # TII's Falcon 7B: multi-query attention beside the MLP after one LayerNorm, no biases; and
     # Falcon 40B's and 180B's "new decoder architecture": key-value groups, a norm each for the two.
     "falcon": ("FalconConfig", "FalconForCausalLM", {"multi_query": True, "num_kv_heads": 1, "parallel_attn": True,
@@ -1344,6 +1352,11 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "gpt2": GPT2_RANDOMIZED, "gpt_bigcode": GPT2_RANDOMIZED,
                                           "opt": (".bias", "embed_positions.weight"),
                                           "gpt_neox": (".bias", "layernorm.weight", "layer_norm.weight"),
+                                          # (and the queries and keys, whose scores
+                                          # would hardly show how their heads are turned)
+                                          "gptj": (".bias", "ln_1.weight", "ln_f.weight", "q_proj.weight",
+                                                   "k_proj.weight"),
+                                          "codegen": (".bias", "ln_1.weight", "ln_f.weight", "qkv_proj.weight"),
                                           "falcon": FALCON_RANDOMIZED, "falcon_new": FALCON_RANDOMIZED,
                                           "bloom": (".bias", "layernorm.weight", "ln_f.weight"),
                                           # Each layer's output scale (published models' are not 1).

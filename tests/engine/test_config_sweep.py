@@ -182,6 +182,10 @@ VARIANTS: dict[str, Variant] = {
     "gpt_neox_rotated_20": ("gpt_neox", {"hidden_size": 160}, None),
     "gpt_neox_half_rotated": ("gpt_neox", {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
                                                                "partial_rotary_factor": 0.5}}, None),
+    # GPT-J with the whole of each head rotated, ReLU; CodeGen with a head in each of its 4 devices'
+    # parts of the fused projection, its MLP 4 times as wide as the layer (n_inner unset).
+    "gptj_whole_head": ("gptj", {"rotary_dim": 64, "activation_function": "relu"}, None),
+    "codegen_four_heads": ("codegen", {"num_attention_heads": 4, "rotary_dim": 16, "n_inner": None}, None),
     # Gemma 3n running its layers on another AltUp stream than the first, with three streams, its
     # per-layer inputs not rescaled by the corrected stream's scale.
     "gemma3n_text_other_stream": ("gemma3n_text", {"altup_active_idx": 1, "altup_num_inputs": 3,

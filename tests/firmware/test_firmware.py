@@ -308,21 +308,21 @@ def test_the_end_of_turn_ids_of_generation_config_stop_the_engine(
 def test_an_architecture_the_builder_cannot_export_is_named_in_one_line(tiny_hf_path: Path, tmp_path: Path) -> None:
     import shutil
 
-    from transformers import GPTJConfig, GPTJForCausalLM
+    from transformers import CTRLConfig, CTRLLMHeadModel
 
-    source = tmp_path / "gptj"  # (no builder class, and none of ours)
-    GPTJForCausalLM(GPTJConfig(n_layer=1, n_embd=32, n_head=2, vocab_size=512, n_positions=64,
-                               rotary_dim=8)).save_pretrained(source)  # fmt: skip
+    source = tmp_path / "ctrl"  # (no builder class, and none of ours)
+    CTRLLMHeadModel(CTRLConfig(n_layer=1, n_embd=32, n_head=2, dff=64, vocab_size=512,
+                               n_positions=64)).save_pretrained(source)  # fmt: skip
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(tiny_hf_path / name, source / name)
     progress: list[str] = []
     with pytest.raises(BundleError) as info:
         build(source, tmp_path / "out", BuildOptions(precision="fp32"), progress=progress.append)
-    assert str(info.value).startswith("GPTJForCausalLM: the ONNX Runtime GenAI model builder cannot export this "
+    assert str(info.value).startswith("CTRLLMHeadModel: the ONNX Runtime GenAI model builder cannot export this "
                                       "architecture (checked here: LlamaForCausalLM, ")  # fmt: skip
     assert "Traceback" not in str(info.value) and not (tmp_path / "out").exists()
     # Before it, the note an architecture outside the checked ones gets (the checked ones get none).
-    assert progress[0].startswith("note: GPTJForCausalLM is not one this build checks against transformers")
+    assert progress[0].startswith("note: CTRLLMHeadModel is not one this build checks against transformers")
     quiet: list[str] = []
     note_architecture(tiny_hf_path, quiet.append)
     assert quiet == []
