@@ -200,9 +200,9 @@ Glm4ForCausalLM) have no class in the builder either:
   and a learned row per position added to the embeddings (`_learned_positions_added`, gathered by a
   `position_ids` input), 2.7e-5, 1.2e-5 and 2.0e-6; GPT-NeoX, GPT-J, CodeGen and Falcon, rebuilt so
   too, their attention and MLP side by side (the class's `_parallel_layer`, after one norm or two),
-  2.9e-6, 1.4e-6, 2.2e-6, 2.4e-6 and 2.9e-6; BLOOM, rebuilt so too, with a norm of the embeddings
-  (`_embeddings_normed`) and ALiBi, a bias on the scores given to the attention operator
-  (`_alibi`), 1.4e-6. A rotated part of each head whose width the attention operator refuses (not a
+  2.9e-6, 1.4e-6, 2.2e-6, 2.4e-6 and 2.9e-6; BLOOM and MPT, rebuilt so too, with ALiBi, a bias
+  on the scores given to the attention operator (`_alibi`), and BLOOM's norm of the embeddings
+  (`_embeddings_normed`), 1.4e-6 both. A rotated part of each head whose width the attention operator refuses (not a
   multiple of 16: StableLM 3B's 20 of 80) is rotated as the whole head: each query and key head's dimensions reordered
   (`_padded_rotation_order`), the unrotated pairs turned by a frequency of 0
   (`_padded_rotation_tables`), 5.7e-6.

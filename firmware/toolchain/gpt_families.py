@@ -1,12 +1,12 @@
-"""GPT-2, GPT-BigCode (SantaCoder, StarCoder 1), OPT, GPT-NeoX, GPT-J, CodeGen, Falcon and BLOOM as
-the Llama the builder's class builds.
+"""GPT-2, GPT-BigCode (SantaCoder, StarCoder 1), OPT, GPT-NeoX, GPT-J, CodeGen, Falcon, BLOOM and MPT
+as the Llama the builder's class builds.
 
 The model builder has no class for these older families, and their layers are a Llama's in all but
 names and three details, which the builder's Llama class is given (builder_shim.post_norm_layers):
 LayerNorms with biases (as StableLM's), an MLP without a gate (up, GELU or ReLU, down), and but for
 GPT-NeoX, GPT-J, CodeGen and Falcon no RoPE: each position has a learned row added to its token's
 embedding (`zerolayer_positions`, which the class gathers by the graph's `position_ids` input), or in
-BLOOM a bias on each score (ALiBi: `zerolayer_alibi_slopes`); GPT-NeoX's, GPT-J's, CodeGen's and
+BLOOM and MPT a bias on each score (ALiBi: `zerolayer_alibi_slopes`); GPT-NeoX's, GPT-J's, CodeGen's and
 Falcon's attention and MLP run side by side (their parallel residual). Here a loaded transformers
 model is rebuilt, weights shared, as modules under the names the builder reads
 (`model.embed_tokens`, `model.layers[i].input_layernorm`, `.self_attn.q_proj`, ..., `model.norm`,
@@ -25,12 +25,12 @@ from firmware.errors import BundleError
 # model_type -> the transformers class a checkpoint of it names.
 GPT_FAMILIES = {"gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM", "opt": "OPTForCausalLM",
                 "gpt_neox": "GPTNeoXForCausalLM", "gptj": "GPTJForCausalLM", "codegen": "CodeGenForCausalLM",
-                "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM"}
+                "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM", "mpt": "MptForCausalLM"}
 # Those of them whose positions are a learned table (GPT-NeoX, GPT-J, CodeGen and Falcon rotate their
 # heads instead).
 LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "opt")
 # And those whose positions are a bias on each score, by the key's position times a slope per head (ALiBi).
-ALIBI = ("bloom",)
+ALIBI = ("bloom", "mpt")
 BLOOM_CONTEXT = 2048  # the sequence length BLOOM was trained on
 # OPT's position table starts two rows in (a padding offset fairseq left in it).
 OPT_POSITION_OFFSET = 2
@@ -71,6 +71,11 @@ def config_as_llama(config: Any) -> None:
         # ALiBi sets no limit and BLOOM's configs name none: the 2048 positions it was trained on.
         config.max_position_embeddings = getattr(config, "max_position_embeddings", None) or BLOOM_CONTEXT
         return
+    if kind == "mpt":  # (its MLP is 4 times as wide as the layer, as transformers builds it, whatever
+        # expansion_ratio says: every published one's is 4)
+        config.hidden_act, config.intermediate_size = "gelu", 4 * config.hidden_size
+        config.rms_norm_eps, config.max_position_embeddings = config.layer_norm_epsilon, config.max_seq_len
+        return
     config.hidden_act = config.activation_function
     if kind == "opt":
         config.intermediate_size = config.ffn_dim
@@ -93,6 +98,8 @@ def parallel_residual(config: Any) -> bool:
 def refusal(config: dict[str, Any]) -> str | None:
     """Why a config.json of these families cannot be exported as they run it (None: it can);
     build.UNEXPORTED_OPTIONS names the options whose presence alone refuses one."""
+    if config.get("model_type") == "mpt":
+        return _mpt_refusal(config)
     if config.get("model_type") == "opt" and config.get("do_layer_norm_before") is False:
         return ("OPT with its norms after each sublayer (do_layer_norm_before: false, as opt-350m) is not "
                 "supported: the export normalizes each sublayer's input")  # fmt: skip
@@ -116,6 +123,8 @@ def as_llama(model: Any) -> Any:
             return _falcon(model)
         if kind == "bloom":
             return _bloom(model)
+        if kind == "mpt":
+            return _mpt(model)
         return _gpt2(model)
 
 
@@ -256,6 +265,65 @@ def _bloom(model: Any) -> Any:
     # transformers' own slopes: each head's bias at key position 1 (its table's second column).
     root.zerolayer_alibi_slopes = build_alibi_tensor(torch.ones(1, 2), heads, torch.float32)[:, 0, 1]
     return root
+
+
+MPT_ALIBI_BIAS_MAX = 8  # what transformers' class spreads MPT's ALiBi slopes by, whatever the config says
+# MPT's options that transformers' class runs otherwise than the published model (or not at all):
+# (key of attn_config or of the config, the value it runs as, what the option does).
+MPT_OPTIONS = (("attn_config", "clip_qkv", None, "its queries, keys and values clipped"),
+               ("attn_config", "qk_ln", False, "query and key LayerNorms"),
+               ("attn_config", "prefix_lm", False, "a prefix attended both ways"),
+               ("attn_config", "alibi", True, "learned positions instead of ALiBi"),
+               ("attn_config", "attn_type", "multihead_attention", "another attention than multi-head"),
+               ("attn_config", "alibi_bias_max", MPT_ALIBI_BIAS_MAX, "ALiBi's slopes spread otherwise"),
+               ("", "no_bias", True, "biases"), ("", "logit_scale", None, "a scale on the logits"))
+
+
+def _mpt_refusal(config: dict[str, Any]) -> str | None:
+    """Why an MPT config.json cannot be exported as its model runs (MPT_OPTIONS), or None."""
+    attention = config.get("attn_config") or {}
+    for where, key, plain, what in MPT_OPTIONS:
+        doc = attention if where else config
+        if key in doc and doc[key] != plain:
+            return f"MPT with {where + '.' if where else ''}{key} {doc[key]!r} ({what}) is not supported"
+    return None
+
+
+def _mpt(model: Any) -> Any:
+    """MPT (MosaicML's 7B and 30B, their instruct and chat models): a Llama's layers with LayerNorms
+    without biases (given zero ones), an ungated GELU MLP, its queries, keys and values one
+    projection, no biases, ALiBi for positions (BLOOM's bias, with MPT's slopes); the embeddings
+    tied to the LM head."""
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    config, body = model.config, model.transformer
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    layers = []
+    for block in body.blocks:
+        fused = block.attn.Wqkv.weight
+        qkv = tuple((fused[a:a + hidden], None) for a in (0, hidden, 2 * hidden))
+        scale = block.attn.softmax_scale * math.sqrt(hidden // heads)  # (1 unless the config sets another)
+        qkv = ((qkv[0][0] * scale, None), *qkv[1:])
+        out, up, down = (_weight_and_bias(p, False) for p in (block.attn.out_proj, block.ffn.up_proj,
+                                                               block.ffn.down_proj))  # fmt: skip
+        layers.append(_layer(_biased(block.norm_1), (*qkv, out), _biased(block.norm_2), up, block.ffn.act, down))
+    root = _as_llama_model(config, body.wte, layers, _biased(body.norm_f), model.lm_head, None)
+    # MPT's slopes (BLOOM's, with its alibi_bias_max of 8): each head's bias at key position 0 of
+    # two, which is minus its slope.
+    root.zerolayer_alibi_slopes = -build_mpt_alibi_tensor(heads, 2, MPT_ALIBI_BIAS_MAX)[:, 0, 0]
+    return root
+
+
+def _biased(norm: Any) -> Any:
+    """A LayerNorm without a bias (MPT's) as one with a bias of zeros, which the export reads."""
+    import torch
+
+    if norm.bias is not None:
+        return norm
+    biased = torch.nn.LayerNorm(norm.normalized_shape, eps=norm.eps)
+    biased.weight = norm.weight
+    biased.bias = torch.nn.Parameter(torch.zeros_like(norm.weight), requires_grad=False)
+    return biased
 
 
 def _grouped_qkv(weight: Any, bias: Any, groups: int, per_group: int, width: int) -> tuple[tuple[Any, Any], ...]:

@@ -512,6 +512,9 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # BigScience's BLOOM (and BLOOMZ): GPT-2's layers with a norm of the embeddings before the first,
     # ALiBi for positions (a slope per head times the key's position, added to each score).
     "bloom": ("BloomConfig", "BloomForCausalLM", {"n_head": 4, "tie_word_embeddings": True}),
+    # MosaicML's MPT (7B, 30B): LayerNorms without biases, no biases at all, ALiBi (here for 6 heads,
+    # not a power of two: slopes taken from the next power's), an ungated GELU MLP.
+    "mpt": ("MptConfig", "MptForCausalLM", {"hidden_size": 96, "num_attention_heads": 6, "tie_word_embeddings": True}),
     # Naver's HyperCLOVA X (SEED Think): Granite's multipliers (the logits' a factor, not a divisor)
     # and a norm after each sublayer, before its scaled output joins the residual stream; and without them.
     "hyperclovax": ("HyperCLOVAXConfig", "HyperCLOVAXForCausalLM", {
@@ -1359,6 +1362,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "codegen": (".bias", "ln_1.weight", "ln_f.weight", "qkv_proj.weight"),
                                           "falcon": FALCON_RANDOMIZED, "falcon_new": FALCON_RANDOMIZED,
                                           "bloom": (".bias", "layernorm.weight", "ln_f.weight"),
+                                          "mpt": ("norm_1.weight", "norm_2.weight", "norm_f.weight"),
                                           # Each layer's output scale (published models' are not 1).
                                           "gemma4": ("layer_scalar",), "gemma4_e": ("layer_scalar",),
                                           "gemma4_text": ("layer_scalar",), "gemma4_unified": ("layer_scalar",),

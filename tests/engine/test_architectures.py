@@ -219,11 +219,11 @@ def test_the_decode_mask_widens_in_steps_unless_its_width_picks_the_rotary_facto
         arch: tuple[str, firmware.Bundle, object]) -> None:  # fmt: skip
     """A decode's mask may be wider than its longest row (bound once every MASK_WIDTH_STEP
     positions) only where its width is nothing but the attention's total length: a LongRoPE
-    graph compares the width with the original context to pick its rotary factors; BLOOM's makes
-    its ALiBi bias from it (a range of key positions, which the check does not follow)."""
+    graph compares the width with the original context to pick its rotary factors; BLOOM's and
+    MPT's make their ALiBi bias from it (a range of key positions, which the check does not follow)."""
     name, bundle, _ = arch
     step = ModelSession(bundle).mask_width_step
-    assert step == (1 if name in ("phi3_longrope", "bloom") else MASK_WIDTH_STEP), name
+    assert step == (1 if name in ("phi3_longrope", "bloom", "mpt") else MASK_WIDTH_STEP), name
 
 
 async def _answer(engine: Engine, request: GenerationRequest, started: asyncio.Event | None = None,

@@ -199,6 +199,13 @@ VARIANTS: dict[str, Variant] = {
     # BLOOM with 6 heads: ALiBi's slopes for a head count not a power of two (interleaved from the
     # next power's), untied.
     "bloom_six_heads": ("bloom", {"hidden_size": 96, "n_head": 6, "tie_word_embeddings": False}, None),
+    # MPT with its scores scaled otherwise, untied; its options that transformers runs otherwise
+    # than the model (ALiBi's slopes spread wider: it takes 8 for alibi_bias_max whatever the config
+    # says) or cannot run are refused.
+    "mpt_scaled": ("mpt", {"attn_config": {"softmax_scale": 0.3}, "tie_word_embeddings": False}, None),
+    "mpt_wider_slopes": ("mpt", {"attn_config": {"alibi_bias_max": 16}}, "alibi_bias_max"),
+    "mpt_clipped": ("mpt", {"attn_config": {"clip_qkv": 6.0}}, "clip_qkv"),
+    "mpt_logit_scale": ("mpt", {"logit_scale": 0.5}, "logit_scale"),
     "hyperclovax_tied": ("hyperclovax", {"tie_word_embeddings": True, "num_key_value_heads": 1}, None),
 }  # fmt: skip
 # And every other fixture as it is, but for its random biases and norm weights.
