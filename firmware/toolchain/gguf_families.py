@@ -68,6 +68,8 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
 - dots1 (rednote's dots.llm1): Qwen3's attention (a Llama's tensors, not permuted, query and key
   norms), dense leading layers, then experts chosen by sigmoid with a bias for choosing, beside
   shared experts; no sliding layers (its published configs have none).
+- mpt (MosaicML's MPT): BLOOM's ALiBi (the maximum bias the converter writes, 8 in every published
+  model, is transformers' own), LayerNorms without biases.
 - qwen3vl and qwen3vlmoe (Qwen3-VL's language model, dense and its mixtures of experts, the files
   beside an mmproj file): Qwen3's and Qwen3-MoE's tensors, not permuted, the experts' weights always
   scaled to sum to 1; the multimodal RoPE's sections and the deepstack layers' count unread (text has
@@ -83,6 +85,7 @@ from pathlib import Path
 from typing import Any
 
 from firmware.errors import BundleError
+from firmware.toolchain.gpt_families import MPT_ALIBI_BIAS_MAX
 
 GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3 = "gpt-oss", "gemma3n", "mistral3", "granite", "smollm3"
 GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2 = "granitemoe", "olmo2", "exaone4", "command-r", "cohere2"
@@ -91,11 +94,11 @@ ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H = "ernie4_5", "lfm2moe", "granite
 FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "starcoder", "olmo", "jais2"
 APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA = "apertus", "gptneox", "chatglm", "qwen2moe", "gemma"
 NEMOTRON_H_MOE, EXAONE, GLM4_MOE, DEEPSEEK2 = "nemotron_h_moe", "exaone", "glm4moe", "deepseek2"
-ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1 = "ernie4_5-moe", "qwen3vl", "qwen3vlmoe", "dots1"
+ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1, MPT = "ernie4_5-moe", "qwen3vl", "qwen3vlmoe", "dots1", "mpt"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
                  JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA, NEMOTRON_H_MOE,
-                 EXAONE, GLM4_MOE, DEEPSEEK2, ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1)
+                 EXAONE, GLM4_MOE, DEEPSEEK2, ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1, MPT)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -124,7 +127,7 @@ def config(meta: dict[str, Any]) -> Any:
                APERTUS: _apertus_config, GPT_NEOX: _gpt_neox_config, CHATGLM: _chatglm_config,
                QWEN2_MOE: _qwen2_moe_config, GEMMA: _gemma_config, GLM4_MOE: _glm4_moe_config,
                DEEPSEEK2: _deepseek2_config, ERNIE4_5_MOE: _ernie_moe_config, QWEN3VL: _qwen3_vl_config,
-               QWEN3VL_MOE: _qwen3_vl_config, DOTS1: _dots1_config}  # fmt: skip
+               QWEN3VL_MOE: _qwen3_vl_config, DOTS1: _dots1_config, MPT: _mpt_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -162,6 +165,7 @@ def state(gguf: Path, model_config: Any, meta: dict[str, Any]) -> dict[str, Any]
         "granitemoehybrid": _granite_hybrid_state, "nemotron_h": _nemotron_h_state, "falcon_h1": _falcon_h1_state,
         "apertus": partial(_apertus_state, gguf, meta), "phi": partial(_by_name_table, arch=PHI2),
         "gpt_bigcode": partial(_by_name_table, arch=STARCODER), "gpt_neox": _gpt_neox_state,
+        "mpt": partial(_by_name_table, arch=MPT),
         "glm": partial(_chatglm_state, found), "gemma": _gemma_state,
         "deepseek_v3": _deepseek2_state, "deepseek_v2": _deepseek2_state, "youtu": _deepseek2_state,
         "jamba": partial(_by_name_table, arch=JAMBA, special=lambda hf: _mamba_or_experts(take, hf))}  # fmt: skip
@@ -595,7 +599,8 @@ def _glm4_moe_config(meta: dict[str, Any]) -> Any:
 
 
 def _deepseek_style_experts(key: Any) -> dict[str, Any]:
-    """The experts' fields of a DeepSeek-style config (DeepSeek V2/V3's, GLM-4.5's, Nemotron 3's):
+    """The experts' fields of a DeepSeek-style config (DeepSeek V2/V3's, GLM-4.5's, Nemotron 3's,
+    dots.llm1's):
     how many, how many chosen, their width, the shared ones, the weights' scaling and the groups
     they are chosen in."""
     return {"n_routed_experts": int(key("expert_count")), "num_experts_per_tok": int(key("expert_used_count")),
@@ -695,11 +700,16 @@ def _qwen2_moe_config(meta: dict[str, Any]) -> Any:
     from transformers import Qwen2MoeConfig
 
     key = _key(meta, QWEN2_MOE)
-    return Qwen2MoeConfig(**_llama_fields(meta, QWEN2_MOE), num_experts=int(key("expert_count")),
-                          num_experts_per_tok=int(key("expert_used_count")),
-                          moe_intermediate_size=int(key("expert_feed_forward_length")),
+    return Qwen2MoeConfig(**_llama_fields(meta, QWEN2_MOE), **_qwen_experts(key),
                           shared_expert_intermediate_size=int(key("expert_shared_feed_forward_length")),
                           norm_topk_prob=False, architectures=["Qwen2MoeForCausalLM"])  # fmt: skip
+
+
+def _qwen_experts(key: Any) -> dict[str, Any]:
+    """The experts' fields of a Qwen-style config (Qwen2-MoE's, Qwen3-MoE's): how many, how many
+    chosen, their width."""
+    return {"num_experts": int(key("expert_count")), "num_experts_per_tok": int(key("expert_used_count")),
+            "moe_intermediate_size": int(key("expert_feed_forward_length"))}
 
 
 def _qwen3_vl_config(meta: dict[str, Any]) -> Any:
@@ -712,9 +722,7 @@ def _qwen3_vl_config(meta: dict[str, Any]) -> Any:
     key, fields = _key(meta, arch), _llama_fields(meta, arch)
     if arch == QWEN3VL:
         return Qwen3Config(**fields, architectures=["Qwen3ForCausalLM"])
-    return Qwen3MoeConfig(**fields, num_experts=int(key("expert_count")),
-                          num_experts_per_tok=int(key("expert_used_count")),
-                          moe_intermediate_size=int(key("expert_feed_forward_length")), norm_topk_prob=True,
+    return Qwen3MoeConfig(**fields, **_qwen_experts(key), norm_topk_prob=True,
                           architectures=["Qwen3MoeForCausalLM"])  # fmt: skip
 
 
@@ -1009,6 +1017,26 @@ def _gpt_neox_state(take: Any, model_config: Any) -> dict[str, Any]:
         return fused.reshape(3, heads, -1, *fused.shape[1:]).transpose(0, 1).reshape(fused.shape)
 
     return _by_name_table(take, model_config, GPT_NEOX, special)
+
+
+def _mpt_config(meta: dict[str, Any]) -> Any:
+    """MosaicML's MPT: ALiBi, LayerNorms without biases, no biases, an MLP 4 times as wide as the
+    layer. The converter writes ALiBi's maximum bias (0 for learned positions), the clip of the
+    queries, keys and values where there is one, and key-value heads where they are grouped: what
+    of these transformers runs otherwise than the model (gpt_families.MPT_OPTIONS) is refused."""
+    from transformers import MptConfig
+
+    key, shapes = _key(meta, MPT), meta["shapes"]
+    heads, alibi = int(key("attention.head_count")), as_float32(key("attention.max_alibi_bias", 0.0))
+    for found, what in ((key("attention.clamp_kqv") is not None, "its queries, keys and values clipped"),
+                        (alibi != MPT_ALIBI_BIAS_MAX, f"ALiBi's maximum bias {alibi:g} (read: {MPT_ALIBI_BIAS_MAX})"),
+                        (int(key("attention.head_count_kv", heads)) != heads, "grouped key-value heads")):  # fmt: skip
+        if found:
+            raise BundleError(f"an MPT file with {what} is not supported")
+    return MptConfig(vocab_size=shapes["token_embd.weight"][0], d_model=int(key("embedding_length")), n_heads=heads,
+                     n_layers=int(key("block_count")), max_seq_len=int(key("context_length")),
+                     layer_norm_epsilon=as_float32(key("attention.layer_norm_epsilon")),
+                     architectures=["MptForCausalLM"], **_tokens_and_tying(meta))  # fmt: skip
 
 
 def _starcoder_config(meta: dict[str, Any]) -> Any:

@@ -679,7 +679,8 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
                "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next", "iquestcoder",
                "exaone_moe", "cwm", "hunyuan_moe",
-               "minimax_m2", "afmoe", "mellum", "hy_v3", "flex_olmo", "minicpm3")
+               "minimax_m2", "afmoe", "mellum", "hy_v3", "flex_olmo", "minicpm3",
+               "gptj", "codegen", "minicpm5_moe")  # (llama.cpp's converter writes none of these)
 
 
 def _granite4_as_published(config: dict[str, Any]) -> dict[str, Any]:
@@ -768,7 +769,7 @@ def _rewrite_weights(path: Path, rewrite: Callable[[str, Any], Any]) -> None:
 # The class a family's published checkpoints name in config.json where transformers runs them as
 # another (ARCHITECTURES' model class): the fixture names it too, as the build will be given it.
 PUBLISHED_AS = {"internlm3": "InternLM3ForCausalLM", "exaone": "ExaoneForCausalLM",
-                "iquestcoder": "IQuestCoderForCausalLM"}
+                "iquestcoder": "IQuestCoderForCausalLM", "mpt": "MPTForCausalLM"}  # (MPT's: its remote code's class)
 
 
 def reference_class(arch: str) -> str:

@@ -87,7 +87,7 @@ GGUF_ARCHITECTURES = {
 # writes per-layer lists, a frequency table for its partial rotation and its per-layer inputs.
 CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "gemma4": "gemma4", "gemma4_e": "gemma4",
              "gemma4_text": "gemma4", "gpt2": "gpt2", "falcon": "falcon", "bloom": "bloom", "gpt_oss": "gpt-oss",
-             "gemma3n_text": "gemma3n", "ministral3": "mistral3", "mistral3_vl": "mistral3",
+             "mpt": "mpt", "gemma3n_text": "gemma3n", "ministral3": "mistral3", "mistral3_vl": "mistral3",
              "granite": "granite", "smollm3": "smollm3", "granitemoe": "granitemoe",
              "granitemoeshared": "granitemoe", "olmo2": "olmo2", "olmo3": "olmo2", "exaone4": "exaone4",
              "exaone4_global": "exaone4", "stablelm": "stablelm", "cohere": "command-r",

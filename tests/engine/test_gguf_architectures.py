@@ -259,6 +259,24 @@ def test_a_falcon_file_of_key_value_groups_is_refused(tmp_path: Path) -> None:
         gguf_to_hf(grouped, tmp_path / "hf")
 
 
+@pytest.mark.parametrize(("fields", "refused"), [
+    ({"mpt.attention.clamp_kqv": 6}, "its queries, keys and values clipped"),
+    ({"mpt.attention.max_alibi_bias": 16.0}, r"ALiBi's maximum bias 16 \(read: 8\)"),
+    ({"mpt.attention.max_alibi_bias": 0.0}, r"ALiBi's maximum bias 0 "),  # (learned positions)
+    ({"mpt.attention.head_count_kv": 2}, "grouped key-value heads")])
+def test_an_mpt_file_of_options_transformers_runs_otherwise_is_refused(fields: dict[str, Any], refused: str,
+                                                                        tmp_path: Path) -> None:  # fmt: skip
+    """What of an MPT file's keys transformers' class would run otherwise than the model (or could
+    not run) is refused, naming it, before a folder is written."""
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import gguf_to_hf
+
+    edited = _rewritten(tiny_gguf("mpt"), tmp_path / "edited.gguf", lambda name, data: data, fields=fields)
+    with pytest.raises(BundleError, match=f"an MPT file with {refused}"):
+        gguf_to_hf(edited, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_gemma3n_s_per_layer_table_is_cut_to_the_rows_it_has() -> None:
     """llama.cpp pads the per-layer table with zero rows to the whole vocabulary (the published
     models' image and audio tokens have none); transformers gives tokens past the table row 0."""
