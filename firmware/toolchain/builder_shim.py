@@ -503,7 +503,8 @@ LLAMA_FAMILIES = {"seed_oss": "SeedOssForCausalLM", "stablelm": "StableLmForCaus
                   "iquestcoder": "IQuestCoderForCausalLM", "solar_open": "SolarOpenForCausalLM",
                   "dots1": "Dots1ForCausalLM", "exaone_moe": "ExaoneMoeForCausalLM",
                   "cwm": "CwmForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM", "mellum": "MellumForCausalLM",
-                  "hy_v3": "HYV3ForCausalLM", "minicpm3": "MiniCPM3ForCausalLM"}
+                  "hy_v3": "HYV3ForCausalLM", "minicpm3": "MiniCPM3ForCausalLM",
+                  "minicpm5_moe": "MiniCPM5MoeForCausalLM"}
 # Families of the Llama class whose queries and keys are normed (per head, or over the whole
 # projection where whole_qk_norm says so).
 QK_NORM_FAMILIES = ("olmo2", "olmo3", "olmoe", "exaone4", "apertus", "nanochat", "dots1", "exaone_moe",
@@ -1378,6 +1379,28 @@ def _padded_rotation_tables(self: Any, make_tables: Callable[[], Any]) -> Any:
     return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
 
 
+def _query_and_gate_split(model: Any) -> None:
+    """MiniCPM5's attention, in place, as AFMoE's: its fused projection of each head's queries and
+    then its output gate's rows ([heads, 2, width, hidden]) split into `q_proj` and `gate_proj`,
+    whose sigmoid multiplies the attention's output (make_attention_output_proj)."""
+    import torch
+
+    config = model.config
+    for layer in model.model.layers:
+        attention = layer.self_attn
+        fused = attention.q_gate_proj
+        rows = fused.weight.reshape(config.num_attention_heads, 2, config.head_dim, -1)
+        sums = fused.bias.reshape(config.num_attention_heads, 2, config.head_dim) if fused.bias is not None else None
+        for name, part in (("q_proj", 0), ("gate_proj", 1)):
+            linear = torch.nn.Linear(rows.shape[-1], rows.shape[0] * rows.shape[2], bias=sums is not None)
+            linear.weight = torch.nn.Parameter(rows[:, part].reshape(-1, rows.shape[-1]).contiguous(),
+                                               requires_grad=False)  # fmt: skip
+            if sums is not None:
+                linear.bias = torch.nn.Parameter(sums[:, part].reshape(-1).contiguous(), requires_grad=False)
+            setattr(attention, name, linear)
+        del attention.q_gate_proj
+
+
 def _nanochat_as_llama(model: Any) -> None:
     """Karpathy's nanochat, in place, as the Llama the builder's class builds (with per-head query
     and key norms and an ungated MLP): its norms have no weights (ones, then); it normalizes the
@@ -1617,6 +1640,8 @@ def post_norm_layers() -> None:
             model_type = getattr(model.config, "model_type", None)
             if model_type == "nanochat":
                 _nanochat_as_llama(model)
+            if model_type == "minicpm5_moe":
+                _query_and_gate_split(model)
             if model_type == "hyperclovax":
                 _residual_multiplier_folded(model)
             if model_type == "minicpm3":  # each sublayer's output scaled before the residual sum
@@ -1712,11 +1737,14 @@ def post_norm_layers() -> None:
             super().make_attention_input_proj(layer_id, attention, root_input, **kwargs)
 
         def make_attention_output_proj(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
-            if hasattr(attention, "gate_proj"):  # AFMoE's: the output gated by sigmoid(gate_proj(layer input))
+            if hasattr(attention, "gate_proj"):  # AFMoE's, MiniCPM5's: the output gated by sigmoid(gate_proj(input))
                 base, width = f"/model/layers.{layer_id}/attn/gate_proj", self.num_attn_heads * self.head_size
-                gate = self.make_matmul(attention.gate_proj, f"{base}/MatMul", root_input)
+                gate = f"{self.make_matmul(attention.gate_proj, f'{base}/MatMul', root_input)}/output_0"
+                if attention.gate_proj.bias is not None:  # (MiniCPM5's, with attention_bias)
+                    self.make_add_bias(attention.gate_proj.bias, f"{base}/Add", root_input=gate)
+                    gate = f"{base}/Add/output_0"
                 shape = self.make_hidden_state_shape(last_dim=width)
-                self.make_sigmoid(f"{base}/Sigmoid", f"{gate}/output_0", self.io_dtype, shape)
+                self.make_sigmoid(f"{base}/Sigmoid", gate, self.io_dtype, shape)
                 self.make_mul(f"{base}/Mul", [self.attention_attrs["o_path"], f"{base}/Sigmoid/output_0"],
                               self.io_dtype, shape)  # fmt: skip
                 self.attention_attrs["o_path"] = f"{base}/Mul/output_0"

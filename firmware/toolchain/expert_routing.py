@@ -12,9 +12,9 @@ MLA_FAMILIES = ("glm4_moe_lite", "deepseek_v3", "deepseek_v2", "youtu", "minicpm
 # Experts chosen by sigmoid scores plus a correction bias, mixed by those scores
 # (builder_shim._score_routed_experts; Nemotron 3's too, where its layers have experts): GLM-4.5's,
 # GLM-4.7-Flash's, DeepSeek V3's, Solar Open's (GLM-4.5's experts under a Llama's attention),
-# dots.llm1's (under Qwen3's), K-EXAONE's, MiniMax-M2's, Arcee's Trinity's and Hy3's.
+# dots.llm1's (under Qwen3's), K-EXAONE's, MiniMax-M2's, Arcee's Trinity's, Hy3's and MiniCPM5's.
 SIGMOID_ROUTED_FAMILIES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "solar_open", "dots1", "exaone_moe",
-                           "minimax_m2", "afmoe", "hy_v3")
+                           "minimax_m2", "afmoe", "hy_v3", "minicpm5_moe")
 # ERNIE 4.5's experts are chosen from the softmax's scores plus a correction bias, and mixed by those
 # scores scaled to sum to 1: the same routing graph with a softmax for the sigmoid.
 SOFTMAX_BIASED_FAMILIES = ("ernie4_5_moe",)

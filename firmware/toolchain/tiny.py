@@ -660,6 +660,13 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", {
         "num_hidden_layers": 3, "moe_num_experts": 8, "moe_k": 2, "moe_intermediate_size": 32,
         "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "tie_word_embeddings": True}),
+    # OpenBMB's MiniCPM5 MoE (15B-A2.5B): a Llama's attention whose output a sigmoid gates (the gate's
+    # rows fused with each head's queries), a dense first layer, then GLM-4.5's experts (sigmoid
+    # scores plus a bias for choosing, scaled to sum to 1, then by routed_scaling_factor) beside a
+    # shared expert.
+    "minicpm5_moe": ("MiniCPM5MoeConfig", "MiniCPM5MoeForCausalLM", {
+        "head_dim": 16, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "mlp_layer_types": ["dense", "sparse"], "routed_scaling_factor": 2.5}),
     # HunYuan's NTK scaling with a fixed alpha (its checkpoints call it "dynamic"): a static base.
     "hunyuan_alpha": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {"head_dim": 16, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2000.0, "factor": 1.0}}),
@@ -1418,6 +1425,7 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
     from transformers import PreTrainedTokenizerFast
 
     config_class, model_class, extra = ARCHITECTURES[arch]
+                                          "minicpm5_moe": ("gate.weight", "e_score_correction_bias"),
     style = chat_style(arch)
 
     tok = Tokenizer(models.BPE())

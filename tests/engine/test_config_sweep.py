@@ -206,6 +206,11 @@ VARIANTS: dict[str, Variant] = {
     "mpt_wider_slopes": ("mpt", {"attn_config": {"alibi_bias_max": 16}}, "alibi_bias_max"),
     "mpt_clipped": ("mpt", {"attn_config": {"clip_qkv": 6.0}}, "clip_qkv"),
     "mpt_logit_scale": ("mpt", {"logit_scale": 0.5}, "logit_scale"),
+    # MiniCPM5 with biased projections (the query-and-gate one's bias split too), two shared expert
+    # widths, experts in every layer; its experts chosen within groups are refused.
+    "minicpm5_moe_biased": ("minicpm5_moe", {"attention_bias": True, "n_shared_experts": 2,
+                                             "mlp_layer_types": ["sparse", "sparse"]}, None),
+    "minicpm5_moe_grouped": ("minicpm5_moe", {"n_group": 2, "topk_group": 1}, "n_group"),
     "hyperclovax_tied": ("hyperclovax", {"tie_word_embeddings": True, "num_key_value_heads": 1}, None),
 }  # fmt: skip
 # And every other fixture as it is, but for its random biases and norm weights.
