@@ -92,6 +92,8 @@ class CallFormat:
     # The format's special tokens are kept in the answer's text (`StreamDecoder`'s `kept`), where the
     # parser reads them: Gemma 4's (a string's delimiters are one) and GLM-4.5's (its parameters' tags).
     keeps_specials: bool = False
+    # A string parameter holding <, & or a line break is written inside CDATA_WRAP (MiniCPM5's).
+    cdata: bool = False
     # Special tokens the model writes its text answer between (Command R7B's <|START_RESPONSE|> and
     # <|END_RESPONSE|>), which a grammar for the answer allows around it.
     text_wrap: tuple[tuple[str, int], tuple[str, int]] | None = None
@@ -196,6 +198,13 @@ GLM_TAGS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_valu
 #   </minimax:tool_call> (without the last line break), after a newline where it follows text.
 MINIMAX_CALLS = ("<minimax:tool_call>", "</minimax:tool_call>")
 MINIMAX_INVOKE, MINIMAX_PARAMETER = '<invoke name="', '<parameter name="'
+# OpenBMB's MiniCPM5 writes each call as a <function> element of <param> elements, a value that is
+# not a string as Python's str() writes it, a string holding <, & or a line break inside CDATA_WRAP,
+# a line break between two calls and after text:
+#   <function name="get_weather"><param name="city">Paris</param><param name="days">3</param></function>
+MINICPM5_TAGS = ('<function name="', '<param name="', "</param>", "</function>")
+MINICPM5_SPECIALS = ("<function", "<param", "</param>", "</function>")  # (llama.cpp keeps them as tokens)
+CDATA_WRAP = ("<![CDATA[", "]]>")
 
 
 def call_format(template: str, token_id: Callable[[str], int | None],
@@ -227,6 +236,12 @@ def call_format(template: str, token_id: Callable[[str], int | None],
                           lead="\n", params=True, param_open=MINIMAX_PARAMETER, param_head_end='">',
                           param_close="</parameter>\n", param_values_json=True,
                           specials=_special_tags(MINIMAX_CALLS, token_id, special), keeps_specials=True)  # fmt: skip
+    if all(tag in template for tag in MINICPM5_TAGS):
+        call, param, param_close, close = MINICPM5_TAGS
+        specials = _special_tags(MINICPM5_SPECIALS, token_id, special)
+        return CallFormat("minicpm5", call, call, '">', close, "\n", lead="\n", params=True, param_open=param,
+                          param_head_end='">', param_close=param_close, cdata=True, specials=specials,
+                          keeps_specials=True)  # fmt: skip
     (opens, closes), quote = GEMMA_CALL, GEMMA_QUOTE
     open_id, close_id, quote_id = (token_id(t) for t in (opens, closes, quote))
     if open_id is not None and close_id is not None and quote_id is not None and opens + "call:" in template:
@@ -361,15 +376,16 @@ def xml_params(arguments: str, fmt: CallFormat = QWEN_XML) -> str:
     """A call's arguments (JSON text of an object) as parameters, as the templates of QWEN_XML (and
     Seed-OSS's and GLM-4.5's, whose framing `fmt` says) write them."""
     values = _argument_values(arguments)
-    return "".join(f"{fmt.param_open}{key}{fmt.param_head_end}{_param_text(value, fmt.param_values_json)}"
+    return "".join(f"{fmt.param_open}{key}{fmt.param_head_end}{_param_text(value, fmt.param_values_json, fmt.cdata)}"
                    f"{fmt.param_close}" for key, value in values.items())  # fmt: skip
 
 
-def _param_text(value: Any, as_json: bool = False) -> str:
-    """A value as Jinja writes it in those templates: a string as it is, `tojson` for an object or a
-    list, else `string` (Python's str: True, None, 1.5), or `tojson` for anything (`as_json`)."""
+def _param_text(value: Any, as_json: bool = False, cdata: bool = False) -> str:
+    """A value as Jinja writes it in those templates: a string as it is (inside CDATA_WRAP where
+    `cdata` and it holds <, & or a line break), `tojson` for an object or a list, else `string`
+    (Python's str: True, None, 1.5), or `tojson` for anything (`as_json`)."""
     if isinstance(value, str):
-        return value
+        return value.join(CDATA_WRAP) if cdata and any(c in value for c in "<&\n") else value
     return json.dumps(value, ensure_ascii=False) if as_json or isinstance(value, dict | list) else str(value)
 
 
@@ -1134,6 +1150,8 @@ class ParamCallParser(CallParser):
         self.properties = {t.name: t.schema.get("properties") or {} for t in tools}
         self._tool = ""  # the call in progress
         self._written = 0  # its parameters so far
+        self._value_close = fmt.param_close  # what ends the string in progress (after CDATA's close, in one)
+        self._value_opened = False  # whether the string's first text came (and so whether it is in CDATA)
 
     def _name_end(self, head: int) -> int:
         if self._args_open:
@@ -1164,12 +1182,17 @@ class ParamCallParser(CallParser):
             if schema is not None and _kinds(schema) == {"string"}:
                 out.append(CallArguments(self.calls - 1, named + '"'))
                 self.buf, self.mode = self.buf[start:], "string"
+                self._value_close, self._value_opened = self.fmt.param_close, not self.fmt.cdata
                 return
             close = self.fmt.param_close
             value_end = self.buf.find(close, start)
             if value_end < 0:
                 return  # the element is not closed yet
-            value = param_json(self.buf[start:value_end], schema)
+            text = self.buf[start:value_end]
+            opens, closes = CDATA_WRAP
+            if self.fmt.cdata and text.startswith(opens) and text.endswith(closes):
+                text = text[len(opens) : -len(closes)]
+            value = param_json(text, schema)
             out.append(CallArguments(self.calls - 1, named + value))
             self._written += 1
             self.buf = self.buf[value_end + len(close) :]
@@ -1179,9 +1202,17 @@ class ParamCallParser(CallParser):
             self._tail()
 
     def _string(self, out: list[Part]) -> None:
-        """A string parameter's text, escaped as JSON, up to its element's close; what could be
-        the start of the close is held until the next text says."""
-        close = self.fmt.param_close
+        """A string parameter's text, escaped as JSON, up to its element's close (in a format that
+        may write it inside CDATA_WRAP, without the wrap); what could be the start of the close is
+        held until the next text says."""
+        if not self._value_opened:
+            opens, closes = CDATA_WRAP
+            if opens.startswith(self.buf):
+                return  # the text may yet open CDATA
+            self._value_opened = True
+            if self.buf.startswith(opens):
+                self.buf, self._value_close = self.buf[len(opens) :], closes + self.fmt.param_close
+        close = self._value_close
         end = self.buf.find(close)
         if end >= 0:
             text, self.buf = self.buf[:end], self.buf[end + len(close) :]

@@ -1153,6 +1153,37 @@ MINIMAX_M2_CHAT_TEMPLATE = (
 )
 MINIMAX_M2_TURNS = ChatStyle(MINIMAX_M2_CHAT_TEMPLATE, ("<pad>", "]~!b[", "]~b]", "[e~[", "<minimax:tool_call>",
                                                        "</minimax:tool_call>"), "]~!b[", "[e~[")  # fmt: skip
+# OpenBMB's MiniCPM5 (abridged): ChatML turns, the tools listed in the system turn, each call a
+# <function> element of <param> elements (a string holding <, & or a line break inside CDATA), the
+# results in a user turn, each in a <tool_response> element.
+MINICPM5_CHAT_TEMPLATE = (
+    "{{- bos_token }}{%- if tools %}{{- '<|im_start|>system\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}"
+    "{{- '# Tools\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\n' + tool | tojson }}{%- endfor %}"
+    "{{- '\n</tools>\n\nWhen calling a function, return an XML object within <function ... </function> using:\n"
+    "<function name=\"function-name\"><param name=\"param-name\">param-value</param></function>\n"
+    "- If param-value contains <, & or newline characters, wrap it in a CDATA block: "
+    "<param name=\"param-name\"><![CDATA[...]]></param><|im_end|>\n' }}"
+    "{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}"
+    "{%- endif %}{%- for message in messages %}"
+    "{%- if message.role == 'user' %}{{- '<|im_start|>user\n' + message.content + '<|im_end|>\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant\n' + (message.content or '') }}"
+    "{%- for tool_call in message.tool_calls or [] %}"
+    "{%- if (loop.first and message.content) or not loop.first %}{{- '\n' }}{%- endif %}"
+    "{%- set call = tool_call.function or tool_call %}{{- '<function name=\"' ~ call.name ~ '\">' }}"
+    "{%- for name, value in (call.arguments or {}) | items %}{{- '<param name=\"' ~ name ~ '\">' }}"
+    "{%- if value is string and ('<' in value or '&' in value or '\n' in value) %}"
+    "{{- '<![CDATA[' + value + ']]>' }}{%- else %}{{- value }}{%- endif %}{{- '</param>' }}{%- endfor %}"
+    "{{- '</function>' }}{%- endfor %}{{- '<|im_end|>\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+MINICPM5_TURNS = ChatStyle(MINICPM5_CHAT_TEMPLATE, ("<unk>", "<s>", "<|im_end|>", "<|im_start|>"), "<s>", "<|im_end|>",
+                           ("<function", "<param", "</param>", "</function>"))  # fmt: skip
 # Upstage's Solar Open (abridged): each message between <|begin|>role<|content|> and <|end|>.
 SOLAR_OPEN_CHAT_TEMPLATE = (
     "{%- for m in messages -%}{{ '<|begin|>' + m.role + '<|content|>' + m.content + '<|end|>' }}{%- endfor -%}"
@@ -1321,6 +1352,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "cohere2": COMMAND_R7B_TURNS,
     "minimax_m2": MINIMAX_M2_TURNS,
     "solar_open": SOLAR_OPEN_TURNS,
+    "minicpm5_moe": MINICPM5_TURNS,
     # Kimi K2 (DeepSeek V3's architecture) calls tools in its own format, numbered.
     "deepseek_v3": KIMI_K2_TURNS,
     "nemotron_h": NEMOTRON_H_TURNS,
@@ -1393,6 +1425,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           # the scores it is added to, so it changes which experts are chosen)
                                           "glm4_moe": ("_proj.bias", "gate.weight", "e_score_correction_bias"),
                                           "solar_open": ("gate.weight", "e_score_correction_bias"),
+                                          "minicpm5_moe": ("gate.weight", "e_score_correction_bias"),
                                           "dots1": ("gate.weight", "e_score_correction_bias", "norm.weight"),
                                           "hunyuan_moe": ("layernorm.weight",),
                                           "minimax_m2": ("gate.weight", "e_score_correction_bias", "norm.weight"),
@@ -1425,7 +1458,6 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
     from transformers import PreTrainedTokenizerFast
 
     config_class, model_class, extra = ARCHITECTURES[arch]
-                                          "minicpm5_moe": ("gate.weight", "e_score_correction_bias"),
     style = chat_style(arch)
 
     tok = Tokenizer(models.BPE())

@@ -276,6 +276,21 @@ def test_kimi_k2_calls_are_read_named_and_numbered_between_its_tokens(chunk: int
     assert call_format(KIMI_K2_CHAT_TEMPLATE, missing.get) is HERMES
 
 
+def _element_calls_round_trip(template: str, ids: dict[str, int], name: str, call: tuple[Tool, str], chunk: int,
+                              written: str) -> CallFormat:  # fmt: skip
+    """The format `template` asks for (`ids`: the vocabulary's special tokens) is `name`'s; `call`
+    (its tool and arguments) and a call of CLOCK are written as `written`, and read back from it
+    (after a line break too, as where they follow text)."""
+    fmt = call_format(template, ids.get)
+    assert fmt.name == name and dict(fmt.specials) == ids
+    tool, arguments = call
+    assert format_calls([PastCall(tool.name, arguments), PastCall(CLOCK.name, "{}")], fmt) == written
+    for lead in ("", "\n"):
+        assert _parse(lead + written, chunk, fmt=fmt, tools=(tool, CLOCK)) == ("", [(tool.name, arguments),
+                                                                                    (CLOCK.name, "{}")], 2)  # fmt: skip
+    return fmt
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
 @pytest.mark.parametrize("ids", [{"<minimax:tool_call>": 50, "</minimax:tool_call>": 51}, {}])
 def test_minimax_m2_calls_are_read_from_their_invoke_and_parameter_elements(chunk: int, ids: dict[str, int]) -> None:
@@ -283,18 +298,12 @@ def test_minimax_m2_calls_are_read_from_their_invoke_and_parameter_elements(chun
     tags (special tokens, kept for the parser, or text), after a newline where it follows text."""
     from firmware.toolchain.tiny import MINIMAX_M2_CHAT_TEMPLATE
 
-    fmt = call_format(MINIMAX_M2_CHAT_TEMPLATE, ids.get)
-    assert fmt.name == "minimax" and dict(fmt.specials) == ids
     weather = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"},
                                                                         "days": {"type": "integer"}}})  # fmt: skip
-    paris = '{"city": "Paris: <b>", "days": 3}'
-    written = format_calls([PastCall("get_weather", paris), PastCall("get_time", "{}")], fmt)
-    assert written == ('<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris: <b>'
-                       '</parameter>\n<parameter name="days">3</parameter>\n</invoke>\n<invoke name="get_time">\n'
-                       "</invoke>\n</minimax:tool_call>")  # fmt: skip
-    two = [("get_weather", paris), ("get_time", "{}")]
-    for lead in ("", "\n"):
-        assert _parse(lead + written, chunk, fmt=fmt, tools=(weather, CLOCK)) == ("", two, 2)
+    fmt = _element_calls_round_trip(
+        MINIMAX_M2_CHAT_TEMPLATE, ids, "minimax", (weather, '{"city": "Paris: <b>", "days": 3}'), chunk,
+        '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris: <b></parameter>\n'
+        '<parameter name="days">3</parameter>\n</invoke>\n<invoke name="get_time">\n</invoke>\n</minimax:tool_call>')
     assert _parse("<invoke is not a call", chunk, fmt=fmt) == ("<invoke is not a call", [], 0)
     assert call_format(MINIMAX_M2_CHAT_TEMPLATE.replace("<invoke name=", "<call name="), ids.get) is HERMES
 
@@ -1089,6 +1098,29 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
         engine.close()
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+@pytest.mark.parametrize("ids", [{"<function": 50, "<param": 51, "</param>": 52, "</function>": 53}, {}])
+def test_minicpm5_calls_are_read_from_their_function_and_param_elements(chunk: int, ids: dict[str, int]) -> None:
+    """MiniCPM5 writes each call as a <function> element of <param> elements (its tags special
+    tokens, kept for the parser, or text), a string holding <, & or a line break inside CDATA, a
+    line break between two calls and after text."""
+    from firmware.toolchain.tiny import MINICPM5_CHAT_TEMPLATE
+
+    note = Tool("write", "", {"type": "object", "properties": {"path": {"type": "string"}, "text": {"type": "string"},
+                                                               "lines": {"type": "integer"}}})  # fmt: skip
+    tricky = '{"path": "a.txt", "text": "x < y &\\n</param> ]]", "lines": 2}'
+    fmt = _element_calls_round_trip(
+        MINICPM5_CHAT_TEMPLATE, ids, "minicpm5", (note, tricky),
+        chunk, '<function name="write"><param name="path">a.txt</param><param name="text"><![CDATA[x < y &\n</param> '
+        ']]]]></param><param name="lines">2</param></function>\n<function name="get_time"></function>')
+    # A value in CDATA where the tool's schema does not say it is a string, and one the model did
+    # not wrap: each read as it is.
+    loose = '<function name="w"><param name="a"><![CDATA[1 < 2]]></param><param name="b">x</param></function>'
+    assert _parse(loose, chunk, fmt=fmt) == ("", [("w", '{"a": "1 < 2", "b": "x"}')], 1)
+    assert _parse("<function is not a call", chunk, fmt=fmt) == ("<function is not a call", [], 0)
+    assert call_format(MINICPM5_CHAT_TEMPLATE.replace('<param name="', '<arg name="'), ids.get) is HERMES
+
+
 @pytest.mark.parametrize(("fixture", "fmt", "listed", "earlier", "result"), [
     ("llama_rope_llama3", "llama3_json", '"parameters": dictionary of argument name',
      '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": {"city": "Paris", '
@@ -1140,6 +1172,9 @@ def test_a_template_that_trims_messages_still_continues_the_final_one_as_sent(tr
      ']~b]ai\n\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
      '<parameter name="unit">c</parameter>\n</invoke>\n</minimax:tool_call>[e~[\n',
      "]~b]tool\n<response>18 C</response>[e~[\n"),
+    ("minicpm5_moe", "minicpm5", '<tools>\n{"type": "function", "function": {"name": "get_weather"',
+     '<|im_start|>assistant\n<function name="get_weather"><param name="city">Paris</param><param name="unit">c'
+     "</param></function><|im_end|>", "<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>"),
     ("gemma4", "gemma4", "<|tool>declaration:get_weather{",  # the results in the turn of the calls, which goes on
      '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>c<|"|>}<tool_call|>',
      '<tool_call|><|tool_response>response:get_weather{value:<|"|>18 C<|"|>}<tool_response|><|channel>thought\n'
