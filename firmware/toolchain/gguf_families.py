@@ -73,7 +73,8 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
 - qwen3vl and qwen3vlmoe (Qwen3-VL's language model, dense and its mixtures of experts, the files
   beside an mmproj file): Qwen3's and Qwen3-MoE's tensors, not permuted, the experts' weights always
   scaled to sum to 1; the multimodal RoPE's sections and the deepstack layers' count unread (text has
-  the same position on each of RoPE's three rows, plain RoPE, and no image features).
+  the same position on each of RoPE's three rows, plain RoPE, and no image features). qwen2vl
+  (Qwen2-VL's and Qwen2.5-VL's) likewise: Qwen2's tensors, not permuted.
 """
 
 from __future__ import annotations
@@ -95,10 +96,11 @@ FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "
 APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA = "apertus", "gptneox", "chatglm", "qwen2moe", "gemma"
 NEMOTRON_H_MOE, EXAONE, GLM4_MOE, DEEPSEEK2 = "nemotron_h_moe", "exaone", "glm4moe", "deepseek2"
 ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1, MPT = "ernie4_5-moe", "qwen3vl", "qwen3vlmoe", "dots1", "mpt"
+QWEN2VL = "qwen2vl"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
                  JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA, NEMOTRON_H_MOE,
-                 EXAONE, GLM4_MOE, DEEPSEEK2, ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1, MPT)
+                 EXAONE, GLM4_MOE, DEEPSEEK2, ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1, MPT, QWEN2VL)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -127,7 +129,8 @@ def config(meta: dict[str, Any]) -> Any:
                APERTUS: _apertus_config, GPT_NEOX: _gpt_neox_config, CHATGLM: _chatglm_config,
                QWEN2_MOE: _qwen2_moe_config, GEMMA: _gemma_config, GLM4_MOE: _glm4_moe_config,
                DEEPSEEK2: _deepseek2_config, ERNIE4_5_MOE: _ernie_moe_config, QWEN3VL: _qwen3_vl_config,
-               QWEN3VL_MOE: _qwen3_vl_config, DOTS1: _dots1_config, MPT: _mpt_config}  # fmt: skip
+               QWEN3VL_MOE: _qwen3_vl_config, DOTS1: _dots1_config, MPT: _mpt_config,
+               QWEN2VL: _qwen2_vl_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -144,7 +147,7 @@ LLAMA_SHAPED = {"mistral": (MISTRAL3, True), "ministral3": (MISTRAL3, True), "gr
                 "ernie4_5": (ERNIE4_5, False), "olmo": (OLMO, True), "jais2": (JAIS2, False),
                 "qwen2_moe": (QWEN2_MOE, False), "exaone": (EXAONE, False), "glm4_moe": (GLM4_MOE, False),
                 "ernie4_5_moe": (ERNIE4_5_MOE, False), "qwen3": (QWEN3VL, False),
-                "qwen3_moe": (QWEN3VL_MOE, False), "dots1": (DOTS1, False)}  # fmt: skip
+                "qwen3_moe": (QWEN3VL_MOE, False), "dots1": (DOTS1, False), "qwen2": (QWEN2VL, False)}  # fmt: skip
 
 
 def state(gguf: Path, model_config: Any, meta: dict[str, Any]) -> dict[str, Any]:
@@ -724,6 +727,13 @@ def _qwen3_vl_config(meta: dict[str, Any]) -> Any:
         return Qwen3Config(**fields, architectures=["Qwen3ForCausalLM"])
     return Qwen3MoeConfig(**fields, **_qwen_experts(key), norm_topk_prob=True,
                           architectures=["Qwen3MoeForCausalLM"])  # fmt: skip
+
+
+def _qwen2_vl_config(meta: dict[str, Any]) -> Any:
+    """Qwen2-VL's and Qwen2.5-VL's language model as the Qwen2 that runs its text."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**_llama_fields(meta, QWEN2VL), architectures=["Qwen2ForCausalLM"])
 
 
 def _dots1_config(meta: dict[str, Any]) -> Any:

@@ -676,7 +676,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
 # llama.cpp users bring most, with Llama 3's, Gemma 3's, linear and YaRN RoPE scaling.
 FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "hunyuan_alpha", "gpt_oss_global",
-               "qwen2_5_vl", "lfm2_vl",
+               "lfm2_vl",
                "qwen3_moe_dense", "gemma4_unified",
                "granite_swa", "lfm3",
                "ministral",
@@ -684,7 +684,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "helium", "nanochat", "starcoder2", "granitemoe_swa",
                "vaultgemma", "hyperclovax", "hyperclovax_plain", "gemma4_unified_text",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
-               "stablelm_3b", "llava", "smolvlm", "qwen2_vl", "internvl", "qwen3_next", "iquestcoder",
+               "stablelm_3b", "llava", "smolvlm", "internvl", "qwen3_next", "iquestcoder",
                "exaone_moe", "cwm", "hunyuan_moe",
                "minimax_m2", "afmoe", "mellum", "hy_v3", "flex_olmo", "minicpm3",
                "gptj", "codegen", "minicpm5_moe")  # (llama.cpp's converter writes none of these)

@@ -100,6 +100,7 @@ CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "gemma4": "gemma4"
              "exaone": "exaone", "glm4_moe": "glm4moe", "deepseek_v3": "deepseek2", "deepseek_v2": "deepseek2",
              "youtu": "deepseek2", "dots1": "dots1", "solar_open": "glm4moe",
              "ernie4_5_moe": "ernie4_5-moe", "qwen3_vl": "qwen3vl", "qwen3_vl_moe": "qwen3vlmoe",
+             "qwen2_vl": "qwen2vl", "qwen2_5_vl": "qwen2vl",
              "olmo": "olmo", "jais2": "jais2", "apertus": "apertus", "gpt_neox": "gptneox", "glm": "chatglm",
              "qwen2_moe": "qwen2moe", "gemma": "gemma"}
 # What the converter is told for them: the published Qwen3.5 models have a multi-token prediction

@@ -78,8 +78,9 @@ def test_the_gguf_tokenizer_and_template_give_the_folder_s_token_ids(
     tokenizer by model type, and Qwen2Tokenizer splits text by Qwen's rule, which these fixtures'
     BPE (trained with GPT-2's) was not made with; the doubled spaces here split differently. Qwen2's
     (both fixtures) and Qwen3.5 MoE's do so from either source; the dense Qwen3.5's only from the
-    folder (transformers reads its file's tokenizer with the file's own rule, here GPT-2's). A real
-    Qwen vocabulary is made with Qwen's rule, and a real file names it."""
+    folder (transformers reads its file's tokenizer with the file's own rule, here GPT-2's); Qwen2-VL's
+    and Qwen2.5-VL's from neither: the file's bundle is a Qwen2's, re-saved so, the folder's not. A
+    real Qwen vocabulary is made with Qwen's rule, and a real file names it."""
     from firmware.toolchain.build import gguf_tokenizer
 
     name, from_gguf, from_folder = arch
@@ -91,7 +92,7 @@ def test_the_gguf_tokenizer_and_template_give_the_folder_s_token_ids(
     path = tiny_gguf(name)
     assert _hf_chat_ids(gguf_tokenizer(path), system) == own, name
     qwen_rule = {"qwen2": (False, True), "qwen2_yarn": (False, True), "qwen3_5": (True, False),
-                 "qwen3_5_moe": (False, True)}  # fmt: skip
+                 "qwen3_5_moe": (False, True), "qwen2_vl": (False, False), "qwen2_5_vl": (False, False)}  # fmt: skip
     assert (ids == own, ids == folder_ids) == qwen_rule.get(name, (True, True)), name
 
 
