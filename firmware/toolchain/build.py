@@ -847,7 +847,7 @@ RECURRENT_KINDS = {"linear_attention": ("Qwen3_5ForConditionalGeneration", "Qwen
                                         "GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "FalconH1ForCausalLM",
                                         "JambaForCausalLM", "Qwen3NextForCausalLM"),
                    "conv": ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration",
-                            "Lfm3ForCausalLM")}
+                            "Lfm3ForCausalLM", "Lfm3VlForConditionalGeneration")}
 
 
 # RoPE scaling whose export rotates as transformers does, each checked on a tiny model

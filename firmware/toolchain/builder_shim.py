@@ -581,11 +581,15 @@ LANGUAGE_MODEL_OF = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGe
                      "LlavaOnevisionForConditionalGeneration", "Idefics3ForConditionalGeneration",
                      "SmolVLMForConditionalGeneration", "Qwen2VLForConditionalGeneration",
                      "InternVLForConditionalGeneration", "AyaVisionForConditionalGeneration",
-                     "Llama4ForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")  # fmt: skip
-TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen3_vl_moe_text": "qwen3_moe"}
+                     "Llama4ForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+                     "Lfm3VlForConditionalGeneration", "Glm4vForConditionalGeneration")  # fmt: skip
+TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen3_vl_moe_text": "qwen3_moe", "glm4v_text": "glm4"}
 # Fields a text family's own class reads, which the checkpoint's language model fixes: Qwen3-VL's
 # experts always scale their weights to sum to 1 (Qwen3-MoE's only with norm_topk_prob).
 TEXT_FIELDS = {"qwen3_vl_moe_text": {"norm_topk_prob": True}}
+# RoPE settings a text config's own class assumes where its rope_parameters name none, and its
+# family's class assumes otherwise (GLM-4's rotates half of each head unless told; GLM-4V's all).
+TEXT_ROPE_DEFAULTS = {"glm4v_text": {"partial_rotary_factor": 1.0}}
 # Checkpoints whose weights are laid out otherwise than their text family's class reads them: the
 # model type whose conversions transformers applies to them (Qwen3-VL's fused experts, each matrix
 # transposed).
@@ -610,9 +614,12 @@ def language_model_alone(config: Any) -> Any:
     fields = config.get_text_config().to_dict()
     family = TEXT_FAMILY.get(fields["model_type"], fields["model_type"])
     fields.update(TEXT_FIELDS.get(fields["model_type"], {}))
+    # (a text config without head_dim shares the hidden size out; a family's class may default another)
+    fields["head_dim"] = fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"]
     rope = fields.get("rope_parameters")
     if isinstance(rope, dict):  # (text's three position rows are the same: plain RoPE, interleaved or not)
-        fields["rope_parameters"] = {k: v for k, v in rope.items() if k not in ("mrope_section", "mrope_interleaved")}
+        fields["rope_parameters"] = {**TEXT_ROPE_DEFAULTS.get(fields["model_type"], {}), **{
+            k: v for k, v in rope.items() if k not in ("mrope_section", "mrope_interleaved")}}  # fmt: skip
     # The tie is the checkpoint's: transformers ties the head to the text model's embeddings by the
     # outer config's flag.
     fields["tie_word_embeddings"] = bool(getattr(config, "tie_word_embeddings", fields.get("tie_word_embeddings")))

@@ -428,6 +428,26 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # after each operator and feed-forward too, a sigmoid gate per head on the attention's output,
     # and RoPE per layer type (proportional over half of each head on the full layers).
     "lfm3": ("Lfm3Config", "Lfm3ForCausalLM", {"num_hidden_layers": 6, "head_dim": 16, "sliding_window": 16}),
+    # GLM-4.1V and GLM-4.6V-Flash (Zhipu's 9B image-and-text models): a vision tower beside GLM-4's
+    # layers (norms after each sublayer too, biased queries, keys and values), multimodal RoPE over
+    # neighbouring pairs of half of each head; its image tokens lie past the tokenizer's 512.
+    "glm4v": ("Glm4vConfig", "Glm4vForConditionalGeneration", {
+        "text_config": {"vocab_size": 518, "num_attention_heads": 2, "num_key_value_heads": 1,  # (heads of 32)
+                        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                            "mrope_section": [4, 2, 2]}},
+        "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                          "image_size": 28, "patch_size": 14},
+        "image_token_id": 512, "video_token_id": 513, "image_start_token_id": 514, "image_end_token_id": 515,
+        "video_start_token_id": 516, "video_end_token_id": 517}),
+    # LFM3-VL (Liquid's image-and-text models for devices): a vision tower and a projector beside an
+    # LFM3, whose text part the build exports; its image tokens lie past the tokenizer's 512.
+    "lfm3_vl": ("Lfm3VlConfig", "Lfm3VlForConditionalGeneration", {
+        "text_config": {"model_type": "lfm3", "num_hidden_layers": 6, "head_dim": 16, "sliding_window": 16,
+                        "vocab_size": 516},
+        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                          "num_key_value_heads": 1, "patch_size": 8},
+        "image_token_id": 512, "video_token_id": 513, "vision_start_token_id": 514, "vision_end_token_id": 515,
+        "projector_hidden_size": 64, "tie_word_embeddings": False}),
     # ByteDance's Seed-OSS: a Llama whose query, key and value projections (and here its output
     # projection and MLP too) have biases; it thinks between <seed:think> tags.
     "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", {"head_dim": 16, "attention_out_bias": True,
@@ -678,7 +698,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "hunyuan_alpha", "gpt_oss_global",
                "lfm2_vl",
                "qwen3_moe_dense", "gemma4_unified",
-               "granite_swa", "lfm3",
+               "granite_swa", "lfm3", "lfm3_vl", "glm4v",
                "ministral",
                "qwen2_moe_dense",
                "helium", "nanochat", "starcoder2", "granitemoe_swa",
@@ -1403,6 +1423,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "falcon": FALCON_RANDOMIZED, "falcon_new": FALCON_RANDOMIZED,
                                           "bloom": (".bias", "layernorm.weight", "ln_f.weight"),
                                           "mpt": ("norm_1.weight", "norm_2.weight", "norm_f.weight"),
+                                          "glm4v": ("_proj.bias", "layernorm.weight"),
                                           # Each layer's output scale (published models' are not 1).
                                           "gemma4": ("layer_scalar",), "gemma4_e": ("layer_scalar",),
                                           "gemma4_text": ("layer_scalar",), "gemma4_unified": ("layer_scalar",),
