@@ -582,7 +582,8 @@ LANGUAGE_MODEL_OF = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGe
                      "SmolVLMForConditionalGeneration", "Qwen2VLForConditionalGeneration",
                      "InternVLForConditionalGeneration", "AyaVisionForConditionalGeneration",
                      "Llama4ForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-                     "Lfm3VlForConditionalGeneration", "Glm4vForConditionalGeneration")  # fmt: skip
+                     "Lfm3VlForConditionalGeneration", "Glm4vForConditionalGeneration",
+                     "Exaone4_5_ForConditionalGeneration")  # fmt: skip
 TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen3_vl_moe_text": "qwen3_moe", "glm4v_text": "glm4"}
 # Fields a text family's own class reads, which the checkpoint's language model fixes: Qwen3-VL's
 # experts always scale their weights to sum to 1 (Qwen3-MoE's only with norm_topk_prob).

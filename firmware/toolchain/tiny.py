@@ -439,6 +439,14 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
                           "image_size": 28, "patch_size": 14},
         "image_token_id": 512, "video_token_id": 513, "image_start_token_id": 514, "image_end_token_id": 515,
         "video_start_token_id": 516, "video_end_token_id": 517}),
+    # LG's EXAONE 4.5 (33B): Qwen2.5-VL's vision tower beside an EXAONE 4, its image tokens past the
+    # tokenizer's 512.
+    "exaone4_5": ("Exaone4_5_Config", "Exaone4_5_ForConditionalGeneration", {
+        "text_config": {"model_type": "exaone4", "vocab_size": 514, "head_dim": 32, "sliding_window": 16,
+                        "layer_types": ["sliding_attention", "full_attention"]},
+        "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                          "fullatt_block_indexes": [0]},
+        "image_token_id": 512, "video_token_id": 513}),
     # LFM3-VL (Liquid's image-and-text models for devices): a vision tower and a projector beside an
     # LFM3, whose text part the build exports; its image tokens lie past the tokenizer's 512.
     "lfm3_vl": ("Lfm3VlConfig", "Lfm3VlForConditionalGeneration", {
@@ -698,7 +706,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "hunyuan_alpha", "gpt_oss_global",
                "lfm2_vl",
                "qwen3_moe_dense", "gemma4_unified",
-               "granite_swa", "lfm3", "lfm3_vl", "glm4v",
+               "granite_swa", "lfm3", "lfm3_vl", "glm4v", "exaone4_5",
                "ministral",
                "qwen2_moe_dense",
                "helium", "nanochat", "starcoder2", "granitemoe_swa",
