@@ -583,13 +583,15 @@ LANGUAGE_MODEL_OF = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGe
                      "InternVLForConditionalGeneration", "AyaVisionForConditionalGeneration",
                      "Llama4ForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                      "Lfm3VlForConditionalGeneration", "Glm4vForConditionalGeneration",
-                     "Exaone4_5_ForConditionalGeneration")  # fmt: skip
-TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen3_vl_moe_text": "qwen3_moe", "glm4v_text": "glm4"}
+                     "Exaone4_5_ForConditionalGeneration", "Glm4vMoeForConditionalGeneration")  # fmt: skip
+TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen3_vl_moe_text": "qwen3_moe", "glm4v_text": "glm4",
+               "glm4v_moe_text": "glm4_moe"}
 # Fields a text family's own class reads, which the checkpoint's language model fixes: Qwen3-VL's
 # experts always scale their weights to sum to 1 (Qwen3-MoE's only with norm_topk_prob).
 TEXT_FIELDS = {"qwen3_vl_moe_text": {"norm_topk_prob": True}}
 # RoPE settings a text config's own class assumes where its rope_parameters name none, and its
-# family's class assumes otherwise (GLM-4's rotates half of each head unless told; GLM-4V's all).
+# family's class assumes otherwise (GLM-4's rotates half of each head unless told; GLM-4V's all, where
+# GLM-4.5V's config, as GLM-4.5's, assumes half).
 TEXT_ROPE_DEFAULTS = {"glm4v_text": {"partial_rotary_factor": 1.0}}
 # Checkpoints whose weights are laid out otherwise than their text family's class reads them: the
 # model type whose conversions transformers applies to them (Qwen3-VL's fused experts, each matrix

@@ -439,6 +439,18 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
                           "image_size": 28, "patch_size": 14},
         "image_token_id": 512, "video_token_id": 513, "image_start_token_id": 514, "image_end_token_id": 515,
         "video_start_token_id": 516, "video_end_token_id": 517}),
+    # GLM-4.5V and GLM-4.6V (Zhipu's 106B image-and-text mixtures of experts): GLM-4.5's layers (a
+    # dense first, then sigmoid-routed experts beside a shared one) under a vision tower, multimodal
+    # RoPE over the halves of half of each head.
+    "glm4v_moe": ("Glm4vMoeConfig", "Glm4vMoeForConditionalGeneration", {
+        "text_config": {"vocab_size": 518, "head_dim": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                        "moe_intermediate_size": 32, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
+                        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                            "mrope_section": [4, 2, 2]}},
+        "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                          "image_size": 28, "patch_size": 14},
+        "image_token_id": 512, "video_token_id": 513, "image_start_token_id": 514, "image_end_token_id": 515,
+        "video_start_token_id": 516, "video_end_token_id": 517}),
     # LG's EXAONE 4.5 (33B): Qwen2.5-VL's vision tower beside an EXAONE 4, its image tokens past the
     # tokenizer's 512.
     "exaone4_5": ("Exaone4_5_Config", "Exaone4_5_ForConditionalGeneration", {
@@ -706,7 +718,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "hunyuan_alpha", "gpt_oss_global",
                "lfm2_vl",
                "qwen3_moe_dense", "gemma4_unified",
-               "granite_swa", "lfm3", "lfm3_vl", "glm4v", "exaone4_5",
+               "granite_swa", "lfm3", "lfm3_vl", "glm4v", "glm4v_moe", "exaone4_5",
                "ministral",
                "qwen2_moe_dense",
                "helium", "nanochat", "starcoder2", "granitemoe_swa",
@@ -1432,6 +1444,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           "bloom": (".bias", "layernorm.weight", "ln_f.weight"),
                                           "mpt": ("norm_1.weight", "norm_2.weight", "norm_f.weight"),
                                           "glm4v": ("_proj.bias", "layernorm.weight"),
+                                          "glm4v_moe": ("_proj.bias", "gate.weight", "e_score_correction_bias"),
                                           # Each layer's output scale (published models' are not 1).
                                           "gemma4": ("layer_scalar",), "gemma4_e": ("layer_scalar",),
                                           "gemma4_text": ("layer_scalar",), "gemma4_unified": ("layer_scalar",),

@@ -211,10 +211,15 @@ VARIANTS: dict[str, Variant] = {
     "minicpm5_moe_biased": ("minicpm5_moe", {"attention_bias": True, "n_shared_experts": 2,
                                              "mlp_layer_types": ["sparse", "sparse"]}, None),
     "minicpm5_moe_grouped": ("minicpm5_moe", {"n_group": 2, "topk_group": 1}, "n_group"),
-    # GLM-4V whose RoPE names no partial_rotary_factor: it rotates whole heads (GLM-4's class, half).
+    # GLM-4V and GLM-4.5V whose RoPE names no partial_rotary_factor: GLM-4V rotates whole heads (GLM-4's
+    # class, half), GLM-4.5V half (as GLM-4.5's).
     "glm4v_whole_heads": ("glm4v", {"text_config": {**tiny.ARCHITECTURES["glm4v"][2]["text_config"],
                                                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                                         "mrope_section": [8, 4, 4]}}}, None),
+    "glm4v_moe_default_rotation": ("glm4v_moe", {"text_config": {**tiny.ARCHITECTURES["glm4v_moe"][2]["text_config"],
+                                                            "rope_parameters": {"rope_type": "default",
+                                                                                "rope_theta": 10000.0,
+                                                                                "mrope_section": [4, 2, 2]}}}, None),
     # LFM3-VL whose head is its language model's embeddings (the outer config ties them).
     "lfm3_vl_tied": ("lfm3_vl", {"tie_word_embeddings": True}, None),
     "hyperclovax_tied": ("hyperclovax", {"tie_word_embeddings": True, "num_key_value_heads": 1}, None),
