@@ -175,15 +175,16 @@ Glm4ForCausalLM) have no class in the builder either:
   MiniMax-M2 (OLMo 2's whole-projection norms, half of each head rotated, the bias the block's:
   1.9e-6) and Arcee's Trinity (AfmoeForCausalLM: sandwich norms as GLM-4's, the attention's output
   gated by a sigmoid, RoPE in its sliding layers alone, the bias the block's, µP's embedding scale:
-  1.7e-6) and Tencent's Hy3 (HYV3ForCausalLM: per-head norms, the block's bias, router_scaling_factor:
-  1.4e-6); Youtu-LLM has DeepSeek's latent attention in dense layers (1.3e-5), as does OpenBMB's
-  MiniCPM3, rotated by halves, with µP's scales (the embeddings' and the LM head's as the class's
-  attributes, each sublayer's output's folded into its last projection: `_sublayer_outputs_scaled`;
-  2.4e-6), its LongRoPE by the short factors (`yarn_as_transformers`), Meta's CWM is a
-  Llama whose layers slide but every fourth (1.2e-6), IQuest-Coder-V1 a Llama under its own names,
-  AllenAI's FlexOlmo OLMo 2's post-norm layers with OLMoE's experts (post-norm layers take experts:
-  1.4e-6), JetBrains' Mellum Qwen3's attention and experts in sliding and global layers of their own RoPE
-  bases (two tables, as OLMo 3's: 1.4e-6).
+  1.7e-6), Tencent's Hy3 (HYV3ForCausalLM: per-head norms, the block's bias, router_scaling_factor:
+  1.4e-6) and OpenBMB's MiniCPM5 MoE (its fused query-and-gate projection split into the query and
+  Trinity's output gate, `_query_and_gate_split`: 7.2e-7); Youtu-LLM has DeepSeek's latent attention
+  in dense layers (1.3e-5), as does OpenBMB's MiniCPM3, rotated by halves, with µP's scales (the
+  embeddings' and the LM head's as the class's attributes, each sublayer's output's folded into its
+  last projection: `_sublayer_outputs_scaled`; 2.4e-6), its LongRoPE by the short factors
+  (`yarn_as_transformers`), Meta's CWM is a Llama whose layers slide but every fourth (1.2e-6),
+  IQuest-Coder-V1 a Llama under its own names, AllenAI's FlexOlmo OLMo 2's post-norm layers with
+  OLMoE's experts (post-norm layers take experts: 1.4e-6), JetBrains' Mellum Qwen3's attention and
+  experts in sliding and global layers of their own RoPE bases (two tables, as OLMo 3's: 1.4e-6).
   Then, each a Llama to the class but for what is said: Kyutai's
   Helium and GLM-4 9B / GLM-Edge (GlmForCausalLM: GLM-4's layers without its post norms) rotate
   neighbouring pairs (1.9e-6 each); InternLM3 (InternLM3ForCausalLM, which transformers runs as a
@@ -202,10 +203,10 @@ Glm4ForCausalLM) have no class in the builder either:
   too, their attention and MLP side by side (the class's `_parallel_layer`, after one norm or two),
   2.9e-6, 1.4e-6, 2.2e-6, 2.4e-6 and 2.9e-6; BLOOM and MPT, rebuilt so too, with ALiBi, a bias
   on the scores given to the attention operator (`_alibi`), and BLOOM's norm of the embeddings
-  (`_embeddings_normed`), 1.4e-6 both. A rotated part of each head whose width the attention operator refuses (not a
-  multiple of 16: StableLM 3B's 20 of 80) is rotated as the whole head: each query and key head's dimensions reordered
-  (`_padded_rotation_order`), the unrotated pairs turned by a frequency of 0
-  (`_padded_rotation_tables`), 5.7e-6.
+  (`_embeddings_normed`), 1.4e-6 both. A rotated part of each head whose width the attention
+  operator refuses (not a multiple of 16: StableLM 3B's 20 of 80) is rotated as the whole head:
+  each query and key head's dimensions reordered (`_padded_rotation_order`), the unrotated pairs
+  turned by a frequency of 0 (`_padded_rotation_tables`), 5.7e-6.
 
 Gemma 4 (Gemma4ForConditionalGeneration: 31B; Gemma4UnifiedForConditionalGeneration: 12B) has
 classes in the builder, written for an older transformers:
@@ -331,9 +332,11 @@ Liquid's LFM3 (Lfm3ForCausalLM) has no class in the builder either:
   transformers to 4e-6.
 - `language_model_alone`, `load_language_model_alone`: image-and-text checkpoints the builder
   names no class for (LLaVA's, SmolVLM's, Qwen2-VL's, InternVL's, Aya Vision's, Qwen3-VL's
-  mixtures of experts) go to it as their language model's family, whose weights are read alone from
-  under the checkpoint's prefix (the builder loaded the whole checkpoint with the class the
-  folder's config names, which fails), in the checkpoint's layout (CHECKPOINT_LAYOUT).
+  mixtures of experts, LFM3-VL's, GLM-4V's and GLM-4.5V's, EXAONE 4.5's) go to it as their language
+  model's family, whose weights are read alone from under the checkpoint's prefix (the builder
+  loaded the whole checkpoint with the class the folder's config names, which fails), in the
+  checkpoint's layout (CHECKPOINT_LAYOUT), with the head width and RoPE the text config's own
+  class assumes where a family's class assumes others (TEXT_ROPE_DEFAULTS).
 - `qwen3_next.as_qwen3_5_moe_config`, the same loading hook: Qwen3-Next goes to the builder's
   Qwen3.5 mixture-of-experts classes, its weights read as Qwen3-Next's and laid out as Qwen3.5's.
 
