@@ -34,6 +34,14 @@ GEMMA3_LOCAL_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 # Qwen2-MoE's tiny checkpoint: top 2 of 4 experts and a shared expert in each layer.
 QWEN2_MOE_TINY: dict[str, Any] = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                                   "shared_expert_intermediate_size": 64}
+# GLM-4V's and GLM-4.5V's tiny checkpoints share their multimodal RoPE (over half of each head of
+# 32) and their vision tower, whose tokens lie past the tokenizer's 512.
+GLM4V_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [4, 2, 2]}
+GLM4V_TOWER: dict[str, Any] = {
+    "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                      "image_size": 28, "patch_size": 14},
+    "image_token_id": 512, "video_token_id": 513, "image_start_token_id": 514, "image_end_token_id": 515,
+    "video_start_token_id": 516, "video_end_token_id": 517}
 # Llama 4's tiny language model (Scout's layers): every fourth layer without RoPE, experts (one of 4
 # a token) every other layer.
 LLAMA4_TINY: dict[str, Any] = {"num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 1,
@@ -433,24 +441,16 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # neighbouring pairs of half of each head; its image tokens lie past the tokenizer's 512.
     "glm4v": ("Glm4vConfig", "Glm4vForConditionalGeneration", {
         "text_config": {"vocab_size": 518, "num_attention_heads": 2, "num_key_value_heads": 1,  # (heads of 32)
-                        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-                                            "mrope_section": [4, 2, 2]}},
-        "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
-                          "image_size": 28, "patch_size": 14},
-        "image_token_id": 512, "video_token_id": 513, "image_start_token_id": 514, "image_end_token_id": 515,
-        "video_start_token_id": 516, "video_end_token_id": 517}),
+                        "rope_parameters": GLM4V_ROPE},
+        **GLM4V_TOWER}),
     # GLM-4.5V and GLM-4.6V (Zhipu's 106B image-and-text mixtures of experts): GLM-4.5's layers (a
     # dense first, then sigmoid-routed experts beside a shared one) under a vision tower, multimodal
     # RoPE over the halves of half of each head.
     "glm4v_moe": ("Glm4vMoeConfig", "Glm4vMoeForConditionalGeneration", {
         "text_config": {"vocab_size": 518, "head_dim": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
                         "moe_intermediate_size": 32, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
-                        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-                                            "mrope_section": [4, 2, 2]}},
-        "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
-                          "image_size": 28, "patch_size": 14},
-        "image_token_id": 512, "video_token_id": 513, "image_start_token_id": 514, "image_end_token_id": 515,
-        "video_start_token_id": 516, "video_end_token_id": 517}),
+                        "rope_parameters": GLM4V_ROPE},
+        **GLM4V_TOWER}),
     # LG's EXAONE 4.5 (33B): Qwen2.5-VL's vision tower beside an EXAONE 4, its image tokens past the
     # tokenizer's 512.
     "exaone4_5": ("Exaone4_5_Config", "Exaone4_5_ForConditionalGeneration", {
