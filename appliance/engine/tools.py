@@ -304,7 +304,7 @@ def _glm_format(template: str, token_id: Callable[[str], int | None], special: C
 def _special_tags(tags: Sequence[str], token_id: Callable[[str], int | None],
                   special: Callable[[str], bool]) -> tuple[tuple[str, int], ...]:  # fmt: skip
     """(tag, id) of those of a format's `tags` that are special tokens of the vocabulary (GLM-4.5's,
-    MiniMax-M2's: the others, text to decoding, are text to the grammar too)."""
+    MiniMax-M2's, MiniCPM5's: the others, text to decoding, are text to the grammar too)."""
     ids = {tag: token_id(tag) for tag in tags}
     return tuple((tag, i) for tag, i in ids.items() if i is not None and special(tag))
 

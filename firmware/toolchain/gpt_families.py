@@ -300,10 +300,9 @@ def _mpt(model: Any) -> Any:
     hidden, heads = config.hidden_size, config.num_attention_heads
     layers = []
     for block in body.blocks:
-        fused = block.attn.Wqkv.weight
-        qkv = tuple((fused[a:a + hidden], None) for a in (0, hidden, 2 * hidden))
+        q, k, v = block.attn.Wqkv.weight.split(hidden)
         scale = block.attn.softmax_scale * math.sqrt(hidden // heads)  # (1 unless the config sets another)
-        qkv = ((qkv[0][0] * scale, None), *qkv[1:])
+        qkv = ((q * scale, None), (k, None), (v, None))
         out, up, down = (_weight_and_bias(p, False) for p in (block.attn.out_proj, block.ffn.up_proj,
                                                                block.ffn.down_proj))  # fmt: skip
         layers.append(_layer(_biased(block.norm_1), (*qkv, out), _biased(block.norm_2), up, block.ffn.act, down))
