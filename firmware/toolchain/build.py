@@ -893,9 +893,10 @@ def gemma4_refusal(config: dict[str, Any]) -> str | None:
 
 def expert_choice_refusal(config: dict[str, Any]) -> str | None:
     """What of a Nemotron 3's, GLM-4.5's, GLM-4.7-Flash's or DeepSeek's experts the export would not
-    route as transformers does, or None: it chooses among all experts (one group) and, where the
-    choice is by sigmoid, mixes the chosen by their scores scaled to sum to 1 (DeepSeek V2's softmax
-    weights go as they are); HunYuan's choose as many of as many experts in every layer."""
+    route as transformers does, or None: it chooses within groups as DeepSeek V3 does (the groups
+    ranked by their two best scores; DeepSeek V2's ranking by the best one is not built) and, where
+    the choice is by sigmoid, mixes the chosen by their scores scaled to sum to 1 (DeepSeek V2's
+    softmax weights go as they are); HunYuan's choose as many of as many experts in every layer."""
     kind = config.get("model_type")
     if kind == "hunyuan_v1_moe":  # (its counts may be given per layer: the export takes one for all)
         for name in ("num_experts", "moe_topk"):
@@ -907,9 +908,10 @@ def expert_choice_refusal(config: dict[str, Any]) -> str | None:
     if not experts:
         return None
     grouped = int(config.get("topk_group") or 1) < int(config.get("n_group") or 1)
-    if grouped and (kind != "deepseek_v2" or config.get("topk_method") == "group_limited_greedy"):
+    if grouped and kind == "deepseek_v2" and config.get("topk_method") == "group_limited_greedy":
         return (f"its experts are chosen within the best {config.get('topk_group')} of {config.get('n_group')} "
-                "groups (n_group, topk_group), which the export does not compute; not supported")
+                "groups by their best score (n_group, topk_group, group_limited_greedy), which the export "
+                "does not compute; not supported")
     if config.get("norm_topk_prob") is False and kind != "deepseek_v2":
         return "its experts are mixed by scores not scaled to sum to 1 (norm_topk_prob false); not supported"
     return None

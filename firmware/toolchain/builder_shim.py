@@ -2819,6 +2819,8 @@ def _score_routing(self: Any, config: Any, **activation: float) -> None:
     scale = float(next((getattr(config, n) for n in names if getattr(config, n, None)), 1.0))
     norm_min = getattr(config, "moe_norm_min", None)  # (ERNIE 4.5's clamp of the chosen scores' sum)
     self.score_sum_floor = (True, float(norm_min)) if norm_min is not None else (False, 1e-20)
+    # DeepSeek V3's group-limited choice: the experts in n_group groups, chosen within the topk_group best
+    self.expert_groups = (int(getattr(config, "n_group", None) or 1), int(getattr(config, "topk_group", None) or 1))
     self.moe_attrs.update(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=True,
                           use_expert_bias=True, routed_scaling_factor=scale,
                           router_sentinel=-10000.0, **activation)  # (LFM2-MoE's: far below any log-sigmoid)
@@ -2843,11 +2845,66 @@ def _score_routed_experts(self: Any, layer_id: int, gate: Any, bias: Any, gate_u
     with _declared_widths(self, hidden_size=int(gate_up.shape[2])):  # (the experts' input: the stream, or a latent)
         self.make_interleaved_swiglu_moe_preprocessing(layer_id, routed)
         scores = (_softmax_scores if softmax else Routing.make_moe_router_scores)(self, layer_id, routed, root_input)
-        chosen = Routing.make_moe_router_selection(self, layer_id, routed, scores)
+        chosen = _expert_choice(self, layer_id, routed, scores)
         weights = Routing.make_moe_router_selected_scores(self, layer_id, scores, chosen)
         probs = Routing.make_moe_router_mask(self, layer_id, scores, chosen, weights)
         Routing.make_moe_subgraph(self, layer_id, routed, experts_input, probs,
                                   _mix_scale(self, layer_id, weights, root_input))  # fmt: skip
+
+
+def _expert_choice(self: Any, layer_id: int, routed: Any, scores: str) -> str:
+    """The chosen experts' indices [rows, top_k]: the top k of the scores plus the correction bias, as
+    the builder's LFM2-MoE class chooses them, where the experts form one group; else DeepSeek V3's
+    group-limited choice (_score_routing's expert_groups), as transformers makes it for every family
+    routed so: each group ranked by the sum of its two best biased scores, the experts of all but
+    the topk_group best groups masked below any score, then the top k."""
+    import onnx_ir as ir
+    from builders.lfm2 import LFM2MoEModel as Routing
+
+    groups, kept = self.expert_groups
+    if kept >= groups:
+        return str(Routing.make_moe_router_selection(self, layer_id, routed, scores))
+    base, experts = f"/model/layers.{layer_id}/moe/router", self.moe_attrs["num_experts"]
+    rows, per_group = self.make_moe_router_shape()[0], experts // groups
+    float32 = ir.DataType.FLOAT
+    biased = scores
+    if self.moe_attrs["use_expert_bias"]:
+        bias = f"model.layers.{layer_id}.moe.expert_bias"
+        self.make_initializer(routed.expert_bias, bias, to=float32)
+        self.make_add(f"{base}/Add", [scores, bias], dtype=float32, shape=[rows, experts])
+        biased = f"{base}/Add/output_0"
+    grouped = [rows, groups, per_group]
+    self.make_reshape(f"{base}/groups/Reshape", [biased, f"/model/constants/INT64/[-1, {groups}, {per_group}]"],
+                      dtype=float32, shape=grouped)  # fmt: skip
+    by_group = f"{base}/groups/Reshape/output_0"
+    self.make_topk(f"{base}/groups/TopK", [by_group, "/model/constants/INT64/[2]"], dtype=float32,
+                   shape=[rows, groups, 2])  # fmt: skip
+    self.make_reduce_sum(f"{base}/groups/ReduceSum", [f"{base}/groups/TopK/output_0", "/model/constants/INT64/[-1]"],
+                         dtype=float32, shape=[rows, groups])  # fmt: skip
+    group_scores = f"{base}/groups/ReduceSum/output_0"
+    self.make_topk(f"{base}/groups/TopKGroups", [group_scores, f"/model/constants/INT64/[{kept}]"], dtype=float32,
+                   shape=[rows, kept])  # fmt: skip
+    self.make_node("ReduceMin", inputs=[f"{base}/groups/TopKGroups/output_0", "/model/constants/INT64/[-1]"],
+                   outputs=[f"{base}/groups/ReduceMin/output_0"], name=f"{base}/groups/ReduceMin", keepdims=True)
+    self.make_value(f"{base}/groups/ReduceMin/output_0", float32, shape=[rows, 1])
+    self.make_greater_or_equal(f"{base}/groups/Kept", [group_scores, f"{base}/groups/ReduceMin/output_0"],
+                               shape=[rows, groups])  # fmt: skip
+    self.make_unsqueeze(f"{base}/groups/Unsqueeze", [f"{base}/groups/Kept/output_0", "/model/constants/INT64/[-1]"],
+                        dtype=ir.DataType.BOOL, shape=[rows, groups, 1])  # fmt: skip
+    # (transformers masks with -inf; any score of a kept group, a sigmoid or softmax plus a bias, is far above)
+    self.make_where(f"{base}/groups/Where", [f"{base}/groups/Unsqueeze/output_0", by_group,
+                                             f"/model/constants/FLOAT/{GROUP_MASKED}"], dtype=float32, shape=grouped)
+    self.make_reshape(f"{base}/groups/Flatten", [f"{base}/groups/Where/output_0",
+                                                 f"/model/constants/INT64/[-1, {experts}]"],
+                      dtype=float32, shape=[rows, experts])  # fmt: skip
+    top_k = self.moe_attrs["top_k"]
+    self.make_topk(f"{base}/TopK", [f"{base}/groups/Flatten/output_0", f"/model/constants/INT64/[{top_k}]"],
+                   dtype=float32, shape=[rows, top_k])  # fmt: skip
+    return f"{base}/TopK/output_1"
+
+
+# Where a group-limited choice puts the experts of the groups it leaves out (_expert_choice).
+GROUP_MASKED = -1e30
 
 
 def _mix_scale(self: Any, layer_id: int, chosen_scores: str, root_input: str) -> str:

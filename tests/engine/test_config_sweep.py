@@ -106,7 +106,16 @@ VARIANTS: dict[str, Variant] = {
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 64,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}}, None),
     "deepseek_v2_grouped": ("deepseek_v2", {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2},
-                            r"best 2 of 4 groups"),
+                            r"best 2 of 4 groups by their best score"),
+    # DeepSeek V3's and R1's group-limited choice (8 groups, the best 4: here 4 groups of 2, the best
+    # 2), and the same in the families routed as theirs (a group of one expert could not be ranked).
+    "deepseek_v3_grouped": ("deepseek_v3", {"n_group": 4, "topk_group": 2}, None),
+    "glm4_moe_grouped": ("glm4_moe", {"n_group": 4, "topk_group": 1}, None),
+    "glm4_moe_lite_grouped": ("glm4_moe_lite", {"n_group": 2, "topk_group": 1}, None),
+    "dots1_grouped": ("dots1", {"n_group": 4, "topk_group": 3}, None),
+    "exaone_moe_grouped": ("exaone_moe", {"n_group": 2, "topk_group": 1}, None),
+    "solar_open_grouped": ("solar_open", {"n_group": 4, "topk_group": 2}, None),
+    "nemotron_h_moe_grouped": ("nemotron_h_moe", {"n_group": 4, "topk_group": 2}, None),
     # Llama 4 Scout's experts in every layer and its Llama 3 RoPE scaling; Maverick's without query
     # and key norms.
     "llama4_scout": ("llama4", {"interleave_moe_layer_step": 1, "rope_parameters": {
@@ -210,7 +219,7 @@ VARIANTS: dict[str, Variant] = {
     # widths, experts in every layer; its experts chosen within groups are refused.
     "minicpm5_moe_biased": ("minicpm5_moe", {"attention_bias": True, "n_shared_experts": 2,
                                              "mlp_layer_types": ["sparse", "sparse"]}, None),
-    "minicpm5_moe_grouped": ("minicpm5_moe", {"n_group": 2, "topk_group": 1}, "n_group"),
+    "minicpm5_moe_grouped": ("minicpm5_moe", {"n_group": 2, "topk_group": 1}, None),
     # GLM-4V and GLM-4.5V whose RoPE names no partial_rotary_factor: GLM-4V rotates whole heads (GLM-4's
     # class, half), GLM-4.5V half (as GLM-4.5's).
     "glm4v_whole_heads": ("glm4v", {"text_config": {**tiny.ARCHITECTURES["glm4v"][2]["text_config"],
