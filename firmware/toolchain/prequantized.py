@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from firmware.errors import BundleError
+from firmware.toolchain import folders
 
-# Written out in shards of at most this many bytes (float32), so that one is held at a time.
-SHARD_BYTES = 2 << 30
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the nibble of a packed word each of its 8 columns sits in
 READ = ("fp8", "fbgemm_fp8", "gptq", "awq", "mxfp4", "compressed-tensors", "bitsandbytes", "modelopt")
@@ -37,10 +35,6 @@ BNB_4BIT_PARTS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")  #
 INT8_ROW_SCALE = 7.874015718698502e-3  # 1/127 as bitsandbytes multiplies by it (a float32)
 # Tensors that only quantize activations or the KV cache at run time: nothing to dequantize.
 RUN_TIME_SCALES = ("input_scale", "k_scale", "v_scale", "output_scale", "input_global_scale", "activation_scale")
-# Weights not copied into the float folder: the ones read, and other forms of them a repository
-# may carry beside (Mistral's consolidated.safetensors, Meta's original/, a GGUF file).
-WEIGHT_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pth", ".pt", ".gguf")
-WEIGHT_FOLDERS = ("original",)
 HF_QUANT_CONFIG = "hf_quant_config.json"  # Model Optimizer's statement of the quantization, not copied
 
 
@@ -103,7 +97,6 @@ def dequantize_folder(source: Path, out: Path) -> str:
     """`source` with its weights dequantized to float32 into `out` (its other files copied, the
     config without `quantization_config`); returns the method read."""
     from safetensors import safe_open
-    from safetensors.torch import save_file
 
     config = folder_config(source)
     why = refusal(config)
@@ -112,71 +105,18 @@ def dequantize_folder(source: Path, out: Path) -> str:
     name = method(config)
     assert name is not None
     quantization = config.pop("quantization_config")
-    shards = _shards(source)
-    out.mkdir(parents=True, exist_ok=True)
-    for item in source.iterdir():  # the tokenizer, templates, generation config, licence...
-        if item.name in ("config.json", HF_QUANT_CONFIG) or item.name.endswith(WEIGHT_FILES) or \
-                item.name in WEIGHT_FOLDERS:  # fmt: skip
-            continue
-        (shutil.copytree if item.is_dir() else shutil.copy2)(item, out / item.name)
-    handles = {file: safe_open(str(source / file), framework="pt") for file in set(shards.values())}
+    where = folders.shards(source, "its config names quantized weights")
+    handles = {file: safe_open(str(source / file), framework="pt") for file in set(where.values())}
 
     def tensor(key: str) -> Any:
-        return handles[shards[key]].get_tensor(key)
+        return handles[where[key]].get_tensor(key)
 
-    weight_map: dict[str, str] = {}
-    pending: dict[str, Any] = {}
-    written = [0]
-
-    def flush() -> None:
-        if not pending:
-            return
-        file = f"model-{written[0] + 1:05d}.safetensors"
-        save_file(pending, str(out / file), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(pending, file))
-        written[0] += 1
-        pending.clear()
-
-    size = 0
-    for key, value in _dequantized(name, quantization, list(shards), tensor):
-        pending[key] = value.contiguous()
-        size += value.numel() * value.element_size()
-        if size >= SHARD_BYTES:
-            flush()
-            size = 0
-    flush()
-    if written[0] == 1:  # one shard: the name transformers looks for first, no index
-        (out / "model-00001.safetensors").rename(out / "model.safetensors")
-    else:
-        (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map},
-                                                                     indent=2))  # fmt: skip
     for nested in (config, config.get("text_config") or {}):
         for field in ("dtype", "torch_dtype"):
             if field in nested:
                 nested[field] = "float32"
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    folders.rewrite(source, out, config, _dequantized(name, quantization, list(where), tensor), (HF_QUANT_CONFIG,))
     return name
-
-
-def _shards(source: Path) -> dict[str, str]:
-    """Each tensor's name -> the safetensors file holding it."""
-    from safetensors import safe_open
-
-    index = source / "model.safetensors.index.json"
-    if index.is_file():
-        return dict(json.loads(index.read_text())["weight_map"])
-    # A Hugging Face checkpoint's own files (model*.safetensors) where it has them, not Mistral's
-    # consolidated.safetensors of the same weights under other names.
-    files = sorted(p.name for p in source.glob("model*.safetensors")) or \
-        sorted(p.name for p in source.glob("*.safetensors"))  # fmt: skip
-    if not files:
-        raise BundleError(f"{source}: its config names quantized weights but it has no .safetensors file "
-                          "(quantized checkpoints are read from safetensors only)")  # fmt: skip
-    found: dict[str, str] = {}
-    for file in files:
-        with safe_open(str(source / file), framework="pt") as handle:
-            found.update(dict.fromkeys(handle.keys(), file))
-    return found
 
 
 def _dequantized(name: str, quantization: dict[str, Any], keys: list[str],
