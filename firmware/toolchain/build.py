@@ -33,7 +33,7 @@ from firmware.manifest import (
     describe_files,
 )
 from firmware.signing import load_private_key, sign_manifest
-from firmware.toolchain import gguf_families, gguf_pretokenizers, gpt_families, prequantized, qwen3_next
+from firmware.toolchain import bailing, gguf_families, gguf_pretokenizers, gpt_families, prequantized, qwen3_next
 from firmware.toolchain.expert_routing import GROUPED_CHOICE_FAMILIES
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
@@ -302,7 +302,7 @@ GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3
                 "granitehybrid", "nemotron_h", "falcon-h1", "jamba",
                 "phi2", "starcoder", "olmo", "jais2",
                 "apertus", "gptneox", "chatglm", "qwen2moe", "gemma", "nemotron_h_moe", "exaone", "glm4moe",
-                "deepseek2", "ernie4_5-moe", "qwen3vl", "qwen3vlmoe", "dots1", "mpt", "qwen2vl")
+                "deepseek2", "ernie4_5-moe", "qwen3vl", "qwen3vlmoe", "dots1", "mpt", "qwen2vl", "bailingmoe2")
 
 
 def _gguf_hint(gguf: Path) -> str:
@@ -750,8 +750,9 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
     exported = kind in ("gguf", "hf")
     name = options.name or source.stem.lower()
     quantization = prequantized.method(prequantized.folder_config(source)) if kind == "hf" else None
+    ling2 = kind == "hf" and architecture(source) == bailing.ARCHITECTURE
     steps = {"gguf": 4, "hf": 3, "genai": 2}[kind] + (1 if key else 0) + (1 if options.cuda_graph else 0) + \
-        (1 if quantization else 0)  # fmt: skip
+        (1 if quantization else 0) + (1 if ling2 else 0)  # fmt: skip
     step = _Step(steps, progress)
     with tempfile.TemporaryDirectory(prefix="zerolayer-build-") as tmp:
         work = Path(tmp)
@@ -772,6 +773,11 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
             t = step(f"dequantizing {source.name}'s {quantization} weights into a float32 folder")
             hf_dir = work / "hf"
             prequantized.dequantize_folder(source, hf_dir)
+            step.done(t)
+        if ling2:
+            t = step(f"reading {source.name} (Ling 2.0) as the GLM-4.5 it computes")
+            bailing.as_glm4_moe(hf_dir, work / "glm4_moe")
+            hf_dir = work / "glm4_moe"
             step.done(t)
         if exported:
             refuse_unsupported_attention(hf_dir)
@@ -1088,9 +1094,10 @@ def refuse_unsupported_attention(model_dir: Path) -> None:
 def checked_architectures() -> tuple[str, ...]:
     """The model classes make test checks against transformers: those of the tiny fixtures
     (tests/engine/test_architectures.py and test_gguf_architectures.py build each)."""
-    from firmware.toolchain.tiny import ARCHITECTURES, PUBLISHED_AS  # imported here: tiny builds through this module
+    from firmware.toolchain.tiny import ARCHITECTURES, LAYOUTS_AS_PUBLISHED, PUBLISHED_AS  # (tiny builds through here)
 
-    return tuple(dict.fromkeys([*(model for _, model, _ in ARCHITECTURES.values()), *PUBLISHED_AS.values()]))
+    return tuple(dict.fromkeys([*(model for _, model, _ in ARCHITECTURES.values()), *PUBLISHED_AS.values(),
+                                *(name for name, _ in LAYOUTS_AS_PUBLISHED.values())]))
 
 
 def architecture(hf_dir: Path) -> str | None:

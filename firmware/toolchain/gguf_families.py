@@ -96,11 +96,11 @@ FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "
 APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA = "apertus", "gptneox", "chatglm", "qwen2moe", "gemma"
 NEMOTRON_H_MOE, EXAONE, GLM4_MOE, DEEPSEEK2 = "nemotron_h_moe", "exaone", "glm4moe", "deepseek2"
 ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1, MPT = "ernie4_5-moe", "qwen3vl", "qwen3vlmoe", "dots1", "mpt"
-QWEN2VL = "qwen2vl"
+QWEN2VL, BAILINGMOE2 = "qwen2vl", "bailingmoe2"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
                  JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA, NEMOTRON_H_MOE,
-                 EXAONE, GLM4_MOE, DEEPSEEK2, ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1, MPT, QWEN2VL)
+                 EXAONE, GLM4_MOE, DEEPSEEK2, ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1, MPT, QWEN2VL, BAILINGMOE2)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -117,7 +117,8 @@ def config(meta: dict[str, Any]) -> Any:
     """The transformers config of a file of one of ARCHITECTURES, from its metadata (build's
     `_gguf_metadata`: its keys and its tensors' shapes)."""
     arch = meta.get("general.architecture")
-    readers = {GPT_OSS: _gpt_oss_config, GEMMA3N: _gemma3n_config, MISTRAL3: _mistral3_config,
+    readers: dict[str, Callable[[dict[str, Any]], Any]] = {
+               GPT_OSS: _gpt_oss_config, GEMMA3N: _gemma3n_config, MISTRAL3: _mistral3_config,
                GRANITE: _granite_config, SMOLLM3: _smollm3_config, GRANITE_MOE: _granite_config,
                OLMO2: _olmo2_config, EXAONE4: _exaone4_config, COMMAND_R: _cohere_config,
                COHERE2: _cohere_config, GLM4: _glm4_config, SEED_OSS: _seed_oss_config, ARCEE: _arcee_config,
@@ -130,7 +131,8 @@ def config(meta: dict[str, Any]) -> Any:
                QWEN2_MOE: _qwen2_moe_config, GEMMA: _gemma_config, GLM4_MOE: _glm4_moe_config,
                DEEPSEEK2: _deepseek2_config, ERNIE4_5_MOE: _ernie_moe_config, QWEN3VL: _qwen3_vl_config,
                QWEN3VL_MOE: _qwen3_vl_config, DOTS1: _dots1_config, MPT: _mpt_config,
-               QWEN2VL: _qwen2_vl_config}  # fmt: skip
+               QWEN2VL: _qwen2_vl_config, BAILINGMOE2: partial(_glm4_moe_config, arch=BAILINGMOE2,
+                                                               whose="Ling 2.0's")}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -169,10 +171,13 @@ def state(gguf: Path, model_config: Any, meta: dict[str, Any]) -> dict[str, Any]
         "apertus": partial(_apertus_state, gguf, meta), "phi": partial(_by_name_table, arch=PHI2),
         "gpt_bigcode": partial(_by_name_table, arch=STARCODER), "gpt_neox": _gpt_neox_state,
         "mpt": partial(_by_name_table, arch=MPT),
-        "glm": partial(_chatglm_state, found), "gemma": _gemma_state,
+        "glm": partial(_fused_qkv_state, found, arch=CHATGLM), "gemma": _gemma_state,
         "deepseek_v3": _deepseek2_state, "deepseek_v2": _deepseek2_state, "youtu": _deepseek2_state,
         "jamba": partial(_by_name_table, arch=JAMBA, special=lambda hf: _mamba_or_experts(take, hf))}  # fmt: skip
-    out = readers.get(model_config.model_type, _llama_state)(take, model_config)
+    reader = readers.get(model_config.model_type, _llama_state)
+    if meta.get("general.architecture") == BAILINGMOE2:  # (a GLM-4.5 whose queries, keys and values are one)
+        reader = partial(_fused_qkv_state, found, arch=BAILINGMOE2)
+    out = reader(take, model_config)
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -585,16 +590,18 @@ def _glm_fields(meta: dict[str, Any], arch: str) -> dict[str, Any]:
     return fields | {"head_dim": head, "attention_bias": biased}
 
 
-def _glm4_moe_config(meta: dict[str, Any]) -> Any:
+def _glm4_moe_config(meta: dict[str, Any], arch: str = GLM4_MOE, whose: str = "GLM-4.5's") -> Any:
     """GLM-4.5's: GLM's fields, per-head query and key norms where the file has them, dense leading
-    layers, then experts chosen by sigmoid with a bias for choosing (exp_probs_b), mixed by their
-    scores (scaled to sum to 1 where expert_weights_norm) and expert_weights_scale, beside shared
-    experts; the layers less the multi-token prediction block the converter writes after them."""
+    layers, then experts chosen by sigmoid with a bias for choosing (exp_probs_b), within groups where
+    the file has them, mixed by their scores (scaled to sum to 1 where expert_weights_norm) and
+    expert_weights_scale, beside shared experts; the layers less the multi-token prediction block
+    the converter writes after them. Ling 2.0's files (bailingmoe2, `arch`) are the same model,
+    their queries, keys and values one tensor (firmware.toolchain.bailing)."""
     from transformers import Glm4MoeConfig
 
-    key, shapes = _key(meta, GLM4_MOE), meta["shapes"]
-    _sigmoid_gated(key, "GLM-4.5's")
-    fields = _glm_fields(meta, GLM4_MOE) | {"num_hidden_layers": _layer_count(key)}
+    key, shapes = _key(meta, arch), meta["shapes"]
+    _sigmoid_gated(key, whose)
+    fields = _glm_fields(meta, arch) | {"num_hidden_layers": _layer_count(key)}
     return Glm4MoeConfig(**fields, use_qk_norm="blk.0.attn_q_norm.weight" in shapes,
                          first_k_dense_replace=int(key("leading_dense_block_count", 0)),
                          **_deepseek_style_experts(key), num_mtp_layers=0,
@@ -679,10 +686,11 @@ def _sigmoid_gated(key: Any, whose: str) -> None:
         raise BundleError(f"a file whose experts are not chosen by sigmoid (gating {gating}): {whose} are")
 
 
-def _chatglm_state(found: dict[str, Any], take: Any, model_config: Any) -> dict[str, Any]:
-    """A chatglm file's weights (`found`: its tensors) by gguf's table, its rows as they are (llama.cpp
-    turns neighbouring pairs, as GLM does); the queries, keys and values of glm-4-9b-chat's own
-    layout, one tensor (attn_qkv: all queries, then keys, then values), split."""
+def _fused_qkv_state(found: dict[str, Any], take: Any, model_config: Any, arch: str) -> dict[str, Any]:
+    """A chatglm or bailingmoe2 (`arch`) file's weights (`found`: its tensors) by gguf's table, its
+    rows as they are (llama.cpp turns neighbouring pairs, as GLM does; Ling 2.0's halves, as
+    GLM-4.5), experts by moe_weight; the queries, keys and values one tensor (attn_qkv: all queries,
+    then keys, then values: glm-4-9b-chat's own layout, Ling 2.0's), split."""
     width, kv = model_config.head_dim, model_config.num_key_value_heads
     rows = {"q_proj": model_config.num_attention_heads * width, "k_proj": kv * width, "v_proj": kv * width}
 
@@ -690,10 +698,10 @@ def _chatglm_state(found: dict[str, Any], take: Any, model_config: Any) -> dict[
         proj, suffix = hf.split(".")[-2:]
         fused = f"{_block(hf)}attn_qkv.{suffix}"
         if proj not in rows or fused not in found:  # (the -hf layout's three: by the table)
-            return None
+            return moe_weight(take, hf)
         return take(fused).split(list(rows.values()))[list(rows).index(proj)]
 
-    return _by_name_table(take, model_config, CHATGLM, special)
+    return _by_name_table(take, model_config, arch, special)
 
 
 def _qwen2_moe_config(meta: dict[str, Any]) -> Any:

@@ -593,6 +593,14 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "num_hidden_layers": 3, "head_dim": 32, "attention_bias": True, "use_qk_norm": True,
         "first_k_dense_replace": 1, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
         "routed_scaling_factor": 2.5}),
+    # inclusionAI's Ling 2.0 (Ling-mini-2.0: BailingMoeV2ForCausalLM, as published, LAYOUTS_AS_PUBLISHED):
+    # GLM-4.5's layers, the same per-head norms and half rotation, its experts chosen within the best 2
+    # of 4 groups (Ling-mini-2.0's: 4 of 8), beside a shared expert, under its own names.
+    "ling2": ("Glm4MoeConfig", "Glm4MoeForCausalLM", {
+        "num_hidden_layers": 3, "head_dim": 32, "use_qk_norm": True, "first_k_dense_replace": 1,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "routed_scaling_factor": 2.5,
+        "n_group": 4, "topk_group": 2, "rope_parameters": {"rope_type": "default", "rope_theta": 600000.0,
+                                                           "partial_rotary_factor": 0.5}}),
     # Upstage's Solar Open (100B): GLM-4.5's experts (sigmoid scores plus a correction bias, beside a
     # shared expert) in every layer, under a Llama's attention, its heads wholly rotated (as its config
     # says: llama.cpp's converter takes GLM-4.5's half where it does not).
@@ -804,6 +812,62 @@ def _experts_transposed(name: str, weight: Any) -> Any:
 # The weights of these fixtures as their published checkpoints lay them out, where transformers 5
 # saves another layout (name, tensor -> tensor).
 WEIGHTS_AS_PUBLISHED = {"qwen3_vl_moe": _experts_transposed}
+
+
+def _ling2_as_published(out_dir: Path, config: Any) -> None:
+    """The GLM-4.5 saved in `out_dir` laid out as Ling 2.0's published checkpoints are (their config's
+    keys, the queries, keys and values one projection, the names of their remote code), the GLM-4.5
+    itself moved into REFERENCE_FOLDER (transformers has no class for Ling 2.0's layout)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    reference = out_dir / REFERENCE_FOLDER
+    reference.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        (out_dir / name).rename(reference / name)
+    renamed = {"model.embed_tokens.": "model.word_embeddings.", ".self_attn.o_proj.": ".attention.dense.",
+               ".self_attn.q_norm.": ".attention.query_layernorm.", ".self_attn.k_norm.": ".attention.key_layernorm.",
+               ".mlp.gate.e_score_correction_bias": ".mlp.gate.expert_bias"}  # fmt: skip
+    tensors, fused = load_file(str(reference / "model.safetensors")), {}
+    for name in list(tensors):
+        if ".self_attn.q_proj." in name:
+            parts = [tensors.pop(name.replace("q_proj", proj)) for proj in ("q_proj", "k_proj", "v_proj")]
+            fused[name.replace("self_attn.q_proj", "attention.query_key_value")] = torch.cat(parts, dim=0)
+    for name in [n for n in tensors if ".self_attn." in n or any(old in n for old in renamed)]:
+        new = name
+        for old, replacement in renamed.items():
+            new = new.replace(old, replacement)
+        tensors[new] = tensors.pop(name)
+    save_file({**tensors, **fused}, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    rope = config.rope_parameters
+    published = {
+        "architectures": ["BailingMoeV2ForCausalLM"], "model_type": "bailing_moe_v2", "torch_dtype": "float32",
+        **{k: getattr(config, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                           "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
+                                           "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+                                           "bos_token_id", "eos_token_id", "pad_token_id", "moe_intermediate_size",
+                                           "first_k_dense_replace", "routed_scaling_factor", "n_group", "topk_group",
+                                           "num_experts_per_tok", "use_qk_norm", "norm_topk_prob")},
+        "num_experts": config.n_routed_experts, "num_shared_experts": config.n_shared_experts,
+        "use_qkv_bias": config.attention_bias, "use_bias": False, "rope_theta": rope["rope_theta"],
+        "partial_rotary_factor": rope["partial_rotary_factor"], "rope_scaling": None, "score_function": "sigmoid",
+        "moe_router_enable_expert_bias": True, "num_nextn_predict_layers": 0}  # fmt: skip
+    (out_dir / "config.json").write_text(json.dumps(published, indent=2, sort_keys=True) + "\n")
+
+
+# Fixtures whose published checkpoints have a layout transformers does not read (a class of their
+# remote code): the fixture's folder is laid out so, its transformers model (the reference) kept in
+# REFERENCE_FOLDER; (the class its config names, what writes the layout from the saved folder).
+LAYOUTS_AS_PUBLISHED: dict[str, tuple[str, Callable[[Path, Any], None]]] = {
+    "ling2": ("BailingMoeV2ForCausalLM", _ling2_as_published)}
+REFERENCE_FOLDER = "transformers"
+
+
+def reference_dir(arch: str, folder: Path | None = None) -> Path:
+    """Where the fixture's (or `folder`'s, a fixture of `arch`) reference model is: the folder, or
+    for a layout transformers does not read (LAYOUTS_AS_PUBLISHED) the model it was written from."""
+    folder = tiny_hf_dir(arch) if folder is None else folder
+    return folder / REFERENCE_FOLDER if arch in LAYOUTS_AS_PUBLISHED else folder
 
 
 def _rewrite_weights(path: Path, rewrite: Callable[[str, Any], Any]) -> None:
@@ -1467,6 +1531,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "
                                           # the scores it is added to, so it changes which experts are chosen)
                                           "glm4_moe": ("_proj.bias", "gate.weight", "e_score_correction_bias"),
                                           "solar_open": ("gate.weight", "e_score_correction_bias"),
+                                          "ling2": ("gate.weight", "e_score_correction_bias", "norm.weight"),
                                           "minicpm5_moe": ("gate.weight", "e_score_correction_bias"),
                                           "dots1": ("gate.weight", "e_score_correction_bias", "norm.weight"),
                                           "hunyuan_moe": ("layernorm.weight",),
@@ -1557,6 +1622,8 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
         if arch in PUBLISHED_AS:  # (save_pretrained names the class it saved)
             saved["architectures"] = [PUBLISHED_AS[arch]]
         (out_dir / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    if arch in LAYOUTS_AS_PUBLISHED:
+        LAYOUTS_AS_PUBLISHED[arch][1](out_dir, config)
 
 
 def _fingerprint(arch: str) -> str:
@@ -1569,7 +1636,9 @@ def _fingerprint(arch: str) -> str:
                  *((inspect.getsource(AS_PUBLISHED[ARCHITECTURES[arch][0]]),)
                    if ARCHITECTURES[arch][0] in AS_PUBLISHED else ()),
                  *((inspect.getsource(WEIGHTS_AS_PUBLISHED[arch]),)
-                   if arch in WEIGHTS_AS_PUBLISHED else ())))  # fmt: skip
+                   if arch in WEIGHTS_AS_PUBLISHED else ()),
+                 *((inspect.getsource(LAYOUTS_AS_PUBLISHED[arch][1]),)
+                   if arch in LAYOUTS_AS_PUBLISHED else ())))  # fmt: skip
     return "-" + hashlib.sha256(spec.encode()).hexdigest()[:8]
 
 

@@ -36,7 +36,7 @@ from appliance.engine.tokenizer import TextTokenizer
 from appliance.engine.tools import OutputRules, PastCall, Tool
 from firmware.toolchain.build import UNEXPORTED_OPTIONS
 from firmware.toolchain.gpt_families import GPT_FAMILIES
-from firmware.toolchain.tiny import ARCHITECTURES, reference_class, tiny_bundle, tiny_hf_dir
+from firmware.toolchain.tiny import ARCHITECTURES, reference_class, reference_dir, tiny_bundle, tiny_hf_dir
 
 OTHERS = sorted(set(ARCHITECTURES) - {"llama"})  # the Llama fixture has its own module
 CONVERSATION = (
@@ -56,7 +56,7 @@ def arch(request: pytest.FixtureRequest, trusted_keys: Path) -> Iterator[tuple[s
 
     name = str(request.param)
     bundle = firmware.load(tiny_bundle(name), trusted_keys)
-    hf = getattr(transformers, reference_class(name)).from_pretrained(tiny_hf_dir(name), dtype=torch.float32).eval()
+    hf = getattr(transformers, reference_class(name)).from_pretrained(reference_dir(name), dtype=torch.float32).eval()
     yield name, bundle, hf
 
 

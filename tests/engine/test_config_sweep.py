@@ -116,6 +116,8 @@ VARIANTS: dict[str, Variant] = {
     "exaone_moe_grouped": ("exaone_moe", {"n_group": 2, "topk_group": 1}, None),
     "solar_open_grouped": ("solar_open", {"n_group": 4, "topk_group": 2}, None),
     "nemotron_h_moe_grouped": ("nemotron_h_moe", {"n_group": 4, "topk_group": 2}, None),
+    # Ling 2.0 with biased queries, keys and values (use_qkv_bias: one fused bias, split), among all experts.
+    "ling2_qkv_bias": ("ling2", {"attention_bias": True, "n_group": 1, "topk_group": 1}, None),
     # Llama 4 Scout's experts in every layer and its Llama 3 RoPE scaling; Maverick's without query
     # and key norms.
     "llama4_scout": ("llama4", {"interleave_moe_layer_step": 1, "rope_parameters": {
@@ -254,6 +256,8 @@ def test_a_config_variant_answers_as_transformers_or_is_refused(name: str, tmp_p
     monkeypatch.setitem(tiny.ARCHITECTURES, name, (config_class, model_class, {**extra, **options}))
     monkeypatch.setitem(tiny.CHAT_STYLES, name, tiny.chat_style(base))
     monkeypatch.setitem(tiny.RANDOMIZED, name, (*tiny.RANDOMIZED.get(base, ()), *RANDOM))
+    if base in tiny.LAYOUTS_AS_PUBLISHED:
+        monkeypatch.setitem(tiny.LAYOUTS_AS_PUBLISHED, name, tiny.LAYOUTS_AS_PUBLISHED[base])
     tiny.make_tiny_hf(tmp_path / "hf", arch=name)
     out = tmp_path / "bundle"
     if refused is not None:
@@ -265,7 +269,8 @@ def test_a_config_variant_answers_as_transformers_or_is_refused(name: str, tmp_p
     tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
     ids = ChatTemplate(bundle.chat_template, tokenizer).prompt(CONVERSATION).ids
     reference = getattr(transformers, tiny.reference_class(base))
-    ref = _hf_logits(reference.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval(), ids)
+    ref = _hf_logits(reference.from_pretrained(tiny.reference_dir(name, tmp_path / "hf"), dtype=torch.float32).eval(),
+                     ids)
     session = ModelSession(bundle)
     cache = session.new_cache(len(ids))
     prefill = session.forward(cache, np.array(ids[:-1], dtype=np.int64))

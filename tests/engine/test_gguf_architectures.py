@@ -19,7 +19,14 @@ from appliance.engine.chat import ChatTemplate
 from appliance.engine.tokenizer import TextTokenizer
 from firmware.toolchain import gguf_families
 from firmware.toolchain.build import read_chat_template
-from firmware.toolchain.tiny import ARCHITECTURES, FOLDER_ONLY, reference_class, tiny_bundle, tiny_hf_dir
+from firmware.toolchain.tiny import (
+    ARCHITECTURES,
+    FOLDER_ONLY,
+    reference_class,
+    reference_dir,
+    tiny_bundle,
+    tiny_hf_dir,
+)
 from firmware.toolchain.tiny_gguf import (
     CONVERTED,
     GGUF_ARCHITECTURES,
@@ -315,7 +322,7 @@ def test_a_file_read_here_gives_every_weight_of_the_folder_it_was_converted_from
     ours = gguf_families.state(tiny_gguf(name), config, meta)
     image_and_text = "text_config" in ARCHITECTURES[name][2]
     loader = getattr(transformers, reference_class(name)) if image_and_text else transformers.AutoModelForCausalLM
-    folder = loader.from_pretrained(str(tiny_hf_dir(name)), dtype=torch.float32)
+    folder = loader.from_pretrained(str(reference_dir(name)), dtype=torch.float32)
     theirs = {key.replace("model.language_model.", "model.", 1): value for key, value in folder.state_dict().items()
               if not key.startswith("model.visual.")}  # fmt: skip
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()

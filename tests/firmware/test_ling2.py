@@ -1,0 +1,67 @@
+"""Ling 2.0 checkpoints (firmware/toolchain/bailing.py), read as the GLM-4.5 they compute: what the
+architecture matrix's ling2 fixture (tests/engine/test_architectures.py, test_gguf_architectures.py)
+does not hold, their multi-token prediction layers and a router without a correction bias, and the
+options GLM-4.5's layers do not compute, refused before the export."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from firmware.errors import BundleError
+from firmware.toolchain import bailing
+from firmware.toolchain.build import BuildOptions, build
+from firmware.toolchain.tiny import tiny_hf_dir
+
+
+def _folder() -> tuple[dict[str, Any], dict[str, Any]]:
+    from safetensors.torch import load_file
+
+    folder = tiny_hf_dir("ling2")
+    return json.loads((folder / "config.json").read_text()), dict(load_file(str(folder / "model.safetensors")))
+
+
+def test_the_prediction_layers_are_left_out_and_a_router_without_a_bias_gets_zeros() -> None:
+    import torch
+
+    config, tensors = _folder()
+    layers = config["num_hidden_layers"]
+    config |= {"num_nextn_predict_layers": 1, "moe_router_enable_expert_bias": False}
+    mtp = {f"model.layers.{layers}.{name}": torch.ones(4) for name in ("attention.dense.weight", "enorm.weight")}
+    unbiased = {name: value for name, value in tensors.items() if not name.endswith("expert_bias")}
+    glm = dict(bailing.glm4_moe_tensors(config, [*unbiased.items(), *mtp.items()]))
+    assert not [name for name in glm if name.startswith(f"model.layers.{layers}.")]
+    routers = [name for name in glm if name.endswith("mlp.gate.weight")]
+    assert routers and all(glm[name.replace(".weight", ".e_score_correction_bias")].eq(0).all() for name in routers)
+    assert bailing.glm4_moe_config(config)["num_hidden_layers"] == layers
+
+
+def test_the_queries_keys_and_values_are_split_as_ling_2_0_lays_them_out() -> None:
+    config, tensors = _folder()
+    glm = dict(bailing.glm4_moe_tensors(config, tensors.items()))
+    fused = tensors["model.layers.0.attention.query_key_value.weight"]
+    width, heads, kv = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
+    assert glm["model.layers.0.self_attn.q_proj.weight"].equal(fused[: heads * width])
+    assert glm["model.layers.0.self_attn.k_proj.weight"].equal(fused[heads * width : (heads + kv) * width])
+    assert glm["model.layers.0.self_attn.v_proj.weight"].equal(fused[(heads + kv) * width :])
+
+
+@pytest.mark.parametrize(("option", "refused"), [
+    ({"use_bias": True}, r"output projection has a bias \(use_bias\)"),
+    ({"score_function": "softmax"}, r"chosen by softmax scores"),
+    ({"num_experts_per_tok": 1}, r"one expert a token"),
+    ({"norm_head": True}, r"LM head is normalized \(norm_head\)"),
+    ({"use_sliding_window": True}, r"use_sliding_window"),
+])  # fmt: skip
+def test_what_glm_4_5_does_not_compute_is_refused_naming_it(option: dict[str, Any], refused: str,
+                                                            tmp_path: Path) -> None:  # fmt: skip
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny_hf_dir("ling2"), hf)
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps(config | option))
+    with pytest.raises(BundleError, match=rf"Ling 2\.0 .* read as GLM-4\.5, but .*{refused}"):
+        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
