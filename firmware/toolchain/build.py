@@ -302,7 +302,8 @@ GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3
                 "granitehybrid", "nemotron_h", "falcon-h1", "jamba",
                 "phi2", "starcoder", "olmo", "jais2",
                 "apertus", "gptneox", "chatglm", "qwen2moe", "gemma", "nemotron_h_moe", "exaone", "glm4moe",
-                "deepseek2", "ernie4_5-moe", "qwen3vl", "qwen3vlmoe", "dots1", "mpt", "qwen2vl", "bailingmoe2")
+                "deepseek2", "ernie4_5-moe", "qwen3vl", "qwen3vlmoe", "dots1", "mpt", "qwen2vl", "bailingmoe2",
+                "afmoe")
 
 
 def _gguf_hint(gguf: Path) -> str:

@@ -96,13 +96,17 @@ FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "
 APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA = "apertus", "gptneox", "chatglm", "qwen2moe", "gemma"
 NEMOTRON_H_MOE, EXAONE, GLM4_MOE, DEEPSEEK2 = "nemotron_h_moe", "exaone", "glm4moe", "deepseek2"
 ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1, MPT = "ernie4_5-moe", "qwen3vl", "qwen3vlmoe", "dots1", "mpt"
-QWEN2VL, BAILINGMOE2 = "qwen2vl", "bailingmoe2"
+QWEN2VL, BAILINGMOE2, AFMOE = "qwen2vl", "bailingmoe2", "afmoe"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
                  JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA, NEMOTRON_H_MOE,
-                 EXAONE, GLM4_MOE, DEEPSEEK2, ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1, MPT, QWEN2VL, BAILINGMOE2)
+                 EXAONE, GLM4_MOE, DEEPSEEK2, ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1, MPT, QWEN2VL, BAILINGMOE2,
+                 AFMOE)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
+# Trinity's (AFMoE's) global layers, without RoPE: every fourth (llama.cpp's swa pattern and
+# n_no_rope_layer_step for afmoe; its converter writes neither, every published Trinity has 4).
+AFMOE_GLOBAL_EVERY = 4
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
 # GLM-4.7-Flash's deepseek2 files, which llama.cpp tells apart (to route by sigmoid without a gating
 # key) by their layers (with or without the prediction block) and vocabulary.
@@ -132,7 +136,8 @@ def config(meta: dict[str, Any]) -> Any:
                DEEPSEEK2: _deepseek2_config, ERNIE4_5_MOE: _ernie_moe_config, QWEN3VL: _qwen3_vl_config,
                QWEN3VL_MOE: _qwen3_vl_config, DOTS1: _dots1_config, MPT: _mpt_config,
                QWEN2VL: _qwen2_vl_config, BAILINGMOE2: partial(_glm4_moe_config, arch=BAILINGMOE2,
-                                                               whose="Ling 2.0's")}  # fmt: skip
+                                                               whose="Ling 2.0's"),
+               AFMOE: _afmoe_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -149,7 +154,8 @@ LLAMA_SHAPED = {"mistral": (MISTRAL3, True), "ministral3": (MISTRAL3, True), "gr
                 "ernie4_5": (ERNIE4_5, False), "olmo": (OLMO, True), "jais2": (JAIS2, False),
                 "qwen2_moe": (QWEN2_MOE, False), "exaone": (EXAONE, False), "glm4_moe": (GLM4_MOE, False),
                 "ernie4_5_moe": (ERNIE4_5_MOE, False), "qwen3": (QWEN3VL, False),
-                "qwen3_moe": (QWEN3VL_MOE, False), "dots1": (DOTS1, False), "qwen2": (QWEN2VL, False)}  # fmt: skip
+                "qwen3_moe": (QWEN3VL_MOE, False), "dots1": (DOTS1, False), "qwen2": (QWEN2VL, False),
+                "afmoe": (AFMOE, False)}  # fmt: skip
 
 
 def state(gguf: Path, model_config: Any, meta: dict[str, Any]) -> dict[str, Any]:
@@ -723,6 +729,34 @@ def _qwen_experts(key: Any) -> dict[str, Any]:
             "moe_intermediate_size": int(key("expert_feed_forward_length"))}
 
 
+def _afmoe_config(meta: dict[str, Any]) -> Any:
+    """Arcee's Trinity (AFMoE: Trinity Nano, Mini, Large), as llama.cpp runs it: a Llama's fields (its
+    rows as they are: its converter, a Llama's, leaves them unpermuted), per-head query and key
+    norms, the attention's output gated by a sigmoid (attn_gate), norms before and after each
+    sublayer, µP's embedding scale (llama.cpp always applies it), every fourth layer global and
+    unrotated, the others sliding (AFMOE_GLOBAL_EVERY), dense leading layers, then experts chosen by
+    sigmoid plus the router's bias, their weights scaled to sum to 1 (transformers' AFMoE always
+    scales them: a file that says otherwise is refused) and by expert_weights_scale, beside shared
+    experts."""
+    from transformers import AfmoeConfig
+
+    key = _key(meta, AFMOE)
+    _sigmoid_gated(key, "Trinity's")
+    if not key("expert_weights_norm", False):
+        raise BundleError("an afmoe file whose experts' weights are not scaled to sum to 1 (expert_weights_norm "
+                          "false or absent, which llama.cpp runs so): Trinity's always are")  # fmt: skip
+    window = key("attention.sliding_window")
+    if window is None:
+        raise BundleError("an afmoe file without a sliding window (attention.sliding_window): Trinity's layers slide "
+                          "but every fourth")  # fmt: skip
+    return AfmoeConfig(**_llama_fields(meta, AFMOE), **_qwen_experts(key),
+                       num_shared_experts=int(key("expert_shared_count", 0)),
+                       num_dense_layers=int(key("leading_dense_block_count", 0)),
+                       route_scale=as_float32(key("expert_weights_scale", 1.0)), sliding_window=int(window),
+                       global_attn_every_n_layers=AFMOE_GLOBAL_EVERY, mup_enabled=True,
+                       architectures=["AfmoeForCausalLM"])  # fmt: skip
+
+
 def _qwen3_vl_config(meta: dict[str, Any]) -> Any:
     """Qwen3-VL's language model as the Qwen3 (qwen3vl) or Qwen3 mixture of experts (qwen3vlmoe,
     experts in every layer, their weights scaled to sum to 1 as Qwen3-VL's always are) that runs
@@ -1187,14 +1221,15 @@ def moe_weight(take: Any, hf: str) -> Any:
         return torch.cat([take(f"{blk}ffn_gate_exps.weight"), take(f"{blk}ffn_up_exps.weight")], dim=1)
     if hf.endswith("experts.up_proj"):
         return take(f"{blk}ffn_up_exps.weight")
-    if hf.endswith(("gate.e_score_correction_bias", "moe_statics.e_score_correction_bias")):  # (ERNIE's: [1, experts])
+    if hf.endswith(("gate.e_score_correction_bias", "moe_statics.e_score_correction_bias",  # (ERNIE's: [1, experts])
+                    "mlp.expert_bias")):  # (AFMoE's: the block's)
         return take(f"{blk}exp_probs_b.bias")
     if hf.endswith("shared_mlp.input_linear.weight"):  # Granite's shared expert: [2 x width, hidden]
         return torch.cat([take(f"{blk}ffn_gate_shexp.weight"), take(f"{blk}ffn_up_shexp.weight")], dim=0)
     if hf.endswith("experts.down_proj"):
         return take(f"{blk}ffn_down_exps.weight")
     if hf.endswith(("block_sparse_moe.router.weight", "mlp.gate.weight", "feed_forward.gate.weight",
-                    "feed_forward.router.weight")):  # the router
+                    "feed_forward.router.weight", "mlp.router.gate.weight")):  # the router
         return take(f"{blk}ffn_gate_inp.weight")
     return None
 

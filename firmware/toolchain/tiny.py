@@ -628,13 +628,14 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
         "head_dim": 32, "rotary_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
     # Arcee's Trinity (AFMoE): norms before and after the attention and the MLP, per-head query and key
-    # norms, the attention's output gated by a sigmoid, RoPE in the sliding layers alone, µP's scaled
-    # embeddings, a dense first layer, then experts chosen by sigmoid scores plus a bias (the block's),
-    # mixed by those scores scaled to sum to 1 times route_scale, beside a shared expert.
+    # norms, the attention's output gated by a sigmoid, RoPE in the sliding layers alone (every fourth
+    # global, as Trinity's and as llama.cpp assumes), µP's scaled embeddings, a dense first layer, then
+    # experts chosen by sigmoid scores plus a bias (the block's), mixed by those scores scaled to sum to
+    # 1 times route_scale, beside a shared expert.
     "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", {
         "num_hidden_layers": 4, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
         "moe_intermediate_size": 32, "num_shared_experts": 1, "num_dense_layers": 1, "route_scale": 2.0,
-        "sliding_window": 16, "global_attn_every_n_layers": 2, "mup_enabled": True}),
+        "sliding_window": 16, "global_attn_every_n_layers": 4, "mup_enabled": True}),
     # Tencent's Hy3 (HYV3): per-head query and key norms, a dense first layer, then experts chosen by
     # sigmoid scores plus the block's bias, mixed by those scores scaled to sum to 1 times
     # router_scaling_factor, beside a shared expert (its init widened: the published 0.006 leaves a
@@ -734,7 +735,7 @@ FOLDER_ONLY = ("llama_wide", "phi3_wide", "gemma3_vl", "ministral3_vl",
                "opt", "falcon_new", "glm4_moe_lite", "llama4", "llama4_vl",
                "stablelm_3b", "llava", "smolvlm", "internvl", "qwen3_next", "iquestcoder",
                "exaone_moe", "cwm", "hunyuan_moe",
-               "minimax_m2", "afmoe", "mellum", "hy_v3", "flex_olmo", "minicpm3",
+               "minimax_m2", "mellum", "hy_v3", "flex_olmo", "minicpm3",
                "gptj", "codegen", "minicpm5_moe")  # (llama.cpp's converter writes none of these)
 
 
@@ -777,6 +778,12 @@ def _gpt_neox_as_published(config: dict[str, Any]) -> dict[str, Any]:
         "rotary_pct": rope["partial_rotary_factor"], "rotary_emb_base": rope["rope_theta"]}
 
 
+def _afmoe_as_published(config: dict[str, Any]) -> dict[str, Any]:
+    """Trinity's experts' choice and mix as its published configs name them (score_func, route_norm),
+    which llama.cpp's converter reads (transformers' class always routes so, and saves neither)."""
+    return config | {"score_func": "sigmoid", "route_norm": True}
+
+
 def _deepseek_v3_as_published(config: dict[str, Any]) -> dict[str, Any]:
     """DeepSeek V3's experts' choice as its published configs name it (scoring_func, topk_method),
     which llama.cpp's converter reads (transformers 5 drops them: its class has no other)."""
@@ -799,7 +806,8 @@ def _glm4_moe_as_published(config: dict[str, Any]) -> dict[str, Any]:
 # experts for a mixture of experts, and fails on a GPT-NeoX without rotary_pct).
 AS_PUBLISHED = {"GraniteMoeHybridConfig": _granite4_as_published, "NemotronHConfig": _nemotron_h_as_published,
                 "GPTNeoXConfig": _gpt_neox_as_published, "ExaoneConfig": _exaone_as_published,
-                "Glm4MoeConfig": _glm4_moe_as_published, "DeepseekV3Config": _deepseek_v3_as_published}
+                "Glm4MoeConfig": _glm4_moe_as_published, "DeepseekV3Config": _deepseek_v3_as_published,
+                "AfmoeConfig": _afmoe_as_published}
 
 
 def _experts_transposed(name: str, weight: Any) -> Any:

@@ -102,7 +102,8 @@ CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "gemma4": "gemma4"
              "ernie4_5_moe": "ernie4_5-moe", "qwen3_vl": "qwen3vl", "qwen3_vl_moe": "qwen3vlmoe",
              "qwen2_vl": "qwen2vl", "qwen2_5_vl": "qwen2vl",
              "olmo": "olmo", "jais2": "jais2", "apertus": "apertus", "gpt_neox": "gptneox", "glm": "chatglm",
-             "qwen2_moe": "qwen2moe", "gemma": "gemma", "ling2": "bailingmoe2"}
+             "qwen2_moe": "qwen2moe", "gemma": "gemma", "ling2": "bailingmoe2",
+             "afmoe": "afmoe"}
 # What the converter is told for them: the published Qwen3.5 models have a multi-token prediction
 # layer, which a tiny one lacks.
 CONVERT_OPTIONS = {"qwen3_5": ("--no-mtp",), "qwen3_5_moe": ("--no-mtp",)}

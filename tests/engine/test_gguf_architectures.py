@@ -285,6 +285,26 @@ def test_an_mpt_file_of_options_transformers_runs_otherwise_is_refused(fields: d
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.parametrize(("name", "fields", "refused"), [
+    ("afmoe", {"afmoe.expert_weights_norm": False}, r"not scaled to sum to 1 \(expert_weights_norm"),
+    ("afmoe", {"afmoe.expert_gating_func": 1}, r"not chosen by sigmoid \(gating 1\): Trinity's are"),
+    ("afmoe", {"afmoe.attention.sliding_window": None}, r"without a sliding window"),
+    ("ling2", {"bailingmoe2.expert_gating_func": 1}, r"not chosen by sigmoid \(gating 1\): Ling 2\.0's are")])
+def test_a_trinity_or_ling_file_llama_cpp_runs_otherwise_than_transformers_is_refused(
+        name: str, fields: dict[str, Any], refused: str, tmp_path: Path) -> None:  # fmt: skip
+    """Trinity's (afmoe) and Ling 2.0's (bailingmoe2) files whose keys make llama.cpp run what
+    transformers' classes do not: experts mixed unscaled or chosen by softmax, no sliding window."""
+    from firmware.errors import BundleError
+    from firmware.toolchain.build import gguf_to_hf
+
+    kept = {key: value for key, value in fields.items() if value is not None}
+    dropped = {key for key, value in fields.items() if value is None}
+    edited = _rewritten(tiny_gguf(name), tmp_path / "edited.gguf", lambda _, data: data, fields=kept,
+                        dropped=dropped)  # fmt: skip
+    with pytest.raises(BundleError, match=refused):
+        gguf_to_hf(edited, tmp_path / "hf")
+
+
 def test_gemma3n_s_per_layer_table_is_cut_to_the_rows_it_has() -> None:
     """llama.cpp pads the per-layer table with zero rows to the whole vocabulary (the published
     models' image and audio tokens have none); transformers gives tokens past the table row 0."""
@@ -526,16 +546,18 @@ def test_a_file_of_an_architecture_the_build_does_not_read_is_refused_naming_it(
         build(odd, tmp_path / "out", BuildOptions(precision="fp32"))
 
 
-def _rewritten(path: Path, out: Path, edit: Any, arch: str | None = None, fields: dict[str, Any] | None = None) -> Path:
+def _rewritten(path: Path, out: Path, edit: Any, arch: str | None = None, fields: dict[str, Any] | None = None,
+               dropped: set[str] | None = None) -> Path:  # fmt: skip
     """The GGUF file at `path` written again to `out`, each tensor as `edit(name, data)` gives it
     (None: left out; a dict: the tensors, by name, that replace it), under architecture `arch`
-    (default: its own), with `fields`' values (a key the file lacks: an unsigned integer)."""
+    (default: its own), with `fields`' values (a key the file lacks: an unsigned integer) and
+    without the keys `dropped`."""
     from gguf import GGUFReader, GGUFWriter
 
     reader = GGUFReader(str(path))
     writer = GGUFWriter(str(out), arch or str(reader.fields["general.architecture"].contents()))
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
+        if key.startswith("GGUF.") or key == "general.architecture" or key in (dropped or set()):
             continue
         writer.add_key_value(key, (fields or {}).get(key, field.contents()), field.types[0],
                              sub_type=field.types[-1] if len(field.types) > 1 else None)  # fmt: skip
