@@ -33,7 +33,15 @@ from firmware.manifest import (
     describe_files,
 )
 from firmware.signing import load_private_key, sign_manifest
-from firmware.toolchain import bailing, gguf_families, gguf_pretokenizers, gpt_families, prequantized, qwen3_next
+from firmware.toolchain import (
+    bailing,
+    gguf_families,
+    gguf_pretokenizers,
+    gpt_families,
+    minicpm,
+    prequantized,
+    qwen3_next,
+)
 from firmware.toolchain.expert_routing import GROUPED_CHOICE_FAMILIES
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
@@ -303,7 +311,7 @@ GGUF_CHECKED = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3
                 "phi2", "starcoder", "olmo", "jais2",
                 "apertus", "gptneox", "chatglm", "qwen2moe", "gemma", "nemotron_h_moe", "exaone", "glm4moe",
                 "deepseek2", "ernie4_5-moe", "qwen3vl", "qwen3vlmoe", "dots1", "mpt", "qwen2vl", "bailingmoe2",
-                "afmoe")
+                "afmoe", "minicpm")
 
 
 def _gguf_hint(gguf: Path) -> str:
@@ -746,14 +754,21 @@ def build(source: Path, out_dir: Path, options: BuildOptions, key: Path | None =
         raise
 
 
+# Checkpoints of remote code transformers does not ship, read before the export as the family they
+# compute (a new folder): their class -> (what they are, that family, what writes the folder).
+READ_AS: dict[str, tuple[str, str, Callable[[Path, Path], None]]] = {
+    bailing.ARCHITECTURE: ("Ling 2.0", "GLM-4.5", bailing.as_glm4_moe),
+    minicpm.ARCHITECTURE: ("MiniCPM", "Granite", minicpm.as_granite)}
+
+
 def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: Path | None,
            progress: Progress) -> Manifest:  # fmt: skip
     exported = kind in ("gguf", "hf")
     name = options.name or source.stem.lower()
     quantization = prequantized.method(prequantized.folder_config(source)) if kind == "hf" else None
-    ling2 = kind == "hf" and architecture(source) == bailing.ARCHITECTURE
+    read_as = READ_AS.get(architecture(source) or "") if kind == "hf" else None
     steps = {"gguf": 4, "hf": 3, "genai": 2}[kind] + (1 if key else 0) + (1 if options.cuda_graph else 0) + \
-        (1 if quantization else 0) + (1 if ling2 else 0)  # fmt: skip
+        (1 if quantization else 0) + (1 if read_as else 0)  # fmt: skip
     step = _Step(steps, progress)
     with tempfile.TemporaryDirectory(prefix="zerolayer-build-") as tmp:
         work = Path(tmp)
@@ -775,10 +790,11 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
             hf_dir = work / "hf"
             prequantized.dequantize_folder(source, hf_dir)
             step.done(t)
-        if ling2:
-            t = step(f"reading {source.name} (Ling 2.0) as the GLM-4.5 it computes")
-            bailing.as_glm4_moe(hf_dir, work / "glm4_moe")
-            hf_dir = work / "glm4_moe"
+        if read_as:
+            whose, family, rewrite = read_as
+            t = step(f"reading {source.name} ({whose}) as the {family} it computes")
+            rewrite(hf_dir, work / "read-as")
+            hf_dir = work / "read-as"
             step.done(t)
         if exported:
             refuse_unsupported_attention(hf_dir)

@@ -1,6 +1,7 @@
 """A Hugging Face folder written again with other weights or another config, one shard at a time:
 what a checkpoint read before the export becomes (prequantized's dequantized weights, bailing's
-Ling 2.0 as GLM-4.5), its other files (tokenizer, templates, generation config, licence) copied."""
+Ling 2.0 as GLM-4.5), its other files (tokenizer, templates, generation config, licence) copied;
+or with another config alone, beside its own files (minicpm's MiniCPM as Granite)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,16 @@ def shards(source: Path, whose: str) -> dict[str, str]:
         with safe_open(str(source / file), framework="pt") as handle:
             found.update(dict.fromkeys(handle.keys(), file))
     return found
+
+
+def relabel(source: Path, out: Path, config: dict[str, Any]) -> None:
+    """`source` in `out` with `config` for its own, every other file linked (its weights read as
+    they are)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        if item.name != "config.json":
+            (out / item.name).symlink_to(item.resolve())
+    (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def rewrite(source: Path, out: Path, config: dict[str, Any], tensors: Iterable[tuple[str, Any]],

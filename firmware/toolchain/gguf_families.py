@@ -96,12 +96,12 @@ FALCON_H1, JAMBA, PHI2, STARCODER, OLMO, JAIS2 = "falcon-h1", "jamba", "phi2", "
 APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA = "apertus", "gptneox", "chatglm", "qwen2moe", "gemma"
 NEMOTRON_H_MOE, EXAONE, GLM4_MOE, DEEPSEEK2 = "nemotron_h_moe", "exaone", "glm4moe", "deepseek2"
 ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1, MPT = "ernie4_5-moe", "qwen3vl", "qwen3vlmoe", "dots1", "mpt"
-QWEN2VL, BAILINGMOE2, AFMOE = "qwen2vl", "bailingmoe2", "afmoe"
+QWEN2VL, BAILINGMOE2, AFMOE, MINICPM = "qwen2vl", "bailingmoe2", "afmoe", "minicpm"
 ARCHITECTURES = (GPT_OSS, GEMMA3N, MISTRAL3, GRANITE, SMOLLM3, GRANITE_MOE, OLMO2, EXAONE4, COMMAND_R, COHERE2,
                  GLM4, SEED_OSS, ARCEE, HUNYUAN_DENSE, OLMOE, ERNIE4_5, LFM2_MOE, GRANITE_HYBRID, NEMOTRON_H, FALCON_H1,
                  JAMBA, PHI2, STARCODER, OLMO, JAIS2, APERTUS, GPT_NEOX, CHATGLM, QWEN2_MOE, GEMMA, NEMOTRON_H_MOE,
                  EXAONE, GLM4_MOE, DEEPSEEK2, ERNIE4_5_MOE, QWEN3VL, QWEN3VL_MOE, DOTS1, MPT, QWEN2VL, BAILINGMOE2,
-                 AFMOE)
+                 AFMOE, MINICPM)
 COHERE2_GLOBAL_EVERY = 4  # Command R7B's global layers: every fourth (llama.cpp's swa pattern, not in its files)
 NO_ROPE_EVERY = 4  # SmolLM3's layers without RoPE: every fourth (llama.cpp's n_no_rope_layer_step)
 # Trinity's (AFMoE's) global layers, without RoPE: every fourth (llama.cpp's swa pattern and
@@ -137,7 +137,7 @@ def config(meta: dict[str, Any]) -> Any:
                QWEN3VL_MOE: _qwen3_vl_config, DOTS1: _dots1_config, MPT: _mpt_config,
                QWEN2VL: _qwen2_vl_config, BAILINGMOE2: partial(_glm4_moe_config, arch=BAILINGMOE2,
                                                                whose="Ling 2.0's"),
-               AFMOE: _afmoe_config}  # fmt: skip
+               AFMOE: _afmoe_config, MINICPM: _minicpm_config}  # fmt: skip
     if arch not in readers:
         raise BundleError(f"a GGUF file of architecture {arch!r} is not one read here ({', '.join(ARCHITECTURES)})")
     return readers[arch](meta)
@@ -387,8 +387,16 @@ def rope_parameters(meta: dict[str, Any], arch: str) -> dict[str, Any]:
         if key("rope.scaling.yarn_attn_factor") is not None:
             rope["attention_factor"] = as_float32(key("rope.scaling.yarn_attn_factor"))
         return rope
+    if scaling == "longrope":  # (MiniCPM4's: its factors the tensors rope_factors_long and _short)
+        long, short = meta.get("tensor.rope_factors_long.weight"), meta.get("tensor.rope_factors_short.weight")
+        if long is None or short is None:
+            raise BundleError(f"a {arch} file with LongRoPE scaling but no factors (rope_factors_long, _short)")
+        # (llama.cpp's original context: the key's, or the model's context where there is none)
+        original = key("rope.scaling.original_context_length", key("context_length"))
+        return {"rope_type": "longrope", "rope_theta": theta, "long_factor": [as_float32(f) for f in long],
+                "short_factor": [as_float32(f) for f in short], "original_max_position_embeddings": int(original)}
     if scaling not in (None, "none"):
-        raise BundleError(f"a {arch} file with RoPE scaling {scaling!r} (read: linear, yarn, Llama 3's)")
+        raise BundleError(f"a {arch} file with RoPE scaling {scaling!r} (read: linear, yarn, longrope, Llama 3's)")
     return {"rope_type": "default", "rope_theta": theta}
 
 
@@ -470,6 +478,23 @@ def _granite_config(meta: dict[str, Any]) -> Any:
         return GraniteMoeSharedConfig(**fields, shared_intermediate_size=int(shared),
                                       architectures=["GraniteMoeSharedForCausalLM"])  # fmt: skip
     return GraniteMoeConfig(**fields, architectures=["GraniteMoeForCausalLM"])
+
+
+def _minicpm_config(meta: dict[str, Any]) -> Any:
+    """OpenBMB's MiniCPM (1B, 2B, MiniCPM4), which llama.cpp runs with Granite's graph: as Granite, its
+    µP scales under Granite's keys (embedding_scale, residual_scale, logit_scale, where a file lacks
+    one, llama.cpp's MiniCPM-2B defaults), its scores at 1/sqrt(head width) where no attention.scale
+    says otherwise, its rows permuted as a Llama's."""
+    from transformers import GraniteConfig
+
+    key, fields = _key(meta, MINICPM), _llama_fields(meta, MINICPM)
+    width = fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"]
+    return GraniteConfig(**fields, attention_multiplier=as_float32(key("attention.scale", width**-0.5)),
+                         embedding_multiplier=as_float32(key("embedding_scale", 12.0)),
+                         residual_multiplier=as_float32(key("residual_scale",
+                                                            1.4 / math.sqrt(fields["num_hidden_layers"]))),
+                         logits_scaling=as_float32(key("logit_scale", 256 / fields["hidden_size"])),
+                         architectures=["GraniteForCausalLM"])  # fmt: skip
 
 
 def _granite_hybrid_config(meta: dict[str, Any], fields: dict[str, Any]) -> Any:

@@ -142,6 +142,15 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, object]]] = {
     # Granite scales the embeddings, each residual branch, the attention scores and the logits by
     # constants of its own (none of them the neutral value here, so a dropped one shows).
     "granite": ("GraniteConfig", "GraniteForCausalLM", GRANITE_MULTIPLIERS),
+    # OpenBMB's MiniCPM (MiniCPM-2B, MiniCPM4: MiniCPMForCausalLM, as published, LAYOUTS_AS_PUBLISHED): a
+    # Llama with µP's scales, Granite's multipliers but the attention's (MiniCPM-2B's: embeddings times
+    # 12, residuals times 1.4 / sqrt(layers), the head's input over hidden / dim_model_base, 64 / 16 here),
+    # the embeddings its LM head, MiniCPM4's LongRoPE (its short factors inside the original context).
+    "minicpm": ("GraniteConfig", "GraniteForCausalLM", {
+        "tie_word_embeddings": True, "embedding_multiplier": 12.0, "residual_multiplier": 1.4 / 2**0.5,
+        "logits_scaling": 4.0, "attention_multiplier": 0.25, "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 2048,
+            "short_factor": [4.0 / (1 + i) for i in range(8)], "long_factor": [8.0 / (1 + i) for i in range(8)]}}),
     # Gemma (the first): Gemma's norms (one plus the weight) and scaled embeddings, GELU, its LM head
     # its embeddings, as published (llama.cpp's converter writes no other).
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16, "tie_word_embeddings": True}),
@@ -822,17 +831,30 @@ def _experts_transposed(name: str, weight: Any) -> Any:
 WEIGHTS_AS_PUBLISHED = {"qwen3_vl_moe": _experts_transposed}
 
 
-def _ling2_as_published(out_dir: Path, config: Any) -> None:
-    """The GLM-4.5 saved in `out_dir` laid out as Ling 2.0's published checkpoints are (their config's
-    keys, the queries, keys and values one projection, the names of their remote code), the GLM-4.5
-    itself moved into REFERENCE_FOLDER (transformers has no class for Ling 2.0's layout)."""
-    import torch
-    from safetensors.torch import load_file, save_file
+def _kept_as_saved(out_dir: Path) -> Path:
+    """The folder transformers saved in `out_dir`, copied into its REFERENCE_FOLDER (its config moved:
+    the published layout writes its own): the reference model and tokenizer, as transformers reads
+    them, of a fixture laid out as its published checkpoints are."""
+    import shutil
 
     reference = out_dir / REFERENCE_FOLDER
     reference.mkdir()
-    for name in ("config.json", "model.safetensors", "generation_config.json"):
-        (out_dir / name).rename(reference / name)
+    for item in [i for i in out_dir.iterdir() if i.is_file()]:
+        if item.name == "config.json":
+            item.rename(reference / item.name)
+        else:
+            shutil.copy2(item, reference / item.name)
+    return reference
+
+
+def _ling2_as_published(out_dir: Path, config: Any) -> None:
+    """The GLM-4.5 saved in `out_dir` laid out as Ling 2.0's published checkpoints are (their config's
+    keys, the queries, keys and values one projection, the names of their remote code), the GLM-4.5
+    itself kept in REFERENCE_FOLDER (transformers has no class for Ling 2.0's layout)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    reference = _kept_as_saved(out_dir)
     renamed = {"model.embed_tokens.": "model.word_embeddings.", ".self_attn.o_proj.": ".attention.dense.",
                ".self_attn.q_norm.": ".attention.query_layernorm.", ".self_attn.k_norm.": ".attention.key_layernorm.",
                ".mlp.gate.e_score_correction_bias": ".mlp.gate.expert_bias"}  # fmt: skip
@@ -863,11 +885,37 @@ def _ling2_as_published(out_dir: Path, config: Any) -> None:
     (out_dir / "config.json").write_text(json.dumps(published, indent=2, sort_keys=True) + "\n")
 
 
+def _minicpm_as_published(out_dir: Path, config: Any) -> None:
+    """The Granite saved in `out_dir` as MiniCPM's published checkpoints are: the same weights under
+    MiniCPM's config keys (µP's scale_emb, scale_depth, dim_model_base; its scores at 1/sqrt(head
+    width), which the fixture's attention_multiplier must be), the Granite itself kept in
+    REFERENCE_FOLDER (transformers has no class for MiniCPM)."""
+    import math
+
+    head = config.hidden_size // config.num_attention_heads
+    assert math.isclose(config.attention_multiplier, head**-0.5), "MiniCPM's scores are at 1/sqrt(head width)"
+    _kept_as_saved(out_dir)
+    rope = dict(config.rope_parameters)
+    theta = rope.pop("rope_theta")
+    published = {
+        "architectures": ["MiniCPMForCausalLM"], "model_type": "minicpm", "torch_dtype": "float32",
+        **{k: getattr(config, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                           "num_attention_heads", "num_key_value_heads", "hidden_act",
+                                           "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+                                           "bos_token_id", "eos_token_id", "pad_token_id")},
+        "scale_emb": config.embedding_multiplier,
+        "scale_depth": round(config.residual_multiplier * math.sqrt(config.num_hidden_layers), 6),
+        "dim_model_base": round(config.hidden_size / config.logits_scaling), "rope_theta": theta,
+        "rope_scaling": None if rope.get("rope_type", "default") == "default" else rope}  # fmt: skip
+    (out_dir / "config.json").write_text(json.dumps(published, indent=2, sort_keys=True) + "\n")
+
+
 # Fixtures whose published checkpoints have a layout transformers does not read (a class of their
 # remote code): the fixture's folder is laid out so, its transformers model (the reference) kept in
 # REFERENCE_FOLDER; (the class its config names, what writes the layout from the saved folder).
 LAYOUTS_AS_PUBLISHED: dict[str, tuple[str, Callable[[Path, Any], None]]] = {
-    "ling2": ("BailingMoeV2ForCausalLM", _ling2_as_published)}
+    "ling2": ("BailingMoeV2ForCausalLM", _ling2_as_published),
+    "minicpm": ("MiniCPMForCausalLM", _minicpm_as_published)}
 REFERENCE_FOLDER = "transformers"
 
 
@@ -1483,6 +1531,8 @@ LLAMA4_RANDOMIZED = ("experts.gate_up_proj", "experts.down_proj", "q_proj.weight
                      "shared_expert.gate_proj.weight", "shared_expert.up_proj.weight")
 GPT2_RANDOMIZED = (".bias", "ln_1.weight", "ln_2.weight", "ln_f.weight", "wpe.weight", "c_attn.weight")
 RANDOMIZED: dict[str, tuple[str, ...]] = {"granite_swa": ("self_attn.sinks",), "seed_oss": ("_proj.bias",),
+                                          # (drawn wide: at the usual init its rotation hardly shows)
+                                          "minicpm": ("q_proj.weight", "k_proj.weight"),
                                           "gemma2": ("q_proj.weight", "k_proj.weight"),
                                           "hyperclovax": ("post_norm1.weight", "post_norm2.weight"),
                                           "hyperclovax_plain": ("_proj.bias",),
@@ -1645,7 +1695,7 @@ def _fingerprint(arch: str) -> str:
                    if ARCHITECTURES[arch][0] in AS_PUBLISHED else ()),
                  *((inspect.getsource(WEIGHTS_AS_PUBLISHED[arch]),)
                    if arch in WEIGHTS_AS_PUBLISHED else ()),
-                 *((inspect.getsource(LAYOUTS_AS_PUBLISHED[arch][1]),)
+                 *((inspect.getsource(LAYOUTS_AS_PUBLISHED[arch][1]), inspect.getsource(_kept_as_saved))
                    if arch in LAYOUTS_AS_PUBLISHED else ())))  # fmt: skip
     return "-" + hashlib.sha256(spec.encode()).hexdigest()[:8]
 

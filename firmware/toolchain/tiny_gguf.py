@@ -103,7 +103,7 @@ CONVERTED = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "gemma4": "gemma4"
              "qwen2_vl": "qwen2vl", "qwen2_5_vl": "qwen2vl",
              "olmo": "olmo", "jais2": "jais2", "apertus": "apertus", "gpt_neox": "gptneox", "glm": "chatglm",
              "qwen2_moe": "qwen2moe", "gemma": "gemma", "ling2": "bailingmoe2",
-             "afmoe": "afmoe"}
+             "afmoe": "afmoe", "minicpm": "minicpm"}
 # What the converter is told for them: the published Qwen3.5 models have a multi-token prediction
 # layer, which a tiny one lacks.
 CONVERT_OPTIONS = {"qwen3_5": ("--no-mtp",), "qwen3_5_moe": ("--no-mtp",)}
@@ -318,21 +318,24 @@ def _fingerprint(arch: str) -> str:
 # llama.cpp's own converter, run on the fixture's folder as a user would, with three stand-ins for
 # what a tiny fixture lacks: its BPE is in no table of known pre-tokenizers (llama.cpp hashes real
 # vocabularies; "gpt-2" is the split it was trained with), it has no SentencePiece model to try
-# first, and a Phi-3, a Gemma (1, 2 or 4), a Nemotron, a GLM-4, a GLM, an ERNIE 4.5, a Jamba and an
-# InternLM3 are read as BPE (as llama.cpp does for Phi-4-mini, whose config names GPT2Tokenizer; its
-# Gemma, Nemotron, ERNIE, Jamba and InternLM3 converters know only SentencePiece, Llama's BPE or
-# Gemma 4's own tokenizer, its GLM ones only GLM's own special tokens). And one for the transformers
-# here, 5, where llama.cpp pins 4: a Nemotron-H's, a GPT-NeoX's and an EXAONE 3.5's config are read
-# as their config.json has them, as transformers 4 reads them (5 adds the keys of experts to a
-# Nemotron-H, which make the converter write a nemotron_h_moe file, and lists its layers in words
-# whose MLPs it misses; it reads a GPT-NeoX's rotary_pct into keys of its own, and the converter
-# fails without it; it renames EXAONE's activation_function, which the converter asserts on).
+# first, and a Phi-3, a Gemma (1, 2 or 4), a Nemotron, a GLM-4, a GLM, an ERNIE 4.5, a Jamba, a
+# MiniCPM and an InternLM3 are read as BPE (as llama.cpp does for Phi-4-mini, whose config names
+# GPT2Tokenizer; its Gemma, Nemotron, ERNIE, Jamba, MiniCPM and InternLM3 converters know only
+# SentencePiece, Llama's BPE or Gemma 4's own tokenizer, its GLM ones only GLM's own special tokens).
+# And one for the transformers here, 5, where llama.cpp pins 4: a Nemotron-H's, a GPT-NeoX's, an
+# EXAONE 3.5's and a MiniCPM's config are read as their config.json has them, as transformers 4 reads
+# them (5 adds the keys of experts to a Nemotron-H, which make the converter write a nemotron_h_moe
+# file, and lists its layers in words whose MLPs it misses; it reads a GPT-NeoX's rotary_pct into
+# keys of its own, and the converter fails without it; it renames EXAONE's activation_function,
+# which the converter asserts on; it reads MiniCPM's config, whose class it lacks, as a generic one,
+# which fails on its LongRoPE, and its tokenizer not at all).
 _CONVERT = """
 import json
 from pathlib import Path
 import sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
 import convert_hf_to_gguf
+import transformers
 import conversion.base as base
 import conversion.gemma as gemma
 import conversion.nemotron as nemotron
@@ -344,6 +347,7 @@ import conversion.gptneox as gptneox
 import conversion.chatglm as chatglm
 import conversion.internlm as internlm
 import conversion.exaone as exaone
+import conversion.minicpm as minicpm
 
 def no_sentencepiece(self):
     raise FileNotFoundError("tokenizer.model")
@@ -352,7 +356,7 @@ base.TextModel._create_vocab_sentencepiece = no_sentencepiece
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 for model_class in (phi.Phi3MiniModel, gemma.GemmaModel, gemma.Gemma2Model, gemma.Gemma4Model,
                     nemotron.NemotronModel, glm.Glm4Model, chatglm.ChatGLMModel, ernie.Ernie4_5Model,
-                    jamba.JambaModel, internlm.InternLM3Model):
+                    jamba.JambaModel, internlm.InternLM3Model, minicpm.MiniCPMModel):
     model_class.set_vocab = lambda self: self._set_vocab_gpt2()
 
 
@@ -370,6 +374,18 @@ def as_transformers_4(model_class):
 as_transformers_4(nemotron.NemotronHModel)
 as_transformers_4(gptneox.GPTNeoXModel)
 as_transformers_4(exaone.ExaoneModel)
+as_transformers_4(minicpm.MiniCPMModel)
+auto_tokenizer = transformers.AutoTokenizer.from_pretrained
+
+
+def tokenizer_of_a_model_type_without_a_class(path, *args, **kwargs):
+    try:
+        return auto_tokenizer(path, *args, **kwargs)
+    except (ValueError, AttributeError):  # (5 reads MiniCPM's config as a generic one, which fails)
+        return transformers.PreTrainedTokenizerFast.from_pretrained(path, *args, **kwargs)
+
+
+transformers.AutoTokenizer.from_pretrained = tokenizer_of_a_model_type_without_a_class
 for folder, out, options in json.loads(sys.argv[2]):  # one process for many: its start is most of the time
     sys.argv = ["convert_hf_to_gguf.py", *options, "--outtype", "f32", "--outfile", out, folder]
     convert_hf_to_gguf.main()

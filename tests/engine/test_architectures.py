@@ -375,14 +375,15 @@ def test_a_hybrid_model_s_prompt_chunked_beside_a_decoding_stream_answers_as_alo
 def test_chat_template_renders_the_token_ids_transformers_renders(name: str, system: str | None) -> None:
     """The family's template (a system prompt folded into the first user turn where the family
     has no system role: Mistral, Gemma) through our Jinja environment and tokenizer, against
-    transformers' apply_chat_template on the Hugging Face folder."""
+    transformers' apply_chat_template on the Hugging Face folder (or, for a layout transformers does
+    not read, on the one it was written from)."""
     from transformers import AutoTokenizer
 
     prompt = _folder_template(name).prompt(CONVERSATION, system=system)
     docs = ([{"role": "system", "content": system}] if system else []) + [
         {"role": m.role, "content": m.content} for m in CONVERSATION
     ]
-    assert prompt.ids == hf_chat_ids(AutoTokenizer.from_pretrained(tiny_hf_dir(name)), docs)
+    assert prompt.ids == hf_chat_ids(AutoTokenizer.from_pretrained(reference_dir(name)), docs)
     if system and name in ("mistral", "gemma3"):  # no system role: folded into the first user turn
         assert "system" not in prompt.text and system in prompt.text
 

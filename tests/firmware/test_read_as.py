@@ -1,7 +1,9 @@
-"""Ling 2.0 checkpoints (firmware/toolchain/bailing.py), read as the GLM-4.5 they compute: what the
-architecture matrix's ling2 fixture (tests/engine/test_architectures.py, test_gguf_architectures.py)
-does not hold, their multi-token prediction layers and a router without a correction bias, and the
-options GLM-4.5's layers do not compute, refused before the export."""
+"""Checkpoints of remote code read before the export as the family they compute (build.READ_AS):
+Ling 2.0's as GLM-4.5 (firmware/toolchain/bailing.py), MiniCPM's as Granite (minicpm.py). What the
+architecture matrix's ling2 and minicpm fixtures (tests/engine/test_architectures.py,
+test_gguf_architectures.py) do not hold: Ling 2.0's multi-token prediction layers and a router
+without a correction bias, and the options the family read as does not compute, refused before the
+export."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 
 from firmware.errors import BundleError
-from firmware.toolchain import bailing
+from firmware.toolchain import bailing, minicpm
 from firmware.toolchain.build import BuildOptions, build
 from firmware.toolchain.tiny import tiny_hf_dir
 
@@ -64,4 +66,24 @@ def test_what_glm_4_5_does_not_compute_is_refused_naming_it(option: dict[str, An
     config = json.loads((hf / "config.json").read_text())
     (hf / "config.json").write_text(json.dumps(config | option))
     with pytest.raises(BundleError, match=rf"Ling 2\.0 .* read as GLM-4\.5, but .*{refused}"):
+        build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+
+
+def test_a_minicpm_checkpoint_is_granite_with_its_scales_and_its_folder_s_weights(tmp_path: Path) -> None:
+    config = json.loads((tiny_hf_dir("minicpm") / "config.json").read_text())
+    granite = minicpm.granite_config(config)
+    assert granite["embedding_multiplier"] == config["scale_emb"]
+    assert granite["logits_scaling"] == config["hidden_size"] / config["dim_model_base"]
+    assert granite["attention_multiplier"] == (config["hidden_size"] // config["num_attention_heads"]) ** -0.5
+    minicpm.as_granite(tiny_hf_dir("minicpm"), tmp_path / "granite")
+    weights = tmp_path / "granite" / "model.safetensors"
+    assert weights.resolve() == (tiny_hf_dir("minicpm") / "model.safetensors").resolve()  # (linked, not copied)
+
+
+def test_a_minicpm_checkpoint_with_experts_is_refused(tmp_path: Path) -> None:
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny_hf_dir("minicpm"), hf)
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps(config | {"num_experts": 8, "num_experts_per_tok": 2}))
+    with pytest.raises(BundleError, match=r"MiniCPM .* read as Granite, but it has experts \(num_experts"):
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
