@@ -54,8 +54,16 @@ transformers' names (gguf_to_hf then saves them as a Hugging Face folder).
   queries, keys and values one tensor in the former, three in the latter.
 - glm4moe (GLM-4.5, 4.5-Air, 4.6, 4.7; and Solar Open, written as GLM-4.5): a Llama's tensors, not
   permuted, GLM's biases and partial rotation, dense leading layers, then experts chosen by sigmoid
-  with a bias for choosing, beside shared experts; its multi-token prediction block written after
-  the model's, as Nemotron 3's.
+  with a bias for choosing, within groups where the file has them, beside shared experts; its
+  multi-token prediction block written after the model's, as Nemotron 3's. bailingmoe2 (Ling 2.0:
+  Ling-mini-2.0, Ling-flash-2.0, Ring-mini-2.0) is the same model (firmware.toolchain.bailing), its
+  queries, keys and values one tensor, as chatglm's own layout.
+- afmoe (Arcee's Trinity Nano, Mini): a Llama's tensors, not permuted, its attention's output gate,
+  norms before and after each sublayer, µP's embedding scale, and every fourth layer global and
+  unrotated, which llama.cpp assumes (its converter writes neither), experts by sigmoid with the
+  block's bias beside shared experts.
+- minicpm (MiniCPM-1B and -2B, MiniCPM4): the Granite llama.cpp runs it as (firmware.toolchain.minicpm),
+  its rows permuted as a Llama's, MiniCPM4's LongRoPE from the factors the file keeps as tensors.
 - deepseek2 (DeepSeek-V2-Lite, DeepSeek V3, Moonlight, Kimi K2, GLM-4.7-Flash, Youtu-LLM): multi-head
   latent attention, whose latent's projection to the keys and values the converter splits in two
   (the keys' half transposed), and experts chosen by softmax (DeepSeek V2's) or by sigmoid with a
