@@ -9,8 +9,9 @@ Each name here is given llama.cpp's own expressions (src/llama-vocab.cpp), appli
 another, as llama.cpp applies them, to each piece the previous one left (a match and the text
 between two matches each a piece). Names whose split is GPT-2's (gpt-2, olmo, mpt, exaone4, ...) or
 that transformers already knows (llama-bpe, qwen2, tekken, ...) are not listed; every other name of
-llama.cpp's table is, but kimi-k2 and afmoe, which llama.cpp splits by code of its own (families the
-build does not read).
+llama.cpp's table is, but kimi-k2, which llama.cpp splits by code of its own (a family the build
+does not read). afmoe's digits, which llama.cpp also cuts by code of its own, are that code's
+regular expression (AFMOE_DIGITS).
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ _GPT4O_WORDS = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm
                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + _CONTRACTIONS + "?")
 _GPT4O_REST = r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
+# Trinity's (afmoe's) digits, which llama.cpp cuts by C++ of its own (unicode.cpp, named
+# \p{AFMoE_digits} in its table): each run of digits into threes from its end, its leading one or
+# two digits alone.
+AFMOE_DIGITS = r"\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))"
+_AFMOE_SCRIPTS = ("[一-鿿㐀-䶿豈-\ufaff\u3040-ゟ゠-ヿ･-ﾟ⼀-\u2fdfเ-\u0e7f\u0e80-\u0effក-\u17ffက-႟ꩠ-ꩿꧠ-\ua9ff"
+                  "가-\ud7afᄀ-ᇿ]+")
+
 # llama.cpp's name of a pre-tokenizer -> its expressions, in the order it applies them.
 SPLITS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("chatglm-bpe", "glm4", "glm5"), (_LLAMA3,)),  # GLM-4 9B, GLM-4-0414, GLM-Edge
@@ -67,6 +75,9 @@ SPLITS: dict[str, tuple[str, ...]] = {
                                                  _GPT4O_WORDS + r"|\p{N}{1,3}" + _GPT4O_REST)),
     "youtu": ("[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|" + _CJK_KANA, _GPT4O_WORDS + r"|\p{N}" + _GPT4O_REST),
     "superbpe": (r"\p{N}+", r"(?=(\d{3})+(?!\d))"),  # (an empty match: a number cut before each three digits)
+    # Trinity's: its digits, Chinese, Japanese, Korean and South-East Asian scripts in runs, then
+    # DeepSeek-V3's words.
+    "afmoe": (AFMOE_DIGITS, _AFMOE_SCRIPTS, _DEEPSEEK3_WORDS + r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
     # Every digit alone, then GPT-2's split: StarCoder 2's, Refact's, Command R's, SmolLM's, EXAONE 3's.
     **dict.fromkeys(("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"),
                     (r"\p{N}", _GPT2)),

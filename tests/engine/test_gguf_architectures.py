@@ -604,10 +604,13 @@ def _llama_cpp_pre_tokenizers() -> dict[str, tuple[str, ...]]:
 
 def test_the_pre_tokenizers_transformers_does_not_know_are_llama_cpp_s_own() -> None:
     """Each split the build gives a file's tokenizer is llama.cpp's, expression for expression (a
-    carriage return or a newline written as the character or as its escape alike)."""
-    from firmware.toolchain.gguf_pretokenizers import SPLITS
+    carriage return or a newline written as the character or as its escape alike; a split llama.cpp
+    names and computes by code of its own, the expression the build writes for it, which the next
+    test checks against a copy of that code)."""
+    from firmware.toolchain.gguf_pretokenizers import AFMOE_DIGITS, SPLITS
 
-    theirs = _llama_cpp_pre_tokenizers()
+    theirs = {name: tuple({LLAMA_CPP_AFMOE_DIGITS: AFMOE_DIGITS}.get(e, e) for e in expressions)
+              for name, expressions in _llama_cpp_pre_tokenizers().items()}  # fmt: skip
 
     def plain(expressions: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(e.replace("\r", "\\r").replace("\n", "\\n") for e in expressions)
@@ -623,10 +626,36 @@ PROBE = ("Hello world! It's 2024-12-07, obj.get(x) costs $1234.50 or 1,000,000 o
          "٣٤٥٦ ১২৩ ㄅㄆ ﬁ 𐐀𐐨 tab\tend   ")  # fmt: skip
 
 
+# llama.cpp's name, in its table, of Trinity's digit split, which its C++ computes (unicode.cpp).
+LLAMA_CPP_AFMOE_DIGITS = r"\p{AFMoE_digits}"
+
+
+def _afmoe_digit_runs(piece: str) -> list[tuple[int, int]]:
+    """Where llama.cpp's \\p{AFMoE_digits} cuts `piece`, as its C++ does (a copy of that loop, not a
+    regular expression): each run of digits (Unicode's N) its leading len % 3 digits, then threes."""
+    import unicodedata
+
+    cuts, at = [], 0
+    while at < len(piece):
+        if not unicodedata.category(piece[at]).startswith("N"):
+            at += 1
+            continue
+        end = at
+        while end < len(piece) and unicodedata.category(piece[end]).startswith("N"):
+            end += 1
+        lead = (end - at) % 3
+        if lead:
+            cuts.append((at, at + lead))
+        cuts += [(start, start + 3) for start in range(at + lead, end, 3)]
+        at = end
+    return cuts
+
+
 def _split_as_llama_cpp(text: str, expressions: tuple[str, ...]) -> list[str]:
     """`text` split by each expression in turn, as llama.cpp does (a match and the text between two
-    matches each a piece), with Python's regex module: the reference tokenizers' splits are checked
-    against; each piece in the byte-level alphabet."""
+    matches each a piece), with Python's regex module (llama.cpp's digit split of its own for
+    Trinity's, by a copy of its code): the reference tokenizers' splits are checked against; each
+    piece in the byte-level alphabet."""
     import regex
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -635,19 +664,22 @@ def _split_as_llama_cpp(text: str, expressions: tuple[str, ...]) -> list[str]:
         split: list[str] = []
         for piece in pieces:
             at = 0
-            for m in regex.finditer(expression, piece):
-                split += [piece[at : m.start()]] if m.start() > at else []
-                split += [m.group()] if m.end() > m.start() else []
-                at = m.end()
+            matches = (_afmoe_digit_runs(piece) if expression == LLAMA_CPP_AFMOE_DIGITS else
+                       [m.span() for m in regex.finditer(expression, piece)])  # fmt: skip
+            for start, end in matches:
+                split += [piece[at:start]] if start > at else []
+                split += [piece[start:end]] if end > start else []
+                at = end
             split += [piece[at:]] if at < len(piece) else []
         pieces = split
     alphabet = bytes_to_unicode()
     return ["".join(alphabet[b] for b in piece.encode()) for piece in pieces]
 
 
-# llama.cpp splits these by C++ of its own (unicode.cpp), not by the expression its table lists; their
-# families (Kimi K2, AFMoE) are not ones the build reads.
-SPLIT_BY_LLAMA_CPP_CODE = {"kimi-k2", "afmoe"}
+# llama.cpp splits this by C++ of its own (unicode.cpp), not by the expression its table lists; its
+# family (Kimi K2) is not one the build reads. (Trinity's digits, also its own C++, are copied here:
+# _afmoe_digit_runs.)
+SPLIT_BY_LLAMA_CPP_CODE = {"kimi-k2"}
 # llama.cpp writes GPT-4o's letter-case classes as "a letter, not a-z" ("..., not A-Z"): std::regex
 # has no \p{Lu}. The models' own tokenizers (and transformers' table) use the classes, which take
 # in combining marks; those are the reference.
@@ -666,7 +698,7 @@ def test_every_pre_tokenizer_llama_cpp_names_splits_as_llama_cpp_s_expressions()
     from firmware.toolchain.gguf_pretokenizers import split_as_llama_cpp
 
     theirs = _llama_cpp_pre_tokenizers()
-    assert len(theirs) > 80 and set(theirs) >= SPLIT_BY_LLAMA_CPP_CODE  # (the table was read)
+    assert len(theirs) > 80 and set(theirs) >= SPLIT_BY_LLAMA_CPP_CODE | {"afmoe"}  # (the table was read)
     wrong = []
     for name, expressions in sorted(theirs.items()):
         tokenizer = set_split_regex(byte_level_tokenizer({"tokens": ["a"], "merges": []}), {"pre_tokenizer_type": name})
