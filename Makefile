@@ -32,7 +32,7 @@ bench-engine: setup demo-firmware
 	$(PY) -m bench.engine $(ARGS)
 
 # Config options the published checkpoints leave unset, on tiny models of every family, each against
-# transformers (tests/engine/test_config_sweep.py; about 17 minutes, not part of `make test`).
+# transformers (tests/engine/test_config_sweep.py; about 22 minutes, not part of `make test`).
 config-sweep: setup-test
 	$(VENV)/bin/pytest -q -m config_sweep tests/engine/test_config_sweep.py
 

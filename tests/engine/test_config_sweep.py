@@ -1,5 +1,5 @@
 """Config options the published checkpoints leave unset, tried on tiny models of the families the
-build checks (`make config-sweep`, 17 minutes on 2 cores; not part of `make test`).
+build checks (`make config-sweep`, 22 minutes on 2 cores; not part of `make test`).
 
 Each variant is a fixture of tiny.py with some options changed, its biases and norm weights made
 random (transformers initializes them to zeros and ones, under which a dropped one does not show),
