@@ -57,12 +57,8 @@ def glm4_moe_config(config: dict[str, Any]) -> dict[str, Any]:
                           "not supported")  # fmt: skip
     c = {**DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
     heads = int(c["num_attention_heads"])
-    rope = {"rope_type": "default", "rope_theta": float(c["rope_theta"]),
-            "partial_rotary_factor": float(c["partial_rotary_factor"])}  # fmt: skip
-    scaling = c.get("rope_scaling")
-    if isinstance(scaling, dict):  # (transformers 4's key: a type and its parameters)
-        rope |= {k: v for k, v in scaling.items() if k != "type"} | {"rope_type": scaling.get("rope_type",
-                                                                                              scaling.get("type"))}
+    rope = folders.transformers4_rope(c, float(DEFAULTS["rope_theta"]),
+                                      partial_rotary_factor=float(c["partial_rotary_factor"]))
     kept = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_key_value_heads",
             "hidden_act", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings", "bos_token_id",
             "eos_token_id", "pad_token_id", "moe_intermediate_size", "first_k_dense_replace", "n_group",

@@ -43,6 +43,18 @@ def shards(source: Path, whose: str) -> dict[str, str]:
     return found
 
 
+def transformers4_rope(config: dict[str, Any], theta: float, **extra: float) -> dict[str, Any]:
+    """A published config's RoPE in transformers 4's keys (rope_theta, or `theta` where it has none;
+    rope_scaling, a type and its parameters, or null) as transformers 5's rope_parameters, over
+    `extra` (partial_rotary_factor, say): what a config read as another family's takes."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(config.get("rope_theta") or theta), **extra}
+    scaling = config.get("rope_scaling")
+    if isinstance(scaling, dict):
+        rope |= {k: v for k, v in scaling.items() if k != "type"} | {"rope_type": scaling.get("rope_type",
+                                                                                              scaling.get("type"))}
+    return rope
+
+
 def relabel(source: Path, out: Path, config: dict[str, Any]) -> None:
     """`source` in `out` with `config` for its own, every other file linked (its weights read as
     they are)."""

@@ -36,11 +36,7 @@ def granite_config(config: dict[str, Any]) -> dict[str, Any]:
                           "(num_experts: MiniCPM-MoE), which Granite's layers have not; not supported")  # fmt: skip
     hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
     layers = int(config["num_hidden_layers"])
-    rope = {"rope_type": "default", "rope_theta": float(config.get("rope_theta") or 10000.0)}
-    scaling = config.get("rope_scaling")
-    if isinstance(scaling, dict):  # (MiniCPM4's LongRoPE; transformers 4's key: a type and its parameters)
-        rope |= {k: v for k, v in scaling.items() if k != "type"} | {"rope_type": scaling.get("rope_type",
-                                                                                              scaling.get("type"))}
+    rope = folders.transformers4_rope(config, 10000.0)  # (MiniCPM4's LongRoPE in its rope_scaling)
     return {**{k: config[k] for k in KEPT if k in config}, "model_type": "granite",
             "architectures": ["GraniteForCausalLM"], "rope_parameters": rope,
             "embedding_multiplier": float(config["scale_emb"]),

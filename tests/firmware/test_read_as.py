@@ -87,3 +87,17 @@ def test_a_minicpm_checkpoint_with_experts_is_refused(tmp_path: Path) -> None:
     (hf / "config.json").write_text(json.dumps(config | {"num_experts": 8, "num_experts_per_tok": 2}))
     with pytest.raises(BundleError, match=r"MiniCPM .* read as Granite, but it has experts \(num_experts"):
         build(hf, tmp_path / "out", BuildOptions(precision="fp32"))
+
+
+def test_a_published_config_s_rope_scaling_becomes_the_family_s_rope_parameters() -> None:
+    """transformers 4's keys (rope_theta, rope_scaling with its "type"), as Ling 2.0's and MiniCPM's
+    configs write them, over what the family read as keeps of its own (Ling 2.0's half rotation)."""
+    config, _ = _folder()
+    scaled = config | {"rope_theta": 50000.0, "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                                "original_max_position_embeddings": 4096}}
+    assert bailing.glm4_moe_config(scaled)["rope_parameters"] == {
+        "rope_type": "yarn", "rope_theta": 50000.0, "partial_rotary_factor": 0.5, "factor": 4.0,
+        "original_max_position_embeddings": 4096}
+    minicpm_config = json.loads((tiny_hf_dir("minicpm") / "config.json").read_text())
+    rope = minicpm.granite_config(minicpm_config)["rope_parameters"]
+    assert rope["rope_type"] == "longrope" and rope["short_factor"] == minicpm_config["rope_scaling"]["short_factor"]
