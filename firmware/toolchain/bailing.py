@@ -38,8 +38,9 @@ def refusal(config: dict[str, Any]) -> str | None:
     """What of a Ling 2.0 config GLM-4.5's layers do not compute, or None."""
     if config.get("use_bias"):
         return "its attention's output projection has a bias (use_bias), which GLM-4.5's has not"
-    if str(config.get("score_function", config.get("scoring_func", "sigmoid"))) != "sigmoid":
-        return f"its experts are chosen by {config.get('score_function')} scores, not sigmoid ones"
+    scores = str(config.get("score_function", config.get("scoring_func", "sigmoid")))
+    if scores != "sigmoid":
+        return f"its experts are chosen by {scores} scores, not sigmoid ones"
     if int(config["num_experts_per_tok"]) < 2:  # (one chosen expert keeps its score, GLM-4.5's a weight of 1)
         return "it chooses one expert a token, whose score Ling 2.0 keeps unscaled"
     if config.get("norm_head"):
@@ -70,12 +71,12 @@ def glm4_moe_config(config: dict[str, Any]) -> dict[str, Any]:
             "num_nextn_predict_layers": 0, "rope_parameters": rope}  # fmt: skip
 
 
-def glm4_moe_tensors(config: dict[str, Any], tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
-    """Ling 2.0's weights (name, tensor) in GLM-4.5's names; the queries, keys and values split, a
-    router without a correction bias given one of zeros, the prediction layers left out."""
+def glm4_moe_tensors(glm: dict[str, Any], tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """Ling 2.0's weights (name, tensor) in GLM-4.5's names, for the GLM-4.5 config `glm`
+    (glm4_moe_config's); the queries, keys and values split, a router without a correction bias
+    given one of zeros, the prediction layers left out."""
     import torch
 
-    glm = glm4_moe_config(config)
     layers, heads, kv, width = (glm["num_hidden_layers"], glm["num_attention_heads"], glm["num_key_value_heads"],
                                 glm["head_dim"])  # fmt: skip
     routers, biased = set(), set()
@@ -109,4 +110,4 @@ def as_glm4_moe(source: Path, out: Path) -> None:
     where = folders.shards(source, "a Ling 2.0 checkpoint")
     handles = {file: safe_open(str(source / file), framework="pt") for file in set(where.values())}
     tensors = ((name, handles[file].get_tensor(name)) for name, file in where.items())
-    folders.rewrite(source, out, glm, glm4_moe_tensors(config, tensors))
+    folders.rewrite(source, out, glm, glm4_moe_tensors(glm, tensors))

@@ -35,7 +35,7 @@ def test_the_prediction_layers_are_left_out_and_a_router_without_a_bias_gets_zer
     config |= {"num_nextn_predict_layers": 1, "moe_router_enable_expert_bias": False}
     mtp = {f"model.layers.{layers}.{name}": torch.ones(4) for name in ("attention.dense.weight", "enorm.weight")}
     unbiased = {name: value for name, value in tensors.items() if not name.endswith("expert_bias")}
-    glm = dict(bailing.glm4_moe_tensors(config, [*unbiased.items(), *mtp.items()]))
+    glm = dict(bailing.glm4_moe_tensors(bailing.glm4_moe_config(config), [*unbiased.items(), *mtp.items()]))
     assert not [name for name in glm if name.startswith(f"model.layers.{layers}.")]
     routers = [name for name in glm if name.endswith("mlp.gate.weight")]
     assert routers and all(glm[name.replace(".weight", ".e_score_correction_bias")].eq(0).all() for name in routers)
@@ -44,7 +44,7 @@ def test_the_prediction_layers_are_left_out_and_a_router_without_a_bias_gets_zer
 
 def test_the_queries_keys_and_values_are_split_as_ling_2_0_lays_them_out() -> None:
     config, tensors = _folder()
-    glm = dict(bailing.glm4_moe_tensors(config, tensors.items()))
+    glm = dict(bailing.glm4_moe_tensors(bailing.glm4_moe_config(config), tensors.items()))
     fused = tensors["model.layers.0.attention.query_key_value.weight"]
     width, heads, kv = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
     assert glm["model.layers.0.self_attn.q_proj.weight"].equal(fused[: heads * width])
