@@ -386,7 +386,41 @@ def gguf_tokenizer(gguf: Path, metadata: dict[str, Any] | None = None) -> Any:
     meta = metadata if metadata is not None else _gguf_metadata(gguf)
     with _gguf_reading(meta):
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if meta.get("tokenizer.ggml.model") == "gpt2":
+        _added_tokens_whole(tokenizer, gguf)
     return gguf_pretokenizers.split_as_llama_cpp(tokenizer, meta)
+
+
+def _added_tokens_whole(tokenizer: Any, gguf: Path) -> None:
+    """transformers spells every token of a byte-level vocabulary in the byte alphabet, but
+    llama.cpp writes the added ones (control and user-defined) as their text, and those whose text
+    is not in that alphabet transformers leaves out of its added tokens as a mislabel: DeepSeek's
+    <｜begin▁of▁sentence｜>, <｜User｜> and tool tokens (R1's distills', V3's), which were then cut into
+    bytes, and the beginning and end of a sequence given new ids past the vocabulary. Each keeps
+    its own id here, whole, special where the file marks it control, as llama.cpp reads them."""
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    reader = GGUFReader(str(gguf))
+    texts, kinds = reader.fields["tokenizer.ggml.tokens"], reader.fields.get("tokenizer.ggml.token_type")
+    tokens = [bytes(texts.parts[i]).decode("utf-8", "replace") for i in texts.data]
+    types = [int(kinds.parts[i][0]) for i in kinds.data] if kinds is not None else [1] * len(tokens)
+    alphabet = set(bytes_to_unicode().values())
+    whole = {i: (text, kind == 3) for i, (text, kind) in enumerate(zip(tokens, types, strict=True))
+             if kind in (3, 4) and not set(text) <= alphabet}  # 3: control, 4: user-defined
+    if not whole:
+        return
+    doc = json.loads(tokenizer.backend_tokenizer.to_str())
+    vocab = doc["model"]["vocab"]
+    merged = {"".join(m.split(" ") if isinstance(m, str) else m) for m in doc["model"]["merges"]}
+    for spelled in [s for s, i in vocab.items() if i in whole and s not in merged]:
+        del vocab[spelled]  # (its spelling in bytes, which no merge makes)
+    vocab.update({text: i for i, (text, _) in whole.items()})
+    doc["added_tokens"] = [t for t in doc["added_tokens"] if t["id"] < len(tokens) and t["id"] not in whole] + [
+        {"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+         "special": special} for i, (text, special) in whole.items()]  # fmt: skip
+    tokenizer._tokenizer = Tokenizer.from_str(json.dumps(doc))
 
 
 def _gemma4_config(meta: dict[str, Any]) -> Any:
