@@ -238,6 +238,15 @@ async def _answer(engine: Engine, request: GenerationRequest, started: asyncio.E
     return tokens
 
 
+async def _begun(started: asyncio.Event, decoding: asyncio.Task[Any]) -> None:
+    """Until the stream `decoding` has its second token (`started`); one that ends before it fails
+    the test, which would otherwise wait for it forever."""
+    waiting = asyncio.ensure_future(started.wait())
+    await asyncio.wait({waiting, decoding}, return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    assert started.is_set(), "the stream ended before its second token"
+
+
 def _same_answers(together: list[list[tuple[str, float]]], alone: list[list[tuple[str, float]]], name: str) -> None:
     """The same tokens, down to each token's log probability (a random tiny model keeps its greedy
     tokens through a stale key or state; their probabilities show it)."""
@@ -309,7 +318,7 @@ def test_a_long_prompt_on_the_prefill_lane_beside_a_decoding_stream_answers_as_a
     async def beside() -> list[list[tuple[str, float]]]:
         started = asyncio.Event()
         decoding = asyncio.create_task(_answer(engine, stream, started))
-        await started.wait()
+        await _begun(started, decoding)
         newcomer = await _answer(engine, long, prompt=long_prompt)
         return [await decoding, newcomer]
 
@@ -360,7 +369,7 @@ def test_a_hybrid_model_s_prompt_chunked_beside_a_decoding_stream_answers_as_alo
         started = asyncio.Event()
         decoding = asyncio.create_task(_answer(engine, stream, started))  # slot 1
         await done
-        await started.wait()
+        await _begun(started, decoding)
         newcomer = await _answer(engine, long)  # slot 0: below the stream's
         return [await decoding, newcomer]
 
