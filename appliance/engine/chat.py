@@ -21,6 +21,7 @@ from appliance.engine.tools import (
     HERMES,
     CallFormat,
     OutputRules,
+    PastCall,
     call_format,
     format_calls,
     format_results,
@@ -109,19 +110,32 @@ class ChatTemplate:
         probe = {"type": "function", "function": {"name": TOOL_PROBE, "description": "A probe.",
                                                   "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
         self.takes_tools = self._shows_probe([{"role": "user", "content": "Hi."}], tools=[probe])
-        self.call_format = call_format(source, tokenizer.token_id, tokenizer.is_special) if self.takes_tools else HERMES
+        own = call_format(source, tokenizer.token_id, tokenizer.is_special)
         # Earlier calls go to the template as `tool_calls`, as transformers passes them, where it
         # renders them (gpt-oss's are messages of their own); else as text in the call format.
         # Their ids, and their results', are ours (`_call_id`): Mistral's templates want 9 characters.
         probe_id = _call_id(0)
         called = {"role": "assistant", "content": "Calling.", "tool_calls": [_tool_call(CALL_PROBE, "{}", probe_id)]}
-        self.takes_tool_calls = self.takes_tools and self._shows_probe([{"role": "user", "content": "Hi."}, called],
-                                                                       CALL_PROBE)  # fmt: skip
+        calls = self._rendered_or_empty([{"role": "user", "content": "Hi."}, called])
+        # A template that lists no tools but writes earlier calls as its model does, their arguments
+        # as JSON (DeepSeek V3.1's, R1's distills'): the tools reach the model in our system block,
+        # which then asks for that format.
+        shown_calls = own.json_arguments and format_calls([PastCall(CALL_PROBE, "{}")], own) in calls
+        self.call_format = own if self.takes_tools or shown_calls else HERMES
+        self.takes_tool_calls = (self.takes_tools or shown_calls) and CALL_PROBE in calls
+        # A turn of calls alone has no content: None, as OpenAI's clients send it and transformers
+        # passes it on (R1's distills' template writes an empty answer after the calls for ""),
+        # where the template takes None without writing it.
+        empty, bare = (self._rendered_or_empty([{"role": "user", "content": "Hi."}, {**called, "content": content}])
+                       for content in ("", None))  # fmt: skip
+        self.calls_content: str | None = ""
+        if self.takes_tool_calls and empty and bare and bare.count("None") == empty.count("None"):
+            self.calls_content = None
         # Tool results go in `tool` messages where the template renders them (Llama 3's ipython
         # turn), else in a user turn of Hermes' <tool_response> blocks.
         if not self.takes_tool_calls:
             called = {"role": "assistant", "content": "Calling."}
-        self.takes_tool_role = self.takes_tools and self._shows_probe([
+        self.takes_tool_role = (self.takes_tools or shown_calls) and self._shows_probe([
             {"role": "user", "content": "Hi."}, called,
             {"role": "tool", "content": TOOL_PROBE, "tool_call_id": probe_id}])  # fmt: skip
         # Gemma 4's template takes results as the `tool_responses` of the turn that made the calls,
@@ -133,10 +147,14 @@ class ChatTemplate:
     def _shows_probe(self, turns: list[dict[str, Any]], probe: str = TOOL_PROBE, **extra: Any) -> bool:
         """Whether the template writes `probe` into the prompt it renders of `turns`; a template
         that refuses or fails on them does not (what they try goes our own way instead)."""
+        return probe in self._rendered_or_empty(turns, **extra)
+
+    def _rendered_or_empty(self, turns: list[dict[str, Any]], **extra: Any) -> str:
+        """The prompt the template renders of `turns`, or nothing where it refuses or fails on them."""
         try:
-            return probe in self.render(turns, True, **extra)
+            return self.render(turns, True, **extra)
         except Exception:
-            return False
+            return ""
 
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool, **extra: Any) -> str:
         try:
@@ -170,7 +188,7 @@ class ChatTemplate:
         if tools and self.takes_tools:
             extra["tools"] = [t.as_function() for t in tools]
         elif tools:
-            blocks.append(system_block(tools))
+            blocks.append(system_block(tools, self.call_format))
         if output is not None and output.json_schema is not None:
             blocks.append(schema_block(output.json_schema))
         system = "\n\n".join(blocks) or None
@@ -180,7 +198,7 @@ class ChatTemplate:
         # call), without the thoughts, then with the calls as text in the model's call format.
         for native, thoughts in ((True, True), (True, False), (False, False)):
             docs = opening + self._conversation_docs(messages, native, thoughts)
-            if docs[-1]["role"] == "assistant" and not docs[-1]["content"].strip() and "tool_calls" not in docs[-1]:
+            if docs[-1]["role"] == "assistant" and "tool_calls" not in docs[-1] and not docs[-1]["content"].strip():
                 docs = docs[:-1]  # an empty final assistant message continues nothing: answer as usual
             try:
                 docs, text = self._rendered(docs, extra)
@@ -277,7 +295,7 @@ class ChatTemplate:
         text = message.content
         thought = dict.fromkeys(THOUGHT_KEYS, message.thought) if message.thought and thoughts else {}
         if message.calls and native and self.takes_tool_calls:
-            return [{"role": message.role, "content": text, **thought,
+            return [{"role": message.role, "content": text or self.calls_content, **thought,
                      "tool_calls": [_tool_call(c.name, c.arguments, id_) for c, id_ in zip(message.calls, ids,
                                                                                           strict=True)]}]  # fmt: skip
         if message.calls:

@@ -23,12 +23,15 @@ K2's, each call after a token of its own, named and numbered, `<|tool_calls_sect
 <|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{...}<|tool_call_end|>
 <|tool_calls_section_end|>` (without the line breaks), or MiniMax-M2's elements between its tags,
 `<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n</invoke>
-\n</minimax:tool_call>` (`MINIMAX_CALLS`). A
+\n</minimax:tool_call>` (`MINIMAX_CALLS`), or DeepSeek's between its tool tokens (`DEEPSEEK_TOKENS`:
+V3's and R1's arguments fenced, V3.1's bare) or in its DSML (V3.2's and V4's elements, each
+parameter saying whether it is a string). A
 model that would write a call its own way and is held to another answers in text instead, in
 `auto`. Earlier calls reach the template as `tool_calls` where it renders them, else as text in the
 same format; their results in the template's tool turn or as Hermes' `<tool_response>` blocks
 (chat.py). The tools reach the model through the chat template (when it takes `tools`) or a system
-block of ours (which asks for the Hermes format), and the output is held to a grammar built from the
+block of ours (which asks for the Hermes format, or the model's own where its template writes earlier
+calls so: DeepSeek V3.1's and R1's distills' list no tools), and the output is held to a grammar built from the
 request: free text, a JSON schema, or calls whose names and arguments are those the tools allow. So
 a parser that expects exactly that format (`CallParser`) is enough to turn the output back into
 calls, even on a 135M model.
@@ -83,6 +86,9 @@ class CallFormat:
     param_head_end: str = ">\n"
     param_close: str = "\n</parameter>\n"
     param_values_json: bool = False
+    # Where set, a string value's head ends so, any other's with param_head_end (DeepSeek V3.2's
+    # `string="true"` and `string="false"`).
+    param_string_head_end: str = ""
     # What the model may write before its first call, or not (GLM-4.5's newline after its thought).
     lead: str = ""
     # The arguments are written as Python's keyword arguments (LFM2's calls), not as a JSON object.
@@ -108,6 +114,15 @@ class CallFormat:
             arguments = gemma_arguments(arguments)
         head, args_open = (part.replace(CALL_ID, str(index)) for part in (self.head, self.args_open))
         return f"{head}{name}{args_open}{arguments}{self.close}"
+
+    def param_head_end_for(self, text: bool) -> str:
+        """What ends a parameter's head before its value, written as text or not."""
+        return self.param_string_head_end if text and self.param_string_head_end else self.param_head_end
+
+    @property
+    def json_arguments(self) -> bool:
+        """Whether a call's arguments are written as their JSON object."""
+        return not (self.params or self.python or self.gemma)
 
     @property
     def marker_id(self) -> int | None:
@@ -203,6 +218,26 @@ MINIMAX_INVOKE, MINIMAX_PARAMETER = '<invoke name="', '<parameter name="'
 # a line break between two calls and after text:
 #   <function name="get_weather"><param name="city">Paris</param><param name="days">3</param></function>
 MINICPM5_TAGS = ('<function name="', '<param name="', "</param>", "</function>")
+# DeepSeek writes a turn's calls between two tokens of its vocabulary, each call between two more
+# (text to decoding where, as in DeepSeek V3's, they are not special tokens). V2.5's, V3's and R1's
+# (and R1's distills') name the call's type, then the tool, its arguments a fenced JSON block, a
+# line break between two calls:
+#   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{...}\n```<｜tool▁call▁end｜>
+#   <｜tool▁calls▁end｜>
+# V3.1's name the tool alone, its arguments right after the separator, nothing between two calls:
+#   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{...}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+DEEPSEEK_TOKENS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+                   "<｜tool▁call▁end｜>")  # fmt: skip
+DEEPSEEK_FENCE = ("\n```json\n", "\n```")
+# DeepSeek V3.2's and V4's "DSML" (V3.2's between <｜DSML｜function_calls> tags, V4's <｜DSML｜tool_calls>),
+# after a blank line: each call an <invoke> element of <parameter> elements, each saying whether its
+# value is a string (written as it is) or not (JSON):
+#   \n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n
+#   <｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n
+#   <｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>
+DSML = "｜DSML｜"
+DSML_TAGS = ('invoke name="', 'parameter name="', ' string="true">', ' string="false">')
+DSML_HEAD_ENDS = ('" string="true">', '" string="false">')
 MINICPM5_SPECIALS = ("<function", "<param", "</param>", "</function>")  # (llama.cpp keeps them as tokens)
 CDATA_WRAP = ("<![CDATA[", "]]>")
 
@@ -236,6 +271,15 @@ def call_format(template: str, token_id: Callable[[str], int | None],
                           lead="\n", params=True, param_open=MINIMAX_PARAMETER, param_head_end='">',
                           param_close="</parameter>\n", param_values_json=True,
                           specials=_special_tags(MINIMAX_CALLS, token_id, special), keeps_specials=True)  # fmt: skip
+    if DSML in template and all(tag in template for tag in DSML_TAGS):
+        block = "tool_calls" if "tool_calls>" in template else "function_calls"
+        opens, closes = f"<{DSML}{block}>", f"</{DSML}{block}>"
+        string, other = DSML_HEAD_ENDS
+        return CallFormat("dsml", opens, f'<{DSML}invoke name="', '">\n', f"</{DSML}invoke>\n", "", open=opens + "\n",
+                          end=closes, lead="\n\n", params=True, param_open=f'<{DSML}parameter name="',
+                          param_head_end=other, param_string_head_end=string, param_close=f"</{DSML}parameter>\n",
+                          param_values_json=True, specials=_special_tags((DSML,), token_id, special),
+                          keeps_specials=True)  # fmt: skip
     if all(tag in template for tag in MINICPM5_TAGS):
         call, param, param_close, close = MINICPM5_TAGS
         specials = _special_tags(MINICPM5_SPECIALS, token_id, special)
@@ -269,6 +313,8 @@ def call_format(template: str, token_id: Callable[[str], int | None],
         specials = tuple((token, i) for token, i in kimi.items() if i is not None)
         return CallFormat("kimi", opens, call + "functions.", f":{CALL_ID}{args}", call_end, "", end=closes,
                           marker=opens, specials=specials)  # fmt: skip
+    if all(token in template for token in DEEPSEEK_TOKENS):
+        return _deepseek_format(template, token_id, special)
     marker, args = MISTRAL_ARGS
     marker_id, args_id = token_id(marker), token_id(args)
     if marker_id is not None and args_id is not None and marker in template and args in template:
@@ -301,10 +347,25 @@ def _glm_format(template: str, token_id: Callable[[str], int | None], special: C
                       specials=_special_tags(GLM_TAGS, token_id, special), keeps_specials=True)  # fmt: skip
 
 
+def _deepseek_format(template: str, token_id: Callable[[str], int | None],
+                     special: Callable[[str], bool]) -> CallFormat:  # fmt: skip
+    """DeepSeek's calls (DEEPSEEK_TOKENS), fenced as V3's and R1's templates write them or bare as
+    V3.1's do; its tokens that are special tokens of the vocabulary are named by id in the grammar
+    and kept in the text the parser reads."""
+    opens, closes, call, sep, call_end = DEEPSEEK_TOKENS
+    specials = _special_tags(DEEPSEEK_TOKENS, token_id, special)
+    fence_open, fence_close = DEEPSEEK_FENCE
+    if fence_open.strip() in template:
+        return CallFormat("deepseek", opens, f"{call}function{sep}", fence_open, fence_close + call_end, "\n",
+                          open=opens, end=closes, specials=specials, keeps_specials=True)  # fmt: skip
+    return CallFormat("deepseek_v3_1", opens, call, sep, call_end, "", open=opens, end=closes, specials=specials,
+                      keeps_specials=True)  # fmt: skip
+
+
 def _special_tags(tags: Sequence[str], token_id: Callable[[str], int | None],
                   special: Callable[[str], bool]) -> tuple[tuple[str, int], ...]:  # fmt: skip
     """(tag, id) of those of a format's `tags` that are special tokens of the vocabulary (GLM-4.5's,
-    MiniMax-M2's, MiniCPM5's: the others, text to decoding, are text to the grammar too)."""
+    MiniMax-M2's, MiniCPM5's, DeepSeek's: the others, text to decoding, are text to the grammar too)."""
     ids = {tag: token_id(tag) for tag in tags}
     return tuple((tag, i) for tag, i in ids.items() if i is not None and special(tag))
 
@@ -376,8 +437,9 @@ def xml_params(arguments: str, fmt: CallFormat = QWEN_XML) -> str:
     """A call's arguments (JSON text of an object) as parameters, as the templates of QWEN_XML (and
     Seed-OSS's and GLM-4.5's, whose framing `fmt` says) write them."""
     values = _argument_values(arguments)
-    return "".join(f"{fmt.param_open}{key}{fmt.param_head_end}{_param_text(value, fmt.param_values_json, fmt.cdata)}"
-                   f"{fmt.param_close}" for key, value in values.items())  # fmt: skip
+    return "".join(f"{fmt.param_open}{key}{fmt.param_head_end_for(isinstance(value, str))}"
+                   f"{_param_text(value, fmt.param_values_json, fmt.cdata)}{fmt.param_close}"
+                   for key, value in values.items())  # fmt: skip
 
 
 def _param_text(value: Any, as_json: bool = False, cdata: bool = False) -> str:
@@ -556,13 +618,17 @@ def format_results(results: Sequence[tuple[str, bool]]) -> str:
     return "\n".join(parts)
 
 
-def system_block(tools: Sequence[Tool]) -> str:
-    """How the tools reach a model whose chat template does not take them."""
+def system_block(tools: Sequence[Tool], fmt: CallFormat = HERMES) -> str:
+    """How the tools reach a model whose chat template does not take them: in the Hermes format,
+    or in the model's own (`fmt`, one whose arguments are JSON), shown as its template writes calls."""
     listing = "\n".join(json.dumps(t.as_function(), ensure_ascii=False) for t in tools)
-    return ("You may call one or more functions to assist with the user query. The functions you can call, as "
-            f"JSON schemas:\n<tools>\n{listing}\n</tools>\nTo call a function, answer with its name and arguments "
-            'as JSON inside tags:\n<tool_call>\n{"name": <function-name>, "arguments": <arguments-object>}\n'
-            "</tool_call>")  # fmt: skip
+    listed = ("You may call one or more functions to assist with the user query. The functions you can call, as "
+              f"JSON schemas:\n<tools>\n{listing}\n</tools>\n")  # fmt: skip
+    if fmt is HERMES:
+        return listed + ('To call a function, answer with its name and arguments as JSON inside tags:\n<tool_call>\n'
+                         '{"name": <function-name>, "arguments": <arguments-object>}\n</tool_call>')  # fmt: skip
+    example = format_calls([PastCall("<function-name>", "<arguments-object>")], fmt)
+    return listed + f"To call a function, answer in this format, its arguments a JSON object:\n{example}"
 
 
 def schema_block(schema: Mapping[str, Any]) -> str:
@@ -599,7 +665,7 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
         parts = (fmt.lark(fmt.head + tool.name + fmt.args_open), f"args_{i}", fmt.lark(fmt.close))
         lines.append(f"call_{i}: " + " ".join(p for p in parts if p))
         schema = _object_schema(tool.schema)
-        if (fmt.params or fmt.python or fmt.gemma) and not schema.get("properties") \
+        if not fmt.json_arguments and not schema.get("properties") \
                 and schema.get("additionalProperties") is False:  # a tool that takes no arguments
             lines.append(f"args_{i}: " + ('"{}"' if fmt.gemma else '""'))  # (JSON's schema rule writes {})
         elif fmt.params:
@@ -629,7 +695,8 @@ def _param_rules(name: str, schema: Mapping[str, Any], strict: bool, fmt: CallFo
     it). A schema that lists no properties takes any parameters of text (one that allows none is
     `grammar`'s). The parameters' framing is the format's (`param_open`, `param_head_end`,
     `param_close`, special tokens named by id)."""
-    close, head_end, param_open = (fmt.lark(t) for t in (fmt.param_close, fmt.param_head_end, fmt.param_open))
+    close, param_open = fmt.lark(fmt.param_close), fmt.lark(fmt.param_open)
+    head_end, text_head_end = (fmt.lark(fmt.param_head_end_for(text)) for text in (False, True))
     # A string's text ends where its element's close is written: a lazy lexeme that the close
     # stops, or (a close that opens with a special token, which text never holds) any text,
     # which the close follows.
@@ -637,14 +704,15 @@ def _param_rules(name: str, schema: Mapping[str, Any], strict: bool, fmt: CallFo
     text, then = (": /(.|\\n)*/", f" {close}") if special else (f"[stop={close}]: /(.|\\n)*/", "")
     properties = schema.get("properties")
     if not isinstance(properties, Mapping) or not properties:
-        return [f"{name}: ({param_open} /[A-Za-z0-9_.-]+/ {head_end} {name}_text{then})*", f"{name}_text{text}"]
+        return [f"{name}: ({param_open} /[A-Za-z0-9_.-]+/ {text_head_end} {name}_text{then})*", f"{name}_text{text}"]
     required = set(schema.get("required") or ())
     rules, parts = [], []
     for k, (key, sub) in enumerate(properties.items()):
-        value, opening = f"{name}_v{k}", f"{param_open} {json.dumps(key, ensure_ascii=False)} {head_end}"
         parts.append(f"{name}_p{k}" + ("" if key in required else "?"))
         sub = sub if isinstance(sub, Mapping) else {}
         body = _param_value(sub, strict)
+        ends = text_head_end if body is None or _string_choices(sub) else head_end
+        value, opening = f"{name}_v{k}", f"{param_open} {json.dumps(key, ensure_ascii=False)} {ends}"
         if body is None:  # text
             held = _text_regex(sub, key, "" if special else fmt.param_close) if strict else None
             lexeme = f"{value}: {held}" if special else f"{value}[lazy]: {held}"
@@ -837,13 +905,19 @@ def _is_text(kinds: set[str]) -> bool:
     return "string" in kinds and kinds <= {"string", "null"}
 
 
+def _string_choices(schema: Mapping[str, Any]) -> list[str]:
+    """The strings a parameter's value is one of (its enum's, or its const), where they are all strings."""
+    choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    return choices if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices) else []
+
+
 def _param_value(schema: Mapping[str, Any], strict: bool) -> str | None:
     """The grammar of a parameter's value (None: text up to the element's close)."""
     kinds = _kinds(schema)
-    choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
-    if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
-        return " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
-    if _is_text(kinds) or (not kinds and not isinstance(choices, list)):
+    strings = _string_choices(schema)
+    if strings:
+        return " | ".join(json.dumps(c, ensure_ascii=False) for c in strings)
+    if _is_text(kinds) or (not kinds and "enum" not in schema and "const" not in schema):
         return None
     if kinds == {"boolean"}:
         return '"true" | "false" | "True" | "False"'
@@ -1171,15 +1245,21 @@ class ParamCallParser(CallParser):
         elif self.mode != "args":
             super()._step(out)
         elif self.buf.startswith(self.fmt.param_open):
-            head_end = self.buf.find(self.fmt.param_head_end, len(self.fmt.param_open))
-            if head_end < 0:
+            fmt = self.fmt
+            ends = [(at, end) for end in {fmt.param_head_end, fmt.param_string_head_end} - {""}
+                    if (at := self.buf.find(end, len(fmt.param_open))) >= 0]  # fmt: skip
+            if not ends:
                 return  # the parameter's name is not whole yet
-            key = self.buf[len(self.fmt.param_open) : head_end]
-            start = head_end + len(self.fmt.param_head_end)  # where its value begins
+            head_end, end = min(ends)
+            key = self.buf[len(fmt.param_open) : head_end]
+            start = head_end + len(end)  # where its value begins
             schema = self.properties.get(self._tool, {}).get(key)
             schema = schema if isinstance(schema, Mapping) else None
             named = (", " if self._written else "") + json.dumps(key) + ": "
-            if schema is not None and _kinds(schema) == {"string"}:
+            # (a format that says which values are strings says it of this one)
+            as_text = end == fmt.param_string_head_end if fmt.param_string_head_end else (
+                schema is not None and _kinds(schema) == {"string"})  # fmt: skip
+            if as_text:
                 out.append(CallArguments(self.calls - 1, named + '"'))
                 self.buf, self.mode = self.buf[start:], "string"
                 self._value_close, self._value_opened = self.fmt.param_close, not self.fmt.cdata

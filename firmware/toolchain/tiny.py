@@ -1467,6 +1467,99 @@ KIMI_K2_TURNS = ChatStyle(KIMI_K2_CHAT_TEMPLATE, ("[PAD]", "[BOS]", "[EOS]", "<|
                                                  "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
                                                  "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
                                                  "<|tool_call_end|>"), "[BOS]", "<|im_end|>")  # fmt: skip
+# DeepSeek V3.1's (abridged): the system messages first, joined; turns after <｜User｜> and
+# <｜Assistant｜>, an empty thought opening the answer; no tools listed; earlier calls between its tool
+# tokens, each named and its arguments right after <｜tool▁sep｜>; results between tokens too, which
+# the model then goes on answering. Its tokenizer's tool and role tokens are not special tokens
+# (decoding keeps them), as DeepSeek V3's are not.
+DEEPSEEK_V31_CHAT_TEMPLATE = (
+    "{%- set thinking = enable_thinking if enable_thinking is defined else false -%}"
+    "{%- set ns = namespace(system='', last_user=false, tool=false) -%}"
+    "{%- for m in messages if m.role == 'system' -%}"
+    "{%- set ns.system = ns.system + ('\n\n' if ns.system else '') + m.content -%}{%- endfor -%}"
+    "{{ bos_token }}{{ ns.system }}{%- for m in messages -%}"
+    "{%- if m.role == 'user' -%}<｜User｜>{{ m.content }}{%- set ns.last_user, ns.tool = true, false -%}"
+    "{%- elif m.role == 'assistant' -%}{%- if ns.last_user -%}<｜Assistant｜><think></think>{%- endif -%}"
+    "{%- if m.tool_calls -%}{{ m.content or '' }}<｜tool▁calls▁begin｜>{%- for c in m.tool_calls -%}"
+    "<｜tool▁call▁begin｜>{{ c.function.name }}<｜tool▁sep｜>{{ c.function.arguments | tojson }}<｜tool▁call▁end｜>"
+    "{%- endfor -%}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
+    "{%- else -%}{{ m.content.split('</think>', 1)[-1] }}<｜end▁of▁sentence｜>{%- endif -%}"
+    "{%- set ns.last_user, ns.tool = false, false -%}"
+    "{%- elif m.role == 'tool' -%}<｜tool▁output▁begin｜>{{ m.content }}<｜tool▁output▁end｜>"
+    "{%- set ns.last_user, ns.tool = false, true -%}{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt and ns.last_user -%}<｜Assistant｜>{{ '<think>' if thinking else '<think></think>' }}"
+    "{%- endif -%}"
+)
+DEEPSEEK_TOOL_TOKENS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+                        "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>",
+                        "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")  # fmt: skip
+DEEPSEEK_V31_TURNS = ChatStyle(DEEPSEEK_V31_CHAT_TEMPLATE, ("<｜▁pad▁｜>", "<｜begin▁of▁sentence｜>",
+                                                           "<｜end▁of▁sentence｜>"),
+                               "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
+                               ("<｜User｜>", "<｜Assistant｜>", *DEEPSEEK_TOOL_TOKENS, "<think>",
+                                "</think>"))  # fmt: skip
+# DeepSeek-R1's distills' (abridged): the last system message first, no tools listed; each earlier
+# call named after its type, its arguments a fenced JSON block; the results between tokens, the
+# answer after them; the answer opens a thought, closed unless thinking is asked for (as llama.cpp
+# keeps the template of DeepSeek-R1-Distill-Qwen). As published, the first call of the conversation
+# alone opens the calls' section, and an assistant message whose content is not None is written
+# as an answer of its own, after its calls. Here the tool tokens are special tokens (decoding drops
+# them), to check that path too.
+DEEPSEEK_R1_CHAT_TEMPLATE = (
+    "{%- set ns = namespace(first=true, tool=false, output_first=true, system='') -%}"
+    "{%- for m in messages if m.role == 'system' -%}{%- set ns.system = m.content -%}{%- endfor -%}"
+    "{{ bos_token }}{{ ns.system }}{%- for m in messages -%}"
+    "{%- if m.role == 'user' -%}{%- set ns.tool = false -%}<｜User｜>{{ m.content }}{%- endif -%}"
+    "{%- if m.role == 'assistant' and m.tool_calls -%}{%- set ns.tool = false -%}{%- for c in m.tool_calls -%}"
+    "{%- if ns.first -%}<｜Assistant｜><｜tool▁calls▁begin｜>{%- set ns.first = false -%}{%- else -%}{{ '\n' }}"
+    "{%- endif -%}"
+    "<｜tool▁call▁begin｜>{{ c.type }}<｜tool▁sep｜>{{ c.function.name }}\n```json\n{{ c.function.arguments | tojson }}"
+    "\n```<｜tool▁call▁end｜>{%- endfor -%}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>{%- endif -%}"
+    "{%- if m.role == 'assistant' and m.content is not none -%}"
+    "{%- if ns.tool -%}<｜tool▁outputs▁end｜>{{ m.content }}<｜end▁of▁sentence｜>{%- set ns.tool = false -%}"
+    "{%- else -%}<｜Assistant｜>{{ m.content.split('</think>')[-1] }}<｜end▁of▁sentence｜>{%- endif -%}{%- endif -%}"
+    "{%- if m.role == 'tool' -%}{%- set ns.tool = true -%}"
+    "{%- if ns.output_first -%}<｜tool▁outputs▁begin｜>{%- set ns.output_first = false -%}{%- else -%}{{ '\n' }}"
+    "{%- endif -%}"
+    "<｜tool▁output▁begin｜>{{ m.content }}<｜tool▁output▁end｜>{%- endif -%}{%- endfor -%}"
+    "{%- if ns.tool -%}<｜tool▁outputs▁end｜>{%- endif -%}"
+    "{%- if add_generation_prompt and not ns.tool -%}{{ '<｜Assistant｜><think>\n' }}"
+    "{{ '' if enable_thinking else '</think>' }}{%- endif -%}"
+)
+DEEPSEEK_R1_TURNS = ChatStyle(DEEPSEEK_R1_CHAT_TEMPLATE, ("<｜▁pad▁｜>", "<｜begin▁of▁sentence｜>",
+                                                         "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+                                                         *DEEPSEEK_TOOL_TOKENS),
+                              "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", ("<think>", "</think>"))  # fmt: skip
+# DeepSeek V3.2's (abridged): the tools listed as JSON after its instructions in the system prompt;
+# each earlier call an <invoke> element of <parameter> elements under its "DSML" prefix, each saying
+# whether its value is a string, after a blank line; the results between tags, after which the
+# answer goes on, its empty thought written again.
+DEEPSEEK_V32_CHAT_TEMPLATE = (
+    "{%- set dsml = '｜DSML｜' -%}{%- set ns = namespace(system='', after_results=false) -%}"
+    "{%- for m in messages if m.role == 'system' -%}"
+    "{%- set ns.system = ns.system + ('\n\n' if ns.system else '') + m.content -%}{%- endfor -%}"
+    "{%- if tools -%}{%- set ns.system = ns.system + ('\n\n' if ns.system else '') + '## Tools\n\nYou can invoke "
+    "functions by writing a \"<' + dsml + 'function_calls>\" block. The \"string\" attribute should be set to "
+    "\"true\" for string type parameters and \"false\" for other types.\n\n<functions>\n' -%}"
+    "{%- for t in tools -%}{%- set ns.system = ns.system + (t.function | tojson) + '\n' -%}{%- endfor -%}"
+    "{%- set ns.system = ns.system + '</functions>\n' -%}{%- endif -%}"
+    "{{ bos_token }}{{ ns.system }}{%- for m in messages -%}"
+    "{%- if m.role == 'user' -%}<｜User｜>{{ m.content }}<｜Assistant｜></think>{%- set ns.after_results = false -%}"
+    "{%- elif m.role == 'assistant' -%}{{ '\n\n</think>' if ns.after_results else '' }}{{ m.content or '' }}"
+    "{%- if m.tool_calls -%}{{ '\n\n<' + dsml + 'function_calls>\n' }}{%- for c in m.tool_calls -%}"
+    "{{ '<' + dsml + 'invoke name=\"' + c.function.name + '\">\n' }}{%- for k, v in c.function.arguments.items() -%}"
+    "{%- if v is string -%}{{ '<' + dsml + 'parameter name=\"' + k + '\" string=\"true\">' + v }}"
+    "{%- else -%}{{ '<' + dsml + 'parameter name=\"' + k + '\" string=\"false\">' + v | tojson }}{%- endif -%}"
+    "{{ '</' + dsml + 'parameter>\n' }}{%- endfor -%}"
+    "{{ '</' + dsml + 'invoke>\n' }}{%- endfor -%}{{ '</' + dsml + 'function_calls>' }}{%- endif -%}"
+    "<｜end▁of▁sentence｜>{%- set ns.after_results = false -%}"
+    "{%- elif m.role == 'tool' -%}{{ '' if ns.after_results else '\n\n<function_results>' }}"
+    "{{ '\n<result>' + m.content + '</result>' }}{%- if loop.last or loop.nextitem.role != 'tool' -%}"
+    "{{ '\n</function_results>' }}{%- set ns.after_results = true -%}{%- endif -%}{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt and ns.after_results -%}{{ '\n\n</think>' }}{%- endif -%}"
+)
+DEEPSEEK_V32_TURNS = ChatStyle(DEEPSEEK_V32_CHAT_TEMPLATE, DEEPSEEK_V31_TURNS.specials, DEEPSEEK_V31_TURNS.bos,
+                               DEEPSEEK_V31_TURNS.eos, ("<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"))
 QWEN35_TURNS = ChatStyle(QWEN35_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHATML.eos, ("<think>", "</think>"))
 MISTRAL_TURNS = ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]",
                                                  "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
@@ -1515,6 +1608,11 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "minicpm5_moe": MINICPM5_TURNS,
     # Kimi K2 (DeepSeek V3's architecture) calls tools in its own format, numbered.
     "deepseek_v3": KIMI_K2_TURNS,
+    # DeepSeek's own: V3.1's on its architecture's smallest fixture, and R1's distills' on a Llama as
+    # wide as DeepSeek-R1-Distill-Llama-8B's heads.
+    "deepseek_v2": DEEPSEEK_V31_TURNS,
+    "llama_wide": DEEPSEEK_R1_TURNS,
+    "minicpm3": DEEPSEEK_V32_TURNS,  # (its latent attention is DeepSeek's)
     "nemotron_h": NEMOTRON_H_TURNS,
     "nemotron_h_moe": NEMOTRON_H_TURNS,
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",

@@ -276,6 +276,77 @@ def test_kimi_k2_calls_are_read_named_and_numbered_between_its_tokens(chunk: int
     assert call_format(KIMI_K2_CHAT_TEMPLATE, missing.get) is HERMES
 
 
+DEEPSEEK_IDS = {"<｜tool▁calls▁begin｜>": 40, "<｜tool▁calls▁end｜>": 41, "<｜tool▁call▁begin｜>": 42,
+                "<｜tool▁sep｜>": 43, "<｜tool▁call▁end｜>": 44}
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+@pytest.mark.parametrize("special", [True, False])
+@pytest.mark.parametrize(("template", "name", "written"), [
+    ("DEEPSEEK_R1_CHAT_TEMPLATE", "deepseek",
+     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{paris}\n```<｜tool▁call▁end｜>"
+     "\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n{tricky}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    ("DEEPSEEK_V31_CHAT_TEMPLATE", "deepseek_v3_1",
+     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{paris}<｜tool▁call▁end｜>"
+     "<｜tool▁call▁begin｜>search<｜tool▁sep｜>{tricky}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+])  # fmt: skip
+def test_deepseek_calls_are_read_between_its_tool_tokens(chunk: int, special: bool, template: str, name: str,
+                                                         written: str) -> None:  # fmt: skip
+    """DeepSeek V3's and R1's calls (a fenced JSON block after the call's type and name) and V3.1's
+    (the arguments right after the name), their tokens special (named by id in the grammar) or,
+    as in DeepSeek V3's vocabulary, text that decoding keeps: the parser reads them either way."""
+    from firmware.toolchain import tiny
+
+    fmt = call_format(getattr(tiny, template), DEEPSEEK_IDS.get, lambda _: special)
+    assert fmt.name == name and dict(fmt.specials) == (DEEPSEEK_IDS if special else {})
+    paris, tricky = '{"city": "Paris", "unit": "c"}', '{"q": "a\\n```<｜tool▁call▁end｜>", "list": [1, "}"]}'
+    written = written.format(paris=paris, tricky=tricky)
+    assert format_calls([PastCall("get_weather", paris), PastCall("search", tricky)], fmt) == written
+    two = [("get_weather", paris), ("search", tricky)]
+    assert _parse(written, chunk, fmt=fmt) == ("", two, 2)
+    cut = written[: written.index("Par")]  # max_tokens inside the first call's arguments
+    assert _parse(cut, chunk, calls_only=True, fmt=fmt)[1] == [("get_weather", '{"city": "')]
+    assert _parse("The tool▁calls token is <｜tool▁calls▁begin｜>.", chunk, fmt=fmt)[1] == []
+    rules = grammar(OutputRules((WEATHER,), ToolChoice("required")), fmt)
+    assert rules is not None and ("<[40]> call" if special else '"<｜tool▁calls▁begin｜>" call') in rules
+    assert call_format(getattr(tiny, template).replace("<｜tool▁sep｜>", "<sep>"), DEEPSEEK_IDS.get) is HERMES
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+@pytest.mark.parametrize("ids", [{"｜DSML｜": 50}, {}])
+def test_deepseek_v3_2_calls_say_which_parameters_are_strings(chunk: int, ids: dict[str, int]) -> None:
+    """DeepSeek V3.2's DSML: each parameter says whether its value is a string (text as it is,
+    streamed) or not (JSON), after a blank line where it follows the thought or text; V4 names
+    its block tool_calls."""
+    from firmware.toolchain.tiny import DEEPSEEK_V32_CHAT_TEMPLATE
+
+    fmt = call_format(DEEPSEEK_V32_CHAT_TEMPLATE, ids.get)
+    assert fmt.name == "dsml" and dict(fmt.specials) == ids
+    note = Tool("write", "", {"type": "object", "properties": {"path": {"type": "string"}, "lines": {
+        "type": "integer"}, "tags": {"type": "array"}, "mode": {"enum": ["a", "w"]}}})  # fmt: skip
+    tricky = '{"path": "a </｜DSML｜param\\n\\"b\\"", "lines": 2, "tags": ["x", 1], "mode": "w"}'
+    written = ("<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"write\">\n"
+               '<｜DSML｜parameter name="path" string="true">a </｜DSML｜param\n"b"</｜DSML｜parameter>\n'
+               '<｜DSML｜parameter name="lines" string="false">2</｜DSML｜parameter>\n'
+               '<｜DSML｜parameter name="tags" string="false">["x", 1]</｜DSML｜parameter>\n'
+               '<｜DSML｜parameter name="mode" string="true">w</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+               '<｜DSML｜invoke name="get_time">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>')  # fmt: skip
+    assert format_calls([PastCall("write", tricky), PastCall(CLOCK.name, "{}")], fmt) == written
+    for lead in ("", "\n\n"):
+        assert _parse(lead + written, chunk, fmt=fmt, tools=(note, CLOCK)) == ("", [("write", tricky),
+                                                                                   (CLOCK.name, "{}")], 2)  # fmt: skip
+    # The model says a value is a string, or not, whatever the schema says (none here: no tool given).
+    loose = written.replace('"lines" string="false">2', '"lines" string="true">2')
+    assert _parse(loose, chunk, fmt=fmt)[1][0] == ("write", tricky.replace('"lines": 2', '"lines": "2"'))
+    rules = grammar(OutputRules((note,), ToolChoice("required")), fmt)
+    assert rules is not None
+    for key, kind in (("path", "true"), ("lines", "false"), ("tags", "false"), ("mode", "true")):
+        assert f'"{key}" "\\" string=\\"{kind}\\">"' in rules.replace(" <[50]> ", " ").replace("<[50]>", "")
+    v4 = DEEPSEEK_V32_CHAT_TEMPLATE.replace("function_calls", "tool_calls")
+    assert call_format(v4, ids.get).open == "<｜DSML｜tool_calls>\n"
+    assert call_format(DEEPSEEK_V32_CHAT_TEMPLATE.replace('string="', 'kind="'), ids.get) is HERMES
+
+
 def _element_calls_round_trip(template: str, ids: dict[str, int], name: str, call: tuple[Tool, str], chunk: int,
                               written: str) -> CallFormat:  # fmt: skip
     """The format `template` asks for (`ids`: the vocabulary's special tokens) is `name`'s; `call`
@@ -1175,6 +1246,24 @@ def test_minicpm5_calls_are_read_from_their_function_and_param_elements(chunk: i
     ("minicpm5_moe", "minicpm5", '<tools>\n{"type": "function", "function": {"name": "get_weather"',
      '<|im_start|>assistant\n<function name="get_weather"><param name="city">Paris</param><param name="unit">c'
      "</param></function><|im_end|>", "<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>"),
+    # Templates that list no tools: ours do, in a system block asking for the model's own format.
+    ("deepseek_v2", "deepseek_v3_1", 'To call a function, answer in this format, its arguments a JSON object:\n'
+     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜><function-name><｜tool▁sep｜><arguments-object><｜tool▁call▁end｜>",
+     "<｜Assistant｜><think></think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+     '{"city": "Paris", "unit": "c"}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>',
+     "<｜tool▁output▁begin｜>18 C<｜tool▁output▁end｜>"),  # DeepSeek V3.1
+    ("llama_wide", "deepseek", '<tools>\n{"type": "function", "function": {"name": "get_weather"',  # R1's distills
+     "<｜User｜>Weather in Paris?<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+     'get_weather\n```json\n{"city": "Paris", "unit": "c"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+     "<｜end▁of▁sentence｜>"
+     "<｜tool▁outputs▁begin｜>",  # (content None: no empty answer after the calls)
+     "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>18 C<｜tool▁output▁end｜><｜tool▁outputs▁end｜>"),
+    ("minicpm3", "dsml", '<functions>\n{"name": "get_weather"',  # DeepSeek V3.2's
+     '<｜Assistant｜></think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+     '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+     '<｜DSML｜parameter name="unit" string="true">c</｜DSML｜parameter>\n'
+     "</｜DSML｜invoke>\n</｜DSML｜function_calls><｜end▁of▁sentence｜>",
+     "\n\n<function_results>\n<result>18 C</result>\n</function_results>\n\n</think>"),
     ("gemma4", "gemma4", "<|tool>declaration:get_weather{",  # the results in the turn of the calls, which goes on
      '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>c<|"|>}<tool_call|>',
      '<tool_call|><|tool_response>response:get_weather{value:<|"|>18 C<|"|>}<tool_response|><|channel>thought\n'
@@ -1192,7 +1281,11 @@ def test_a_model_is_shown_its_calls_and_held_to_them_in_its_own_format(trusted_k
                  Message("user", "", results=(("18 C", False),)))  # fmt: skip
         cities = Tool("get_weather", "Weather in a city", {"type": "object", "properties": {  # a short call
             "city": {"enum": ["Paris", "Rome"]}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]})
-        request = GenerationRequest(turns, max_tokens=120, temperature=0,
+        # (DeepSeek's templates write no generation prompt after results: the model may think first,
+        # and the tiny one, free to, thinks until max_tokens)
+        budget = 8 if fixture in ("deepseek_v2", "llama_wide") else None
+        longest = 400 if fmt == "dsml" else 120  # (a DSML call is 188 tokens of the tiny vocabulary)
+        request = GenerationRequest(turns, max_tokens=longest, temperature=0, thinking_budget=budget,
                                     output=OutputRules((cities,), ToolChoice("required")))  # fmt: skip
         text = engine.prepare(request).text
         assert listed in text and earlier in text  # its tools, and the earlier call as it would write it
