@@ -1115,3 +1115,28 @@ def test_an_image_and_text_checkpoint_s_language_model_is_read_alone_wherever_it
     with pytest.raises(ValueError, match=r"no weights for .* of LLaVA's language model"):
         builder_shim._language_model(str(source), text, transformers.LlamaForCausalLM,
                                      builder_shim.LANGUAGE_MODEL_KEYS, "LLaVA")  # fmt: skip
+
+
+# Templates that write an assistant's content after its calls: plainly (None would read "None"), or
+# where it is not None, as DeepSeek-R1's distills' do (an empty answer of its own for "").
+CONTENT_WRITTEN = ("{{- tools | tojson if tools else '' }}{%- for m in messages %}{%- if m.tool_calls %}"
+                   "{{- '<calls>' + m.tool_calls[0].function.name + '</calls>' }}{%- endif %}"
+                   "{{- '<|' + m.role + '|>' ~ m.content ~ '<|end|>' }}{%- endfor %}")
+CONTENT_IF_NOT_NONE = CONTENT_WRITTEN.replace("{{- '<|' + m.role", "{%- if m.content is not none %}{{- '<|' + m.role"
+                                              ).replace("'<|end|>' }}", "'<|end|>' }}{%- endif %}")
+
+
+@pytest.mark.parametrize(("template", "content", "written"), [
+    (CONTENT_WRITTEN, "", "<calls>get_weather</calls><|assistant|><|end|>"),
+    (CONTENT_IF_NOT_NONE, None, "<calls>get_weather</calls><|user|>"),
+])  # fmt: skip
+def test_a_turn_of_calls_alone_reaches_the_template_without_content_where_it_takes_none(
+    template: str, content: str | None, written: str
+) -> None:
+    """As OpenAI's clients send such a turn (content null) and transformers passes it on, unless the
+    template would write None as text."""
+    chat = ChatTemplate(template, _folder_template("llama").tokenizer)
+    assert chat.takes_tool_calls and chat.calls_content == content
+    turns = (Message("user", "Weather?"), Message("assistant", "", (PastCall("get_weather", "{}"),)),
+             Message("user", "And?"))  # fmt: skip
+    assert written in chat.prompt(turns).text and "None" not in chat.prompt(turns).text
