@@ -76,6 +76,7 @@ GGUF_ARCHITECTURES = {
     "gemma3": "gemma3",
     "nemotron": "nemotron",
     "llama_rope_llama3": "llama",
+    "llama_wide": "llama",  # (DeepSeek-R1-Distill-Llama's heads and tokens: theirs special, as in its files)
     "gemma3_linear": "gemma3",
     "lfm2": "lfm2",
     "qwen3_moe": "qwen3moe",
@@ -112,7 +113,7 @@ GGUF_ARCHITECTURES.update(CONVERTED)
 # Mistral only when the name is exactly "mistral", which no real Mistral file's is.
 MODEL_NAMES = {"mistral": "Tiny Mistral Instruct"}
 
-TOKEN_NORMAL, TOKEN_CONTROL = 1, 3  # gguf.TokenType
+TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4  # gguf.TokenType
 
 
 def _rope_parameters(config: dict[str, Any], layer_type: str = "full_attention") -> dict[str, Any]:
@@ -265,12 +266,21 @@ def _stacked_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+def _token_type(token: str, added: dict[str, bool]) -> int:
+    """A token's type as llama.cpp's converter writes it: an added token control where it is special
+    or looks it (<|...|>, DeepSeek's <｜...｜>), else user-defined (`<think>`); any other normal."""
+    if token not in added:
+        return TOKEN_NORMAL
+    looks = any(token.startswith(a) and token.endswith(b) for a, b in (("<|", "|>"), ("<｜", "｜>")))
+    return TOKEN_CONTROL if added[token] or looks else TOKEN_USER_DEFINED
+
+
 def _add_tokenizer(w: Any, hf_dir: Path, arch: str) -> None:
     from firmware.toolchain.build import read_chat_template
 
     doc = json.loads((hf_dir / "tokenizer.json").read_text())
     vocab: dict[str, int] = dict(doc["model"]["vocab"])
-    special = {t["content"] for t in doc.get("added_tokens", []) if t.get("special")}
+    added = {t["content"]: bool(t.get("special")) for t in doc.get("added_tokens", [])}
     for t in doc.get("added_tokens", []):
         vocab[t["content"]] = int(t["id"])
     tokens = [""] * len(vocab)
@@ -282,7 +292,7 @@ def _add_tokenizer(w: Any, hf_dir: Path, arch: str) -> None:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tokens)
-    w.add_token_types([TOKEN_CONTROL if t in special else TOKEN_NORMAL for t in tokens])
+    w.add_token_types([_token_type(t, added) for t in tokens])
     w.add_token_merges(merges)
     w.add_bos_token_id(vocab[style.bos])
     w.add_eos_token_id(vocab[style.eos])
