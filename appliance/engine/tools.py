@@ -219,7 +219,7 @@ MINIMAX_INVOKE, MINIMAX_PARAMETER = '<invoke name="', '<parameter name="'
 #   <function name="get_weather"><param name="city">Paris</param><param name="days">3</param></function>
 MINICPM5_TAGS = ('<function name="', '<param name="', "</param>", "</function>")
 # DeepSeek writes a turn's calls between two tokens of its vocabulary, each call between two more
-# (text to decoding where, as in DeepSeek V3's, they are not special tokens). V2.5's, V3's and R1's
+# (text to decoding where the vocabulary does not mark them special). V2.5's, V3's and R1's
 # (and R1's distills') name the call's type, then the tool, its arguments a fenced JSON block, a
 # line break between two calls:
 #   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{...}\n```<｜tool▁call▁end｜>

@@ -1471,7 +1471,7 @@ KIMI_K2_TURNS = ChatStyle(KIMI_K2_CHAT_TEMPLATE, ("[PAD]", "[BOS]", "[EOS]", "<|
 # <｜Assistant｜>, an empty thought opening the answer; no tools listed; earlier calls between its tool
 # tokens, each named and its arguments right after <｜tool▁sep｜>; results between tokens too, which
 # the model then goes on answering. Its tokenizer's tool and role tokens are not special tokens
-# (decoding keeps them), as DeepSeek V3's are not.
+# (decoding keeps them), to check that path (R1's fixture has them special).
 DEEPSEEK_V31_CHAT_TEMPLATE = (
     "{%- set thinking = enable_thinking if enable_thinking is defined else false -%}"
     "{%- set ns = namespace(system='', last_user=false, tool=false) -%}"

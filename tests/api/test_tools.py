@@ -293,8 +293,8 @@ DEEPSEEK_IDS = {"<｜tool▁calls▁begin｜>": 40, "<｜tool▁calls▁end｜>"
 def test_deepseek_calls_are_read_between_its_tool_tokens(chunk: int, special: bool, template: str, name: str,
                                                          written: str) -> None:  # fmt: skip
     """DeepSeek V3's and R1's calls (a fenced JSON block after the call's type and name) and V3.1's
-    (the arguments right after the name), their tokens special (named by id in the grammar) or,
-    as in DeepSeek V3's vocabulary, text that decoding keeps: the parser reads them either way."""
+    (the arguments right after the name), their tokens special (named by id in the grammar) or
+    text that decoding keeps: the parser reads them either way."""
     from firmware.toolchain import tiny
 
     fmt = call_format(getattr(tiny, template), DEEPSEEK_IDS.get, lambda _: special)
