@@ -103,11 +103,7 @@ def glm4_moe_tensors(glm: dict[str, Any], tensors: Iterable[tuple[str, Any]]) ->
 
 def as_glm4_moe(source: Path, out: Path) -> None:
     """The Ling 2.0 folder `source` as GLM-4.5's, written into `out` (its other files copied)."""
-    from safetensors import safe_open
-
     config = json.loads((source / "config.json").read_text())
     glm = glm4_moe_config(config)
-    where = folders.shards(source, "a Ling 2.0 checkpoint")
-    handles = {file: safe_open(str(source / file), framework="pt") for file in set(where.values())}
-    tensors = ((name, handles[file].get_tensor(name)) for name, file in where.items())
-    folders.rewrite(source, out, glm, glm4_moe_tensors(glm, tensors))
+    names, tensor = folders.opened(source, "Ling 2.0 checkpoints")
+    folders.rewrite(source, out, glm, glm4_moe_tensors(glm, ((name, tensor(name)) for name in names)))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,18 @@ WEIGHT_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.j
 WEIGHT_FOLDERS = ("original",)
 
 
-def shards(source: Path, whose: str) -> dict[str, str]:
-    """Each tensor's name -> the safetensors file of `source` holding it (`whose`: what the folder
-    is, for the refusal of one without any)."""
+def opened(source: Path, what: str) -> tuple[list[str], Callable[[str], Any]]:
+    """The names of `source`'s tensors, and a reader of each by name (each shard opened once;
+    `what`: what such folders are, for the refusal of one without a safetensors file)."""
+    from safetensors import safe_open
+
+    where = _shards(source, what)
+    handles = {file: safe_open(str(source / file), framework="pt") for file in set(where.values())}
+    return list(where), lambda name: handles[where[name]].get_tensor(name)
+
+
+def _shards(source: Path, what: str) -> dict[str, str]:
+    """Each tensor's name -> the safetensors file of `source` holding it."""
     from safetensors import safe_open
 
     index = source / "model.safetensors.index.json"
@@ -34,8 +43,7 @@ def shards(source: Path, whose: str) -> dict[str, str]:
     files = sorted(p.name for p in source.glob("model*.safetensors")) or \
         sorted(p.name for p in source.glob("*.safetensors"))  # fmt: skip
     if not files:
-        raise BundleError(f"{source}: {whose} but it has no .safetensors file ({whose} are read from "
-                          "safetensors only)")  # fmt: skip
+        raise BundleError(f"{source}: no .safetensors file ({what} are read from safetensors only)")
     found: dict[str, str] = {}
     for file in files:
         with safe_open(str(source / file), framework="pt") as handle:

@@ -96,8 +96,6 @@ def folder_config(source: Path) -> dict[str, Any]:
 def dequantize_folder(source: Path, out: Path) -> str:
     """`source` with its weights dequantized to float32 into `out` (its other files copied, the
     config without `quantization_config`); returns the method read."""
-    from safetensors import safe_open
-
     config = folder_config(source)
     why = refusal(config)
     if why is not None:
@@ -105,17 +103,12 @@ def dequantize_folder(source: Path, out: Path) -> str:
     name = method(config)
     assert name is not None
     quantization = config.pop("quantization_config")
-    where = folders.shards(source, "its config names quantized weights")
-    handles = {file: safe_open(str(source / file), framework="pt") for file in set(where.values())}
-
-    def tensor(key: str) -> Any:
-        return handles[where[key]].get_tensor(key)
-
+    keys, tensor = folders.opened(source, "quantized checkpoints")
     for nested in (config, config.get("text_config") or {}):
         for field in ("dtype", "torch_dtype"):
             if field in nested:
                 nested[field] = "float32"
-    folders.rewrite(source, out, config, _dequantized(name, quantization, list(where), tensor), (HF_QUANT_CONFIG,))
+    folders.rewrite(source, out, config, _dequantized(name, quantization, keys, tensor), (HF_QUANT_CONFIG,))
     return name
 
 

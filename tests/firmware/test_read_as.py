@@ -101,3 +101,13 @@ def test_a_published_config_s_rope_scaling_becomes_the_family_s_rope_parameters(
     minicpm_config = json.loads((tiny_hf_dir("minicpm") / "config.json").read_text())
     rope = minicpm.granite_config(minicpm_config)["rope_parameters"]
     assert rope["rope_type"] == "longrope" and rope["short_factor"] == minicpm_config["rope_scaling"]["short_factor"]
+
+
+def test_a_ling_2_0_folder_without_safetensors_is_refused_saying_why(tmp_path: Path) -> None:
+    source = tmp_path / "ling"
+    source.mkdir()
+    shutil.copy2(tiny_hf_dir("ling2") / "config.json", source / "config.json")
+    (source / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(BundleError, match=r"no \.safetensors file \(Ling 2\.0 checkpoints are read from safetensors "
+                                          r"only\)"):  # fmt: skip
+        bailing.as_glm4_moe(source, tmp_path / "out")
