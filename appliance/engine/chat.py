@@ -126,11 +126,12 @@ class ChatTemplate:
         # A turn of calls alone has no content: None, as OpenAI's clients send it and transformers
         # passes it on (R1's distills' template writes an empty answer after the calls for ""),
         # where the template takes None without writing it.
-        empty, bare = (self._rendered_or_empty([{"role": "user", "content": "Hi."}, {**called, "content": content}])
-                       for content in ("", None))  # fmt: skip
         self.calls_content: str | None = ""
-        if self.takes_tool_calls and empty and bare and bare.count("None") == empty.count("None"):
-            self.calls_content = None
+        if self.takes_tool_calls:
+            empty, bare = (self._rendered_or_empty([{"role": "user", "content": "Hi."}, {**called, "content": c}])
+                           for c in ("", None))  # fmt: skip
+            if empty and bare and bare.count("None") == empty.count("None"):
+                self.calls_content = None
         # Tool results go in `tool` messages where the template renders them (Llama 3's ipython
         # turn), else in a user turn of Hermes' <tool_response> blocks.
         if not self.takes_tool_calls:

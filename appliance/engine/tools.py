@@ -236,8 +236,8 @@ DEEPSEEK_FENCE = ("\n```json\n", "\n```")
 #   <｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n
 #   <｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>
 DSML = "｜DSML｜"
-DSML_TAGS = ('invoke name="', 'parameter name="', ' string="true">', ' string="false">')
-DSML_HEAD_ENDS = ('" string="true">', '" string="false">')
+DSML_HEAD_ENDS = ('" string="true">', '" string="false">')  # a string's parameter, any other's
+DSML_TAGS = ('invoke name="', 'parameter name="', *DSML_HEAD_ENDS)
 MINICPM5_SPECIALS = ("<function", "<param", "</param>", "</function>")  # (llama.cpp keeps them as tokens)
 CDATA_WRAP = ("<![CDATA[", "]]>")
 

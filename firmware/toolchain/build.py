@@ -404,8 +404,10 @@ def _added_tokens_whole(tokenizer: Any, gguf: Path) -> None:
 
     reader = GGUFReader(str(gguf))
     texts, kinds = reader.fields["tokenizer.ggml.tokens"], reader.fields.get("tokenizer.ggml.token_type")
+    if kinds is None:  # (no types: no token is an added one)
+        return
     tokens = [bytes(texts.parts[i]).decode("utf-8", "replace") for i in texts.data]
-    types = [int(kinds.parts[i][0]) for i in kinds.data] if kinds is not None else [1] * len(tokens)
+    types = [int(kinds.parts[i][0]) for i in kinds.data]
     alphabet = set(bytes_to_unicode().values())
     whole = {i: (text, kind == 3) for i, (text, kind) in enumerate(zip(tokens, types, strict=True))
              if kind in (3, 4) and not set(text) <= alphabet}  # 3: control, 4: user-defined
