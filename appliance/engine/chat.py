@@ -4,6 +4,7 @@ with the token index where each message starts (for semantic shard boundaries)."
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -110,7 +111,8 @@ class ChatTemplate:
         probe = {"type": "function", "function": {"name": TOOL_PROBE, "description": "A probe.",
                                                   "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
         self.takes_tools = self._shows_probe([{"role": "user", "content": "Hi."}], tools=[probe])
-        own = call_format(source, tokenizer.token_id, tokenizer.is_special)
+        self.spelled = spelled_out(source)
+        own = call_format(self.spelled, tokenizer.token_id, tokenizer.is_special)
         # Earlier calls go to the template as `tool_calls`, as transformers passes them, where it
         # renders them (gpt-oss's are messages of their own); else as text in the call format.
         # Their ids, and their results', are ours (`_call_id`): Mistral's templates want 9 characters.
@@ -311,6 +313,24 @@ class ChatTemplate:
                     "tool_call_id": ids[i] if i < len(ids) else f"result{i:03d}"}
                    for i, (r, error) in enumerate(message.results)]  # fmt: skip
         return results + ([{"role": message.role, "content": text}] if text else [])
+
+
+# `{% set NAME = 'text' %}`, and a string built of it: `'<tool_call{}>'.format(NAME)`.
+_SET_STRING = re.compile(r"""\{%-?\s*set\s+(\w+)\s*=\s*(['"])([^'"\\{}]*)\2\s*-?%\}""")
+_FORMATTED = re.compile(r"""(['"])([^'"\\]*)\1\.format\((\w+)\)""")
+
+
+def spelled_out(source: str) -> str:
+    """A template's source with each string it builds by `.format` of a name set to a string
+    written out as that string, where the call format and the thought's tags are looked for:
+    Hy3's template builds every tag of its own so, '<tool_call{}>'.format(HYTK)."""
+    names = {name: text for name, _, text in _SET_STRING.findall(source)}
+
+    def spelled(match: re.Match[str]) -> str:
+        quote, text, name = match.groups()
+        return quote + text.replace("{}", names[name], 1) + quote if name in names else match.group(0)
+
+    return _FORMATTED.sub(spelled, source)
 
 
 def _as_parts(message: dict[str, Any]) -> dict[str, Any]:

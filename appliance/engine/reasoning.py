@@ -35,10 +35,10 @@ from appliance.engine.tokenizer import TextTokenizer
 # The tags that thinking models write their thought between, each one token of their vocabulary:
 # most (Qwen3, QwQ, DeepSeek-R1's distills, SmolLM3, Phi-4-reasoning, GLM-4.5, ERNIE 4.5), then
 # Mistral's Magistral, ByteDance's Seed-OSS and Moonshot's Kimi, Google's Gemma 4, Apertus (its
-# deliberation) and Command R7B (its plan before calls).
+# deliberation), Command R7B (its plan before calls) and Tencent's Hy3.
 TAG_PAIRS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"), ("<seed:think>", "</seed:think>"),
              ("◁think▷", "◁/think▷"), ("<|channel>", "<channel|>"), ("<|inner_prefix|>", "<|inner_suffix|>"),
-             ("<|START_THINKING|>", "<|END_THINKING|>"))  # fmt: skip
+             ("<|START_THINKING|>", "<|END_THINKING|>"), ("<think:opensource>", "</think:opensource>"))  # fmt: skip
 # What a model writes after its open tag before the thought itself (Gemma 4 names its channel).
 TAG_LABELS = {"<|channel>": "thought\n"}
 Kind = Literal["tag", "thought", "answer"]

@@ -238,6 +238,13 @@ DEEPSEEK_FENCE = ("\n```json\n", "\n```")
 DSML = "｜DSML｜"
 DSML_HEAD_ENDS = ('" string="true">', '" string="false">')  # a string's parameter, any other's
 DSML_TAGS = ('invoke name="', 'parameter name="', *DSML_HEAD_ENDS)
+# Tencent's Hy3 writes a turn's calls as GLM-4.5 writes each (GLM_TAGS), but between two more tags, the
+# name ended by a separator, every tag suffixed as its template builds them (chat.spelled_out), a
+# value that is not a string as JSON:
+#   <tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>\n
+#   <arg_key:opensource>city</arg_key:opensource>\n<arg_value:opensource>Paris</arg_value:opensource>\n
+#   </tool_call:opensource>\n</tool_calls:opensource>
+HY3_TAGS = tuple(f"{tag[:-1]}:opensource>" for tag in ("<tool_calls>", "</tool_calls>", *GLM_TAGS, "<tool_sep>"))
 MINICPM5_SPECIALS = ("<function", "<param", "</param>", "</function>")  # (llama.cpp keeps them as tokens)
 CDATA_WRAP = ("<![CDATA[", "]]>")
 
@@ -263,6 +270,12 @@ def call_format(template: str, token_id: Callable[[str], int | None],
         args_open = (" <|constrain|>json" if constrain is not None else " json") + "<|message|>"
         return CallFormat("harmony", " to=functions.", " to=functions.", args_open, "", "", parallel=False,
                           specials=specials, channel="commentary")  # fmt: skip
+    if all(tag in template for tag in HY3_TAGS):
+        opens, closes, call, call_end, key, key_end, value, value_end, sep = HY3_TAGS
+        return CallFormat("hy3", opens, call, f"{sep}\n", f"{call_end}\n", "", open=f"{opens}\n", end=closes,
+                          params=True, param_open=key, param_head_end=f"{key_end}\n{value}",
+                          param_close=f"{value_end}\n", param_values_json=True,
+                          specials=_special_tags(HY3_TAGS, token_id, special), keeps_specials=True)  # fmt: skip
     if all(tag in template for tag in GLM_TAGS[2:]) and "<tool_call>" in template:
         return _glm_format(template, token_id, special)
     if all(tag in template for tag in (*MINIMAX_CALLS, MINIMAX_INVOKE, MINIMAX_PARAMETER)):

@@ -1290,6 +1290,50 @@ GLM45_CHAT_TEMPLATE = (
     "{%- elif m.role == 'system' -%}{{ '<|system|>\n' + m.content }}{%- endif -%}{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"
 )
+# Tencent's Hy3 (abridged): every token of its own built by `.format` of one suffix; the tools listed
+# as JSON; a turn's calls GLM-4.5's keys and values between tags of their own; results in a block of
+# tool turns; a closed thought before each answer, and in the generation prompt unless asked to think.
+HY3_TURN_TOKENS = ("hy_begin_of_sentence", "hy_eos", "hy_User", "hy_Assistant")
+HY3_TAGS = ("think", "tool_calls", "tool_call", "arg_key", "arg_value", "tool_responses", "tool_response")
+HY3_CHAT_TEMPLATE = (
+    "{%- set HYTK = ':opensource' -%}"
+    "{%- set bos_token = '<｜hy_begin_of_sentence{}｜>'.format(HYTK) -%}"
+    "{%- set eos_token = '<｜hy_eos{}｜>'.format(HYTK) -%}"
+    "{%- set user_token = '<｜hy_User{}｜>'.format(HYTK) -%}"
+    "{%- set assistant_token = '<｜hy_Assistant{}｜>'.format(HYTK) -%}"
+    + "".join(f"{{%- set {tag}_begin = '<{tag}{{}}>'.format(HYTK) -%}}"
+              f"{{%- set {tag}_end = '</{tag}{{}}>'.format(HYTK) -%}}" for tag in HY3_TAGS)
+    + "{%- set tool_sep = '<tool_sep{}>'.format(HYTK) -%}"
+    "{%- set ns = namespace(system='', tool=false) -%}"
+    "{%- for m in messages if m.role == 'system' -%}{%- set ns.system = ns.system + m.content -%}{%- endfor -%}"
+    "{{ bos_token + ns.system }}{%- if tools -%}{{ '\n\n' if ns.system else '' }}"
+    "{{ '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+    "function signatures within <tools></tools> XML tags:\n<tools>\n' }}"
+    "{%- for tool in tools -%}{{ '\n' if not loop.first else '' }}{{ tool | tojson }}{%- endfor -%}"
+    "{{ '\n</tools>\n\nFor function call returns, you should first print ' + tool_calls_begin + '\nFor each "
+    "function call, you should return object like:\n' + tool_call_begin + '{function-name}' + tool_sep + '\n' + "
+    "arg_key_begin + '{arg-key-1}' + arg_key_end + '\n' + arg_value_begin + '{arg-value-1}' + arg_value_end + "
+    "'\n...\n' + tool_call_end + '\nAt the end of function call returns, you should print ' + tool_calls_end }}"
+    "{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role in ('user', 'assistant') and ns.tool -%}{{ tool_responses_end }}{%- set ns.tool = false -%}"
+    "{%- endif -%}"
+    "{%- if m.role == 'user' -%}{{ user_token + m.content }}"
+    "{%- elif m.role == 'assistant' -%}{{ assistant_token + think_begin + think_end + (m.content or '') }}"
+    "{%- if m.tool_calls -%}{{ tool_calls_begin + '\n' }}{%- for c in m.tool_calls -%}"
+    "{{ tool_call_begin + c.function.name + tool_sep + '\n' }}{%- for k, v in c.function.arguments.items() -%}"
+    "{{ arg_key_begin + k + arg_key_end + '\n' + arg_value_begin + (v if v is string else v | tojson) + "
+    "arg_value_end + '\n' }}{%- endfor -%}{{ tool_call_end + '\n' }}{%- endfor -%}{{ tool_calls_end }}"
+    "{%- endif -%}{{ eos_token }}"
+    "{%- elif m.role == 'tool' -%}{{ '' if ns.tool else tool_responses_begin + '\n' }}"
+    "{{ tool_response_begin + '\n' + m.content + '\n' + tool_response_end + '\n' }}{%- set ns.tool = true -%}"
+    "{%- endif -%}{%- endfor -%}{{ tool_responses_end if ns.tool else '' }}"
+    "{%- if add_generation_prompt -%}{{ assistant_token + think_begin }}"
+    "{{ '' if reasoning_effort is defined and reasoning_effort in ('low', 'high') else think_end }}{%- endif -%}"
+)
+HY3_SPECIALS = ("<｜hy_pad:opensource｜>", *(f"<｜{t}:opensource｜>" for t in HY3_TURN_TOKENS), "<tool_sep:opensource>",
+                *(f"<{end}{tag}:opensource>" for tag in HY3_TAGS for end in ("", "/")))  # fmt: skip
+HY3_TURNS = ChatStyle(HY3_CHAT_TEMPLATE, HY3_SPECIALS, HY3_SPECIALS[1], HY3_SPECIALS[2])
 # MiniMax-M2's (abridged): turns between tokens of its own, the tools listed as JSON, each call an
 # <invoke> element, its arguments <parameter> elements (a value that is not a string as JSON), all
 # of a turn's between two special tokens after a newline; results in a tool turn.
@@ -1613,6 +1657,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "deepseek_v2": DEEPSEEK_V31_TURNS,
     "llama_wide": DEEPSEEK_R1_TURNS,
     "minicpm3": DEEPSEEK_V32_TURNS,  # (its latent attention is DeepSeek's)
+    "hy_v3": HY3_TURNS,
     "nemotron_h": NEMOTRON_H_TURNS,
     "nemotron_h_moe": NEMOTRON_H_TURNS,
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",

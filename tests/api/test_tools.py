@@ -30,6 +30,7 @@ from appliance.api.openai import OPENAI
 from appliance.api.tools import Answer, CallOut
 from appliance.devsetup import DevSetup
 from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, TextDelta
+from appliance.engine.chat import spelled_out
 from appliance.engine.constraint import GrammarCompiler
 from appliance.engine.errors import InvalidRequest
 from appliance.engine.sampling import Sampler, penalize
@@ -552,7 +553,7 @@ def _format_of(name: str, trusted_keys: Path) -> tuple[firmware.Bundle, CallForm
 
     bundle = firmware.load(tiny_bundle(name), trusted_keys)
     tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
-    return bundle, call_format(bundle.chat_template, tokenizer.token_id)
+    return bundle, call_format(spelled_out(bundle.chat_template), tokenizer.token_id)
 
 
 def _two_bookings(fmt: CallFormat) -> str:
@@ -599,6 +600,51 @@ def test_seed_oss_calls_are_read_from_its_parameters_between_its_tokens(chunk: i
     qwen_framed = written.replace("<parameter=nights>3</parameter>", "<parameter=nights>\n3\n</parameter>")
     assert not _grammar_accepts(bundle, fmt, required, qwen_framed)
     assert _grammar_accepts(bundle, fmt, OutputRules((BOOK,)), "It is sunny.")
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_hy3_calls_are_read_between_the_tags_its_template_builds(chunk: int, trusted_keys: Path) -> None:
+    """Hy3's template builds each tag of its own by `.format` of one suffix. Spelled out, they ask
+    for GLM-4.5's keys and values, each call between two tags after its name and a separator, a
+    turn's calls between two more: special tokens that decoding keeps for the parser and the grammar
+    names by id. Its thought's tags are found so too."""
+    from appliance.engine.reasoning import ThinkTags, thought_format
+    from appliance.engine.tokenizer import TextTokenizer
+
+    bundle, fmt = _format_of("hy_v3", trusted_keys)
+    assert (fmt.name, fmt.params, len(fmt.specials)) == ("hy3", True, 9)
+    written = _two_bookings(fmt)
+    assert written == ("<tool_calls:opensource>\n<tool_call:opensource>book<tool_sep:opensource>\n"
+                       '<arg_key:opensource>city</arg_key:opensource>\n<arg_value:opensource>Paris "centre"\n</x>'
+                       "</arg_value:opensource>\n<arg_key:opensource>nights</arg_key:opensource>\n"
+                       "<arg_value:opensource>3</arg_value:opensource>\n<arg_key:opensource>pets</arg_key:opensource>"
+                       "\n<arg_value:opensource>true</arg_value:opensource>\n</tool_call:opensource>\n"
+                       "<tool_call:opensource>book<tool_sep:opensource>\n<arg_key:opensource>city</arg_key:opensource>"
+                       "\n<arg_value:opensource>Rome</arg_value:opensource>\n</tool_call:opensource>\n"
+                       "</tool_calls:opensource>")  # fmt: skip
+    text, calls, complete = _parse(written, chunk, fmt=fmt, tools=(BOOK,))
+    assert (text, complete) == ("", 2) and [json.loads(a) for _, a in calls] == [BOOKED, {"city": "Rome"}]
+    empty = format_calls([PastCall(CLOCK.name, "{}")], fmt)  # (the template writes no keys: a line break ends the name)
+    assert empty.endswith("<tool_sep:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>")
+    assert _parse(empty, chunk, fmt=fmt, tools=(CLOCK,)) == ("", [(CLOCK.name, "{}")], 1)
+    assert _parse("It is sunny.", chunk, fmt=fmt, tools=(BOOK,)) == ("It is sunny.", [], 0)
+    required = OutputRules((BOOK,), ToolChoice("required"))
+    assert _grammar_accepts(bundle, fmt, required, written)
+    for wrong in ('{"nights": 3}', '{"city": "P", "nights": "three"}'):
+        assert not _grammar_accepts(bundle, fmt, required, format_calls([PastCall("book", wrong)], fmt)), wrong
+    # As published, the tags are nowhere in the source: neither the format nor the thought is found.
+    tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
+    assert call_format(bundle.chat_template, tokenizer.token_id) is HERMES
+    assert thought_format(tokenizer, bundle.chat_template) is None
+    tags = thought_format(tokenizer, spelled_out(bundle.chat_template))
+    assert isinstance(tags, ThinkTags) and tags.open_id == tokenizer.token_id("<think:opensource>")
+
+
+def test_a_template_s_formatted_strings_are_spelled_out_where_their_name_is_a_string() -> None:
+    source = ("{%- set S = ':x' -%}{%- set N = 3 -%}{% set D = \"-d\" %}{{ '<a{}>'.format(S) + \"<b{}>\".format(D) }}"
+              "{{ '<c{}>'.format(N) + '<e{}>'.format(T) }}")  # fmt: skip
+    assert spelled_out(source) == ("{%- set S = ':x' -%}{%- set N = 3 -%}{% set D = \"-d\" %}{{ '<a:x>' + \"<b-d>\" }}"
+                                   "{{ '<c{}>'.format(N) + '<e{}>'.format(T) }}")  # fmt: skip
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
@@ -1264,6 +1310,14 @@ def test_minicpm5_calls_are_read_from_their_function_and_param_elements(chunk: i
      '<｜DSML｜parameter name="unit" string="true">c</｜DSML｜parameter>\n'
      "</｜DSML｜invoke>\n</｜DSML｜function_calls><｜end▁of▁sentence｜>",
      "\n\n<function_results>\n<result>18 C</result>\n</function_results>\n\n</think>"),
+    ("hy_v3", "hy3", '<tools>\n{"type": "function", "function": {"name": "get_weather"',  # tags built by .format
+     "<｜hy_Assistant:opensource｜><think:opensource></think:opensource><tool_calls:opensource>\n"
+     "<tool_call:opensource>get_weather<tool_sep:opensource>\n<arg_key:opensource>city</arg_key:opensource>\n"
+     "<arg_value:opensource>Paris</arg_value:opensource>\n<arg_key:opensource>unit</arg_key:opensource>\n"
+     "<arg_value:opensource>c</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>"
+     "<｜hy_eos:opensource｜>",
+     "<tool_responses:opensource>\n<tool_response:opensource>\n18 C\n</tool_response:opensource>\n"
+     "</tool_responses:opensource><｜hy_Assistant:opensource｜><think:opensource></think:opensource>"),
     ("gemma4", "gemma4", "<|tool>declaration:get_weather{",  # the results in the turn of the calls, which goes on
      '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>c<|"|>}<tool_call|>',
      '<tool_call|><|tool_response>response:get_weather{value:<|"|>18 C<|"|>}<tool_response|><|channel>thought\n'
