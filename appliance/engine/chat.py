@@ -112,6 +112,10 @@ class ChatTemplate:
                                                   "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
         self.takes_tools = self._shows_probe([{"role": "user", "content": "Hi."}], tools=[probe])
         self.spelled = spelled_out(source)
+        # What the template writes to open the model's turn (after which a thought in text begins).
+        asked, said = (self._rendered_or_empty([{"role": "user", "content": "Hi."}], prompt)
+                       for prompt in (True, False))  # fmt: skip
+        self.generation_prompt = asked[len(said) :] if said and asked.startswith(said) else ""
         own = call_format(self.spelled, tokenizer.token_id, tokenizer.is_special)
         # Earlier calls go to the template as `tool_calls`, as transformers passes them, where it
         # renders them (gpt-oss's are messages of their own); else as text in the call format.
@@ -152,10 +156,11 @@ class ChatTemplate:
         that refuses or fails on them does not (what they try goes our own way instead)."""
         return probe in self._rendered_or_empty(turns, **extra)
 
-    def _rendered_or_empty(self, turns: list[dict[str, Any]], **extra: Any) -> str:
+    def _rendered_or_empty(self, turns: list[dict[str, Any]], add_generation_prompt: bool = True,
+                           **extra: Any) -> str:  # fmt: skip
         """The prompt the template renders of `turns`, or nothing where it refuses or fails on them."""
         try:
-            return self.render(turns, True, **extra)
+            return self.render(turns, add_generation_prompt, **extra)
         except Exception:
             return ""
 

@@ -474,7 +474,7 @@ class Engine:
         self.shard_policy = ShardPolicy(shard, bundle.layer.split_algorithm)
         self.tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
         self.template = ChatTemplate(bundle.chat_template, self.tokenizer)
-        self.thought_format = thought_format(self.tokenizer, self.template.spelled)
+        self.thought_format = thought_format(self.tokenizer, self.template.spelled, self.template.generation_prompt)
         self.prefix_cache = (
             PrefixCache(self.config.prefix_cache_bytes, self.config.prefix_block_tokens)
             if self.config.prefix_cache_bytes > 0

@@ -13,7 +13,7 @@ import numpy as np
 from appliance.engine.chat import Prompt
 from appliance.engine.constraint import Constraint
 from appliance.engine.prefix_cache import DIGESTS_PER_FLOW, PrefixCache, block_digests
-from appliance.engine.reasoning import Calls, Kind, NoThought, ThoughtSplit
+from appliance.engine.reasoning import Calls, Kind, MarkerSplit, NoThought, ThoughtSplit
 from appliance.engine.request import (
     Event,
     Finished,
@@ -87,6 +87,11 @@ class Generation:
         calls: Calls = "none" if not own_message else "required" if calls_only else "auto"
         self.thought: ThoughtSplit = NoThought() if fmt is None else fmt.split(prompt.ids, request.thinking_budget,
                                                                                 calls)  # fmt: skip
+        # A thought written as text ends at its marker: its text is held back while it could still become it.
+        # (on a line of its own, the line break is the marker's too)
+        marker = self.thought.fmt.marker if isinstance(self.thought, MarkerSplit) else None
+        self.marker = StopMatcher(("\n" + marker, marker)) if marker is not None else None
+        self._after_marker = ""  # what the token that ended the marker wrote after it: the answer's
         self.cache: KVCache | None = None
         self.generated: list[int] = []
         self.next_token: int | None = None
@@ -293,12 +298,18 @@ class Generation:
         what the decoder held of it; after answer text, what is held waits for the answer's next token."""
         if kind == "thought":
             text = self.decoder.push(token)
+            if self.marker is not None:
+                text, matched = self.marker.push(text)
+                if matched is not None and isinstance(self.thought, MarkerSplit):
+                    self.thought.end()
+                    self._after_marker = self.marker.rest
             return [ThoughtDelta(text)] if text else []
         held = self.decoder.flush() if was_thinking else ""
         return [ThoughtDelta(held)] if held else []
 
     def _answer_text(self, text: str) -> str:
         """The answer's text; the blank lines a model writes after its close tag are the tag's, not the answer's."""
+        text, self._after_marker = self._after_marker + text, ""
         if self.thought.answered and not self._answer_begun:
             text = text.lstrip()
             self._answer_begun = bool(text)
@@ -315,6 +326,8 @@ class Generation:
     def _finish(self, reason: str, stop: str | None, text: str, flush: bool = True) -> list[Event]:
         events: list[Event] = []
         if self.thought.thinking:  # it ended mid-thought: what was held is the thought's
+            if self.marker is not None:
+                text = self.marker.push(text)[0] + self.marker.flush()
             if text:
                 events.append(ThoughtDelta(text))
             text = ""

@@ -1,6 +1,6 @@
 """A reasoning model's thought, told apart from its answer.
 
-Two ways of writing a thought, each found from the model's vocabulary and chat template:
+Three ways of writing a thought, each found from the model's vocabulary and chat template:
 
 - Tags: Qwen3, QwQ, DeepSeek-R1's distills, SmolLM3 and Phi-4-reasoning think between `<think>` and
   `</think>`, each one token of their vocabulary, before they answer (Magistral between `[THINK]`
@@ -10,10 +10,13 @@ Two ways of writing a thought, each found from the model's vocabulary and chat t
   `<|channel|>analysis<|message|>` the thought `<|end|><|start|>assistant<|channel|>final<|message|>`
   the answer. Those markers are special tokens, which decoding drops: unsplit, the answer read
   "analysisWe need to...assistantfinalThe answer".
+- Text: ServiceNow's Apriel thinkers write their thought as text from the start of their turn, up
+  to a marker, `[BEGIN FINAL RESPONSE]`, after which the answer comes (TEXT_MARKERS). The marker is
+  found in the thought's text, which holds back what could still become it; the split is told.
 
-The split is made on tokens, not on text: a marker never straddles two deltas, and the answer's stop
-sequences and tool calls are matched in the answer alone. Sans-IO: the generation feeds tokens,
-a split says what each is ("tag" tokens are markers and headers: not shown).
+Tags and channels split on tokens, not on text: a marker never straddles two deltas, and the
+answer's stop sequences and tool calls are matched in the answer alone. Sans-IO: the generation
+feeds tokens, a split says what each is ("tag" tokens are markers and headers: not shown).
 
 Under an answer grammar (tools, a JSON schema) the model still thinks first, as vLLM's reasoning
 parsers let it: the grammar holds the answer only, and a split's `gate()` says what it holds the
@@ -39,6 +42,8 @@ from appliance.engine.tokenizer import TextTokenizer
 TAG_PAIRS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"), ("<seed:think>", "</seed:think>"),
              ("◁think▷", "◁/think▷"), ("<|channel>", "<channel|>"), ("<|inner_prefix|>", "<|inner_suffix|>"),
              ("<|START_THINKING|>", "<|END_THINKING|>"), ("<think:opensource>", "</think:opensource>"))  # fmt: skip
+# Markers a model writes as text after its thought, before its answer (Apriel 1.5's and 1.6's).
+TEXT_MARKERS = ("[BEGIN FINAL RESPONSE]",)
 # What a model writes after its open tag before the thought itself (Gemma 4 names its channel).
 TAG_LABELS = {"<|channel>": "thought\n"}
 Kind = Literal["tag", "thought", "answer"]
@@ -106,10 +111,12 @@ class ThoughtFormat(Protocol):
         ...
 
 
-def thought_format(tokenizer: TextTokenizer, template: str) -> ThoughtFormat | None:
+def thought_format(tokenizer: TextTokenizer, template: str, opening: str = "") -> ThoughtFormat | None:
     """The model's way of writing a thought, or None where it writes none (its markers must be
-    tokens of its vocabulary and written by its chat template: some bases hold them unused)."""
-    return ThinkTags.of(tokenizer, template) or Harmony.of(tokenizer, template)
+    tokens of its vocabulary and written by its chat template: some bases hold them unused;
+    `opening`: the template's generation prompt, after which a text marker's thought begins)."""
+    return ThinkTags.of(tokenizer, template) or Harmony.of(tokenizer, template) or TextMarker.of(
+        tokenizer, template, opening)
 
 
 class NoThought:
@@ -170,7 +177,25 @@ class ThinkTags:
         return split
 
 
-class TagSplit:
+class _AnswerAfterThought:
+    """What follows a thought: the blank lines after its end are its own (MAX_BLANK_TOKENS at most,
+    past which a model may be looping on them), then the answer, the grammar's."""
+
+    blank_ids: frozenset[int]
+    answered = False  # a thought ended before the answer
+    begun = False  # the answer after it has begun (past the blank lines)
+    blanks = 0  # blank tokens after the thought's end
+
+    def _answer(self, token: int) -> Kind:
+        self.blanks += self.answered and token in self.blank_ids
+        self.begun = self.begun or token not in self.blank_ids or self.blanks >= MAX_BLANK_TOKENS
+        return "answer"
+
+    def _answer_gate(self) -> Gate:
+        return Gate(grammar=True, also=self.blank_ids) if self.answered and not self.begun else ANSWER
+
+
+class TagSplit(_AnswerAfterThought):
     """A generation of a model that thinks between tags: only its first token may open a thought,
     or the first after blank lines (GLM-4.5's templates write its turns "<|assistant|>\n<think>"),
     which are then the tag's (MAX_BLANK_TOKENS at most)."""
@@ -179,13 +204,11 @@ class TagSplit:
 
     def __init__(self, tags: ThinkTags, inside: bool = False, budget: int | None = None) -> None:
         self.tags = tags
+        self.blank_ids = tags.blank_ids
         self.thinking = inside
         self.budget = budget
         self.tokens = 0
-        self.answered = False
         self.started = inside  # a token was generated, or the prompt opened the thought
-        self.begun = False  # the answer after a thought has begun (past the blank lines)
-        self.blanks = 0  # blank tokens after the close tag
         self.leading = 0  # blank tokens before anything else (before an open tag: the tag's)
         self.labelled = len(tags.label_ids)  # the label's tokens read since the open tag (all: none to come)
 
@@ -203,9 +226,7 @@ class TagSplit:
             opens = token == self.tags.open_id and not self.started
             self.started = True
             if not opens:
-                self.blanks += self.answered and token in self.tags.blank_ids
-                self.begun = self.begun or token not in self.tags.blank_ids or self.blanks >= MAX_BLANK_TOKENS
-                return "answer"
+                return self._answer(token)
             self.thinking = True
             self.labelled = 0
             self.tokens += 1
@@ -229,9 +250,71 @@ class TagSplit:
         if not self.started:  # the grammar's first token, or the tag that opens a thought (or a blank before it)
             blanks = self.tags.blank_ids if self.leading < MAX_BLANK_TOKENS else frozenset()
             return Gate(grammar=True, also=frozenset({self.tags.open_id}) | blanks)
-        if self.answered and not self.begun:  # the blank lines after the close tag are the tag's
-            return Gate(grammar=True, also=self.tags.blank_ids)
-        return ANSWER
+        return self._answer_gate()
+
+
+@dataclass(frozen=True)
+class TextMarker:
+    """A thought written as text from the start of the turn, up to a marker (TEXT_MARKERS)."""
+
+    marker: str
+    opening_ids: tuple[int, ...]  # the generation prompt from its first special token: a prompt ending so thinks
+    close_ids: tuple[int, ...]  # the marker on a line of its own, as the model writes it: forced by the budget
+    blank_ids: frozenset[int] = field(default=frozenset(), compare=False)
+
+    @staticmethod
+    def of(tokenizer: TextTokenizer, template: str, opening: str) -> TextMarker | None:
+        marker = next((m for m in TEXT_MARKERS if m in template), None)
+        if marker is None or not opening.strip():
+            return None
+        # (From its first special token on, the generation prompt encodes alike alone and at the
+        # end of a prompt: what comes before one may merge with the text before it.)
+        ids = tokenizer.encode(opening, add_special_tokens=False)[0]
+        first = next((i for i, t in enumerate(ids) if not tokenizer.decode([t])), 0)  # (decoding drops specials)
+        blanks = (tokenizer.encode(text, add_special_tokens=False)[0] for text in BLANKS)
+        close = tokenizer.encode("\n" + marker, add_special_tokens=False)[0]
+        return TextMarker(marker, tuple(ids[first:]), tuple(close), frozenset(b[0] for b in blanks if len(b) == 1))
+
+    def split(self, prompt_ids: Sequence[int], budget: int | None, calls: Calls = "none") -> MarkerSplit:
+        """The thought opens where the prompt ends in the generation prompt (not after a prefill)."""
+        n = len(self.opening_ids)
+        return MarkerSplit(self, tuple(prompt_ids[-n:]) == self.opening_ids, budget)
+
+
+class MarkerSplit(_AnswerAfterThought):
+    """A generation whose tokens are its thought until the generation finds the marker in the
+    thought's text (`end`), then its answer's, after the blank lines the marker's."""
+
+    calling = False
+
+    def __init__(self, fmt: TextMarker, inside: bool, budget: int | None = None) -> None:
+        self.fmt = fmt
+        self.blank_ids = fmt.blank_ids
+        self.thinking = inside
+        self.budget = budget
+        self.tokens = 0
+        self.closing = 0  # the marker's tokens forced so far
+
+    def forced(self) -> int | None:
+        ids = self.fmt.close_ids
+        if not self.thinking or self.budget is None or self.closing >= len(ids):
+            return None
+        return ids[self.closing] if self.tokens >= self.budget - len(ids) + self.closing else None
+
+    def take(self, token: int) -> Kind:
+        if not self.thinking:
+            return self._answer(token)
+        if token == self.forced():
+            self.closing += 1  # (the generation finds the marker in the text of the last)
+        self.tokens += 1
+        return "thought"
+
+    def end(self) -> None:
+        """The marker was written: the answer comes next."""
+        self.thinking, self.answered = False, True
+
+    def gate(self) -> Gate:
+        return THOUGHT if self.thinking else self._answer_gate()
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ class StopMatcher:
     def __init__(self, stop_sequences: tuple[str, ...]) -> None:
         self.stops = stop_sequences
         self.held = ""
+        self.rest = ""  # what followed the stop sequence in the text that matched it
 
     def push(self, text: str) -> tuple[str, str | None]:
         """Feed text; return (text safe to emit, the stop sequence that matched or None)."""
@@ -19,7 +20,7 @@ class StopMatcher:
             if i >= 0 and (best is None or i < best[0]):
                 best = (i, s)
         if best is not None:
-            self.held = ""
+            self.held, self.rest = "", buf[best[0] + len(best[1]) :]
             return buf[: best[0]], best[1]
         hold = 0
         for s in self.stops:

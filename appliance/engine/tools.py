@@ -195,6 +195,11 @@ GEMMA_QUOTE = '<|"|>'
 # decodes them (special tokens, which decoding drops, where it has them so):
 #   <TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>
 NEMOTRON_CALLS = ("<TOOLCALL>", "</TOOLCALL>")
+# ServiceNow's Apriel (1.5 and 1.6 Thinker) lists them so between tags of its own, after a line break:
+#   \n<tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_calls>
+APRIEL_CALLS = ("<tool_calls>", "</tool_calls>")
+# (name, its tags, what it may write before them)
+TAGGED_LISTS = (("nemotron", NEMOTRON_CALLS, ""), ("apriel", APRIEL_CALLS, "\n"))
 # Moonshot's Kimi K2 writes a turn's calls between two special tokens, each call between two more, its
 # name after "functions." and numbered (the conversation's calls counted) before a token that opens
 # its arguments' JSON:
@@ -333,14 +338,16 @@ def call_format(template: str, token_id: Callable[[str], int | None],
     if marker_id is not None and args_id is not None and marker in template and args in template:
         return CallFormat("mistral_args", marker, "", args, "", marker, marker=marker,
                           specials=((marker, marker_id), (args, args_id)))  # fmt: skip
-    (opens, closes), (open_id, close_id) = NEMOTRON_CALLS, (token_id(t) for t in NEMOTRON_CALLS)
-    if opens + "[" in template and closes in template:
+    for name, (opens, closes), lead in TAGGED_LISTS:
+        open_id, close_id = token_id(opens), token_id(closes)
+        if opens + "[" not in template or "]" + closes not in template:
+            continue
         if open_id is not None and close_id is not None and special(opens) and special(closes):
-            return CallFormat("nemotron", '[{"name"', '{"name": "', '", "arguments": ', "}", ", ", open="[",
-                              end="]" + closes, marker=opens,
+            return CallFormat(name, '[{"name"', '{"name": "', '", "arguments": ', "}", ", ", open="[",
+                              end="]" + closes, marker=opens, lead=lead,
                               specials=((opens, open_id), (closes, close_id)))  # fmt: skip
-        return CallFormat("nemotron", opens, '{"name": "', '", "arguments": ', "}", ", ", open=opens + "[",
-                          end="]" + closes)  # fmt: skip
+        return CallFormat(name, opens, '{"name": "', '", "arguments": ', "}", ", ", open=opens + "[",
+                          end="]" + closes, lead=lead)  # fmt: skip
     for name, marker, open_, unlike in LISTED_CALLS:
         marker_id = token_id(marker)
         if marker_id is not None and marker in template and not (unlike and unlike in template):

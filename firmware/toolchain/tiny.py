@@ -1290,6 +1290,37 @@ GLM45_CHAT_TEMPLATE = (
     "{%- elif m.role == 'system' -%}{{ '<|system|>\n' + m.content }}{%- endif -%}{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"
 )
+# ServiceNow's Apriel 1.6 Thinker (abridged): a system turn of its own with the tools; each turn after
+# a special token; the generation prompt opens a thought written as text, which ends at a marker
+# ("[BEGIN FINAL RESPONSE]"), written after an earlier thought (the last turn's alone); a turn's calls
+# listed between <tool_calls> tags, text to this vocabulary, after a line break.
+APRIEL_CHAT_TEMPLATE = (
+    "{%- set ns = namespace(system='') -%}"
+    "{%- for m in messages if m.role == 'system' -%}{%- set ns.system = m.content + '\n' -%}{%- endfor -%}"
+    "{{ bos_token + '<|begin_system|>\nYou are a thoughtful, systematic AI assistant. Analyze each question "
+    "carefully, present your reasoning step-by-step, then provide the final response after the marker "
+    "[BEGIN FINAL RESPONSE].\n' + ns.system }}"
+    "{%- if tools -%}{{ 'You are provided with function signatures within <available_tools></available_tools> "
+    "XML tags.\nHere are the available tools:\n<available_tools>\n' }}{%- for tool in tools -%}"
+    "{{ tool | tojson }}{%- endfor -%}{{ '\n</available_tools>.\n\nReturn all function calls as a list of JSON "
+    "objects within <tool_calls></tool_calls> XML tags.\n<tool_calls>[{\"name\": <function-name-1>, "
+    "\"arguments\": <args-dict-1>}, ...]</tool_calls>\n' }}{%- endif -%}"
+    "{%- for m in messages if m.role != 'system' -%}"
+    "{%- if m.role == 'user' -%}{{ '<|begin_user|>\n' + m.content }}"
+    "{%- elif m.role == 'tool' -%}{{ '<|begin_tool_result|>\n' + m.content + '\n' }}"
+    "{%- elif m.role == 'assistant' -%}{%- set last = loop.last -%}{{ '\n<|begin_assistant|>\n' }}"
+    "{%- if m.reasoning_content and last -%}{{ m.reasoning_content + '\n[BEGIN FINAL RESPONSE]\n' }}{%- endif -%}"
+    "{{ (m.content or '') if last else (m.content or '').split('[BEGIN FINAL RESPONSE]')[-1] | trim }}"
+    "{%- if m.tool_calls -%}{{ '\n<tool_calls>[' }}{%- for c in m.tool_calls -%}"
+    "{{ '{\"name\": \"' + c.function.name + '\", \"arguments\": ' + c.function.arguments | tojson }}"
+    "{{ (', \"id\": \"' + c.id + '\"') if not last else '' }}{{ '}' + ('' if loop.last else ', ') }}"
+    "{%- endfor -%}{{ ']</tool_calls>' }}{%- endif -%}{{ '' if last else '\n<|end|>\n' }}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt and messages[-1].role != 'assistant' -%}"
+    "{{ '\n<|begin_assistant|>\nHere are my reasoning steps:\n' }}{%- endif -%}"
+)
+APRIEL_TURNS = ChatStyle(APRIEL_CHAT_TEMPLATE, ("<unk>", "<s>", "<|end|>", "<|begin_system|>", "<|begin_user|>",
+                                               "<|begin_assistant|>", "<|begin_tool_result|>"), "<s>", "<|end|>")
 # Tencent's Hy3 (abridged): every token of its own built by `.format` of one suffix; the tools listed
 # as JSON; a turn's calls GLM-4.5's keys and values between tags of their own; results in a block of
 # tool turns; a closed thought before each answer, and in the generation prompt unless asked to think.
@@ -1658,6 +1689,7 @@ CHAT_STYLES: dict[str, ChatStyle] = {
     "llama_wide": DEEPSEEK_R1_TURNS,
     "minicpm3": DEEPSEEK_V32_TURNS,  # (its latent attention is DeepSeek's)
     "hy_v3": HY3_TURNS,
+    "llava": APRIEL_TURNS,  # (Apriel 1.5's and 1.6's are LLaVA's, a Pixtral beside a Mistral)
     "nemotron_h": NEMOTRON_H_TURNS,
     "nemotron_h_moe": NEMOTRON_H_TURNS,
     "gpt_oss": ChatStyle(HARMONY_CHAT_TEMPLATE, ("<|endoftext|>", "<|startoftext|>", "<|start|>", "<|channel|>",

@@ -146,6 +146,25 @@ def test_nemotron_calls_are_read_between_its_tags_as_text_or_as_special_tokens(c
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_apriel_calls_are_read_from_their_list_after_a_line_break(chunk: int) -> None:
+    """Apriel lists a turn's calls as Nemotron Nano 2 does, between tags of its own, after a line break."""
+    from firmware.toolchain.tiny import APRIEL_CHAT_TEMPLATE
+
+    fmt = call_format(APRIEL_CHAT_TEMPLATE, {}.get)
+    paris = '{"city": "Paris", "unit": "c"}'
+    written = format_calls([PastCall("get_weather", paris), PastCall("get_time", "{}")], fmt)
+    assert (fmt.name, fmt.lead) == ("apriel", "\n") and written == (
+        f'<tool_calls>[{{"name": "get_weather", "arguments": {paris}}}, {{"name": "get_time", "arguments": {{}}}}]'
+        "</tool_calls>")  # fmt: skip
+    for lead in ("", "\n"):  # (after its thought, which the split takes apart)
+        assert _parse(lead + written, chunk, fmt=fmt) == ("", [("get_weather", paris), ("get_time", "{}")], 2)
+    assert _parse("<tool_calls> are tags", chunk, fmt=fmt) == ("<tool_calls> are tags", [], 0)
+    special = call_format(APRIEL_CHAT_TEMPLATE, {"<tool_calls>": 14, "</tool_calls>": 15}.get)
+    assert (special.name, special.marker_id, special.lead) == ("apriel", 14, "\n")
+    assert call_format(APRIEL_CHAT_TEMPLATE.replace("]</tool_calls>", "]"), {}.get) is HERMES
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
 def test_apertus_calls_are_read_keyed_by_their_names_between_its_tokens(chunk: int) -> None:
     from firmware.toolchain.tiny import APERTUS_CHAT_TEMPLATE
 
@@ -1318,6 +1337,10 @@ def test_minicpm5_calls_are_read_from_their_function_and_param_elements(chunk: i
      "<｜hy_eos:opensource｜>",
      "<tool_responses:opensource>\n<tool_response:opensource>\n18 C\n</tool_response:opensource>\n"
      "</tool_responses:opensource><｜hy_Assistant:opensource｜><think:opensource></think:opensource>"),
+    ("llava", "apriel", '<available_tools>\n{"type": "function", "function": {"name": "get_weather"',  # Apriel's
+     '\n<|begin_assistant|>\n\n<tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}, '
+     '"id": "call00000"}]</tool_calls>\n<|end|>\n',
+     "<|begin_tool_result|>\n18 C\n\n<|begin_assistant|>\nHere are my reasoning steps:\n"),
     ("gemma4", "gemma4", "<|tool>declaration:get_weather{",  # the results in the turn of the calls, which goes on
      '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>c<|"|>}<tool_call|>',
      '<tool_call|><|tool_response>response:get_weather{value:<|"|>18 C<|"|>}<tool_response|><|channel>thought\n'
@@ -1337,8 +1360,10 @@ def test_a_model_is_shown_its_calls_and_held_to_them_in_its_own_format(trusted_k
             "city": {"enum": ["Paris", "Rome"]}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]})
         # (DeepSeek's templates write no generation prompt after results: the model may think first,
         # and the tiny one, free to, thinks until max_tokens)
-        budget = 8 if fixture in ("deepseek_v2", "llama_wide") else None
-        longest = 400 if fmt == "dsml" else 120  # (a DSML call is 188 tokens of the tiny vocabulary)
+        # (Apriel's template opens a thought, which the tiny one ends only when its budget forces the
+        # marker: 23 tokens of the tiny vocabulary, as its calls are 90)
+        budget = 8 if fixture in ("deepseek_v2", "llama_wide") else 30 if fmt == "apriel" else None
+        longest = 400 if fmt in ("dsml", "apriel") else 120  # (a DSML call is 188 tokens of the tiny vocabulary)
         request = GenerationRequest(turns, max_tokens=longest, temperature=0, thinking_budget=budget,
                                     output=OutputRules((cities,), ToolChoice("required")))  # fmt: skip
         text = engine.prepare(request).text

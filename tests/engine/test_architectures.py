@@ -30,7 +30,7 @@ import pytest
 import firmware
 from appliance.engine import Engine, EngineConfig, GenerationRequest, Message, ModelSession, TextDelta
 from appliance.engine.chat import ChatTemplate, Prompt
-from appliance.engine.request import TokenLogprob
+from appliance.engine.request import ThoughtDelta, TokenLogprob
 from appliance.engine.session import MASK_WIDTH_STEP
 from appliance.engine.tokenizer import TextTokenizer
 from appliance.engine.tools import OutputRules, PastCall, Tool
@@ -228,11 +228,12 @@ def test_the_decode_mask_widens_in_steps_unless_its_width_picks_the_rotary_facto
 
 async def _answer(engine: Engine, request: GenerationRequest, started: asyncio.Event | None = None,
                   prompt: Prompt | None = None) -> list[tuple[str, float]]:  # fmt: skip
-    """A request's tokens and their log probabilities; `started` is set at its second token."""
+    """A request's tokens and their log probabilities (a thought's text, where its template opens
+    one the tiny model never ends: Apriel's, which has none); `started` is set at its second token."""
     tokens = []
     async for event in engine.submit(request, prompt=prompt):
-        if isinstance(event, TokenLogprob):
-            tokens.append((event.token, event.logprob))
+        if isinstance(event, TokenLogprob | ThoughtDelta):
+            tokens.append((event.token, event.logprob) if isinstance(event, TokenLogprob) else (event.text, 0.0))
             if started is not None and len(tokens) == 2:
                 started.set()
     return tokens

@@ -84,6 +84,12 @@ def test_earliest_of_several_stop_sequences_wins() -> None:
     assert StopMatcher(("bb", "a")).push("xxabb") == ("xx", "a")
 
 
+def test_what_followed_the_stop_sequence_is_kept_apart() -> None:
+    m = StopMatcher(("\n[END]", "[END]"))
+    assert m.push("thought\n[EN") == ("thought", None)
+    assert m.push("D]\nThe answer") == ("", "\n[END]") and m.rest == "\nThe answer"
+
+
 def test_greedy_and_seeded_sampling() -> None:
     logits = np.random.default_rng(1).normal(size=1000).astype(np.float32)
     assert Sampler(0.0)(logits) == int(np.argmax(logits))

@@ -20,7 +20,17 @@ import pytest
 
 import firmware
 from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, TextDelta
-from appliance.engine.reasoning import MAX_HEADER_TOKENS, ChannelSplit, Gate, Harmony, TagSplit, ThinkTags
+from appliance.engine.reasoning import (
+    MAX_BLANK_TOKENS,
+    MAX_HEADER_TOKENS,
+    ChannelSplit,
+    Gate,
+    Harmony,
+    MarkerSplit,
+    TagSplit,
+    TextMarker,
+    ThinkTags,
+)
 from appliance.engine.request import Event, ThoughtDelta, TokenLogprob
 from appliance.engine.tools import CallArguments, CallStart, OutputRules, Tool, ToolChoice
 
@@ -409,3 +419,56 @@ def test_gemma4_thinks_in_a_channel_whose_name_is_no_part_of_the_thought(trusted
         assert done.thought_tokens == 6 and "thought\n" not in thought + answer
     finally:
         eng.close()
+
+
+def test_a_text_marker_s_split_forces_the_marker_s_tokens_and_the_generation_ends_the_thought() -> None:
+    marker = TextMarker("[END]", opening_ids=(3, 4), close_ids=(8, 9, 10), blank_ids=frozenset({8}))
+    assert not marker.split([4, 3], budget=None).thinking and marker.split([9, 3, 4], budget=None).thinking
+    split = marker.split([9, 3, 4], budget=5)
+    assert split.gate().free and split.forced() is None and split.take(20) == "thought"
+    assert split.take(21) == "thought" and split.forced() == 8  # the budget: the marker's tokens, then the answer
+    assert [split.take(t) for t in (8, 9)] == ["thought"] * 2 and split.forced() == 10
+    assert split.take(10) == "thought" and split.tokens == 5 and split.forced() is None
+    split.end()  # the generation found the marker in the text of the last
+    assert split.gate() == Gate(grammar=True, also=frozenset({8}))  # the blank lines after the marker are its own
+    assert [split.take(8) for _ in range(MAX_BLANK_TOKENS)] == ["answer"] * MAX_BLANK_TOKENS
+    assert split.gate() == Gate(grammar=True)  # past them, all the grammar's
+    free = marker.split([3, 4], budget=None)
+    assert isinstance(free, MarkerSplit) and [free.take(t) for t in (20, 9, 10)] == ["thought"] * 3
+    free.end()  # the generation found the marker in the thought's text
+    assert (free.thinking, free.answered, free.take(20)) == (False, True, "answer")
+    assert free.gate() == Gate(grammar=True)
+
+
+@pytest.fixture(scope="module")
+def apriel(trusted_keys: Path) -> Iterator[Engine]:
+    """The tiny LLaVA, with Apriel 1.6's template: its generation prompt opens a thought written as
+    text (\"Here are my reasoning steps:\"), which "[BEGIN FINAL RESPONSE]" ends."""
+    from firmware.toolchain.tiny import tiny_bundle
+
+    eng = Engine(firmware.load(tiny_bundle("llava"), trusted_keys), EngineConfig(intra_op_threads=1))
+    yield eng
+    eng.close()
+
+
+def test_a_thought_written_as_text_is_streamed_apart_until_its_marker(apriel: Engine) -> None:
+    fmt = apriel.thought_format
+    assert isinstance(fmt, TextMarker) and fmt.marker == "[BEGIN FINAL RESPONSE]"
+    ask = GenerationRequest(messages=(QUESTION,), max_tokens=90, temperature=0, thinking_budget=50)
+    thought, answer, done, events = _run(apriel, ask)
+    assert thought and answer and done.thought_tokens == 50 and done.output_tokens == 90
+    assert "BEGIN" not in thought + answer and thought == thought.rstrip() and answer == answer.lstrip()
+    kinds = [type(e).__name__ for e in events if isinstance(e, TextDelta | ThoughtDelta)]
+    assert kinds == sorted(kinds, key=lambda k: k != "ThoughtDelta")  # the thought, then the answer
+    free = 50 - len(fmt.close_ids)  # the budget's marker is forced after this many tokens of thought
+    alone, none, _, _ = _run(apriel, dataclasses.replace(ask, thinking_budget=None, max_tokens=free))
+    assert (thought, none) == (alone, "")  # greedy: the budget cut the same thought short
+    # Under a grammar the thought runs free and the answer is held; a prefilled answer is all answer.
+    held = dataclasses.replace(ask, output=OutputRules(json_schema=OK))
+    thought2, answer2, done2, _ = _run(apriel, held)
+    assert thought2 and done2.thought_tokens == 50 and "BEGIN" not in thought2
+    assert json.loads(answer2) in ({"ok": True}, {"ok": False}) and done2.stop_reason == "end_turn"
+    prefilled = GenerationRequest(messages=(QUESTION, Message("assistant", "The for statement")), max_tokens=8,
+                                  temperature=0)  # fmt: skip
+    thought3, answer3, done3, _ = _run(apriel, prefilled)
+    assert thought3 == "" and answer3 and done3.thought_tokens == 0
