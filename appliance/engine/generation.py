@@ -89,8 +89,12 @@ class Generation:
                                                                                 calls)  # fmt: skip
         # A thought written as text ends at its marker: its text is held back while it could still become it.
         # (on a line of its own, the line break is the marker's too)
-        marker = self.thought.fmt.marker if isinstance(self.thought, MarkerSplit) else None
-        self.marker = StopMatcher(("\n" + marker, marker)) if marker is not None else None
+        marker = self.thought.fmt if isinstance(self.thought, MarkerSplit) else None
+        self.marker = StopMatcher(("\n" + marker.marker, marker.marker)) if marker is not None else None
+        # What the template asks the model to end its answer with ends the turn, shown nowhere.
+        self.answer_end = marker.answer_end if marker is not None else ""
+        if self.answer_end:
+            self.stops = StopMatcher((*request.stop_sequences, self.answer_end))
         self._after_marker = ""  # what the token that ended the marker wrote after it: the answer's
         self.cache: KVCache | None = None
         self.generated: list[int] = []
@@ -282,7 +286,7 @@ class Generation:
             self.calls.mark()  # the token that calls begin with (decoding drops it)
         text, matched = self.stops.push(self._answer_text(self.decoder.push(token)))
         if matched is not None:
-            return self._finish("stop_sequence", matched, text, flush=False)
+            return self._finish(*self._stopped(matched), text, flush=False)
         constraint = self.constraint
         if constraint is not None and constraint.finished:  # only the end can follow: save a step
             return self._finish("end_turn", None, text + self.decoder.flush())
@@ -323,6 +327,10 @@ class Generation:
         parts = self.repeats.admit(parts, self.calls.complete) + (self.repeats.rest() if last else [])
         return [TextDelta(p.text) if isinstance(p, TextPart) else p for p in parts]
 
+    def _stopped(self, matched: str) -> tuple[str, str | None]:
+        """Why the answer stopped at `matched`: a stop sequence of the request's, or the end it was asked for."""
+        return ("end_turn", None) if matched == self.answer_end else ("stop_sequence", matched)
+
     def _finish(self, reason: str, stop: str | None, text: str, flush: bool = True) -> list[Event]:
         events: list[Event] = []
         if self.thought.thinking:  # it ended mid-thought: what was held is the thought's
@@ -336,7 +344,7 @@ class Generation:
         if flush:
             text, matched = self.stops.push(text)
             if matched is not None:
-                reason, stop = "stop_sequence", matched
+                reason, stop = self._stopped(matched)
             else:
                 text += self.stops.flush()
         events.extend(self._parts(text, last=True))

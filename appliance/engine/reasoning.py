@@ -42,8 +42,9 @@ from appliance.engine.tokenizer import TextTokenizer
 TAG_PAIRS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"), ("<seed:think>", "</seed:think>"),
              ("◁think▷", "◁/think▷"), ("<|channel>", "<channel|>"), ("<|inner_prefix|>", "<|inner_suffix|>"),
              ("<|START_THINKING|>", "<|END_THINKING|>"), ("<think:opensource>", "</think:opensource>"))  # fmt: skip
-# Markers a model writes as text after its thought, before its answer (Apriel 1.5's and 1.6's).
-TEXT_MARKERS = ("[BEGIN FINAL RESPONSE]",)
+# Markers a model writes as text after its thought, before its answer (Apriel 1.5's and 1.6's), and
+# after its answer where its template asks for one (Apriel 1.5's).
+TEXT_MARKERS = (("[BEGIN FINAL RESPONSE]", "[END FINAL RESPONSE]"),)
 # What a model writes after its open tag before the thought itself (Gemma 4 names its channel).
 TAG_LABELS = {"<|channel>": "thought\n"}
 Kind = Literal["tag", "thought", "answer"]
@@ -258,14 +259,15 @@ class TextMarker:
     """A thought written as text from the start of the turn, up to a marker (TEXT_MARKERS)."""
 
     marker: str
+    answer_end: str  # what ends the answer, where the template asks for it ("" where not): not the answer's
     opening_ids: tuple[int, ...]  # the generation prompt from its first special token: a prompt ending so thinks
     close_ids: tuple[int, ...]  # the marker on a line of its own, as the model writes it: forced by the budget
     blank_ids: frozenset[int] = field(default=frozenset(), compare=False)
 
     @staticmethod
     def of(tokenizer: TextTokenizer, template: str, opening: str) -> TextMarker | None:
-        marker = next((m for m in TEXT_MARKERS if m in template), None)
-        if marker is None or not opening.strip():
+        marker, end = next(((m, e) for m, e in TEXT_MARKERS if m in template), ("", ""))
+        if not marker or not opening.strip():
             return None
         # (From its first special token on, the generation prompt encodes alike alone and at the
         # end of a prompt: what comes before one may merge with the text before it.)
@@ -273,7 +275,8 @@ class TextMarker:
         first = next((i for i, t in enumerate(ids) if not tokenizer.decode([t])), 0)  # (decoding drops specials)
         blanks = (tokenizer.encode(text, add_special_tokens=False)[0] for text in BLANKS)
         close = tokenizer.encode("\n" + marker, add_special_tokens=False)[0]
-        return TextMarker(marker, tuple(ids[first:]), tuple(close), frozenset(b[0] for b in blanks if len(b) == 1))
+        return TextMarker(marker, end if end in template else "", tuple(ids[first:]), tuple(close),
+                          frozenset(b[0] for b in blanks if len(b) == 1))
 
     def split(self, prompt_ids: Sequence[int], budget: int | None, calls: Calls = "none") -> MarkerSplit:
         """The thought opens where the prompt ends in the generation prompt (not after a prefill)."""

@@ -422,7 +422,7 @@ def test_gemma4_thinks_in_a_channel_whose_name_is_no_part_of_the_thought(trusted
 
 
 def test_a_text_marker_s_split_forces_the_marker_s_tokens_and_the_generation_ends_the_thought() -> None:
-    marker = TextMarker("[END]", opening_ids=(3, 4), close_ids=(8, 9, 10), blank_ids=frozenset({8}))
+    marker = TextMarker("[END]", "", opening_ids=(3, 4), close_ids=(8, 9, 10), blank_ids=frozenset({8}))
     assert not marker.split([4, 3], budget=None).thinking and marker.split([9, 3, 4], budget=None).thinking
     split = marker.split([9, 3, 4], budget=5)
     assert split.gate().free and split.forced() is None and split.take(20) == "thought"
@@ -453,7 +453,7 @@ def apriel(trusted_keys: Path) -> Iterator[Engine]:
 
 def test_a_thought_written_as_text_is_streamed_apart_until_its_marker(apriel: Engine) -> None:
     fmt = apriel.thought_format
-    assert isinstance(fmt, TextMarker) and fmt.marker == "[BEGIN FINAL RESPONSE]"
+    assert isinstance(fmt, TextMarker) and (fmt.marker, fmt.answer_end) == ("[BEGIN FINAL RESPONSE]", "")
     ask = GenerationRequest(messages=(QUESTION,), max_tokens=90, temperature=0, thinking_budget=50)
     thought, answer, done, events = _run(apriel, ask)
     assert thought and answer and done.thought_tokens == 50 and done.output_tokens == 90
@@ -472,3 +472,26 @@ def test_a_thought_written_as_text_is_streamed_apart_until_its_marker(apriel: En
                                   temperature=0)  # fmt: skip
     thought3, answer3, done3, _ = _run(apriel, prefilled)
     assert thought3 == "" and answer3 and done3.thought_tokens == 0
+
+
+def test_the_end_a_template_asks_an_answer_for_ends_the_turn_and_is_shown_nowhere(apriel: Engine) -> None:
+    """Apriel 1.5's template asks for the answer between [BEGIN FINAL RESPONSE] and [END FINAL
+    RESPONSE]: the second ends the turn, as the end of the turn would (the tiny model never writes
+    it: a piece of its own answer stands in for it)."""
+    fmt = apriel.thought_format
+    assert isinstance(fmt, TextMarker)
+    v15 = apriel.template.spelled.replace("[BEGIN FINAL RESPONSE].", "[BEGIN FINAL RESPONSE] ... [END FINAL RESPONSE].")
+    ended = TextMarker.of(apriel.tokenizer, v15, apriel.template.generation_prompt)
+    assert ended == dataclasses.replace(fmt, answer_end="[END FINAL RESPONSE]")
+    ask = GenerationRequest(messages=(QUESTION,), max_tokens=90, temperature=0, thinking_budget=50)
+    _, answer, _, _ = _run(apriel, ask)
+    cut = answer[6:10]
+    try:
+        apriel.thought_format = dataclasses.replace(fmt, answer_end=cut)
+        _, cut_short, done, _ = _run(apriel, ask)
+        assert cut_short == answer[: answer.index(cut)] and (done.stop_reason, done.stop_sequence) == ("end_turn", None)
+        stop = answer[2:5]
+        _, stopped, done, _ = _run(apriel, dataclasses.replace(ask, stop_sequences=(stop,)))
+        assert (stopped, done.stop_reason) == (answer[: answer.index(stop)], "stop_sequence")  # the request's own
+    finally:
+        apriel.thought_format = fmt
