@@ -20,10 +20,9 @@ from appliance.engine.request import MAX_TOP_LOGPROBS, TokenLogprob
 _HINTS: dict[str, Hint] = {"user": str, "metadata": dict}
 _KNOWN = {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options",
           "frequency_penalty", "presence_penalty", "logprobs", "echo", "top_k", "min_p", "repetition_penalty",
-          "best_of", *_HINTS}  # fmt: skip
+          "best_of", "logit_bias", *_HINTS}  # fmt: skip
 _UNSUPPORTED = {
     "suffix": "suffix (insertion) is not supported by this server",
-    "logit_bias": "logit_bias is not supported by this server",
 }
 DEFAULT_MAX_TOKENS = 16  # the Completions API's own default
 

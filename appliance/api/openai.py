@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ from appliance.api.tools import (
     tool_items,
 )
 from appliance.engine import ContextOverflow, Finished, GenerationRequest, Message
-from appliance.engine.request import TokenLogprob
+from appliance.engine.request import LOGIT_BIAS, MAX_LOGIT_BIAS, TokenLogprob
 from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
 
 # status -> (OpenAI error type, code)
@@ -58,12 +59,11 @@ _HINTS: dict[str, Hint] = {**HINTS, "verbosity": ("low", "medium", "high")}
 _KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
           "stream", "stream_options", "frequency_penalty", "presence_penalty", "logprobs", "tools", "tool_choice",
           "parallel_tool_calls", "response_format", "top_k", "min_p", "repetition_penalty", "top_logprobs",
-          "reasoning_effort", "modalities", *_HINTS}  # fmt: skip
+          "reasoning_effort", "modalities", "logit_bias", *_HINTS}  # fmt: skip
 _UNSUPPORTED = {
     "moderation": "moderation is not supported by this server",
     "functions": "the legacy functions field is not supported by this server (use tools)",
     "function_call": "the legacy function_call field is not supported by this server (use tool_choice)",
-    "logit_bias": "logit_bias is not supported by this server",
     "audio": "audio output is not supported by this server",
     "prediction": "predicted outputs are not supported by this server",
     "web_search_options": "web search is not supported by this server",
@@ -309,10 +309,33 @@ def common_fields(doc: dict[str, Any], served: Sequence[str]) -> Common:
         frequency_penalty=get_number(doc, "frequency_penalty", -2.0, 2.0) or 0.0,
         presence_penalty=get_number(doc, "presence_penalty", -2.0, 2.0) or 0.0,
         repetition_penalty=get_number(doc, "repetition_penalty", 0.01, 10.0) or 1.0,
+        logit_bias=logit_bias(doc),
         stop_sequences=stops,
         seed=get_int(doc, "seed"),
     )
     return Common(sampling, stream, include_usage, model, n)
+
+
+def logit_bias(doc: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """`logit_bias`, an object from token ids (as the model's tokenizer numbers them, written as
+    strings) to a bias from -100 to 100 added to the token's logit; an id written twice ("7" and
+    "07") keeps its last bias."""
+    raw = doc.get("logit_bias")
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise ApiError(400, "logit_bias: must be an object mapping token ids to biases", param="logit_bias")
+    if len(raw) > MAX_LOGIT_BIAS:
+        raise ApiError(400, f"logit_bias: at most {MAX_LOGIT_BIAS} tokens may be biased", param="logit_bias")
+    biases: dict[int, float] = {}
+    for key, value in raw.items():
+        if not (key.isascii() and key.isdigit()) or len(key) > 12:
+            raise ApiError(400, f"logit_bias: {key!r} is not a token id", param="logit_bias")
+        if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+                or not -LOGIT_BIAS <= value <= LOGIT_BIAS):  # fmt: skip
+            raise ApiError(400, f"logit_bias[{key!r}]: must be a number from -100 to 100", param="logit_bias")
+        biases[int(key)] = float(value)
+    return tuple(biases.items())
 
 
 def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[GenerationRequest, Common]:

@@ -540,6 +540,11 @@ class Engine:
         """Validate, render and tokenize (pure CPU work: callers on an event loop run it in a
         thread); raises InvalidRequest before anything is queued."""
         request.validate()
+        vocab = self.bundle.model.vocab_size
+        beyond = next((token for token, _ in request.logit_bias if token >= vocab), None)
+        if beyond is not None:
+            raise InvalidRequest(f"logit_bias: token {beyond} is not in the model's vocabulary ({vocab} tokens)",
+                                 "logit_bias")  # fmt: skip
         prompt = self._render(request)
         if not prompt.ids:
             raise InvalidRequest("the prompt is empty after rendering", "messages")

@@ -54,6 +54,9 @@ class Generation:
         trace: Trace,
     ) -> None:
         self.request = request
+        # OpenAI's logit_bias, added to the model's logits before penalties, grammar and sampling.
+        self.bias_ids = np.array([t for t, _ in request.logit_bias], dtype=np.int64)
+        self.biases = np.array([b for _, b in request.logit_bias], dtype=np.float32)
         self.prompt = prompt
         self.session = session
         self.prefix_cache = prefix_cache
@@ -223,11 +226,14 @@ class Generation:
         return self._step(logits)
 
     def _choose(self, logits: np.ndarray) -> int:
-        """The next token: penalties, then the grammar's mask, then the sampler."""
+        """The next token: the request's biases and penalties, then the grammar's mask, then the sampler."""
         forced = self.thought.forced()
         if forced is not None:
             return forced
         req = self.request
+        if self.bias_ids.size:
+            logits = logits.copy()  # (the model's own stay as they were, for the log probabilities)
+            np.add.at(logits, self.bias_ids, self.biases)
         if req.frequency_penalty or req.presence_penalty or req.repetition_penalty != 1.0:
             logits = penalize(logits, self.generated, self.prompt.ids, req.frequency_penalty, req.presence_penalty,
                               req.repetition_penalty)  # fmt: skip

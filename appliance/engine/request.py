@@ -15,6 +15,8 @@ MAX_MESSAGES = 2048  # a conversation longer than this is refused before it is r
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_SEQUENCE_CHARS = 256
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias (OpenAI's logit_bias)
+LOGIT_BIAS = 100.0  # a bias is from -LOGIT_BIAS (the token is never chosen) to LOGIT_BIAS (always, where allowed)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, what is added to its logit before sampling)
     stop_sequences: tuple[str, ...] = ()
     seed: int | None = None
     output: OutputRules = field(default_factory=OutputRules)  # tools, tool choice, a JSON schema
@@ -111,6 +114,12 @@ class GenerationRequest:
         _check_number(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)
         _check_number(self.presence_penalty, "presence_penalty", -2.0, 2.0)
         _check_number(self.repetition_penalty, "repetition_penalty", 0.01, 10.0)
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequest(f"logit_bias: at most {MAX_LOGIT_BIAS} tokens may be biased", "logit_bias")
+        for token, bias in self.logit_bias:
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise InvalidRequest(f"logit_bias: {token!r} is not a token id", "logit_bias")
+            _check_number(bias, "logit_bias", -LOGIT_BIAS, LOGIT_BIAS)
         lp = self.logprobs
         if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS):
             raise InvalidRequest(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")

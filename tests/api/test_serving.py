@@ -123,6 +123,30 @@ def test_openai_logprobs_and_plain_completions(demo: tuple[RunningDaemon, DevSet
     assert parts[-1].usage is not None and parts[-1].usage.completion_tokens == 8
 
 
+def test_openai_logit_bias_bans_and_favours_tokens(demo: tuple[RunningDaemon, DevSetup],
+                                                  demo_bundle_path: Path) -> None:  # fmt: skip
+    from tokenizers import Tokenizer
+
+    client = openai_client(*demo)
+    tokenizer = Tokenizer.from_file(str(demo_bundle_path / "tokenizer.json"))
+    prompt = "The capital of France is"
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0).choices[0].text
+    paris = tokenizer.token_to_id("ĠParis")  # (byte-level: " Paris")
+    assert paris is not None and plain.startswith(" Paris")
+    banned = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0,
+                                       logit_bias={str(paris): -100}).choices[0].text  # fmt: skip
+    assert "Paris" not in banned
+    rome = tokenizer.token_to_id("ĠRome")
+    chat = client.chat.completions.create(model=MODEL, max_tokens=2, temperature=0, logit_bias={str(rome): 100},
+                                          messages=[{"role": "user", "content": "Name a city."}])  # fmt: skip
+    assert chat.choices[0].message.content == " Rome Rome"
+    for bad, says in (({"-3": 1}, "'-3' is not a token id"), ({"3": 101}, "from -100 to 100"),
+                      ({"999999": 1}, "not in the model's vocabulary")):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, logit_bias=bad)
+        assert says in str(err.value) and err.value.body["param"] == "logit_bias", err.value.body  # type: ignore[index]
+
+
 def _reused_tokens(setup: DevSetup) -> float:
     return metric(metrics(setup), "zerolayer_prefix_cache_reused_tokens_total")
 

@@ -962,6 +962,11 @@ def test_stop_sequence_ends_the_stream_before_it(engine: Engine) -> None:
         ({"stop_sequences": ("",)}, InvalidRequest, "stop_sequences"),
         ({"messages": (Message("robot", "hi"),)}, InvalidRequest, "messages"),
         ({"seed": "x"}, InvalidRequest, "seed"),
+        ({"logit_bias": ((5, 100.5),)}, InvalidRequest, "logit_bias"),
+        ({"logit_bias": ((True, 1.0),)}, InvalidRequest, "logit_bias"),
+        ({"logit_bias": ((-1, 1.0),)}, InvalidRequest, "logit_bias"),
+        ({"logit_bias": ((10_000_000, 1.0),)}, InvalidRequest, "logit_bias"),  # past the vocabulary
+        ({"logit_bias": tuple((i, 1.0) for i in range(1025))}, InvalidRequest, "logit_bias"),
     ],
 )
 def test_bad_requests_are_typed_errors(engine: Engine, request_kwargs: dict, error: type, param: str) -> None:  # type: ignore[type-arg]
