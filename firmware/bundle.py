@@ -161,6 +161,11 @@ class Bundle:
         return self.manifest.chat_template
 
     @property
+    def tool_use_template(self) -> str | None:
+        """The template for requests with tools, where the model has one of its own (else the chat template)."""
+        return self.manifest.tool_use_template
+
+    @property
     def tokenizer_path(self) -> Path:
         return self.root / "tokenizer.json"
 

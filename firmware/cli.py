@@ -255,6 +255,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"  fallback_cpu_threshold = {layer.fallback_cpu_threshold}")
     print(f"  split_algorithm        = {layer.split_algorithm}")
     print(f"chat template: {len(manifest.chat_template)} characters")
+    if manifest.tool_use_template is not None:
+        print(f"tool-use template: {len(manifest.tool_use_template)} characters (for requests with tools)")
     if manifest.licence is not None:
         terms = manifest.licence
         print(f"licence:     {terms.name}" + (f" ({terms.url})" if terms.url else ""))

@@ -76,6 +76,9 @@ class Manifest:
     source: Mapping[str, str] = field(default_factory=dict)
     format: int = FORMAT_VERSION
     licence: Licence | None = None  # absent from the JSON when None (older manifests' bytes unchanged)
+    # The folder's template for requests with tools, where it names one "tool_use" (Hermes 2 Pro's and
+    # 3's, Command R's), as transformers picks it; absent when None, as the licence.
+    tool_use_template: str | None = None
 
     def to_json_bytes(self) -> bytes:
         """The canonical bytes that are signed: sorted keys, fixed separators, trailing newline."""
@@ -94,10 +97,13 @@ class Manifest:
         }
         if self.licence is not None:
             doc["licence"] = self.licence.to_doc()
+        if self.tool_use_template is not None:
+            doc["tool_use_template"] = self.tool_use_template
         return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
-_TOP_FIELDS = {"format", "name", "version", "source", "chat_template", "layer", "files", "licence"}
+_TOP_FIELDS = {"format", "name", "version", "source", "chat_template", "layer", "files", "licence",
+               "tool_use_template"}
 _LICENCE_FIELDS = {"name", "url", "notice", "files"}
 _LAYER_FIELDS = {"max_tokens_per_shard", "fallback_cpu_threshold", "split_algorithm"}
 _FILE_FIELDS = {"sha256", "size"}
@@ -161,6 +167,7 @@ def parse_manifest(data: bytes) -> Manifest:
         source={str(k): str(v) for k, v in source.items()},
         format=fmt,
         licence=licence,
+        tool_use_template=_require(doc, "tool_use_template", str, "") if "tool_use_template" in doc else None,
     )
 
 

@@ -474,6 +474,10 @@ class Engine:
         self.shard_policy = ShardPolicy(shard, bundle.layer.split_algorithm)
         self.tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
         self.template = ChatTemplate(bundle.chat_template, self.tokenizer)
+        # The model's template for conversations with tools, where it has one of its own (Hermes 2 Pro's):
+        # transformers renders with it when tools are given; here also where earlier turns hold calls.
+        tools = bundle.tool_use_template
+        self.tool_template = ChatTemplate(tools, self.tokenizer) if tools is not None else None
         self.thought_format = thought_format(self.tokenizer, self.template.spelled, self.template.generation_prompt)
         self.prefix_cache = (
             PrefixCache(self.config.prefix_cache_bytes, self.config.prefix_block_tokens)
@@ -603,8 +607,10 @@ class Engine:
         if request.raw_prompt is not None:  # a plain completion: the text as it is, with the tokenizer's BOS
             ids, _ = self.tokenizer.encode(request.raw_prompt, add_special_tokens=True)
             return Prompt(ids=ids, message_starts=[], text=request.raw_prompt)
-        return self.template.prompt(request.messages, request.system, request.output, request.thinking,
-                                    request.reasoning_effort, request.thinking_budget)  # fmt: skip
+        with_tools = request.output.tools or any(m.calls or m.results for m in request.messages)
+        template = self.tool_template if with_tools and self.tool_template is not None else self.template
+        return template.prompt(request.messages, request.system, request.output, request.thinking,
+                               request.reasoning_effort, request.thinking_budget)  # fmt: skip
 
     def count_tokens(self, request: GenerationRequest) -> int:
         """Prompt tokens as the engine would see them; no context check (counting a long prompt is no error)."""

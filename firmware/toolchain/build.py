@@ -682,6 +682,22 @@ def read_chat_template(model_dir: Path) -> str:
                       "--chat-template FILE (a base model's folder or GGUF file carries none)")  # fmt: skip
 
 
+def read_tool_use_template(model_dir: Path) -> str | None:
+    """The folder's template named "tool_use", which transformers renders a conversation with tools
+    with: additional_chat_templates/tool_use.jinja (as transformers saves it now), or the named
+    templates of tokenizer_config.json (as Hermes 2 Pro's and Command R's were published); None where
+    it has none."""
+    jinja = model_dir / "additional_chat_templates" / "tool_use.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    cfg_path = model_dir / "tokenizer_config.json"
+    template = json.loads(cfg_path.read_text()).get("chat_template") if cfg_path.is_file() else None
+    if isinstance(template, list):
+        return next((str(t["template"]) for t in template if isinstance(t, dict) and t.get("name") == "tool_use"),
+                    None)  # fmt: skip
+    return None
+
+
 def require_empty(out_dir: Path) -> None:
     """A bundle is written into a new or empty directory only, never over another."""
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
@@ -690,9 +706,11 @@ def require_empty(out_dir: Path) -> None:
 
 def pack(model_dir: Path, out_dir: Path, *, name: str, version: str, layer: LayerConstants,
          source: dict[str, str], chat_template: str | None = None, eos_tokens: tuple[str, ...] = (),
-         licence: Licence | None = None, licence_files: tuple[Path, ...] = ()) -> Manifest:  # fmt: skip
+         licence: Licence | None = None, licence_files: tuple[Path, ...] = (),
+         tool_use_template: str | None = None) -> Manifest:  # fmt: skip
     """Copy an ONNX Runtime GenAI folder into out_dir and write its manifest (unsigned), with the
-    options' chat template, extra end-of-generation tokens and licence where given."""
+    options' chat template (and the model's for requests with tools), extra end-of-generation
+    tokens and licence where given."""
     layer.validate(where="layer")
     require_empty(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -721,6 +739,7 @@ def pack(model_dir: Path, out_dir: Path, *, name: str, version: str, layer: Laye
         files=describe_files(out_dir),
         source=source,
         licence=licence,
+        tool_use_template=tool_use_template,
     )
     (out_dir / MANIFEST_NAME).write_bytes(manifest.to_json_bytes())
     return manifest
@@ -810,6 +829,9 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
         work = Path(tmp)
         hf_dir = source
         template = options.chat_template
+        # (A template given in the options is the one for every request: the folder's others are not.
+        # A GGUF file's is not read.)
+        tool_template = read_tool_use_template(source) if template is None and source.is_dir() else None
         if kind == "gguf":
             t = step(f"dequantizing {source.name} into a Hugging Face folder")
             hf_dir = work / "hf"
@@ -868,7 +890,7 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
                     **({"cuda_graph": f"{CUDA_GRAPH_DIR}/ (fp16)"} if options.cuda_graph else {}),
                     **({"dequantized_from": quantization} if quantization else {})},
             chat_template=template, eos_tokens=options.eos_tokens,
-            licence=options.licence, licence_files=options.licence_files,
+            licence=options.licence, licence_files=options.licence_files, tool_use_template=tool_template,
         )  # fmt: skip
         step.done(t)
         t = step("checking the packed model loads in ONNX Runtime and its tokenizer is the model's")

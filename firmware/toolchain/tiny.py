@@ -1639,6 +1639,27 @@ QWEN35_TURNS = ChatStyle(QWEN35_CHAT_TEMPLATE, CHATML.specials, CHATML.bos, CHAT
 MISTRAL_TURNS = ChatStyle(MISTRAL_CHAT_TEMPLATE, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]",
                                                  "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
                                                  "[/TOOL_RESULTS]"), "<s>", "</s>")  # fmt: skip
+# Hermes 2 Pro's (abridged): ChatML, and for a conversation with tools a template of its own (named
+# "tool_use"), which lists them in the system turn and writes calls and results in the Hermes format.
+HERMES2_PRO_TOOL_USE_TEMPLATE = (
+    "{{ '<|im_start|>system\nYou are a function calling AI model. You are provided with function signatures "
+    "within <tools></tools> XML tags.<tools> ' }}{%- for tool in tools -%}{{ tool | tojson }}{%- endfor -%}"
+    "{{ ' </tools> For each function call return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags as follows:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-dict>}\n</tool_call><|im_end|>\n' }}"
+    "{%- for m in messages -%}{%- if m.role != 'tool' and not m.tool_calls -%}"
+    "{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}"
+    "{%- elif m.tool_calls -%}{{ '<|im_start|>assistant' }}{%- for c in m.tool_calls -%}"
+    "{{ '\n<tool_call>\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' + c.function.arguments | tojson "
+    "+ '}\n</tool_call>' }}{%- endfor -%}{{ '<|im_end|>\n' }}"
+    "{%- else -%}{{ '<|im_start|>tool\n' if loop.previtem and loop.previtem.role != 'tool' else '' }}"
+    "{{ '<tool_response>\n' + m.content + '\n</tool_response>' }}"
+    "{{ '<|im_end|>\n' if loop.last or loop.nextitem.role != 'tool' else '\n' }}{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
+)
+# The templates a model names "tool_use" beside its chat template: any ChatML fixture carries Hermes
+# 2 Pro's (its Llama's and Mistral's are these fixtures' own).
+TOOL_USE_TEMPLATES = {"helium": HERMES2_PRO_TOOL_USE_TEMPLATE}
 # Each family's template, with its special tokens, where it is not plain ChatML (Qwen2.5's and
 # Gemma 3's as published; the Gemma 3 270M firmware ships the latter too).
 CHAT_STYLES: dict[str, ChatStyle] = {
@@ -1812,7 +1833,8 @@ def make_tiny_hf(out_dir: Path, seed: int = 0, arch: str = "llama") -> None:
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=style.bos, eos_token=style.eos, unk_token=unk, pad_token=unk,
     )  # fmt: skip
-    fast.chat_template = style.template
+    fast.chat_template = ({"default": style.template, "tool_use": TOOL_USE_TEMPLATES[arch]}
+                          if arch in TOOL_USE_TEMPLATES else style.template)  # fmt: skip
     fast.save_pretrained(out_dir)
     torch.manual_seed(seed)
     shape: dict[str, object] = dict(
@@ -1865,6 +1887,7 @@ def _fingerprint(arch: str) -> str:
     if arch == "llama":
         return ""
     spec = repr((ARCHITECTURES[arch], chat_style(arch), *((RANDOMIZED[arch],) if arch in RANDOMIZED else ()),
+                 *((TOOL_USE_TEMPLATES[arch],) if arch in TOOL_USE_TEMPLATES else ()),
                  *((("architectures", PUBLISHED_AS[arch]),) if arch in PUBLISHED_AS else ()),
                  *((inspect.getsource(AS_PUBLISHED[ARCHITECTURES[arch][0]]),)
                    if ARCHITECTURES[arch][0] in AS_PUBLISHED else ()),

@@ -1341,6 +1341,10 @@ def test_minicpm5_calls_are_read_from_their_function_and_param_elements(chunk: i
      '\n<|begin_assistant|>\n\n<tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}, '
      '"id": "call00000"}]</tool_calls>\n<|end|>\n',
      "<|begin_tool_result|>\n18 C\n\n<|begin_assistant|>\nHere are my reasoning steps:\n"),
+    ("helium", "hermes", '<tools> {"type": "function", "function": {"name": "get_weather"',  # Hermes 2 Pro's tool_use
+     '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n'
+     "</tool_call><|im_end|>\n",
+     "<|im_start|>tool\n<tool_response>\n18 C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"),
     ("gemma4", "gemma4", "<|tool>declaration:get_weather{",  # the results in the turn of the calls, which goes on
      '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>c<|"|>}<tool_call|>',
      '<tool_call|><|tool_response>response:get_weather{value:<|"|>18 C<|"|>}<tool_response|><|channel>thought\n'
@@ -1381,6 +1385,26 @@ def test_a_model_is_shown_its_calls_and_held_to_them_in_its_own_format(trusted_k
             jsonschema.validate(json.loads(arguments), cities.schema)
         assert isinstance(events[-1], Finished) and events[-1].stop_reason == "tool_use"
         assert "".join(e.text for e in events if isinstance(e, TextDelta)) == ""
+    finally:
+        engine.close()
+
+
+def test_a_model_s_tool_use_template_renders_conversations_with_tools_and_its_chat_template_the_others(
+        trusted_keys: Path) -> None:  # fmt: skip
+    """As transformers picks it when tools are given; here also where earlier turns hold calls or
+    results, which a chat template without tools could only show as text."""
+    from firmware.toolchain.tiny import tiny_bundle
+
+    engine = Engine(firmware.load(tiny_bundle("helium"), trusted_keys), EngineConfig(intra_op_threads=1))
+    try:
+        hello = (Message("user", "Hello."),)
+        own = "You are a function calling AI model."
+        assert own not in engine.prepare(GenerationRequest(hello)).text
+        assert own in engine.prepare(GenerationRequest(hello, output=OutputRules((CLOCK,)))).text
+        called = (*hello, Message("assistant", "", (PastCall(CLOCK.name, "{}"),)),
+                  Message("user", "", results=(("noon", False),)))  # fmt: skip
+        text = engine.prepare(GenerationRequest(called)).text
+        assert "<|im_start|>tool\n<tool_response>\nnoon\n</tool_response>" in text
     finally:
         engine.close()
 

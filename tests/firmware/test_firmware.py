@@ -258,6 +258,29 @@ def test_a_source_without_a_chat_template_is_refused_before_the_export(tiny_hf_p
     assert progress == [] and not (tmp_path / "out").exists()
 
 
+def test_a_folder_s_tool_use_template_is_read_in_either_layout_and_signed_into_the_manifest(
+        tmp_path: Path, trusted_keys: Path) -> None:  # fmt: skip
+    """Hermes 2 Pro's and Command R's folders name a second template "tool_use", which transformers
+    renders a conversation with tools with: in tokenizer_config.json's named templates as they
+    were published, in additional_chat_templates/ as transformers saves them now."""
+    from firmware.toolchain.build import read_tool_use_template
+    from firmware.toolchain.tiny import HERMES2_PRO_TOOL_USE_TEMPLATE, tiny_bundle
+
+    bundle = firmware.load(tiny_bundle("helium"), trusted_keys)  # (its folder: additional_chat_templates/)
+    assert bundle.tool_use_template == HERMES2_PRO_TOOL_USE_TEMPLATE != bundle.chat_template
+    again = parse_manifest(bundle.manifest.to_json_bytes())
+    assert again.tool_use_template == HERMES2_PRO_TOOL_USE_TEMPLATE
+    published = tmp_path / "published"
+    published.mkdir()
+    (published / "tokenizer_config.json").write_text(json.dumps({"chat_template": [
+        {"name": "default", "template": "{{ messages }}"}, {"name": "tool_use", "template": "{{ tools }}"}]}))
+    assert read_tool_use_template(published) == "{{ tools }}"
+    (published / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    assert read_tool_use_template(published) is None
+    assert firmware.load(tiny_bundle("qwen2"), trusted_keys).tool_use_template is None
+    assert b"tool_use_template" not in firmware.load(tiny_bundle("qwen2"), trusted_keys).manifest.to_json_bytes()
+
+
 def test_the_end_of_turn_ids_of_generation_config_stop_the_engine(
     tiny_hf_path: Path, trusted_keys: Path, dev_key: Path, tmp_path: Path
 ) -> None:
