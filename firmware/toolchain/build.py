@@ -698,6 +698,15 @@ def read_tool_use_template(model_dir: Path) -> str | None:
     return None
 
 
+def gguf_tool_use_template(gguf: Path) -> str | None:
+    """A GGUF file's template named "tool_use": llama.cpp's converter writes a folder's named
+    templates as tokenizer.chat_template.NAME (Hermes 3's files carry it)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf)).fields.get("tokenizer.chat_template.tool_use")
+    return None if field is None else str(field.contents())
+
+
 def require_empty(out_dir: Path) -> None:
     """A bundle is written into a new or empty directory only, never over another."""
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
@@ -829,9 +838,10 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
         work = Path(tmp)
         hf_dir = source
         template = options.chat_template
-        # (A template given in the options is the one for every request: the folder's others are not.
-        # A GGUF file's is not read.)
-        tool_template = read_tool_use_template(source) if template is None and source.is_dir() else None
+        # (A template given in the options is the one for every request: the source's others are not.)
+        tool_template = None
+        if template is None:
+            tool_template = gguf_tool_use_template(source) if kind == "gguf" else read_tool_use_template(source)
         if kind == "gguf":
             t = step(f"dequantizing {source.name} into a Hugging Face folder")
             hf_dir = work / "hf"

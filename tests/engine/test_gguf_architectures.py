@@ -546,12 +546,26 @@ def test_a_file_of_an_architecture_the_build_does_not_read_is_refused_naming_it(
         build(odd, tmp_path / "out", BuildOptions(precision="fp32"))
 
 
+def test_a_file_s_tool_use_template_is_signed_into_the_manifest(tmp_path: Path) -> None:
+    """llama.cpp's converter writes a folder's named templates as tokenizer.chat_template.NAME:
+    Hermes 3's files carry its tool_use one, which renders the conversations with tools."""
+    from firmware.manifest import parse_manifest
+    from firmware.toolchain.build import BuildOptions, build
+    from firmware.toolchain.tiny import HERMES2_PRO_TOOL_USE_TEMPLATE
+
+    named = _rewritten(tiny_gguf("llama"), tmp_path / "named.gguf", lambda _, data: data,
+                       fields={"tokenizer.chat_template.tool_use": HERMES2_PRO_TOOL_USE_TEMPLATE})  # fmt: skip
+    build(named, tmp_path / "out", BuildOptions(precision="fp32"))
+    manifest = parse_manifest((tmp_path / "out" / "manifest.json").read_bytes())
+    assert manifest.tool_use_template == HERMES2_PRO_TOOL_USE_TEMPLATE != manifest.chat_template
+
+
 def _rewritten(path: Path, out: Path, edit: Any, arch: str | None = None, fields: dict[str, Any] | None = None,
                dropped: set[str] | None = None) -> Path:  # fmt: skip
     """The GGUF file at `path` written again to `out`, each tensor as `edit(name, data)` gives it
     (None: left out; a dict: the tensors, by name, that replace it), under architecture `arch`
-    (default: its own), with `fields`' values (a key the file lacks: an unsigned integer) and
-    without the keys `dropped`."""
+    (default: its own), with `fields`' values (a key the file lacks: an unsigned integer, or a
+    string) and without the keys `dropped`."""
     from gguf import GGUFReader, GGUFWriter
 
     reader = GGUFReader(str(path))
@@ -563,7 +577,7 @@ def _rewritten(path: Path, out: Path, edit: Any, arch: str | None = None, fields
                              sub_type=field.types[-1] if len(field.types) > 1 else None)  # fmt: skip
     for key, value in (fields or {}).items():
         if key not in reader.fields:
-            writer.add_uint32(key, value)
+            (writer.add_string if isinstance(value, str) else writer.add_uint32)(key, value)
     for t in reader.tensors:
         data = edit(t.name, np.array(t.data))
         for name, tensor in (data if isinstance(data, dict) else {t.name: data}).items():
