@@ -27,12 +27,20 @@ _UNSUPPORTED = {
 DEFAULT_MAX_TOKENS = 16  # the Completions API's own default
 
 
-def _prompt(doc: dict[str, Any]) -> str:
+def _prompt(doc: dict[str, Any]) -> str | tuple[int, ...]:
+    """One prompt: text, or token ids as the model's tokenizer numbers them (as evaluation harnesses
+    send what they tokenized), alone or as a list of one."""
     prompt = doc.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not prompt:
+            raise ApiError(400, "prompt: must not be empty", param="prompt")
+        if min(prompt) < 0:
+            raise ApiError(400, f"prompt: {min(prompt)} is not a token id", param="prompt")
+        return tuple(prompt)
     if not isinstance(prompt, str):
-        raise ApiError(400, "prompt: must be a string (one prompt per request; token arrays are not supported)",
+        raise ApiError(400, "prompt: must be a string or a list of token ids (one prompt per request)",
                        param="prompt")  # fmt: skip
     if not prompt:
         raise ApiError(400, "prompt: must not be empty", param="prompt")
@@ -53,10 +61,13 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> Call:
         raise ApiError(400, "echo: the prompt's log probabilities are not computed by this server (echo without "
                        "logprobs works)", param="echo")  # fmt: skip
     prompt = _prompt(doc)
+    if echo and not isinstance(prompt, str):
+        raise ApiError(400, "echo: needs the prompt as text (a prompt of token ids is not echoed)", param="echo")
     request = GenerationRequest(messages=(), raw_prompt=prompt, logprobs=logprobs,
                                 max_tokens=get_int(doc, "max_tokens", minimum=1) or DEFAULT_MAX_TOKENS,
                                 **common.sampling)  # fmt: skip
-    return Call(request, common.stream, common.model, common.include_usage, echo=prompt if echo else "", n=common.n)
+    return Call(request, common.stream, common.model, common.include_usage,
+                echo=prompt if echo and isinstance(prompt, str) else "", n=common.n)
 
 
 def legacy_logprobs(tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:

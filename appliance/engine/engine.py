@@ -545,10 +545,13 @@ class Engine:
         thread); raises InvalidRequest before anything is queued."""
         request.validate()
         vocab = self.bundle.model.vocab_size
-        beyond = next((token for token, _ in request.logit_bias if token >= vocab), None)
-        if beyond is not None:
-            raise InvalidRequest(f"logit_bias: token {beyond} is not in the model's vocabulary ({vocab} tokens)",
-                                 "logit_bias")  # fmt: skip
+        given = (("logit_bias", [token for token, _ in request.logit_bias]),
+                 ("prompt", request.raw_prompt if isinstance(request.raw_prompt, tuple) else ()))  # fmt: skip
+        for param, tokens in given:
+            beyond = next((token for token in tokens if token >= vocab), None)
+            if beyond is not None:
+                raise InvalidRequest(f"{param}: token {beyond} is not in the model's vocabulary ({vocab} tokens)",
+                                     param)  # fmt: skip
         prompt = self._render(request)
         if not prompt.ids:
             raise InvalidRequest("the prompt is empty after rendering", "messages")
@@ -604,6 +607,9 @@ class Engine:
             return self._grammars
 
     def _render(self, request: GenerationRequest) -> Prompt:
+        if isinstance(request.raw_prompt, tuple):  # a plain completion of the client's own tokens, as they are
+            ids = list(request.raw_prompt)
+            return Prompt(ids=ids, message_starts=[], text=self.tokenizer.decode(ids))
         if request.raw_prompt is not None:  # a plain completion: the text as it is, with the tokenizer's BOS
             ids, _ = self.tokenizer.encode(request.raw_prompt, add_special_tokens=True)
             return Prompt(ids=ids, message_starts=[], text=request.raw_prompt)

@@ -50,7 +50,9 @@ class GenerationRequest:
     seed: int | None = None
     output: OutputRules = field(default_factory=OutputRules)  # tools, tool choice, a JSON schema
     logprobs: int | None = None  # None: none; k: each token's log probability and the k most likely
-    raw_prompt: str | None = None  # a plain completion: this text as it is, no chat template (messages empty)
+    # A plain completion: this text as it is, or these token ids (as the model's tokenizer numbers
+    # them), no chat template (messages empty).
+    raw_prompt: str | tuple[int, ...] | None = None
     # A reasoning model's thought (reasoning.py): None leaves its chat template's default; True or
     # False asks the template to think first or not (`enable_thinking`, as Qwen3's and SmolLM3's read).
     thinking: bool | None = None
@@ -66,7 +68,7 @@ class GenerationRequest:
         loop, and on HTTP/3 a datagram of its own for the ACK)."""
         if self.output.constrained or len(self.messages) > 4:  # a render per message boundary
             return False
-        text = (self.raw_prompt or "") + (self.system or "")
+        text = (self.raw_prompt if isinstance(self.raw_prompt, str) else "") + (self.system or "")
         calls = sum(len(c.name) + len(c.arguments) for m in self.messages for c in m.calls)
         calls += sum(len(r) for m in self.messages for r, _ in m.results)
         return len(text) + calls + sum(len(m.content) for m in self.messages) <= limit_chars
@@ -76,7 +78,11 @@ class GenerationRequest:
         if self.raw_prompt is not None:
             if self.messages:
                 raise InvalidRequest("a plain completion has a prompt, not messages", "prompt")
-            _check_text(self.raw_prompt, "prompt", "prompt")
+            if isinstance(self.raw_prompt, str):
+                _check_text(self.raw_prompt, "prompt", "prompt")
+            elif not self.raw_prompt or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.raw_prompt):  # fmt: skip
+                raise InvalidRequest("prompt: must be text or a non-empty list of token ids", "prompt")
         elif not self.messages:
             raise InvalidRequest("messages must contain at least one message", "messages")
         if len(self.messages) > MAX_MESSAGES:

@@ -147,6 +147,29 @@ def test_openai_logit_bias_bans_and_favours_tokens(demo: tuple[RunningDaemon, De
         assert says in str(err.value) and err.value.body["param"] == "logit_bias", err.value.body  # type: ignore[index]
 
 
+def test_a_completion_s_prompt_may_be_the_model_s_token_ids(demo: tuple[RunningDaemon, DevSetup],
+                                                           demo_bundle_path: Path) -> None:  # fmt: skip
+    """As evaluation harnesses send what they tokenized (lm-eval's local-completions by default):
+    the ids as they are, alone or as a list of one, answer as the same text does."""
+    from tokenizers import Tokenizer
+
+    client = openai_client(*demo)
+    tokenizer = Tokenizer.from_file(str(demo_bundle_path / "tokenizer.json"))
+    prompt = "The capital of France is"
+    text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0).choices[0].text
+    ids = tokenizer.encode(prompt).ids
+    for given in (ids, [ids]):
+        done = client.completions.create(model=MODEL, prompt=given, max_tokens=6, temperature=0)
+        assert done.choices[0].text == text and done.usage is not None and done.usage.prompt_tokens == len(ids)
+    for bad, says in (([ids, ids], "one prompt per request"), ([1, 10**7], "not in the model's vocabulary"),
+                      ([[]], "must not be empty")):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model=MODEL, prompt=bad, max_tokens=1)
+        assert says in str(err.value) and err.value.body["param"] == "prompt", err.value.body  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError, match="needs the prompt as text"):
+        client.completions.create(model=MODEL, prompt=ids, max_tokens=1, echo=True)
+
+
 def _reused_tokens(setup: DevSetup) -> float:
     return metric(metrics(setup), "zerolayer_prefix_cache_reused_tokens_total")
 

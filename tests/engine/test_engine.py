@@ -967,6 +967,9 @@ def test_stop_sequence_ends_the_stream_before_it(engine: Engine) -> None:
         ({"logit_bias": ((-1, 1.0),)}, InvalidRequest, "logit_bias"),
         ({"logit_bias": ((10_000_000, 1.0),)}, InvalidRequest, "logit_bias"),  # past the vocabulary
         ({"logit_bias": tuple((i, 1.0) for i in range(1025))}, InvalidRequest, "logit_bias"),
+        ({"messages": (), "raw_prompt": ()}, InvalidRequest, "prompt"),  # token ids: none
+        ({"messages": (), "raw_prompt": (1, True)}, InvalidRequest, "prompt"),
+        ({"messages": (), "raw_prompt": (1, 10_000_000)}, InvalidRequest, "prompt"),  # past the vocabulary
     ],
 )
 def test_bad_requests_are_typed_errors(engine: Engine, request_kwargs: dict, error: type, param: str) -> None:  # type: ignore[type-arg]
