@@ -839,9 +839,7 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
         hf_dir = source
         template = options.chat_template
         # (A template given in the options is the one for every request: the source's others are not.)
-        tool_template = None
-        if template is None:
-            tool_template = gguf_tool_use_template(source) if kind == "gguf" else read_tool_use_template(source)
+        tool_template = read_tool_use_template(source) if template is None and source.is_dir() else None
         if kind == "gguf":
             t = step(f"dequantizing {source.name} into a Hugging Face folder")
             hf_dir = work / "hf"
@@ -852,6 +850,7 @@ def _build(source: Path, kind: str, out_dir: Path, options: BuildOptions, key: P
             except Exception as exc:  # gguf's reader and transformers' loader raise whatever they hit
                 raise BundleError(f"{source.name}: cannot be read as a model ({type(exc).__name__}: {exc}); "
                                   f"{_gguf_hint(source)}") from None  # fmt: skip
+            tool_template = gguf_tool_use_template(source) if template is None else None  # (a file read above)
             step.done(t)
         if quantization:
             t = step(f"dequantizing {source.name}'s {quantization} weights into a float32 folder")
