@@ -85,7 +85,6 @@ class Generation:
         self.tokenizer = tokenizer
         # (A format that reads special tokens in the answer's text, Gemma 4's, has them kept there.)
         self.decoder = StreamDecoder(tokenizer, prompt.call_format.kept if self.calls is not None else None)
-        self.stops = StopMatcher(request.stop_sequences)
         fmt = prompt.thought_format
         calls: Calls = "none" if not own_message else "required" if calls_only else "auto"
         self.thought: ThoughtSplit = NoThought() if fmt is None else fmt.split(prompt.ids, request.thinking_budget,
@@ -96,8 +95,7 @@ class Generation:
         self.marker = StopMatcher(("\n" + marker.marker, marker.marker)) if marker is not None else None
         # What the template asks the model to end its answer with ends the turn, shown nowhere.
         self.answer_end = marker.answer_end if marker is not None else ""
-        if self.answer_end:
-            self.stops = StopMatcher((*request.stop_sequences, self.answer_end))
+        self.stops = StopMatcher((*request.stop_sequences, *((self.answer_end,) if self.answer_end else ())))
         self._after_marker = ""  # what the token that ended the marker wrote after it: the answer's
         self.cache: KVCache | None = None
         self.generated: list[int] = []

@@ -147,9 +147,8 @@ class ThinkTags:
         for open_tag, close_tag in TAG_PAIRS:
             open_id, close_id = tokenizer.token_id(open_tag), tokenizer.token_id(close_tag)
             if open_id is not None and close_id is not None and open_tag in template:
-                blanks = (tokenizer.encode(text)[0] for text in BLANKS)
                 label = tuple(tokenizer.encode(TAG_LABELS[open_tag])[0]) if open_tag in TAG_LABELS else ()
-                return ThinkTags(open_id, close_id, frozenset(ids[0] for ids in blanks if len(ids) == 1), label)
+                return ThinkTags(open_id, close_id, _blank_ids(tokenizer), label)
         return None
 
     def inside(self, prompt_ids: Sequence[int]) -> bool:
@@ -176,6 +175,12 @@ class ThinkTags:
         if prompt_ids and prompt_ids[-1] == self.open_id:  # the label comes next
             split.labelled = 0
         return split
+
+
+def _blank_ids(tokenizer: TextTokenizer) -> frozenset[int]:
+    """The BLANKS that are one token of the vocabulary."""
+    encoded = (tokenizer.encode(text)[0] for text in BLANKS)
+    return frozenset(ids[0] for ids in encoded if len(ids) == 1)
 
 
 class _AnswerAfterThought:
@@ -273,10 +278,9 @@ class TextMarker:
         # end of a prompt: what comes before one may merge with the text before it.)
         ids = tokenizer.encode(opening, add_special_tokens=False)[0]
         first = next((i for i, t in enumerate(ids) if not tokenizer.decode([t])), 0)  # (decoding drops specials)
-        blanks = (tokenizer.encode(text, add_special_tokens=False)[0] for text in BLANKS)
         close = tokenizer.encode("\n" + marker, add_special_tokens=False)[0]
         return TextMarker(marker, end if end in template else "", tuple(ids[first:]), tuple(close),
-                          frozenset(b[0] for b in blanks if len(b) == 1))
+                          _blank_ids(tokenizer))
 
     def split(self, prompt_ids: Sequence[int], budget: int | None, calls: Calls = "none") -> MarkerSplit:
         """The thought opens where the prompt ends in the generation prompt (not after a prefill)."""
