@@ -325,6 +325,18 @@ _SET_STRING = re.compile(r"""\{%-?\s*set\s+(\w+)\s*=\s*(['"])([^'"\\{}]*)\2\s*-?
 _FORMATTED = re.compile(r"""(['"])([^'"\\]*)\1\.format\((\w+)\)""")
 
 
+def tool_use_template(source: str | None, tokenizer: TextTokenizer) -> ChatTemplate | None:
+    """The model's template for conversations with tools (a folder's "tool_use" one), where it lists
+    the tools and asks for calls in a format known here: Hermes 2 Pro's and 3's. Not Command R's,
+    whose template asks for a plan of actions, a `directly-answer` one among them, a flow of its
+    own: its chat template and our system block serve those conversations."""
+    if source is None:
+        return None
+    template = ChatTemplate(source, tokenizer)
+    known = template.call_format is not HERMES or HERMES.opening in template.spelled
+    return template if template.takes_tools and known else None
+
+
 def spelled_out(source: str) -> str:
     """A template's source with each string it builds by `.format` of a name set to a string
     written out as that string, where the call format and the thought's tags are looked for:

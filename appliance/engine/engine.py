@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from appliance.engine.chat import ChatTemplate, Prompt
+from appliance.engine.chat import ChatTemplate, Prompt, tool_use_template
 from appliance.engine.constraint import Constraint, GrammarCompiler
 from appliance.engine.errors import ContextOverflow, EngineError, EngineStopped, GenerationFailed, InvalidRequest
 from appliance.engine.generation import Generation, ShardPolicy
@@ -476,8 +476,7 @@ class Engine:
         self.template = ChatTemplate(bundle.chat_template, self.tokenizer)
         # The model's template for conversations with tools, where it has one of its own (Hermes 2 Pro's):
         # transformers renders with it when tools are given; here also where earlier turns hold calls.
-        tools = bundle.tool_use_template
-        self.tool_template = ChatTemplate(tools, self.tokenizer) if tools is not None else None
+        self.tool_template = tool_use_template(bundle.tool_use_template, self.tokenizer)
         self.thought_format = thought_format(self.tokenizer, self.template.spelled, self.template.generation_prompt)
         self.prefix_cache = (
             PrefixCache(self.config.prefix_cache_bytes, self.config.prefix_block_tokens)

@@ -1393,7 +1393,8 @@ def test_a_model_s_tool_use_template_renders_conversations_with_tools_and_its_ch
         trusted_keys: Path) -> None:  # fmt: skip
     """As transformers picks it when tools are given; here also where earlier turns hold calls or
     results, which a chat template without tools could only show as text."""
-    from firmware.toolchain.tiny import tiny_bundle
+    from appliance.engine.chat import tool_use_template
+    from firmware.toolchain.tiny import HERMES2_PRO_TOOL_USE_TEMPLATE, tiny_bundle
 
     engine = Engine(firmware.load(tiny_bundle("helium"), trusted_keys), EngineConfig(intra_op_threads=1))
     try:
@@ -1405,6 +1406,15 @@ def test_a_model_s_tool_use_template_renders_conversations_with_tools_and_its_ch
                   Message("user", "", results=(("noon", False),)))  # fmt: skip
         text = engine.prepare(GenerationRequest(called)).text
         assert "<|im_start|>tool\n<tool_response>\nnoon\n</tool_response>" in text
+        # Command R's asks for a plan of actions (a `directly-answer` one among them) in a flow of its
+        # own: the chat template and our system block serve those conversations.
+        actions = ("{{ '## Available Tools\n' }}{%- for t in tools -%}{{ t.function.name }}{%- endfor -%}"
+                   "{%- for m in messages -%}{{ m.role + ': ' + m.content }}{%- endfor -%}"
+                   "{{ \"Write 'Action:' followed by a json-formatted list of actions\" }}")  # fmt: skip
+        assert tool_use_template(actions, engine.tokenizer) is None
+        assert tool_use_template(None, engine.tokenizer) is None
+        hermes = tool_use_template(HERMES2_PRO_TOOL_USE_TEMPLATE, engine.tokenizer)
+        assert hermes is not None and hermes.call_format is HERMES and hermes.takes_tool_role
     finally:
         engine.close()
 
