@@ -270,6 +270,8 @@ def test_a_folder_s_tool_use_template_is_read_in_either_layout_and_signed_into_t
     assert bundle.tool_use_template == HERMES2_PRO_TOOL_USE_TEMPLATE != bundle.chat_template
     again = parse_manifest(bundle.manifest.to_json_bytes())
     assert again.tool_use_template == HERMES2_PRO_TOOL_USE_TEMPLATE
+    shown = _zerolayer("firmware", "inspect", str(bundle.root), "--trusted-keys", str(trusted_keys)).stdout
+    assert f"tool-use template: {len(HERMES2_PRO_TOOL_USE_TEMPLATE)} characters (for requests with tools)" in shown
     published = tmp_path / "published"
     published.mkdir()
     (published / "tokenizer_config.json").write_text(json.dumps({"chat_template": [
