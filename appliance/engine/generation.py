@@ -87,8 +87,10 @@ class Generation:
         self.decoder = StreamDecoder(tokenizer, prompt.call_format.kept if self.calls is not None else None)
         fmt = prompt.thought_format
         calls: Calls = "none" if not own_message else "required" if calls_only else "auto"
-        self.thought: ThoughtSplit = NoThought() if fmt is None else fmt.split(prompt.ids, request.thinking_budget,
-                                                                                calls)  # fmt: skip
+        # Thinking switched off where the template opens a thought all the same (DeepSeek-R1's
+        # distills', Apriel's): the thought is closed at once.
+        budget = 0 if request.thinking is False else request.thinking_budget
+        self.thought: ThoughtSplit = NoThought() if fmt is None else fmt.split(prompt.ids, budget, calls)
         # A thought written as text ends at its marker: its text is held back while it could still become it.
         # (on a line of its own, the line break is the marker's too)
         marker = self.thought.fmt if isinstance(self.thought, MarkerSplit) else None

@@ -180,6 +180,13 @@ def test_the_budget_closes_the_thought_and_the_answer_follows(engine: Engine) ->
     assert thought == alone  # greedy: the budget cut the same thought short, it changed none of it
 
 
+def test_thinking_switched_off_closes_a_thought_the_prompt_opens_all_the_same(engine: Engine) -> None:
+    # (DeepSeek-R1's distills' templates open one whatever the switch; here a prefill does)
+    thought, answer, done, _ = _run(engine, _ask(20, thinking=False))
+    assert thought == "" and answer and done.thought_tokens == 1  # the close tag, at once
+    assert "</think>" not in answer
+
+
 def test_stop_sequences_and_log_probabilities_belong_to_the_answer(engine: Engine) -> None:
     thought, answer, _, _ = _run(engine, _ask(40, thinking_budget=10))
     word = next(w for w in thought.split() if len(w) > 2 and w not in answer)
@@ -472,6 +479,9 @@ def test_a_thought_written_as_text_is_streamed_apart_until_its_marker(apriel: En
                                   temperature=0)  # fmt: skip
     thought3, answer3, done3, _ = _run(apriel, prefilled)
     assert thought3 == "" and answer3 and done3.thought_tokens == 0
+    # Its template has no switch: thinking off, the marker comes at once.
+    thought4, answer4, done4, _ = _run(apriel, dataclasses.replace(ask, thinking=False, thinking_budget=None))
+    assert thought4 == "" and answer4 and done4.thought_tokens == len(fmt.close_ids)
 
 
 def test_the_end_a_template_asks_an_answer_for_ends_the_turn_and_is_shown_nowhere(apriel: Engine) -> None:
