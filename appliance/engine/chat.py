@@ -116,6 +116,9 @@ class ChatTemplate:
         asked, said = (self._rendered_or_empty([{"role": "user", "content": "Hi."}], prompt)
                        for prompt in (True, False))  # fmt: skip
         self.generation_prompt = asked[len(said) :] if said and asked.startswith(said) else ""
+        # The reasoning efforts the template takes (Hy3's refuses medium, which OpenAI's clients send).
+        self.efforts = tuple(e for e in EFFORTS if self._rendered_or_empty([{"role": "user", "content": "Hi."}],
+                                                                          reasoning_effort=e))  # fmt: skip
         own = call_format(self.spelled, tokenizer.token_id, tokenizer.is_special)
         # Earlier calls go to the template as `tool_calls`, as transformers passes them, where it
         # renders them (gpt-oss's are messages of their own); else as text in the call format.
@@ -188,7 +191,7 @@ class ChatTemplate:
         template that does not read them ignores them)."""
         extra: dict[str, Any] = {} if thinking is None else {"enable_thinking": thinking}
         if effort is not None:
-            extra["reasoning_effort"] = effort
+            extra["reasoning_effort"] = _nearest(effort, self.efforts)
         if thinking is False or budget is not None:
             extra["thinking_budget"] = 0 if thinking is False else budget
         blocks = [system] if system else []
@@ -323,6 +326,18 @@ class ChatTemplate:
 # `{% set NAME = 'text' %}`, and a string built of it: `'<tool_call{}>'.format(NAME)`.
 _SET_STRING = re.compile(r"""\{%-?\s*set\s+(\w+)\s*=\s*(['"])([^'"\\{}]*)\2\s*-?%\}""")
 _FORMATTED = re.compile(r"""(['"])([^'"\\]*)\1\.format\((\w+)\)""")
+
+
+EFFORTS = ("low", "medium", "high")
+
+
+def _nearest(effort: str, taken: Sequence[str]) -> str:
+    """`effort`, or the nearest of the efforts a template takes (the higher of two as near; as it is
+    where the template takes none of them, or it is none of them)."""
+    if not taken or effort in taken or effort not in EFFORTS:
+        return effort
+    at = EFFORTS.index(effort)
+    return min(taken, key=lambda e: (abs(EFFORTS.index(e) - at), -EFFORTS.index(e)))
 
 
 def tool_use_template(source: str | None, tokenizer: TextTokenizer) -> ChatTemplate | None:

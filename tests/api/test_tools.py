@@ -1419,6 +1419,27 @@ def test_a_model_s_tool_use_template_renders_conversations_with_tools_and_its_ch
         engine.close()
 
 
+def test_a_reasoning_effort_the_template_refuses_is_its_nearest_that_it_takes(tiny_bundle_path: Path,
+                                                                            trusted_keys: Path) -> None:  # fmt: skip
+    """Hy3's template takes low and high (and its own no_think) and refuses medium, which OpenAI's
+    clients send: medium is rendered as high."""
+    from appliance.engine.chat import ChatTemplate
+    from appliance.engine.tokenizer import TextTokenizer
+
+    bundle = firmware.load(tiny_bundle_path, trusted_keys)
+    tokenizer = TextTokenizer(bundle.tokenizer_path, bundle.tokenizer_config_path)
+    hy3 = ("{%- if reasoning_effort is defined and reasoning_effort not in ['high', 'low', 'no_think'] -%}"
+           "{{ raise_exception('reasoning_effort error : ' + reasoning_effort) }}{%- endif -%}"
+           "{%- for m in messages -%}{{ m.content }}{%- endfor -%}[{{ reasoning_effort | default('none') }}]")
+    template = ChatTemplate(hy3, tokenizer)
+    assert template.efforts == ("low", "high")
+    hello = (Message("user", "Hi."),)
+    assert [template.prompt(hello, effort=e).text for e in ("low", "medium", "high")] == ["Hi.[low]", "Hi.[high]",
+                                                                                        "Hi.[high]"]  # fmt: skip
+    assert ChatTemplate("{{ messages[0].content }}[{{ reasoning_effort }}]", tokenizer).prompt(
+        hello, effort="medium").text == "Hi.[medium]"  # a template that takes any: as it is
+
+
 # --- the official clients against the demo firmware -------------------------------------------
 
 
