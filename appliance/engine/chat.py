@@ -116,9 +116,10 @@ class ChatTemplate:
         asked, said = (self._rendered_or_empty([{"role": "user", "content": "Hi."}], prompt)
                        for prompt in (True, False))  # fmt: skip
         self.generation_prompt = asked[len(said) :] if said and asked.startswith(said) else ""
-        # The reasoning efforts the template takes (Hy3's refuses medium, which OpenAI's clients send).
-        self.efforts = tuple(e for e in EFFORTS if self._rendered_or_empty([{"role": "user", "content": "Hi."}],
-                                                                          reasoning_effort=e))  # fmt: skip
+        # The reasoning efforts the template takes (Hy3's refuses medium, which OpenAI's clients send);
+        # one that never reads them takes any.
+        self.efforts = EFFORTS if "reasoning_effort" not in source else tuple(
+            e for e in EFFORTS if self._rendered_or_empty([{"role": "user", "content": "Hi."}], reasoning_effort=e))
         own = call_format(self.spelled, tokenizer.token_id, tokenizer.is_special)
         # Earlier calls go to the template as `tool_calls`, as transformers passes them, where it
         # renders them (gpt-oss's are messages of their own); else as text in the call format.

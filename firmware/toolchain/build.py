@@ -663,15 +663,9 @@ def read_chat_template(model_dir: Path) -> str:
     jinja = model_dir / "chat_template.jinja"
     if jinja.is_file():
         return jinja.read_text()
-    cfg_path = model_dir / "tokenizer_config.json"
-    if cfg_path.is_file():
-        template = json.loads(cfg_path.read_text()).get("chat_template")
-        if isinstance(template, str) and template:
-            return template
-        if isinstance(template, list):  # the named-templates form: take "default"
-            for t in template:
-                if t.get("name") == "default":
-                    return str(t["template"])
+    named = _named_templates(model_dir)
+    if named.get("default"):
+        return named["default"]
     processor = model_dir / "chat_template.json"  # an image-and-text model's processor's
     if processor.is_file():
         template = json.loads(processor.read_text()).get("chat_template")
@@ -690,12 +684,19 @@ def read_tool_use_template(model_dir: Path) -> str | None:
     jinja = model_dir / "additional_chat_templates" / "tool_use.jinja"
     if jinja.is_file():
         return jinja.read_text()
+    return _named_templates(model_dir).get("tool_use")
+
+
+def _named_templates(model_dir: Path) -> dict[str, str]:
+    """tokenizer_config.json's chat templates by name: its one template as "default", or each of
+    the named-templates form (a list of names and templates)."""
     cfg_path = model_dir / "tokenizer_config.json"
     template = json.loads(cfg_path.read_text()).get("chat_template") if cfg_path.is_file() else None
+    if isinstance(template, str):
+        return {"default": template}
     if isinstance(template, list):
-        return next((str(t["template"]) for t in template if isinstance(t, dict) and t.get("name") == "tool_use"),
-                    None)  # fmt: skip
-    return None
+        return {str(t["name"]): str(t["template"]) for t in template if isinstance(t, dict) and "name" in t}
+    return {}
 
 
 def gguf_tool_use_template(gguf: Path) -> str | None:
