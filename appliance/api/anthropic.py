@@ -35,7 +35,7 @@ from appliance.api.tools import (
     tool_items,
 )
 from appliance.engine import ContextOverflow, Finished, GenerationRequest, Message
-from appliance.engine.request import TokenLogprob
+from appliance.engine.request import PromptLogprobs, TokenLogprob
 from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
 
 # status -> the Messages API's error type
@@ -458,6 +458,9 @@ class StreamEncoder:
 
     def logprob(self, token: TokenLogprob) -> bytes:
         return b""  # the Messages API has no log probabilities (never asked for)
+
+    def prompt_logprobs(self, scores: PromptLogprobs) -> bytes:
+        return b""
 
     def debug(self, lines: list[str]) -> bytes:
         """The decision trace, for callers allowed to see it (not part of the Messages API)."""

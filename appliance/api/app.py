@@ -41,7 +41,7 @@ from appliance.engine import (
     Stream,
     TextDelta,
 )
-from appliance.engine.request import Event, ThoughtDelta, TokenLogprob
+from appliance.engine.request import Event, PromptLogprobs, ThoughtDelta, TokenLogprob
 from appliance.engine.tools import CallArguments, CallStart
 from appliance.flows import DigestTable, flow_of
 from appliance.governor import Governor
@@ -482,6 +482,8 @@ class ApiApp:
             request = dataclasses.replace(request, prior_digests=self.flows.get(flow))
         choices = _Choices(await self._submit(ex.dialect, call.model, request), call.n)
         first = choices.streams[0]
+        if call.echo:  # the prompt as the model read it (a prompt of token ids, decoded)
+            call = dataclasses.replace(call, echo_text=first.prompt.text)
         if flow is not None:
             first.trace.notes.insert(0, f"Flow: {flow.proto_name} {flow}")
         self.metrics.stream_opened()
@@ -545,6 +547,8 @@ class ApiApp:
                     await sink.call_arguments(index, call_out, event.json)
                 elif isinstance(event, TokenLogprob):
                     await sink.logprob(index, event)
+                elif isinstance(event, PromptLogprobs):
+                    await sink.prompt_logprobs(index, event)
                 elif isinstance(event, Prefilled):  # before the first delta
                     if index == 0:
                         for i in range(1, call.n):
@@ -668,6 +672,8 @@ class Sink(Protocol):
 
     async def logprob(self, index: int, token: TokenLogprob) -> None: ...
 
+    async def prompt_logprobs(self, index: int, scores: PromptLogprobs) -> None: ...
+
     async def finished(self, index: int, done: Finished) -> None: ...
 
     async def error(self, err: ApiError) -> None: ...
@@ -691,6 +697,7 @@ class WholeSink:
         self.calls: list[list[CallOut]] = [[] for _ in range(n)]
         self.logprobs: list[list[TokenLogprob] | None] = [[] if call.request.logprobs is not None else None
                                                           for _ in range(n)]  # fmt: skip
+        self.prompts: list[PromptLogprobs | None] = [None] * n
         self.done: list[Finished | None] = [None] * n
         self.doc: dict[str, Any] | None = None
 
@@ -721,6 +728,9 @@ class WholeSink:
         if logprobs is not None:
             logprobs.append(token)
 
+    async def prompt_logprobs(self, index: int, scores: PromptLogprobs) -> None:
+        self.prompts[index] = scores
+
     async def finished(self, index: int, done: Finished) -> None:
         self.done[index] = done
 
@@ -730,9 +740,9 @@ class WholeSink:
     async def close(self) -> None:
         self.closing = True
         # Every choice, or with n > 1 cancelled before the others began, the first alone.
-        kept = zip(self.parts, self.calls, self.logprobs, self.thoughts, self.done, strict=True)
-        choices = [(Answer("".join(parts), calls, logprobs, "".join(thought)), done)
-                   for parts, calls, logprobs, thought, done in kept if done is not None]  # fmt: skip
+        kept = zip(self.parts, self.calls, self.logprobs, self.thoughts, self.prompts, self.done, strict=True)
+        choices = [(Answer("".join(parts), calls, logprobs, "".join(thought), prompt), done)
+                   for parts, calls, logprobs, thought, prompt, done in kept if done is not None]  # fmt: skip
         doc = self.doc = self.dialect.response(self.model, self.call, choices)
         extra = [(b"zerolayer-trace", json.dumps(choices[0][1].trace.lines()).encode())] if self.debug else []
         self.started = True
@@ -779,6 +789,9 @@ class StreamSink:
 
     async def logprob(self, index: int, token: TokenLogprob) -> None:
         await _chunk(self.send, self.encoders[index].logprob(token))
+
+    async def prompt_logprobs(self, index: int, scores: PromptLogprobs) -> None:
+        await _chunk(self.send, self.encoders[index].prompt_logprobs(scores))
 
     async def finished(self, index: int, done: Finished) -> None:
         self.done[index] = done

@@ -15,7 +15,7 @@ from appliance.api.fields import Hint, check_hints, get_bool, get_int, reject_un
 from appliance.api.openai import OpenAIDialect, StreamEncoder, common_fields, finish_reason, usage
 from appliance.api.tools import Answer, CallOut
 from appliance.engine import Finished, GenerationRequest
-from appliance.engine.request import MAX_TOP_LOGPROBS, TokenLogprob
+from appliance.engine.request import MAX_TOP_LOGPROBS, PromptLogprobs, TokenLogprob
 
 _HINTS: dict[str, Hint] = {"user": str, "metadata": dict}
 _KNOWN = {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options",
@@ -57,35 +57,41 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> Call:
     if logprobs is not None and logprobs > MAX_TOP_LOGPROBS:
         raise ApiError(400, f"logprobs: at most {MAX_TOP_LOGPROBS}", param="logprobs")
     echo = get_bool(doc, "echo")
-    if echo and logprobs is not None:
-        raise ApiError(400, "echo: the prompt's log probabilities are not computed by this server (echo without "
-                       "logprobs works)", param="echo")  # fmt: skip
-    prompt = _prompt(doc)
-    if echo and not isinstance(prompt, str):
-        raise ApiError(400, "echo: needs the prompt as text (a prompt of token ids is not echoed)", param="echo")
-    request = GenerationRequest(messages=(), raw_prompt=prompt, logprobs=logprobs,
-                                max_tokens=get_int(doc, "max_tokens", minimum=1) or DEFAULT_MAX_TOKENS,
+    max_tokens = get_int(doc, "max_tokens", minimum=0)
+    if max_tokens == 0 and not (echo and logprobs is not None):
+        raise ApiError(400, "max_tokens: 0 generates nothing; it is for scoring the prompt (with echo and "
+                       "logprobs)", param="max_tokens")  # fmt: skip
+    # With echo, logprobs scores the prompt too (as evaluation harnesses ask for a text's likelihood).
+    request = GenerationRequest(messages=(), raw_prompt=_prompt(doc), logprobs=logprobs,
+                                prompt_logprobs=logprobs if echo else None,
+                                max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                                 **common.sampling)  # fmt: skip
-    return Call(request, common.stream, common.model, common.include_usage,
-                echo=prompt if echo and isinstance(prompt, str) else "", n=common.n)
+    return Call(request, common.stream, common.model, common.include_usage, echo=echo, n=common.n)
 
 
-def legacy_logprobs(tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:
+def legacy_logprobs(tokens: Sequence[TokenLogprob], offset: int, first: str | None = None) -> dict[str, Any]:
     """The legacy shape: parallel lists, each step's alternatives as a token -> logprob map, and
-    where each token starts in the text."""
+    where each token starts in the text. `first`: a scored prompt's first token, which has no log
+    probability (null, as OpenAI's)."""
+    steps: list[tuple[str, float | None, dict[str, float] | None]] = [] if first is None else [(first, None, None)]
+    steps += [(t.token, t.logprob, dict(t.top)) for t in tokens]
     offsets, at = [], offset
-    for t in tokens:
+    for token, _, _ in steps:
         offsets.append(at)
-        at += len(t.token)
-    return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [dict(t.top) for t in tokens], "text_offset": offsets}  # fmt: skip
+        at += len(token)
+    return {"tokens": [s[0] for s in steps], "token_logprobs": [s[1] for s in steps],
+            "top_logprobs": [s[2] for s in steps], "text_offset": offsets}  # fmt: skip
 
 
 def response(completion_id: str, model: str, call: Call, choices: Sequence[tuple[Answer, Finished]]
              ) -> dict[str, Any]:  # fmt: skip
     def choice(index: int, answer: Answer, done: Finished) -> dict[str, Any]:
-        logprobs = None if answer.logprobs is None else legacy_logprobs(answer.logprobs, len(call.echo))
-        return {"index": index, "text": call.echo + answer.text, "logprobs": logprobs,
+        echo, prompt, logprobs = call.echo_text if call.echo else "", answer.prompt, None
+        if prompt is not None:  # the prompt's tokens, then the answer's
+            logprobs = legacy_logprobs([*prompt.tokens, *(answer.logprobs or ())], 0, prompt.first)
+        elif answer.logprobs is not None:
+            logprobs = legacy_logprobs(answer.logprobs, len(echo))
+        return {"index": index, "text": echo + answer.text, "logprobs": logprobs,
                 "finish_reason": finish_reason(done)}  # fmt: skip
 
     return {"id": completion_id, "object": "text_completion", "created": int(time.time()), "model": model,
@@ -101,15 +107,22 @@ class CompletionStream(StreamEncoder):
 
     def __init__(self, completion_id: str, model: str, call: Call) -> None:
         super().__init__(completion_id, model, call.include_usage)
-        self.echo = call.echo
-        self.offset = len(call.echo)  # where the next token starts in the whole text
+        self.echo = call.echo_text if call.echo else ""
+        # The echo goes with the prompt's log probabilities where they are asked for, else at once.
+        self.scored = call.request.prompt_logprobs is not None
+        self.offset = len(self.echo)  # where the next token starts in the whole text
 
     def _choice(self, text: str, logprobs: dict[str, Any] | None = None, finish: str | None = None
                 ) -> dict[str, Any]:  # fmt: skip
         return {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
     def start(self) -> bytes:
-        return self._chunk([self._choice(self.echo)]) if self.echo else b""
+        return self._chunk([self._choice(self.echo)]) if self.echo and not self.scored else b""
+
+    def prompt_logprobs(self, scores: PromptLogprobs) -> bytes:
+        logprobs = legacy_logprobs(scores.tokens, 0, scores.first)
+        self.offset = sum(len(token) for token in logprobs["tokens"])
+        return self._chunk([self._choice(self.echo, logprobs)])
 
     def delta(self, text: str) -> bytes:
         return self._chunk([self._choice(text)])

@@ -12,7 +12,7 @@ from typing import Any, Protocol, Self
 from appliance.api.errors import ApiError
 from appliance.api.tools import Answer, CallOut
 from appliance.engine import ContextOverflow, Finished, GenerationRequest
-from appliance.engine.request import TokenLogprob
+from appliance.engine.request import PromptLogprobs, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,8 @@ class Call:
     stream: bool
     model: str  # the served model the request named
     include_usage: bool = False  # OpenAI's stream_options.include_usage
-    echo: str = ""  # text the answer repeats before its own (the Completions API's echo of the prompt)
+    echo: bool = False  # the answer repeats the prompt before its own (the Completions API's echo)
+    echo_text: str = ""  # the prompt as the model read it (the app fills it in once the engine has read it)
     n: int = 1  # choices sampled from the one prompt (OpenAI's n)
 
 
@@ -54,6 +55,10 @@ class StreamEncoder(Protocol):
     def call_arguments(self, call: CallOut, piece: str) -> bytes: ...
 
     def logprob(self, token: TokenLogprob) -> bytes: ...
+
+    def prompt_logprobs(self, scores: PromptLogprobs) -> bytes:
+        """A scored prompt's log probabilities (only a plain completion asks for them)."""
+        ...
 
     def debug(self, lines: list[str]) -> bytes: ...
 

@@ -36,7 +36,7 @@ from appliance.api.tools import (
     tool_items,
 )
 from appliance.engine import ContextOverflow, Finished, GenerationRequest, Message
-from appliance.engine.request import LOGIT_BIAS, MAX_LOGIT_BIAS, TokenLogprob
+from appliance.engine.request import LOGIT_BIAS, MAX_LOGIT_BIAS, PromptLogprobs, TokenLogprob
 from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
 
 # status -> (OpenAI error type, code)
@@ -464,6 +464,9 @@ class StreamEncoder:
         return self._chunk([{"index": self.index, "delta": {},
                              "logprobs": {"content": [logprob_entry(token)], "refusal": None},
                              "finish_reason": None}])  # fmt: skip
+
+    def prompt_logprobs(self, scores: PromptLogprobs) -> bytes:
+        return b""  # (never asked for: a chat's prompt is its template's)
 
     def debug(self, lines: list[str]) -> bytes:
         return debug_comment(lines)

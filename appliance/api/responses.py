@@ -42,7 +42,7 @@ from appliance.api.tools import (
     tool_items,
 )
 from appliance.engine import Finished, GenerationRequest, Message
-from appliance.engine.request import TokenLogprob
+from appliance.engine.request import PromptLogprobs, TokenLogprob
 from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
 
 _KNOWN = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
@@ -493,6 +493,9 @@ class ResponseStream:
     def logprob(self, token: TokenLogprob) -> bytes:
         self.pending.append(logprob_entry(token))  # sent with the text it makes (its delta event)
         return b""
+
+    def prompt_logprobs(self, scores: PromptLogprobs) -> bytes:
+        return b""  # (never asked for: a response's input is no plain prompt)
 
     def debug(self, lines: list[str]) -> bytes:
         return debug_comment(lines)

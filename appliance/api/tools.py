@@ -11,7 +11,7 @@ from typing import Any
 
 from appliance.api.errors import ApiError
 from appliance.api.fields import Hint, check_hints
-from appliance.engine.request import TokenLogprob
+from appliance.engine.request import PromptLogprobs, TokenLogprob
 from appliance.engine.tools import Tool
 
 MAX_TOOLS = 128
@@ -38,12 +38,14 @@ class CallOut:
 @dataclass
 class Answer:
     """A whole answer: its text, the calls it made in order, its tokens' log probabilities (None
-    when the request did not ask), and a reasoning model's thought before it."""
+    when the request did not ask), a reasoning model's thought before it, and a scored prompt's
+    log probabilities."""
 
     text: str = ""
     calls: list[CallOut] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     thought: str = ""
+    prompt: PromptLogprobs | None = None
 
 
 def new_call_id(prefix: str) -> str:

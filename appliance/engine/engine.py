@@ -294,7 +294,7 @@ class DeviceWorker:
             self._fail([job], exc)
             return
         with self._cond:
-            self.scheduler.start(ticket, ranges)
+            self.scheduler.start(ticket, ranges, in_steps=job.generation.scoring)
 
     def _to_lane(self, ticket: Ticket[Job], start: int, end: int) -> None:
         """Start a prompt range on the lane; the steps go on beside it."""
@@ -357,9 +357,11 @@ class DeviceWorker:
             except Exception as exc:
                 self._fail([job], exc)
             else:
-                chunk_seconds = time.perf_counter() - t0
-                with self._cond:
-                    self.scheduler.budget.ran_prefill(end - start, chunk_seconds)
+                # (A prompt's scoring runs the LM head on every position: not what the fit prices.)
+                chunk_seconds = 0.0 if job.generation.scoring else time.perf_counter() - t0
+                if chunk_seconds:
+                    with self._cond:
+                        self.scheduler.budget.ran_prefill(end - start, chunk_seconds)
                 self._emit(job, events)
         decode = [t for t in plan.decode if t.slot is not None and self.scheduler.running[t.slot] is t]
         if not decode:
@@ -630,6 +632,9 @@ class Engine:
         worker = self.workers.get(device)
         if worker is None:
             raise ValueError(f"no engine session on {device}")
+        if request.prompt_logprobs is not None and not worker.session.scores_prompts:
+            raise InvalidRequest(f"a prompt's log probabilities are not computed on {device} (a TensorRT session's "
+                                 "graph gives the last position's logits only)", "logprobs")  # fmt: skip
         trace = Trace(request_id=request.request_id, device=device, input_tokens=len(prompt.ids))
         stream = Stream(request, prompt, trace, asyncio.get_running_loop())
         gen = Generation(request, prompt, worker.session, self.tokenizer, self.prefix_cache,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,7 @@ from appliance.engine.request import (
     Finished,
     GenerationRequest,
     Prefilled,
+    PromptLogprobs,
     TextDelta,
     ThoughtDelta,
     TokenLogprob,
@@ -34,6 +36,9 @@ from appliance.engine.trace import Trace
 # A hybrid model's row is kept at its messages' end only where that many pool blocks are not
 # reused yet: a cut costs the prefill one more run (about a decode step), a few blocks saved repay it.
 HISTORY_SNAPSHOT_MIN_BLOCKS = 4
+# A prompt's scoring holds at most this much of every position's logits (float32) at a time: its
+# ranges run through the model in pieces of as many positions (on a vocabulary of 150k, 55).
+SCORE_LOGITS_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,8 @@ class Generation:
         self.resuming = False  # moved to another device mid-request: rebuild KV, then keep decoding
         self.snapshot_at: int | None = None  # a hybrid model's row goes to the pool when prefilled this far
         self._prefill_started = 0.0
+        self._prompt_scores: list[TokenLogprob] = []  # the prompt's, as its ranges run (prompt_logprobs)
+        self._pieces: dict[int, str] = {}  # token texts the log probabilities named so far
         block = prefix_cache.block_tokens if prefix_cache is not None else 0
         self.digests = block_digests(prompt.ids, block) if block else []
         trace.digests = self.digests[-DIGESTS_PER_FLOW:]
@@ -120,6 +127,12 @@ class Generation:
     def kv_tokens(self) -> int:
         """KV positions this request may fill: the prompt and every token it may generate."""
         return len(self.prompt.ids) + self.request.max_tokens
+
+    @property
+    def scoring(self) -> bool:
+        """Its prompt's log probabilities are still to compute: every position runs through the
+        LM head, none is reused from the pool, and none runs on the prefill lane."""
+        return self.request.prompt_logprobs is not None and not self.resuming
 
     def migrate(self, session: ModelSession, why: str) -> None:
         """Continue on another session: its KV cache is rebuilt from the prompt and the tokens
@@ -147,7 +160,8 @@ class Generation:
             chain = set(self.digests)
             self.trace.prior_digests_total = len(prior)
             self.trace.prior_digests_found = sum(1 for d in prior if d in chain)
-        if self.prefix_cache is not None:
+        self._prompt_scores.clear()
+        if self.prefix_cache is not None and not self.scoring:
             # Tokens must run to produce logits, so never reuse the whole prompt; and two at least,
             # since a lone token's logits differ from a prompt's (scheduler.MIN_CHUNK_TOKENS).
             block = self.prefix_cache.block_tokens
@@ -189,10 +203,30 @@ class Generation:
     def prefill(self, start: int, end: int) -> list[Event]:
         """Run prompt positions [start, end) into the KV row; after the last, choose the first token."""
         assert self.cache is not None and self.cache.length == start
-        logits = self.session.forward(self.cache, self.prompt_ids(start, end))
+        if self.scoring:
+            logits = self._score(start, end)
+        else:
+            logits = self.session.forward(self.cache, self.prompt_ids(start, end))
         if end == self.snapshot_at:
             self._remember_prefix()
         return self.prefilled(end, logits)
+
+    def _score(self, start: int, end: int) -> np.ndarray:
+        """Run prompt positions [start, end) with every position's logits, in pieces of a bounded
+        size (never a lone token last: its run takes another path); keep the log probability of
+        the token each position is followed by. Returns the last position's logits."""
+        assert self.cache is not None and self.request.prompt_logprobs is not None
+        ids = self.prompt.ids
+        step = max(2, SCORE_LOGITS_BYTES // (4 * self.session.facts.vocab_size))
+        a = start
+        while a < end:
+            b = end if end - (a + step) < 2 else a + step
+            logits = self.session.forward_every(self.cache, self.prompt_ids(a, b))
+            following = ids[a + 1 : b + 1]  # (the prompt's last position is followed by the answer)
+            self._prompt_scores.extend(self._logprobs(logits[: len(following)], following,
+                                                      self.request.prompt_logprobs))  # fmt: skip
+            a = b
+        return np.array(logits[-1])
 
     def prefilled(self, end: int, logits: np.ndarray, remembered: bool = False) -> list[Event]:
         """The KV row holds the prompt up to `end` (run here, or on the prefill lane), `logits` those
@@ -209,6 +243,12 @@ class Generation:
         if not remembered and self.snapshot_at is None:  # (a hybrid's row is kept at its messages' end)
             self._remember_prefix()
         events: list[Event] = [Prefilled(self.trace)]
+        if self.request.prompt_logprobs is not None:
+            events.insert(0, PromptLogprobs(self._piece(self.prompt.ids[0]), tuple(self._prompt_scores)))
+            self._prompt_scores = []
+            if self.request.max_tokens == 0:  # the prompt's scores were all it asked for
+                self.done = True
+                return [*events, self._finished("max_tokens", None)]
         events.extend(self._step(logits))
         return events
 
@@ -257,16 +297,28 @@ class Generation:
             constraint.accept(token)
         return token
 
-    def _logprob_of(self, logits: np.ndarray, token: int, top: int) -> TokenLogprob:
-        """The model's own log probabilities (before penalties, grammar and temperature)."""
-        x = logits.astype(np.float64)
-        peak = x.max()
-        logz = peak + np.log(np.exp(x - peak).sum())
-        best = np.argpartition(-x, top)[:top] if top else np.array([], dtype=np.int64)
-        best = best[np.argsort(-x[best], kind="stable")]
-        piece = self.tokenizer.decode
-        return TokenLogprob(piece([token]), float(x[token] - logz),
-                            tuple((piece([int(i)]), float(x[i] - logz)) for i in best))  # fmt: skip
+    def _logprobs(self, logits: np.ndarray, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+        """Row i's log probability of tokens[i] and its `top` most likely tokens, most likely first:
+        the model's own (before penalties, grammar and temperature)."""
+        peak = logits.max(axis=1, keepdims=True)
+        logz = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=1, dtype=np.float64))
+        rows = np.arange(len(tokens))
+        own = logits[rows, np.asarray(tokens, dtype=np.int64)] - logz
+        best = np.argpartition(-logits, top, axis=1)[:, :top] if top else np.zeros((len(tokens), 0), dtype=np.int64)
+        best = np.take_along_axis(best, np.argsort(-np.take_along_axis(logits, best, 1), axis=1, kind="stable"), 1)
+        alternatives = np.take_along_axis(logits, best, 1) - logz[:, None]
+        piece = self._piece
+        return [TokenLogprob(piece(int(t)), float(own[i]),
+                             tuple((piece(int(j)), float(lp)) for j, lp in zip(best[i], alternatives[i], strict=True)))
+                for i, t in enumerate(tokens)]  # fmt: skip
+
+    def _piece(self, token: int) -> str:
+        piece = self._pieces.get(token)
+        if piece is None:
+            if len(self._pieces) >= 4096:  # (a long prompt's alternatives: bounded)
+                self._pieces.clear()
+            piece = self._pieces[token] = self.tokenizer.decode([token])
+        return piece
 
     def _step(self, logits: np.ndarray) -> list[Event]:
         """Choose the next token from these logits and take it: its log probability (when asked
@@ -277,7 +329,7 @@ class Generation:
         was_thinking = self.thought.thinking
         kind = self.thought.take(token)
         top = self.request.logprobs
-        events: list[Event] = [] if top is None or kind != "answer" else [self._logprob_of(logits, token, top)]
+        events: list[Event] = [] if top is None or kind != "answer" else [*self._logprobs(logits[None], [token], top)]
         return events + self._advance(token, kind, was_thinking)
 
     def _advance(self, token: int, kind: Kind, was_thinking: bool = False) -> list[Event]:

@@ -50,6 +50,9 @@ class GenerationRequest:
     seed: int | None = None
     output: OutputRules = field(default_factory=OutputRules)  # tools, tool choice, a JSON schema
     logprobs: int | None = None  # None: none; k: each token's log probability and the k most likely
+    # The same for each prompt token after the first, given those before it (a plain completion's
+    # scoring: what evaluation harnesses ask of the Completions API with echo); then max_tokens may be 0.
+    prompt_logprobs: int | None = None
     # A plain completion: this text as it is, or these token ids (as the model's tokenizer numbers
     # them), no chat template (messages empty).
     raw_prompt: str | tuple[int, ...] | None = None
@@ -105,8 +108,9 @@ class GenerationRequest:
                 _check_text(result, f"messages[{i}] tool result", "messages")
         if self.system is not None:
             _check_text(self.system, "system", "system")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequest("max_tokens must be an integer of at least 1", "max_tokens")
+        least = 0 if self.prompt_logprobs is not None else 1  # a scored prompt may be all there is to it
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < least:
+            raise InvalidRequest(f"max_tokens must be an integer of at least {least}", "max_tokens")
         if self.temperature is not None:
             _check_number(self.temperature, "temperature", 0.0, 2.0)
         if self.top_p is not None:
@@ -126,9 +130,11 @@ class GenerationRequest:
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
                 raise InvalidRequest(f"logit_bias: {token!r} is not a token id", "logit_bias")
             _check_number(bias, "logit_bias", -LOGIT_BIAS, LOGIT_BIAS)
-        lp = self.logprobs
-        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS):
-            raise InvalidRequest(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
+        for lp, param in ((self.logprobs, "top_logprobs"), (self.prompt_logprobs, "logprobs")):
+            if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS):
+                raise InvalidRequest(f"{param} must be an integer from 0 to {MAX_TOP_LOGPROBS}", param)
+        if self.prompt_logprobs is not None and self.raw_prompt is None:
+            raise InvalidRequest("a prompt's log probabilities are for a plain completion's prompt", "logprobs")
         budget = self.thinking_budget
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 2):
             raise InvalidRequest("thinking_budget must be an integer of at least 2 (the thought's tags)",
@@ -185,6 +191,16 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """Each prompt token's log probability given the tokens before it, with the most likely
+    alternatives there (GenerationRequest.prompt_logprobs); the first token has none. Sent once,
+    before Prefilled."""
+
+    first: str  # the first token's text
+    tokens: tuple[TokenLogprob, ...]  # the others, in order
+
+
+@dataclass(frozen=True)
 class Prefilled:
     """Sent once the prompt is in the KV cache, before the first delta: what the engine decided."""
 
@@ -202,4 +218,4 @@ class Finished:
 
 
 # CallStart and CallArguments (appliance/engine/tools.py): a tool call as it is generated.
-Event = TextDelta | ThoughtDelta | CallStart | CallArguments | TokenLogprob | Prefilled | Finished
+Event = TextDelta | ThoughtDelta | CallStart | CallArguments | TokenLogprob | PromptLogprobs | Prefilled | Finished

@@ -60,6 +60,7 @@ class Ticket(Generic[T]):
     chunked: bool = False  # a part of its prompt has run
     cancelled: bool = False
     lane: tuple[int, int] | None = None  # the prompt range the prefill lane is running for it
+    in_steps: bool = False  # its prompt runs in the steps only, never on the lane (a prompt's scoring)
 
     @property
     def decoding(self) -> bool:
@@ -238,10 +239,12 @@ class Scheduler(Generic[T]):
             admitted.append(head)
         return admitted
 
-    def start(self, ticket: Ticket[T], ranges: Iterable[tuple[int, int]]) -> None:
-        """The worker started an admitted request: these prompt ranges remain to prefill."""
+    def start(self, ticket: Ticket[T], ranges: Iterable[tuple[int, int]], in_steps: bool = False) -> None:
+        """The worker started an admitted request: these prompt ranges remain to prefill
+        (`in_steps`: in the steps only, never on the lane)."""
         ticket.prefill.extend(ranges)
         ticket.started = True
+        ticket.in_steps = in_steps
 
     def plan(self) -> StepPlan[T]:
         """What the next step runs. Assumes the worker runs all of it (or finishes what fails)."""
@@ -266,7 +269,8 @@ class Scheduler(Generic[T]):
             # runs teach the fit (the lane's, on half the cores, would not), and then it runs whole.
             remaining = sum(b - a for a, b in ticket.prefill)
             learning = remaining <= FIT_MAX_TOKENS and self.budget.prefill_seconds(remaining) is None
-            if decode and self.lane and not (whole or learning):  # its whole range, on the lane beside the steps
+            # Else a long prompt's whole range runs on the lane beside the steps (a scored one's in them).
+            if decode and self.lane and not (whole or learning or ticket.in_steps):
                 ticket.prefill.popleft()
                 ticket.chunked = True
                 ticket.lane = (start, end)

@@ -43,18 +43,28 @@ _RELEASE = getattr(mmap, "MADV_FREE", mmap.MADV_DONTNEED)
 # graph allows it (mask_width_is_free).
 MASK_WIDTH_STEP = 64
 
+# The input of an edited graph (last_position_logits_model) that says from which position the LM
+# head runs: -1 (the last) in every run but a prompt's scoring, 0 there.
+LOGITS_FROM = "zerolayer_logits_from"
+
+
 def available_devices() -> list[str]:
     """'cpu' always; 'cuda:0' when a CUDA session can really be made here."""
     return ["cpu", *usable_cuda_devices()]
 
 
-def last_position_logits_model(model: onnx.ModelProto) -> bytes | None:
+def last_position_logits_model(model: onnx.ModelProto, scoring: bool = True) -> bytes | None:
     """The model (its graph without the external weights; edited in place) with the LM head
     applied to the last position only.
 
     Prefill of N tokens otherwise multiplies N hidden states by the vocabulary matrix and throws
     all but one row away; for a small model that is a fifth of the prefill work. Returns None if
     the graph does not have the expected shape (then the model is used as it is).
+
+    `scoring`: where the head's positions begin is an input (LOGITS_FROM, -1 for the last
+    position), so a prompt's scoring runs the same graph from position 0: every position's
+    logits without a second copy of the weights. Left constant for TensorRT, which would take it
+    as a shape input to build engines for.
     """
     import onnx
     from onnx import helper
@@ -68,9 +78,12 @@ def last_position_logits_model(model: onnx.ModelProto) -> bytes | None:
         return None
     hidden = node.input[0]
     sliced = hidden + "/zerolayer_last_position"
-    names = [sliced + s for s in ("/starts", "/ends", "/axes")]
+    names = [LOGITS_FROM if scoring else sliced + "/starts", sliced + "/ends", sliced + "/axes"]
     for name, value in zip(names, ([-1], [np.iinfo(np.int64).max], [1]), strict=True):
-        graph.initializer.append(onnx.numpy_helper.from_array(np.array(value, dtype=np.int64), name))
+        if name == LOGITS_FROM:
+            graph.input.append(helper.make_tensor_value_info(name, onnx.TensorProto.INT64, [1]))
+        else:
+            graph.initializer.append(onnx.numpy_helper.from_array(np.array(value, dtype=np.int64), name))
     graph.node.insert(
         list(graph.node).index(node), helper.make_node("Slice", [hidden, *names], [sliced], name=sliced)
     )
@@ -351,7 +364,7 @@ class ModelSession:
         model: str | bytes = str(onnx_path)
         self.last_position_logits = False
         if last_position_logits:
-            edited = last_position_logits_model(graph_only)
+            edited = last_position_logits_model(graph_only, scoring=not tensorrt)
             if edited is not None:
                 # External weights are found relative to the graph's folder, as if the file were loaded.
                 opts.add_session_config_entry(
@@ -362,6 +375,11 @@ class ModelSession:
         self.session = ort.InferenceSession(model, opts, providers=providers)
         verify(self.session, device, providers)  # ORT drops a provider it cannot load, and its options
         inputs = {i.name: i for i in self.session.get_inputs()}
+        # Every position's logits: the unedited graph gives them to any run of several tokens; an
+        # edited one where its head's first position is an input.
+        self.logits_from = inputs.pop(LOGITS_FROM, None) is not None
+        self.scores_prompts = self.logits_from or not self.last_position_logits
+        self._from_last, self._from_first = np.array([-1], dtype=np.int64), np.array([0], dtype=np.int64)
         refusal = self.facts.graph_refusal({name: i.shape for name, i in inputs.items()})
         if refusal:
             raise ValueError(f"{onnx_path.name}: {refusal}")
@@ -412,6 +430,19 @@ class ModelSession:
         cache.length = total
         return np.array(logits[0, -1], dtype=np.float32)  # a copy: the buffer is the next run's
 
+    def forward_every(self, cache: KVCache, ids: np.ndarray) -> np.ndarray:
+        """Run ids (1-D int64) after cache.length cached tokens; return float32 logits of every
+        one of their positions [len(ids), vocab] (a prompt's scoring: scores_prompts)."""
+        if not self.scores_prompts:
+            raise RuntimeError("this session computes last-position logits only")
+        n = int(ids.shape[0])
+        total = cache.length + n
+        if total > cache.capacity:
+            raise ValueError(f"KV cache overflow: {total} > {cache.capacity}")
+        logits = self._run(cache.slots, cache.row, 1, ids.reshape(1, n), self._ones[:, :total], every=True)
+        cache.length = total
+        return np.asarray(logits[0], dtype=np.float32)
+
     def decode(self, slots: KVSlots, tokens: np.ndarray, lengths: np.ndarray, keep: Sequence[int] = ()) -> np.ndarray:
         """One token for each of rows 0..len(tokens)-1 in one run, row i after lengths[i] cached
         positions (its new key lands at position lengths[i]); returns float32 logits [rows, vocab].
@@ -448,16 +479,14 @@ class ModelSession:
         return last if last.dtype == np.float32 else last.astype(np.float32)
 
     def all_logits(self, ids: np.ndarray) -> np.ndarray:
-        """Logits at every position of a fresh prompt (for correctness checks; needs the unedited graph)."""
-        if self.last_position_logits:
-            raise RuntimeError("this session computes last-position logits only")
-        cache = self.new_cache(int(ids.shape[0]))
-        return self._run(cache.slots, 0, 1, ids.reshape(1, -1), np.ones((1, ids.shape[0]), dtype=np.int64))[0]
+        """Logits at every position of a fresh prompt, float32 [len(ids), vocab]."""
+        return self.forward_every(self.new_cache(int(ids.shape[0])), ids)
 
-    def _run(self, slots: KVSlots, first: int, rows: int, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _run(self, slots: KVSlots, first: int, rows: int, ids: np.ndarray, mask: np.ndarray,
+             every: bool = False) -> np.ndarray:  # fmt: skip
         """One run over rows first..first+rows-1 of the slots; the KV is bound once per row range.
         Where each row gets one position's logits, they land in that range's own buffer: valid
-        until the next run over the same rows."""
+        until the next run over the same rows. `every`: every position's logits."""
         bound = self._bound(slots, first, rows)
         binding = bound.binding
         ids, mask = np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(mask, dtype=np.int64)
@@ -470,13 +499,24 @@ class ModelSession:
                 positions = np.ascontiguousarray(np.broadcast_to(positions, (self.position_planes, *positions.shape)))
             binding.bind_input("position_ids", "cpu", 0, np.int64, list(positions.shape), positions.ctypes.data)
         bound.width = 0  # the next decode binds its own again
-        if self.last_position_logits or ids.shape[1] == 1:
+        if ids.shape[1] == 1 or (self.last_position_logits and not every):
             self._launch(bound)
             return bound.logits
         binding.bind_output("logits", "cpu")  # every position's logits: ORT allocates them
         bound.logits_bound = False
-        self.session.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy()
+        if not self.logits_from:
+            self.session.run_with_iobinding(binding)
+            return binding.get_outputs()[0].numpy()
+        self._head_from(binding, self._from_first)
+        try:
+            self.session.run_with_iobinding(binding)
+            return binding.get_outputs()[0].numpy()
+        finally:
+            self._head_from(binding, self._from_last)
+
+    @staticmethod
+    def _head_from(binding: ort.IOBinding, position: np.ndarray) -> None:
+        binding.bind_input(LOGITS_FROM, "cpu", 0, np.int64, [1], position.ctypes.data)
 
     def _bound(self, slots: KVSlots, first: int, rows: int) -> _Bound:
         bound = slots.bindings.get((self, first, rows))
@@ -511,6 +551,8 @@ class ModelSession:
             shape, at = [rows, *spec.shape], ptr + first * spec.row_bytes
             binding.bind_input(spec.past, slots.device, slots.device_id, spec.dtype, shape, at)
             binding.bind_output(spec.present, slots.device, slots.device_id, spec.dtype, shape, at)
+        if self.logits_from:
+            self._head_from(binding, self._from_last)
         logits = np.empty((rows, 1, self.facts.vocab_size), dtype=self.logits_dtype)
         ids, mask = np.zeros((rows, 1), dtype=np.int64), np.zeros(rows * slots.capacity, dtype=np.int64)
         positions = np.zeros((self.position_planes, rows, 1) if self.position_planes else (rows, 1), dtype=np.int64)

@@ -166,8 +166,59 @@ def test_a_completion_s_prompt_may_be_the_model_s_token_ids(demo: tuple[RunningD
         with pytest.raises(openai.BadRequestError) as err:
             client.completions.create(model=MODEL, prompt=bad, max_tokens=1)
         assert says in str(err.value) and err.value.body["param"] == "prompt", err.value.body  # type: ignore[index]
-    with pytest.raises(openai.BadRequestError, match="needs the prompt as text"):
-        client.completions.create(model=MODEL, prompt=ids, max_tokens=1, echo=True)
+    echoed = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0, echo=True)
+    assert echoed.choices[0].text == prompt + text  # the ids as the model's tokenizer reads them
+
+
+@pytest.mark.demo
+def test_an_evaluation_harness_scores_a_continuation_with_echo_and_logprobs(
+        demo: tuple[RunningDaemon, DevSetup], demo_bundle_path: Path) -> None:  # fmt: skip
+    """As lm-eval's local-completions asks for a continuation's likelihood (multiple-choice tasks):
+    the context and continuation as token ids, echo, logprobs 1, max_tokens 1; it sums
+    token_logprobs[len(context):-1] and calls the continuation greedy where each of its tokens is
+    its step's best. A text prompt scores the same; a stream carries the scores with the echo;
+    max_tokens 0 scores the prompt alone."""
+    from tokenizers import Tokenizer
+
+    client = openai_client(*demo)
+    tokenizer = Tokenizer.from_file(str(demo_bundle_path / "tokenizer.json"))
+    context = tokenizer.encode("The capital of France is").ids
+
+    def score(continuation: str) -> tuple[float, bool, Any]:
+        ids = context + tokenizer.encode(continuation).ids
+        done = client.completions.create(model=MODEL, prompt=[ids], max_tokens=1, logprobs=1, echo=True,
+                                         temperature=0, seed=1234)  # fmt: skip
+        lp = done.choices[0].logprobs
+        assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs and lp.text_offset
+        assert len(lp.tokens) == len(ids) + 1 and done.usage is not None and done.usage.prompt_tokens == len(ids)
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # the first token has none
+        assert done.choices[0].text == "".join(lp.tokens)  # the echo, then the one token generated
+        assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(lp.tokens))]
+        ours = lp.token_logprobs[len(context) : -1]
+        greedy = all(t == max(top.values()) for t, top in zip(ours, lp.top_logprobs[len(context) : -1], strict=True))
+        return sum(ours), greedy, lp  # type: ignore[arg-type]
+
+    paris, paris_greedy, lp = score(" Paris")
+    rome, rome_greedy, _ = score(" Rome")
+    assert paris > rome and paris_greedy and not rome_greedy
+    text = "The capital of France is Paris"
+    as_text = client.completions.create(model=MODEL, prompt=text, max_tokens=1, logprobs=1, echo=True, temperature=0)
+    assert as_text.choices[0].logprobs is not None and as_text.choices[0].logprobs.token_logprobs == lp.token_logprobs
+
+    chunks = list(client.completions.create(model=MODEL, prompt=text, max_tokens=3, logprobs=1, echo=True,
+                                            temperature=0, stream=True))  # fmt: skip
+    first = chunks[0].choices[0]
+    assert first.text == text and first.logprobs is not None and first.logprobs.tokens == lp.tokens[:-1]
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens or []]
+    whole = client.completions.create(model=MODEL, prompt=text, max_tokens=3, logprobs=1, echo=True, temperature=0)
+    assert whole.choices[0].logprobs is not None and streamed == whole.choices[0].logprobs.tokens
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+
+    alone = client.completions.create(model=MODEL, prompt=text, max_tokens=0, logprobs=0, echo=True)
+    choice = alone.choices[0]
+    assert choice.text == text and choice.finish_reason == "length" and choice.logprobs is not None
+    assert choice.logprobs.token_logprobs == lp.token_logprobs[:-1]
+    assert alone.usage is not None and alone.usage.completion_tokens == 0
 
 
 def _reused_tokens(setup: DevSetup) -> float:
@@ -338,8 +389,8 @@ BAD: list[tuple[str, str, str, Any, int]] = [
     ("c-token-prompts", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": [[1, 2], [3]]}, 400),
     ("c-token-prompt-logit-bias", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": [1],
                                                               "logit_bias": {"1": "x"}}, 400),
-    ("c-echo-logprobs", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": "a", "echo": True,
-                                                    "logprobs": 1}, 400),
+    ("c-max-tokens-0-no-echo", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": "a", "max_tokens": 0,
+                                                           "logprobs": 1}, 400),
     ("c-no-prompt", "POST", "/v1/completions", {"model": "tiny-llama"}, 400),
     ("o-required-no-tools", "POST", CHAT, _with(GOOD_O, tool_choice="required"), 400),
     ("o-stream-options-no-stream", "POST", CHAT, _with(GOOD_O, stream_options={"include_usage": True}), 400),

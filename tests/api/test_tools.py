@@ -1763,13 +1763,18 @@ def test_logprobs_are_the_models_own_and_a_raw_prompt_skips_the_template(tiny_bu
 
 def test_plain_completions_parse_echo_and_answer_in_the_legacy_shape() -> None:
     from appliance.api.completions import COMPLETIONS
-    from appliance.engine.request import TokenLogprob
+    from appliance.engine.request import PromptLogprobs, TokenLogprob
 
     call = COMPLETIONS.parse({"model": "m", "prompt": ["Once"], "max_tokens": 3, "echo": True, "stop": "\n"}, ["m"])
-    assert call.request.raw_prompt == "Once" and call.request.messages == () and call.echo == "Once"
-    assert call.request.stop_sequences == ("\n",)
-    with pytest.raises(ApiError, match="echo"):
-        COMPLETIONS.parse({"model": "m", "prompt": "Once", "echo": True, "logprobs": 1}, ["m"])
+    assert call.request.raw_prompt == "Once" and call.request.messages == () and call.echo
+    assert call.request.stop_sequences == ("\n",) and call.request.prompt_logprobs is None
+    call = dataclasses.replace(call, echo_text="Once")  # (the app's, once the engine has read the prompt)
+    scoring = COMPLETIONS.parse({"model": "m", "prompt": "Once", "echo": True, "logprobs": 1, "max_tokens": 0}, ["m"])
+    assert scoring.request.prompt_logprobs == 1 and scoring.request.logprobs == 1 and scoring.request.max_tokens == 0
+    for not_scoring in ({"echo": True}, {"logprobs": 1}, {}):  # max_tokens 0 is for scoring the prompt alone
+        with pytest.raises(ApiError, match="max_tokens: 0") as err:
+            COMPLETIONS.parse({"model": "m", "prompt": "Once", "max_tokens": 0, **not_scoring}, ["m"])
+        assert err.value.param == "max_tokens"
     lp = [TokenLogprob(" upon", -0.5, ((" upon", -0.5), (" more", -1.5))), TokenLogprob(" a", -0.1)]
     plain = COMPLETIONS.parse({"model": "m", "prompt": "Once", "logprobs": 2}, ["m"])
     doc = COMPLETIONS.response("m", plain, [(Answer(" upon a", [], lp), finished("max_tokens"))])
@@ -1779,3 +1784,10 @@ def test_plain_completions_parse_echo_and_answer_in_the_legacy_shape() -> None:
                                   "top_logprobs": [{" upon": -0.5, " more": -1.5}, {}], "text_offset": [0, 5]}
     doc = COMPLETIONS.response("m", call, [(Answer(" upon"), finished("end_turn"))])
     assert doc["choices"][0]["text"] == "Once upon"
+    # A scored prompt: its tokens first (the first without a log probability, as OpenAI's), then the answer's.
+    scored = dataclasses.replace(scoring, echo_text="Once")
+    prompt = PromptLogprobs("On", (TokenLogprob("ce", -2.0, (("ce", -2.0),)),))
+    doc = COMPLETIONS.response("m", scored, [(Answer(" a", [], lp[1:], "", prompt), finished("max_tokens"))])
+    assert doc["choices"][0]["text"] == "Once a"
+    assert doc["choices"][0]["logprobs"] == {"tokens": ["On", "ce", " a"], "token_logprobs": [None, -2.0, -0.1],
+                                             "top_logprobs": [None, {"ce": -2.0}, {}], "text_offset": [0, 2, 4]}

@@ -4,10 +4,12 @@ prefix reuse, concurrency, cancellation, limits; the demo firmware end to end.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,7 @@ from appliance.engine import (
     Message,
     ModelSession,
     Prefilled,
+    Stream,
     TextDelta,
 )
 from appliance.engine.prefix_cache import block_digests
@@ -444,6 +447,26 @@ def test_cancelling_one_stream_leaves_the_others_unchanged(engine: Engine) -> No
     assert engine.workers["cpu"].depth == 0
 
 
+@contextlib.asynccontextmanager
+async def _a_stream_decoding(engine: Engine) -> AsyncIterator[Stream]:
+    """A stream decoding from the block's start to its end (the tiny model's answer to "Hi." never ends)."""
+    running = engine.submit(_greedy(1500, (Message("user", "Hi."),)))
+    decoding = asyncio.Event()
+
+    async def consume() -> None:
+        async for event in running:
+            if isinstance(event, TextDelta):
+                decoding.set()
+
+    consumer = asyncio.create_task(consume())
+    await decoding.wait()
+    try:
+        yield running
+    finally:
+        running.cancel()
+        await consumer
+
+
 @pytest.mark.parametrize("lane", [False, True], ids=["in-step", "lane"])
 def test_a_newcomers_first_token_leaves_before_the_next_decode_run(
     bundle: firmware.Bundle, lane: bool, monkeypatch: pytest.MonkeyPatch
@@ -477,22 +500,11 @@ def test_a_newcomers_first_token_leaves_before_the_next_decode_run(
         return decode
 
     async def scenario() -> None:
-        running = engine.submit(_greedy(1500, (Message("user", "Hi."),)))  # the tiny model's answer never ends
-        decoding = asyncio.Event()
-
-        async def consume() -> None:
-            async for event in running:
+        async with _a_stream_decoding(engine) as running:
+            async for event in engine.submit(_greedy(4, newcomer)):
                 if isinstance(event, TextDelta):
-                    decoding.set()
-
-        consumer = asyncio.create_task(consume())
-        await decoding.wait()
-        async for event in engine.submit(_greedy(4, newcomer)):
-            if isinstance(event, TextDelta):
-                assert running.finished is None
-                first_token.set()
-        running.cancel()
-        await consumer
+                    assert running.finished is None
+                    first_token.set()
 
     monkeypatch.setattr(Generation, "prefilled", on_prefilled)
     lane_ranges: list[tuple[int, int]] = []
@@ -822,6 +834,61 @@ def test_a_prefix_from_the_pool_is_carried_into_the_lane(bundle: firmware.Bundle
     assert kept == [len(ids) // 8 * 8]  # once prefilled, the whole prompt is in the pool (the lane put it)
 
 
+def test_a_scored_prompt_s_log_probabilities_are_transformers_own(bundle: firmware.Bundle, hf_model,  # type: ignore[no-untyped-def]
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A plain completion's prompt scored (the Completions API's echo with logprobs): each token
+    after the first gets transformers' log-softmax at the position before it, with the top
+    alternatives, however its ranges are cut: in pieces of 7 positions here, in chunks of the
+    steps beside a decoding stream (never on the lane, never from the pool, which holds the
+    prompt). Its answer is the unscored one's; with max_tokens 0 the scores are all there is."""
+    from appliance.engine import generation
+    from appliance.engine.request import PromptLogprobs, TokenLogprob
+
+    monkeypatch.setattr(generation, "SCORE_LOGITS_BYTES", 7 * 4 * bundle.model.vocab_size)
+    text = "Explain every loop statement, and when its else clause runs. " * 12
+    engine = _lane_engine(bundle, prefix_cache_bytes=64 << 20, max_tokens_per_shard=64)
+    worker = engine.workers["cpu"]
+    lane_runs: list[int] = []
+    real_run = worker.lane.run  # type: ignore[union-attr]
+    monkeypatch.setattr(worker.lane, "run", lambda *a, **k: (lane_runs.append(a[3]), real_run(*a, **k)))
+
+    async def beside_a_stream(request: GenerationRequest) -> list[object]:
+        async with _a_stream_decoding(engine) as running:
+            events = [e async for e in engine.submit(request)]
+            assert running.finished is None  # it decoded all along
+        return events
+
+    try:
+        plain, _, plain_events = _run(_collect(engine, GenerationRequest((), 6, temperature=0.0, raw_prompt=text,
+                                                                         logprobs=3)))  # fmt: skip
+        scored = GenerationRequest((), 6, temperature=0.0, raw_prompt=text, logprobs=3, prompt_logprobs=3)
+        events = _run(beside_a_stream(scored))
+        ids = engine.prepare(scored).ids
+        only = _run(_collect(engine, GenerationRequest((), 0, raw_prompt=tuple(ids), prompt_logprobs=0)))[2]
+    finally:
+        engine.close()
+    assert len(ids) > 300 and not lane_runs  # a prompt the lane would have taken
+    scores = next(e for e in events if isinstance(e, PromptLogprobs))
+    assert events.index(scores) == 0 and isinstance(events[1], Prefilled) and events[1].trace.reused_tokens == 0
+    ref = _hf_logits(hf_model, ids).astype(np.float64)
+    ref -= ref.max(axis=1, keepdims=True)
+    ref -= np.log(np.exp(ref).sum(axis=1, keepdims=True))
+    piece = engine.tokenizer.decode
+    assert scores.first == piece(ids[:1]) and len(scores.tokens) == len(ids) - 1
+    for position, (token, score) in enumerate(zip(ids[1:], scores.tokens, strict=True)):
+        assert score.token == piece([token]) and abs(score.logprob - ref[position, token]) <= 1e-4
+        best = np.argsort(-ref[position])[:3]
+        assert [t for t, _ in score.top] == [piece([int(t)]) for t in best]
+        assert np.allclose([lp for _, lp in score.top], ref[position, best], atol=1e-4)
+    answer = [e for e in events if isinstance(e, TextDelta | TokenLogprob)]
+    assert answer == [e for e in plain_events if isinstance(e, TextDelta | TokenLogprob)]
+    assert "".join(e.text for e in answer if isinstance(e, TextDelta)) == plain
+    assert [type(e) for e in only] == [PromptLogprobs, Prefilled, Finished]
+    assert only[-1].stop_reason == "max_tokens" and only[-1].output_tokens == 0  # type: ignore[attr-defined]
+    assert [s.logprob for s in only[0].tokens] == [s.logprob for s in scores.tokens]  # type: ignore[attr-defined]
+    assert all(s.top == () for s in only[0].tokens)  # type: ignore[attr-defined]
+
+
 def test_prefix_reuse_inside_a_batch_equals_cold(bundle: firmware.Bundle, engine: Engine) -> None:
     warm = Engine(bundle, EngineConfig(prefix_cache_bytes=64 << 20, prefix_block_tokens=8))
     follow_ups = [(*CONVERSATION, Message("assistant", "A loop."), Message("user", q)) for q in QUESTIONS[:4]]
@@ -970,6 +1037,9 @@ def test_stop_sequence_ends_the_stream_before_it(engine: Engine) -> None:
         ({"messages": (), "raw_prompt": ()}, InvalidRequest, "prompt"),  # token ids: none
         ({"messages": (), "raw_prompt": (1, True)}, InvalidRequest, "prompt"),
         ({"messages": (), "raw_prompt": (1, 10_000_000)}, InvalidRequest, "prompt"),  # past the vocabulary
+        ({"prompt_logprobs": 1}, InvalidRequest, "logprobs"),  # a chat's prompt is its template's
+        ({"messages": (), "raw_prompt": "a", "prompt_logprobs": 21}, InvalidRequest, "logprobs"),
+        ({"messages": (), "raw_prompt": "a", "max_tokens": 0}, InvalidRequest, "max_tokens"),  # nothing to do
     ],
 )
 def test_bad_requests_are_typed_errors(engine: Engine, request_kwargs: dict, error: type, param: str) -> None:  # type: ignore[type-arg]
