@@ -480,21 +480,29 @@ class ApiApp:
         if flow is not None and self.flows is not None:
             # What this connection sent last: the engine says how much of it the new prompt shares.
             request = dataclasses.replace(request, prior_digests=self.flows.get(flow))
-        choices = _Choices(await self._submit(ex.dialect, call.model, request), call.n)
+        choices = _Choices(call.n, len(call.requests))
+        try:  # each prompt's first choice (the others join once it is prefilled)
+            for prompt, each in enumerate((request, *call.more_prompts)):
+                choices.add(prompt * call.n, await self._submit(ex.dialect, call.model, each))
+        except BaseException:
+            choices.cancel()
+            raise
         first = choices.streams[0]
-        if call.echo:  # the prompt as the model read it (a prompt of token ids, decoded)
-            call = dataclasses.replace(call, echo_text=first.prompt.text)
+        if call.echo:  # each prompt as the model read it (a prompt of token ids, decoded)
+            texts = tuple(choices.streams[prompt * call.n].prompt.text for prompt in range(len(call.requests)))
+            call = dataclasses.replace(call, echo_texts=texts)
         if flow is not None:
             first.trace.notes.insert(0, f"Flow: {flow.proto_name} {flow}")
         self.metrics.stream_opened()
         model = call.model
-        sink: Sink = (StreamSink(ex.send, ex.dialect.stream(model, first.input_tokens, call), call.n, debug)
+        sink: Sink = (StreamSink(ex.send, ex.dialect.stream(model, first.input_tokens, call), call.choices, debug)
                       if call.stream else WholeSink(ex.send, ex.dialect, model, call, debug))  # fmt: skip
         gone = asyncio.Event()  # the client disconnected before its answer was complete
         watcher = asyncio.create_task(_cancel_on_disconnect(ex.receive, choices, gone, sink))
         try:
             await self._pump(ex.dialect, call, choices, sink, started)
-            cancelled = any(h.finished is not None and h.finished.stop_reason == "cancelled" for h in choices.streams)
+            cancelled = any(h.finished is not None and h.finished.stop_reason == "cancelled"
+                            for h in choices.streams.values())  # fmt: skip
             if cancelled or gone.is_set():
                 return CLIENT_CLOSED  # the client hung up before the end
             if isinstance(call, ResponsesCall) and call.store and sink.result is not None:
@@ -508,7 +516,7 @@ class ApiApp:
             choices.cancel()  # no-op for those finished; frees the slots if we leave early
             if flow is not None and self.flows is not None and first.trace.digests:
                 self.flows.put(flow, first.trace.digests)
-            for handle in choices.streams:
+            for handle in choices.streams.values():
                 done, trace = handle.finished, handle.trace
                 log.info("request %s %s on %s: %s, %d in + %d out tokens, prefill %.0f ms, %.1f ms/token",
                          trace.request_id, ex.dialect.name, trace.device, done.stop_reason if done else "aborted",
@@ -517,12 +525,41 @@ class ApiApp:
 
     async def _pump(self, dialect: Dialect, call: Call, choices: _Choices, sink: Sink, started: float) -> None:
         """The one loop from engine events to a sink: a whole response or a stream, of one choice
-        or several. The other choices are submitted once the first one's prompt is prefilled: its
-        blocks are in the prefix pool then, so they prefill only what it does not hold."""
-        if call.n == 1:
-            await sink.open()  # the headers go out now; with more choices, once all are queued
+        or several. A prompt's other choices are submitted once its first one is prefilled: its
+        blocks are in the prefix pool then, so they prefill only what it does not hold. The
+        headers wait until every choice is queued (a full queue is still an answer's status);
+        what comes meanwhile is held."""
+        n = call.n
+        pending = set(range(len(call.requests))) if n > 1 else set()  # prompts whose other choices are to come
+        held: list[tuple[int, Event]] = []
         last: dict[int, float] = {}
         calls: dict[int, list[CallOut]] = {}
+
+        async def deliver(index: int, event: Event) -> None:
+            if isinstance(event, ThoughtDelta):
+                await sink.thought(index, event.text)
+            elif isinstance(event, TextDelta):
+                await sink.delta(index, event.text)
+            elif isinstance(event, CallStart):
+                call_out = dialect.new_call(event.name)
+                calls.setdefault(index, []).append(call_out)
+                await sink.call_start(index, call_out)
+            elif isinstance(event, CallArguments):
+                call_out = calls[index][event.index]
+                call_out.arguments += event.json
+                await sink.call_arguments(index, call_out, event.json)
+            elif isinstance(event, TokenLogprob):
+                await sink.logprob(index, event)
+            elif isinstance(event, PromptLogprobs):
+                await sink.prompt_logprobs(index, event)
+            elif isinstance(event, Prefilled) and index == 0:  # before the first delta
+                await sink.prefilled(event.trace.lines())
+            elif isinstance(event, Finished):
+                if index % n == 0:
+                    self.metrics.tokens.labels("input").inc(event.input_tokens)
+                self.metrics.tokens.labels("output").inc(event.output_tokens)
+                await sink.finished(index, event)
+
         try:
             async for index, event in choices:
                 if isinstance(event, TextDelta | ThoughtDelta):
@@ -533,35 +570,23 @@ class ApiApp:
                     else:
                         self.metrics.inter_token.observe(now - last[index])
                     last[index] = now
-                    if isinstance(event, ThoughtDelta):
-                        await sink.thought(index, event.text)
-                    else:
-                        await sink.delta(index, event.text)
-                elif isinstance(event, CallStart):
-                    call_out = dialect.new_call(event.name)
-                    calls.setdefault(index, []).append(call_out)
-                    await sink.call_start(index, call_out)
-                elif isinstance(event, CallArguments):
-                    call_out = calls[index][event.index]
-                    call_out.arguments += event.json
-                    await sink.call_arguments(index, call_out, event.json)
-                elif isinstance(event, TokenLogprob):
-                    await sink.logprob(index, event)
-                elif isinstance(event, PromptLogprobs):
-                    await sink.prompt_logprobs(index, event)
-                elif isinstance(event, Prefilled):  # before the first delta
-                    if index == 0:
-                        for i in range(1, call.n):
-                            choices.add(await self._submit(dialect, call.model, _nth_choice(call.request, i)))
-                        if call.n > 1:
-                            await sink.open()
-                        await sink.prefilled(event.trace.lines())
-                elif isinstance(event, Finished):
-                    if index == 0:
-                        choices.expect_no_more()  # it ended before its prompt was in (cancelled): none follow
-                        self.metrics.tokens.labels("input").inc(event.input_tokens)
-                    self.metrics.tokens.labels("output").inc(event.output_tokens)
-                    await sink.finished(index, event)
+                elif isinstance(event, Prefilled) and index // n in pending:
+                    for i in range(1, n):
+                        request = _nth_choice(call.requests[index // n], i)
+                        choices.add(index + i, await self._submit(dialect, call.model, request))
+                    pending.discard(index // n)
+                elif isinstance(event, Finished) and index % n == 0 and index // n in pending:
+                    pending.discard(index // n)  # it ended before its prompt was in (cancelled): none follow
+                    choices.expect_fewer(n - 1)
+                if not sink.started:
+                    if pending:
+                        held.append((index, event))
+                        continue
+                    await sink.open()
+                    for early in held:
+                        await deliver(*early)
+                    held.clear()
+                await deliver(index, event)
         except EngineError as exc:
             status = 503 if isinstance(exc, EngineStopped) else 400 if isinstance(exc, InvalidRequest) else 500
             if not sink.started:
@@ -570,8 +595,10 @@ class ApiApp:
             # Headers are gone: the failure travels as the dialect's in-stream error.
             log.error("generation %s failed mid-stream: %s", call.request.request_id, exc)
             await sink.error(ApiError(status, f"generation failed: {exc}"))
-        if not sink.started:  # n > 1, cancelled before its prompt was in: an answer all the same
+        if not sink.started:  # cancelled before every choice was queued: an answer all the same
             await sink.open()
+            for early in held:
+                await deliver(*early)
         await sink.close()
 
     def _add_turn(self, conversation: str, items: list[dict[str, Any]], owner: str | None) -> None:
@@ -602,30 +629,30 @@ def _nth_choice(request: GenerationRequest, index: int) -> GenerationRequest:
 
 class _Choices:
     """The events of a request's choices as one sequence of (index, event), in arrival order; it
-    ends once every choice has finished. More choices may join while it is read."""
+    ends once every choice has finished. Choices join while it is read: choice p * n, the first of
+    prompt p, then the others of that prompt."""
 
-    def __init__(self, first: Stream, n: int) -> None:
-        self.n = n  # how many choices will have finished at the end
-        self.streams = [first]
+    def __init__(self, n: int, prompts: int) -> None:
+        self.expected = n * prompts  # how many choices will have finished at the end
+        self.streams: dict[int, Stream] = {}  # by choice index
         self._queue: asyncio.Queue[tuple[int, Event | BaseException]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self.cancelled = False
-        if n > 1:
-            self._tasks.append(asyncio.create_task(self._forward(0, first)))
 
-    def add(self, stream: Stream) -> None:
-        self.streams.append(stream)
+    def add(self, index: int, stream: Stream) -> None:
+        self.streams[index] = stream
         if self.cancelled:
             stream.cancel()
-        self._tasks.append(asyncio.create_task(self._forward(len(self.streams) - 1, stream)))
+        if self.expected > 1:
+            self._tasks.append(asyncio.create_task(self._forward(index, stream)))
 
-    def expect_no_more(self) -> None:
-        """No choice joins after this: the end is when those already here have finished."""
-        self.n = len(self.streams)
+    def expect_fewer(self, count: int) -> None:
+        """`count` choices will not join after all (their prompt's first ended before it was in)."""
+        self.expected -= count
 
     def cancel(self) -> None:
         self.cancelled = True
-        for stream in self.streams:
+        for stream in self.streams.values():
             stream.cancel()
 
     async def _forward(self, index: int, stream: Stream) -> None:
@@ -636,13 +663,13 @@ class _Choices:
             self._queue.put_nowait((index, exc))
 
     async def __aiter__(self) -> AsyncIterator[tuple[int, Event]]:
-        if self.n == 1:  # one choice: read it directly (a queue hop per token is for nothing)
+        if self.expected == 1:  # one choice: read it directly (a queue hop per token is for nothing)
             async for event in self.streams[0]:
                 yield 0, event
             return
         try:
             ended = 0
-            while ended < self.n:
+            while ended < self.expected:
                 index, item = await self._queue.get()
                 if isinstance(item, BaseException):
                     raise item
@@ -691,7 +718,7 @@ class WholeSink:
     def __init__(self, send: Send, dialect: Dialect, model: str, call: Call, debug: bool) -> None:
         self.send, self.dialect, self.model, self.call, self.debug = send, dialect, model, call, debug
         self.started = self.closing = False
-        n = call.n
+        n = call.choices
         self.parts: list[list[str]] = [[] for _ in range(n)]
         self.thoughts: list[list[str]] = [[] for _ in range(n)]
         self.calls: list[list[CallOut]] = [[] for _ in range(n)]

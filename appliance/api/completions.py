@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 from appliance.api.dialect import Call
 from appliance.api.errors import ApiError
@@ -25,26 +25,37 @@ _UNSUPPORTED = {
     "suffix": "suffix (insertion) is not supported by this server",
 }
 DEFAULT_MAX_TOKENS = 16  # the Completions API's own default
+MAX_PROMPTS = 64  # prompts in one request (each takes a slot or waits for one, as its own request would)
+MAX_ANSWERS = 64  # choices in one request: prompts times n
 
 
-def _prompt(doc: dict[str, Any]) -> str | tuple[int, ...]:
-    """One prompt: text, or token ids as the model's tokenizer numbers them (as evaluation harnesses
-    send what they tokenized), alone or as a list of one."""
+def _prompts(doc: dict[str, Any]) -> list[str | tuple[int, ...]]:
+    """The prompts: a text, token ids as the model's tokenizer numbers them (as evaluation harnesses
+    send what they tokenized), or a list of either (several prompts, answered together)."""
     prompt = doc.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if not prompt:
-            raise ApiError(400, "prompt: must not be empty", param="prompt")
-        if min(prompt) < 0:
-            raise ApiError(400, f"prompt: {min(prompt)} is not a token id", param="prompt")
-        return tuple(prompt)
-    if not isinstance(prompt, str):
-        raise ApiError(400, "prompt: must be a string or a list of token ids (one prompt per request)",
+    if isinstance(prompt, str) or _token_ids(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or _token_ids(p) for p in prompt):
+        prompts = prompt
+    else:
+        raise ApiError(400, "prompt: must be a string, a list of token ids, or a list of either (several prompts)",
                        param="prompt")  # fmt: skip
-    if not prompt:
-        raise ApiError(400, "prompt: must not be empty", param="prompt")
-    return prompt
+    if len(prompts) > MAX_PROMPTS:
+        raise ApiError(400, f"prompt: at most {MAX_PROMPTS} prompts in one request ({len(prompts)} sent)",
+                       param="prompt")  # fmt: skip
+    out: list[str | tuple[int, ...]] = []
+    for i, p in enumerate(prompts):
+        where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if not p:
+            raise ApiError(400, f"{where}: must not be empty", param="prompt")
+        if isinstance(p, list) and min(p) < 0:
+            raise ApiError(400, f"{where}: {min(p)} is not a token id", param="prompt")
+        out.append(tuple(p) if isinstance(p, list) else p)
+    return out
+
+
+def _token_ids(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
 def parse_request(doc: dict[str, Any], served: Sequence[str]) -> Call:
@@ -61,12 +72,17 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> Call:
     if max_tokens == 0 and not (echo and logprobs is not None):
         raise ApiError(400, "max_tokens: 0 generates nothing; it is for scoring the prompt (with echo and "
                        "logprobs)", param="max_tokens")  # fmt: skip
+    prompts = _prompts(doc)
+    if common.n * len(prompts) > MAX_ANSWERS:
+        raise ApiError(400, f"prompt: {len(prompts)} prompts of n={common.n} choices each are over {MAX_ANSWERS} "
+                       "choices in one request", param="prompt")  # fmt: skip
     # With echo, logprobs scores the prompt too (as evaluation harnesses ask for a text's likelihood).
-    request = GenerationRequest(messages=(), raw_prompt=_prompt(doc), logprobs=logprobs,
-                                prompt_logprobs=logprobs if echo else None,
-                                max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-                                **common.sampling)  # fmt: skip
-    return Call(request, common.stream, common.model, common.include_usage, echo=echo, n=common.n)
+    requests = [GenerationRequest(messages=(), raw_prompt=prompt, logprobs=logprobs,
+                                  prompt_logprobs=logprobs if echo else None,
+                                  max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+                                  **common.sampling) for prompt in prompts]  # fmt: skip
+    return Call(requests[0], common.stream, common.model, common.include_usage, echo=echo, n=common.n,
+                more_prompts=tuple(requests[1:]))  # fmt: skip
 
 
 def legacy_logprobs(tokens: Sequence[TokenLogprob], offset: int, first: str | None = None) -> dict[str, Any]:
@@ -86,7 +102,7 @@ def legacy_logprobs(tokens: Sequence[TokenLogprob], offset: int, first: str | No
 def response(completion_id: str, model: str, call: Call, choices: Sequence[tuple[Answer, Finished]]
              ) -> dict[str, Any]:  # fmt: skip
     def choice(index: int, answer: Answer, done: Finished) -> dict[str, Any]:
-        echo, prompt, logprobs = call.echo_text if call.echo else "", answer.prompt, None
+        echo, prompt, logprobs = call.echo_texts[index // call.n] if call.echo else "", answer.prompt, None
         if prompt is not None:  # the prompt's tokens, then the answer's
             logprobs = legacy_logprobs([*prompt.tokens, *(answer.logprobs or ())], 0, prompt.first)
         elif answer.logprobs is not None:
@@ -96,7 +112,7 @@ def response(completion_id: str, model: str, call: Call, choices: Sequence[tuple
 
     return {"id": completion_id, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": [choice(i, answer, done) for i, (answer, done) in enumerate(choices)],
-            "usage": usage(*(done for _, done in choices))}  # fmt: skip
+            "usage": usage(*(done for _, done in choices), per_prompt=call.n)}  # fmt: skip
 
 
 class CompletionStream(StreamEncoder):
@@ -107,10 +123,18 @@ class CompletionStream(StreamEncoder):
 
     def __init__(self, completion_id: str, model: str, call: Call) -> None:
         super().__init__(completion_id, model, call.include_usage)
-        self.echo = call.echo_text if call.echo else ""
+        self.per_prompt = call.n
+        self.echoes = call.echo_texts if call.echo else ()  # each prompt's
+        self.echo = self.echoes[0] if self.echoes else ""  # this choice's prompt's
         # The echo goes with the prompt's log probabilities where they are asked for, else at once.
         self.scored = call.request.prompt_logprobs is not None
         self.offset = len(self.echo)  # where the next token starts in the whole text
+
+    def choice(self, index: int) -> Self:
+        other = super().choice(index)
+        other.echo = self.echoes[index // (self.per_prompt or 1)] if self.echoes else ""
+        other.offset = len(other.echo)
+        return other
 
     def _choice(self, text: str, logprobs: dict[str, Any] | None = None, finish: str | None = None
                 ) -> dict[str, Any]:  # fmt: skip

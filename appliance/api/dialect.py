@@ -24,8 +24,19 @@ class Call:
     model: str  # the served model the request named
     include_usage: bool = False  # OpenAI's stream_options.include_usage
     echo: bool = False  # the answer repeats the prompt before its own (the Completions API's echo)
-    echo_text: str = ""  # the prompt as the model read it (the app fills it in once the engine has read it)
-    n: int = 1  # choices sampled from the one prompt (OpenAI's n)
+    n: int = 1  # choices sampled from each prompt (OpenAI's n)
+    # The Completions API's further prompts, answered together: choices n..2n-1 are the second's, and so on.
+    more_prompts: tuple[GenerationRequest, ...] = ()
+    echo_texts: tuple[str, ...] = ()  # each prompt as the model read it (the app fills them in once it has)
+
+    @property
+    def requests(self) -> tuple[GenerationRequest, ...]:
+        """One per prompt, in order."""
+        return (self.request, *self.more_prompts)
+
+    @property
+    def choices(self) -> int:
+        return self.n * len(self.requests)
 
 
 @dataclass(frozen=True)

@@ -409,13 +409,16 @@ def logprob_entry(token: TokenLogprob) -> dict[str, Any]:
     return {**one(token.token, token.logprob), "top_logprobs": [one(t, lp) for t, lp in token.top]}
 
 
-def usage(*choices: Finished) -> dict[str, Any]:
-    """One prompt, however many choices were sampled from it."""
-    prompt, completion = choices[0].input_tokens, sum(done.output_tokens for done in choices)
+def usage(*choices: Finished, per_prompt: int | None = None) -> dict[str, Any]:
+    """Each prompt counted once, however many choices were sampled from it: the choices in order,
+    `per_prompt` of each prompt (the Completions API's several prompts), by default all of one."""
+    firsts = choices[:: per_prompt or len(choices)]
+    prompt, completion = sum(done.input_tokens for done in firsts), sum(done.output_tokens for done in choices)
     thought = sum(done.thought_tokens for done in choices)
     # cached_tokens: the prompt's tokens the prefix pool held (not prefilled again), part of prompt_tokens.
+    cached = sum(done.trace.reused_tokens for done in firsts)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": choices[0].trace.reused_tokens},
+            "prompt_tokens_details": {"cached_tokens": cached},
             "completion_tokens_details": {"reasoning_tokens": thought}}  # fmt: skip
 
 
@@ -429,6 +432,7 @@ class StreamEncoder:
         self.created = int(time.time())
         self.calls = 0
         self.index = 0  # the choice this encoder writes
+        self.per_prompt: int | None = None  # choices of each prompt (several prompts: the Completions API's)
 
     def choice(self, index: int) -> Self:
         """The encoder of another choice of the same completion (n > 1)."""
@@ -481,7 +485,7 @@ class StreamEncoder:
 
     def end(self, *choices: Finished) -> bytes:
         """After every choice's last chunk: the usage chunk when asked for, and `[DONE]`."""
-        out = self._chunk([], usage=usage(*choices)) if self.include_usage else b""
+        out = self._chunk([], usage=usage(*choices, per_prompt=self.per_prompt)) if self.include_usage else b""
         return out + b"data: [DONE]\n\n"
 
     def error(self, err: ApiError) -> bytes:

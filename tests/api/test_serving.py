@@ -161,13 +161,47 @@ def test_a_completion_s_prompt_may_be_the_model_s_token_ids(demo: tuple[RunningD
     for given in (ids, [ids]):
         done = client.completions.create(model=MODEL, prompt=given, max_tokens=6, temperature=0)
         assert done.choices[0].text == text and done.usage is not None and done.usage.prompt_tokens == len(ids)
-    for bad, says in (([ids, ids], "one prompt per request"), ([1, 10**7], "not in the model's vocabulary"),
-                      ([[]], "must not be empty")):  # fmt: skip
+    for bad, says in (([1, 10**7], "not in the model's vocabulary"), ([[]], "must not be empty"),
+                      ([ids, []], "prompt[1]: must not be empty"), ([ids, [1, 10**7]], "not in the model's vocabulary"),
+                      ([ids] * 65, "at most 64 prompts")):  # fmt: skip
         with pytest.raises(openai.BadRequestError) as err:
             client.completions.create(model=MODEL, prompt=bad, max_tokens=1)
         assert says in str(err.value) and err.value.body["param"] == "prompt", err.value.body  # type: ignore[index]
     echoed = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0, echo=True)
     assert echoed.choices[0].text == prompt + text  # the ids as the model's tokenizer reads them
+
+
+@pytest.mark.demo
+def test_several_prompts_in_one_completion_request_answer_as_each_alone(demo: tuple[RunningDaemon, DevSetup],
+                                                                        demo_bundle_path: Path) -> None:  # fmt: skip
+    """A list of prompts (texts or token-id lists, as lm-eval sends a batch): choice p * n + j is
+    prompt p's j-th, each as that prompt alone would answer, whole and streamed, echoed as its own;
+    usage counts each prompt once."""
+    from tokenizers import Tokenizer
+
+    client = openai_client(*demo)
+    tokenizer = Tokenizer.from_file(str(demo_bundle_path / "tokenizer.json"))
+    prompts: list[Any] = ["The capital of France is", tokenizer.encode("The capital of Italy is").ids,
+                          "Water boils at"]  # fmt: skip
+    sampled = dict(model=MODEL, max_tokens=6, temperature=1.0, seed=11)
+    alone = [client.completions.create(prompt=p, **{**sampled, "seed": 11 + j})  # type: ignore[call-overload]
+             for p in prompts for j in range(2)]  # fmt: skip
+    whole = client.completions.create(prompt=prompts, n=2, echo=True, **sampled)  # type: ignore[call-overload]
+    assert [c.index for c in whole.choices] == list(range(6))
+    heads = ["The capital of France is", "The capital of Italy is", "Water boils at"]
+    assert [c.text for c in whole.choices] == [heads[i // 2] + a.choices[0].text for i, a in enumerate(alone)]
+    assert whole.usage is not None and alone[0].usage is not None
+    assert whole.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone[::2])  # type: ignore[union-attr]
+    assert whole.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)  # type: ignore[union-attr]
+    chunks = list(client.completions.create(prompt=prompts, n=2, echo=True, stream=True,  # type: ignore[call-overload]
+                                            stream_options={"include_usage": True}, **sampled))  # fmt: skip
+    texts = [""] * 6
+    for chunk in chunks:
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [c.text for c in whole.choices] and chunks[-1].usage == whole.usage
+    with pytest.raises(openai.BadRequestError, match="over 64 choices"):
+        client.completions.create(model=MODEL, prompt=["a"] * 9, n=8, max_tokens=1)
 
 
 @pytest.mark.demo
@@ -386,7 +420,8 @@ BAD: list[tuple[str, str, str, Any, int]] = [
     ("o-top-logprobs-too-many", "POST", CHAT, _with(GOOD_O, logprobs=True, top_logprobs=21), 400),
     ("c-suffix", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": "a", "suffix": "b"}, 400),
     ("c-token-prompt-past-vocabulary", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": [1, 2**31]}, 400),
-    ("c-token-prompts", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": [[1, 2], [3]]}, 400),
+    ("c-token-prompts-one-empty", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": [[1, 2], []]}, 400),
+    ("c-prompts-mixed-with-a-number", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": ["a", 3]}, 400),
     ("c-token-prompt-logit-bias", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": [1],
                                                               "logit_bias": {"1": "x"}}, 400),
     ("c-max-tokens-0-no-echo", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": "a", "max_tokens": 0,

@@ -1768,7 +1768,7 @@ def test_plain_completions_parse_echo_and_answer_in_the_legacy_shape() -> None:
     call = COMPLETIONS.parse({"model": "m", "prompt": ["Once"], "max_tokens": 3, "echo": True, "stop": "\n"}, ["m"])
     assert call.request.raw_prompt == "Once" and call.request.messages == () and call.echo
     assert call.request.stop_sequences == ("\n",) and call.request.prompt_logprobs is None
-    call = dataclasses.replace(call, echo_text="Once")  # (the app's, once the engine has read the prompt)
+    call = dataclasses.replace(call, echo_texts=("Once",))  # (the app's, once the engine has read the prompt)
     scoring = COMPLETIONS.parse({"model": "m", "prompt": "Once", "echo": True, "logprobs": 1, "max_tokens": 0}, ["m"])
     assert scoring.request.prompt_logprobs == 1 and scoring.request.logprobs == 1 and scoring.request.max_tokens == 0
     for not_scoring in ({"echo": True}, {"logprobs": 1}, {}):  # max_tokens 0 is for scoring the prompt alone
@@ -1785,7 +1785,7 @@ def test_plain_completions_parse_echo_and_answer_in_the_legacy_shape() -> None:
     doc = COMPLETIONS.response("m", call, [(Answer(" upon"), finished("end_turn"))])
     assert doc["choices"][0]["text"] == "Once upon"
     # A scored prompt: its tokens first (the first without a log probability, as OpenAI's), then the answer's.
-    scored = dataclasses.replace(scoring, echo_text="Once")
+    scored = dataclasses.replace(scoring, echo_texts=("Once",))
     prompt = PromptLogprobs("On", (TokenLogprob("ce", -2.0, (("ce", -2.0),)),))
     doc = COMPLETIONS.response("m", scored, [(Answer(" a", [], lp[1:], "", prompt), finished("max_tokens"))])
     assert doc["choices"][0]["text"] == "Once a"
