@@ -9,7 +9,7 @@ import json
 import logging
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ from appliance.api.openai import OPENAI
 from appliance.api.response_store import ResponseStore
 from appliance.api.responses import RESPONSES, ResponsesCall, check_items, conversation_id
 from appliance.api.responses import parse_request as parse_responses_request
+from appliance.api.tokenize import detokenized, parse_detokenize, parse_tokenize, served_model, tokenized
 from appliance.api.tools import Answer, CallOut
 from appliance.asgi import ASGIApp, ASGIMessage, Receive, Scope, Send
 from appliance.engine import (
@@ -93,6 +94,15 @@ class GenerationService(Protocol):
 
     def count_tokens(self, request: GenerationRequest) -> int: ...
 
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]: ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def tokenizer_info(self) -> dict[str, object]: ...
+
+    @property
+    def context_length(self) -> int: ...
+
     @property
     def devices(self) -> tuple[str, ...]: ...
 
@@ -143,6 +153,9 @@ ROUTES: dict[str, Route] = {
     "/v1/responses/{id}": Route(("GET", "POST", "DELETE"), "_stored_response"),  # and .../cancel, .../input_items
     "/v1/conversations": Route(("POST",), "_new_conversation"),
     "/v1/conversations/{id}": Route(("GET", "POST", "DELETE"), "_conversation"),  # and .../items[/{item_id}]
+    "/tokenize": Route(("POST",), "_tokenize"),  # vLLM's and llama.cpp's tokenizer endpoints (tokenize.py)
+    "/detokenize": Route(("POST",), "_detokenize"),
+    "/tokenizer_info": Route(("GET",), "_tokenizer_info"),
     "/v1/models": Route(("GET",), "_models"),
     "/v1/models/{id}": Route(("GET",), "_model"),
     "/healthz": Route(("GET", "HEAD"), "_healthz"),
@@ -428,6 +441,28 @@ class ApiApp:
         except InvalidRequest as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
         return await _json(ex.send, 200, {"input_tokens": count})
+
+    async def _tokenize(self, ex: Exchange) -> int:
+        self._admit(ex)
+        ask = parse_tokenize(parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes)),
+                             self.models.names())  # fmt: skip
+        engine = self._engine(ask.model)
+        tokens = await asyncio.to_thread(engine.tokenize, ask.text, ask.add_special_tokens)
+        return await _json(ex.send, 200, tokenized(tokens, engine.context_length))
+
+    async def _detokenize(self, ex: Exchange) -> int:
+        self._admit(ex)
+        doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
+        model, tokens = parse_detokenize(doc, self.models.names())
+        try:
+            text = await asyncio.to_thread(self._engine(model).detokenize, tokens)
+        except InvalidRequest as exc:
+            raise ApiError(400, str(exc), param=exc.param) from None
+        return await _json(ex.send, 200, detokenized(text))
+
+    async def _tokenizer_info(self, ex: Exchange) -> int:
+        self._admit(ex)
+        return await _json(ex.send, 200, self._engine(served_model({}, self.models.names())).tokenizer_info())
 
     async def _generate(self, ex: Exchange) -> int:
         key = self._admit(ex)

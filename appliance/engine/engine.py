@@ -545,14 +545,8 @@ class Engine:
         """Validate, render and tokenize (pure CPU work: callers on an event loop run it in a
         thread); raises InvalidRequest before anything is queued."""
         request.validate()
-        vocab = self.bundle.model.vocab_size
-        given = (("logit_bias", [token for token, _ in request.logit_bias]),
-                 ("prompt", request.raw_prompt if isinstance(request.raw_prompt, tuple) else ()))  # fmt: skip
-        for param, tokens in given:
-            beyond = next((token for token in tokens if token >= vocab), None)
-            if beyond is not None:
-                raise InvalidRequest(f"{param}: token {beyond} is not in the model's vocabulary ({vocab} tokens)",
-                                     param)  # fmt: skip
+        self._in_vocabulary("logit_bias", [token for token, _ in request.logit_bias])
+        self._in_vocabulary("prompt", request.raw_prompt if isinstance(request.raw_prompt, tuple) else ())
         prompt = self._render(request)
         if not prompt.ids:
             raise InvalidRequest("the prompt is empty after rendering", "messages")
@@ -618,6 +612,27 @@ class Engine:
         template = self.tool_template if with_tools and self.tool_template is not None else self.template
         return template.prompt(request.messages, request.system, request.output, request.thinking,
                                request.reasoning_effort, request.thinking_budget)  # fmt: skip
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        """The model's token ids for a text (its BOS where `add_special_tokens` and it has one)."""
+        return self.tokenizer.encode(text, add_special_tokens)[0]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """The text of token ids, special tokens left out (as answers are written)."""
+        self._in_vocabulary("tokens", tokens)
+        return self.tokenizer.decode(list(tokens))
+
+    def _in_vocabulary(self, param: str, tokens: Sequence[int]) -> None:
+        vocab = self.bundle.model.vocab_size
+        beyond = next((token for token in tokens if token >= vocab), None)
+        if beyond is not None:
+            raise InvalidRequest(f"{param}: token {beyond} is not in the model's vocabulary ({vocab} tokens)", param)
+
+    def tokenizer_info(self) -> dict[str, object]:
+        """What vLLM's /tokenizer_info tells of the tokenizer: its special tokens, chat template and context."""
+        tok = self.tokenizer
+        return {"eos_token": tok.eos_token, "bos_token": tok.bos_token, "chat_template": self.bundle.chat_template,
+                "model_max_length": self.context_length, "vocab_size": self.bundle.model.vocab_size}  # fmt: skip
 
     def count_tokens(self, request: GenerationRequest) -> int:
         """Prompt tokens as the engine would see them; no context check (counting a long prompt is no error)."""

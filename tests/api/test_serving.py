@@ -172,6 +172,36 @@ def test_a_completion_s_prompt_may_be_the_model_s_token_ids(demo: tuple[RunningD
 
 
 @pytest.mark.demo
+def test_the_tokenizer_endpoints_serve_vllm_s_and_llama_cpp_s_clients(demo: tuple[RunningDaemon, DevSetup],
+                                                                      demo_bundle_path: Path) -> None:  # fmt: skip
+    """What lm-eval's remote tokenizer asks of a server before it trusts it (tokenizer_info with an
+    eos_token, then a tokenize), and its encode and decode; llama.cpp's spelling of the same: the
+    model's own tokenizer over HTTP, behind the API key, so a harness on a box without a model hub
+    needs no copy of it."""
+    from tokenizers import Tokenizer
+
+    running, setup = demo
+    tokenizer = Tokenizer.from_file(str(demo_bundle_path / "tokenizer.json"))
+    base = f"https://localhost:{running.port('tcp')}"
+    with httpx.Client(verify=trust(setup), headers={"authorization": f"Bearer {setup.api_key}"}) as http:
+        info = http.get(base + "/tokenizer_info").json()
+        assert info["eos_token"] == "<|im_end|>" and "im_start" in info["chat_template"]
+        assert info["model_max_length"] == 8192 and info["vocab_size"] == tokenizer.get_vocab_size()
+        text = "The capital of France is Paris."
+        ids = tokenizer.encode(text).ids
+        vllm = http.post(base + "/tokenize", json={"prompt": text, "add_special_tokens": False}).json()
+        assert vllm == {"tokens": ids, "count": len(ids), "max_model_len": 8192}
+        llama = http.post(base + "/tokenize", json={"content": text, "model": MODEL}).json()
+        assert llama["tokens"] == ids
+        eos = http.post(base + "/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False}).json()
+        assert eos["tokens"] == [tokenizer.token_to_id("<|im_end|>")]
+        assert http.post(base + "/detokenize", json={"tokens": ids}).json() == {"prompt": text, "content": text}
+        refused = http.post(base + "/detokenize", json={"tokens": [ids[0], 10**7]})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "tokens"
+        assert httpx.post(base + "/tokenize", json={"prompt": text}, verify=trust(setup)).status_code == 401
+
+
+@pytest.mark.demo
 def test_several_prompts_in_one_completion_request_answer_as_each_alone(demo: tuple[RunningDaemon, DevSetup],
                                                                         demo_bundle_path: Path) -> None:  # fmt: skip
     """A list of prompts (texts or token-id lists, as lm-eval sends a batch): choice p * n + j is
@@ -427,6 +457,13 @@ BAD: list[tuple[str, str, str, Any, int]] = [
     ("c-max-tokens-0-no-echo", "POST", "/v1/completions", {"model": "tiny-llama", "prompt": "a", "max_tokens": 0,
                                                            "logprobs": 1}, 400),
     ("c-no-prompt", "POST", "/v1/completions", {"model": "tiny-llama"}, 400),
+    ("tokenize-no-text", "POST", "/tokenize", {"add_special_tokens": True}, 400),
+    ("tokenize-both-texts", "POST", "/tokenize", {"prompt": "a", "content": "a"}, 400),
+    ("tokenize-messages", "POST", "/tokenize", {"messages": [{"role": "user", "content": "a"}]}, 400),
+    ("tokenize-unknown-model", "POST", "/tokenize", {"model": "nope", "prompt": "a"}, 404),
+    ("detokenize-text", "POST", "/detokenize", {"tokens": "abc"}, 400),
+    ("detokenize-past-vocabulary", "POST", "/detokenize", {"tokens": [1, 2**31]}, 400),
+    ("tokenizer-info-post", "POST", "/tokenizer_info", {}, 405),
     ("o-required-no-tools", "POST", CHAT, _with(GOOD_O, tool_choice="required"), 400),
     ("o-stream-options-no-stream", "POST", CHAT, _with(GOOD_O, stream_options={"include_usage": True}), 400),
     ("o-seed-float", "POST", CHAT, _with(GOOD_O, seed=1.5), 400),
