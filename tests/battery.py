@@ -53,6 +53,23 @@ VALID: dict[str, list[dict[str, Any]]] = {
          "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": _TOOL_SCHEMA}}},
     ],
     "/v1/completions": [{"model": MODEL, "max_tokens": 4, "prompt": "Once"}],
+    "/api/chat": [
+        {"model": MODEL, "stream": False, "options": {"num_predict": 4},
+         "messages": [{"role": "user", "content": "hi"}]},
+        {"model": MODEL + ":latest", "options": {"num_predict": 4, "temperature": 0.7, "seed": 3, "stop": ["x"]},
+         "think": False, "messages": [
+            {"role": "system", "content": "be brief"}, {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "", "thinking": "a call",
+             "tool_calls": [{"function": {"name": "get_w", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "tool_name": "get_w", "content": "sunny"}],
+         "tools": [{"type": "function", "function": {"name": "get_w", "description": "the weather",
+                                                     "parameters": _TOOL_SCHEMA}}],
+         "format": _TOOL_SCHEMA},
+    ],
+    "/api/generate": [
+        {"model": MODEL, "prompt": "Once", "raw": True, "stream": False, "options": {"num_predict": 4}},
+        {"model": MODEL, "prompt": "Once", "system": "be brief", "format": "json", "options": {"num_predict": 4}},
+    ],
     "/v1/responses": [
         {"model": MODEL, "max_output_tokens": 4, "input": "hi"},
         {"model": MODEL, "max_output_tokens": 4, "instructions": "be brief", "input": [
@@ -146,6 +163,8 @@ def check_error(path: str, status: int, body: bytes, expected: int | None = None
     doc = json.loads(body)
     if path.startswith("/v1/messages"):
         assert doc["type"] == "error" and doc["error"]["type"] and isinstance(doc["error"]["message"], str), doc
+    elif path.startswith("/api/"):  # Ollama's
+        assert set(doc) == {"error"} and isinstance(doc["error"], str) and doc["error"], doc
     else:
         assert set(doc["error"]) == {"message", "type", "param", "code"} and "type" not in doc, doc
     assert "Traceback" not in body.decode()

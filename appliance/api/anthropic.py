@@ -413,6 +413,8 @@ class StreamEncoder:
     """Engine events -> the Messages API's SSE event sequence. Content blocks open as the answer
     needs them: a text block for text, a tool_use block for each call."""
 
+    content_type = b"text/event-stream; charset=utf-8"  # server-sent events
+
     def __init__(self, message_id: str, model: str, input_tokens: int) -> None:
         self.message_id, self.model, self.input_tokens = message_id, model, input_tokens
         self.block = -1  # index of the open content block

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from appliance.api import anthropic
+from appliance.api import anthropic, ollama
 from appliance.api.anthropic import ANTHROPIC
 from appliance.api.auth import ApiKey, KeyStore, presented_key
 from appliance.api.completions import COMPLETIONS
@@ -22,6 +22,7 @@ from appliance.api.dialect import Call, Dialect, ModelInfo, StreamEncoder
 from appliance.api.errors import ApiError, not_served
 from appliance.api.fields import get_str, parse_json_object, reject_unknown
 from appliance.api.metrics import Metrics
+from appliance.api.ollama import OLLAMA_CHAT, OLLAMA_GENERATE, served_name
 from appliance.api.openai import OPENAI
 from appliance.api.response_store import ResponseStore
 from appliance.api.responses import RESPONSES, ResponsesCall, check_items, conversation_id
@@ -101,6 +102,9 @@ class GenerationService(Protocol):
     def tokenizer_info(self) -> dict[str, object]: ...
 
     @property
+    def thinks(self) -> bool: ...
+
+    @property
     def context_length(self) -> int: ...
 
     @property
@@ -135,6 +139,8 @@ def dialect_of(path: str, headers: list[tuple[bytes, bytes]]) -> Dialect:
         return COMPLETIONS
     if path == "/v1/responses":
         return RESPONSES
+    if path.startswith("/api/"):
+        return OLLAMA_GENERATE if path == "/api/generate" else OLLAMA_CHAT
     return ANTHROPIC if any(k == b"anthropic-version" for k, _ in headers) else OPENAI
 
 
@@ -156,6 +162,12 @@ ROUTES: dict[str, Route] = {
     "/tokenize": Route(("POST",), "_tokenize"),  # vLLM's and llama.cpp's tokenizer endpoints (tokenize.py)
     "/detokenize": Route(("POST",), "_detokenize"),
     "/tokenizer_info": Route(("GET",), "_tokenizer_info"),
+    "/api/chat": Route(("POST",), "_generate"),  # Ollama's API (ollama.py)
+    "/api/generate": Route(("POST",), "_generate"),
+    "/api/tags": Route(("GET",), "_models"),
+    "/api/show": Route(("POST",), "_ollama_show"),
+    "/api/ps": Route(("GET",), "_ollama_running"),
+    "/api/version": Route(("GET",), "_ollama_version"),
     "/v1/models": Route(("GET",), "_models"),
     "/v1/models/{id}": Route(("GET",), "_model"),
     "/healthz": Route(("GET", "HEAD"), "_healthz"),
@@ -345,6 +357,27 @@ class ApiApp:
         self._admit(ex)
         infos = [info for info in map(self._info, self.models.names()) if info is not None]
         return await _json(ex.send, 200, ex.dialect.models(infos))
+
+    async def _ollama_show(self, ex: Exchange) -> int:
+        self._admit(ex)
+        doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
+        reject_unknown(doc, {"model", "name", "verbose"}, {})
+        name = served_name({"model": doc.get("model", doc.get("name"))}, self.models.names())
+        engine, info = self._engine(name), self._info(name)
+        assert info is not None
+        template = str(engine.tokenizer_info().get("chat_template") or "")
+        capabilities = ["completion", "tools", *(["thinking"] if engine.thinks else [])]
+        return await _json(ex.send, 200, ollama.show(info, template, engine.context_length, capabilities))
+
+    async def _ollama_running(self, ex: Exchange) -> int:
+        self._admit(ex)
+        infos = [info for info in map(self._info, self.models.names()) if info is not None]
+        contexts = {info.name: self._engine(info.name).context_length for info in infos}
+        return await _json(ex.send, 200, ollama.running(infos, contexts))
+
+    async def _ollama_version(self, ex: Exchange) -> int:
+        self._admit(ex)
+        return await _json(ex.send, 200, ollama.version())
 
     async def _model(self, ex: Exchange) -> int:
         self._admit(ex)
@@ -829,7 +862,7 @@ class StreamSink:
 
     async def open(self) -> None:
         await self.send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]})  # fmt: skip
+            (b"content-type", self.encoders[0].content_type), (b"cache-control", b"no-cache")]})  # fmt: skip
         self.started = True
         await _chunk(self.send, b"".join(e.start() for e in self.encoders))
 

@@ -51,6 +51,8 @@ class StreamEncoder(Protocol):
     gives the encoder of another choice of the same answer (n > 1); `end` comes once, after every
     choice's `finish_choice`."""
 
+    content_type: bytes  # of the stream's body
+
     def choice(self, index: int) -> Self: ...
 
     def start(self) -> bytes: ...

@@ -27,17 +27,18 @@ from appliance.api.fields import (
 from appliance.api.tools import (
     Answer,
     CallOut,
-    arguments_text,
+    chat_turns,
     check_tools,
     make_tool,
     new_call_id,
+    past_calls,
     schema_object,
     strict_flag,
     tool_items,
 )
 from appliance.engine import ContextOverflow, Finished, GenerationRequest, Message
 from appliance.engine.request import LOGIT_BIAS, MAX_LOGIT_BIAS, PromptLogprobs, TokenLogprob
-from appliance.engine.tools import OutputRules, PastCall, Tool, ToolChoice
+from appliance.engine.tools import OutputRules, Tool, ToolChoice
 
 # status -> (OpenAI error type, code)
 _ERROR_KINDS: dict[int, tuple[str, str | None]] = {
@@ -76,50 +77,31 @@ MAX_CHOICES = 8  # n: each choice takes a slot of its own
 
 
 def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
-    raw = doc.get("messages")
-    if raw is None:
+    if doc.get("messages") is None:
         raise ApiError(400, "messages: field required", param="messages")
-    if not isinstance(raw, list) or not raw:
-        raise ApiError(400, "messages: must be a non-empty list", param="messages")
-    system_parts: list[str] = []
-    out: list[Message] = []
-    results: list[tuple[str, bool]] = []  # consecutive tool messages: one user turn for the model
-    for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise ApiError(400, f"{where}: must be an object", param="messages")
-        role = m.get("role")
-        if not isinstance(role, str) or role not in _ROLES:
-            raise ApiError(400, f"{where}.role: must be one of {', '.join(_ROLES)}", param="messages")
-        if role != "tool" and results:
-            out.append(Message("user", "", results=tuple(results)))
-            results = []
-        if role == "tool":
-            reject_unknown(m, {"role", "content", "tool_call_id"}, {}, where=f"{where}.")
-            get_str(m, "tool_call_id", required=True, where=f"{where}.")
-            results.append((text_content(m.get("content", ""), f"{where}.content") if m.get("content") else "", False))
-            continue
-        if role == "assistant":
-            # An earlier thought (reasoning_content, as the SDK echoes a message back) goes to the template;
-            # a message sent back as the SDK dumps it (model_dump()) has annotations and unset fields too.
-            reject_unknown(m, {"role", "content", "name", "tool_calls", "refusal", "reasoning_content", "reasoning",
-                               "annotations"}, _ASSISTANT_UNSUPPORTED, where=f"{where}.")  # fmt: skip
-            out.append(_assistant_turn(m, where))
-            continue
-        reject_unknown(m, {"role", "content", "name"}, {}, where=f"{where}.")
-        get_str(m, "name", where=f"{where}.")
-        if m.get("content") is None:
-            raise ApiError(400, f"{where}.content: field required", param="messages")
-        text = text_content(m["content"], f"{where}.content")
-        if _ROLES[role] == "system" and not out:
-            system_parts.append(text)
-        else:  # (a system message later on stays where it is: the chat template places it)
-            out.append(Message(_ROLES[role], text))
-    if results:
-        out.append(Message("user", "", results=tuple(results)))
-    if not out:
-        raise ApiError(400, "messages: needs at least one user message", param="messages")
-    return ("\n\n".join(system_parts) or None), tuple(out)
+    return chat_turns(doc["messages"], _turn)
+
+
+def _turn(m: dict[str, Any], where: str) -> Message:
+    role = m.get("role")
+    if not isinstance(role, str) or role not in _ROLES:
+        raise ApiError(400, f"{where}.role: must be one of {', '.join(_ROLES)}", param="messages")
+    if role == "tool":
+        reject_unknown(m, {"role", "content", "tool_call_id"}, {}, where=f"{where}.")
+        get_str(m, "tool_call_id", required=True, where=f"{where}.")
+        text = text_content(m.get("content", ""), f"{where}.content") if m.get("content") else ""
+        return Message("user", "", results=((text, False),))
+    if role == "assistant":
+        # An earlier thought (reasoning_content, as the SDK echoes a message back) goes to the template;
+        # a message sent back as the SDK dumps it (model_dump()) has annotations and unset fields too.
+        reject_unknown(m, {"role", "content", "name", "tool_calls", "refusal", "reasoning_content", "reasoning",
+                           "annotations"}, _ASSISTANT_UNSUPPORTED, where=f"{where}.")  # fmt: skip
+        return _assistant_turn(m, where)
+    reject_unknown(m, {"role", "content", "name"}, {}, where=f"{where}.")
+    get_str(m, "name", where=f"{where}.")
+    if m.get("content") is None:
+        raise ApiError(400, f"{where}.content: field required", param="messages")
+    return Message(_ROLES[role], text_content(m["content"], f"{where}.content"))
 
 
 def _assistant_turn(m: dict[str, Any], where: str) -> Message:
@@ -127,19 +109,7 @@ def _assistant_turn(m: dict[str, Any], where: str) -> Message:
     get_str(m, "name", where=f"{where}.")
     content = m.get("content")
     text = text_content(content, f"{where}.content") if content not in (None, "", []) else ""
-    calls = m.get("tool_calls") or []
-    if not isinstance(calls, list):
-        raise ApiError(400, f"{where}.tool_calls: must be a list", param="messages")
-    past: list[PastCall] = []
-    for j, call in enumerate(calls):
-        at = f"{where}.tool_calls[{j}]"
-        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
-            raise ApiError(400, f"{at}: must be an object with a function", param="messages")
-        reject_unknown(call, {"id", "type", "function"}, {}, where=f"{at}.")
-        fn = call["function"]
-        name = get_str(fn, "name", required=True, where=f"{at}.function.")
-        past.append(PastCall(str(name), arguments_text(fn.get("arguments", "{}"), f"{at}.function.arguments",
-                                                       "messages")))  # fmt: skip
+    past = past_calls(m.get("tool_calls"), where)
     if not past and content is None:
         raise ApiError(400, f"{where}.content: field required (or tool_calls)", param="messages")
     # The thought as DeepSeek's API and llama.cpp's server name it, or as vLLM's newer releases and OpenRouter do.
@@ -162,7 +132,8 @@ def reasoning_of(effort: Any, param: str) -> dict[str, Any]:
     return {"thinking": effort not in ("none", "minimal"), "reasoning_effort": level}
 
 
-def _tools(doc: dict[str, Any]) -> OutputRules:
+def function_tools(doc: dict[str, Any]) -> OutputRules:
+    """The request's function tools, tool_choice and response_format (Ollama's chat reads its tools so too)."""
     tools: list[Tool] = []
     for where, t in tool_items(doc):
         if t.get("type") != "function" or not isinstance(t.get("function"), dict):
@@ -360,7 +331,7 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[Generatio
         system=system,
         max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
         logprobs=(top or 0) if get_bool(doc, "logprobs") else None,
-        output=_tools(doc),
+        output=function_tools(doc),
         **reasoning_of(doc.get("reasoning_effort"), "reasoning_effort"),
         **common.sampling,
     )
@@ -426,6 +397,7 @@ class StreamEncoder:
     """Engine events -> Chat Completions chunks, then `[DONE]` (Completions' chunks subclass it)."""
 
     OBJECT = "chat.completion.chunk"
+    content_type = b"text/event-stream; charset=utf-8"  # server-sent events
 
     def __init__(self, completion_id: str, model: str, include_usage: bool) -> None:
         self.id, self.model, self.include_usage = completion_id, model, include_usage

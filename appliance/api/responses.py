@@ -402,6 +402,8 @@ class ResponseStream:
     (the message, then each function call) added, filled by deltas and done, then the response
     completed (or incomplete, at max_output_tokens) with its whole output."""
 
+    content_type = b"text/event-stream; charset=utf-8"  # server-sent events
+
     def __init__(self, response_id: str, model: str, call: ResponsesCall) -> None:
         self.id, self.model, self.call = response_id, model, call
         self.created = int(time.time())

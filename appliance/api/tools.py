@@ -1,18 +1,21 @@
-"""What both dialects share about tools: checking a tool definition and a JSON schema, a tool
-call's id and its arguments, and the answer as text plus calls."""
+"""What the dialects share about tools: checking a tool definition and a JSON schema, a tool
+call's id and its arguments, a conversation's turns with their tool results, and the answer as
+text plus calls."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from appliance.api.errors import ApiError
-from appliance.api.fields import Hint, check_hints
-from appliance.engine.request import PromptLogprobs, TokenLogprob
-from appliance.engine.tools import Tool
+from appliance.api.fields import Hint, check_hints, get_str, reject_unknown
+from appliance.engine.request import Message, PromptLogprobs, TokenLogprob
+from appliance.engine.tools import PastCall, Tool
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")  # what both APIs accept as a tool name
@@ -137,3 +140,53 @@ def arguments_text(value: Any, where: str, param: str) -> str:
         raise ApiError(400, f"{where}: must be an object", param=param)
     return json.dumps(value, ensure_ascii=False)
 
+
+
+def chat_turns(raw: Any, read: Callable[[dict[str, Any], str], Message]) -> tuple[str | None, tuple[Message, ...]]:
+    """A chat API's `messages` as the model's turns, each read by `read` (a tool's result as a
+    user turn of results alone): the system messages before the first other turn are the system
+    text, joined (a later one stays where it is: the chat template places it), and consecutive
+    tool results are one user turn."""
+    if not isinstance(raw, list) or not raw:
+        raise ApiError(400, "messages: must be a non-empty list", param="messages")
+    system: list[str] = []
+    out: list[Message] = []
+    results = False  # the last turn is tool results, which the next ones join
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise ApiError(400, f"messages[{i}]: must be an object", param="messages")
+        turn = read(m, f"messages[{i}]")
+        if turn.results and not turn.content:
+            if results:
+                out[-1] = dataclasses.replace(out[-1], results=out[-1].results + turn.results)
+            else:
+                out.append(turn)
+            results = True
+            continue
+        results = False
+        if turn.role == "system" and not out:
+            system.append(turn.content)
+        else:
+            out.append(turn)
+    if not out:
+        raise ApiError(400, "messages: needs at least one user message", param="messages")
+    return ("\n\n".join(system) or None), tuple(out)
+
+
+def past_calls(raw: Any, where: str) -> tuple[PastCall, ...]:
+    """An assistant message's `tool_calls` (OpenAI's, and Ollama's alike): each a function with its
+    name and arguments (JSON text or an object), for the prompt."""
+    calls = raw or []
+    if not isinstance(calls, list):
+        raise ApiError(400, f"{where}.tool_calls: must be a list", param="messages")
+    past = []
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            raise ApiError(400, f"{at}: must be an object with a function", param="messages")
+        reject_unknown(call, {"id", "type", "function"}, {}, where=f"{at}.")
+        fn = call["function"]
+        name = get_str(fn, "name", required=True, where=f"{at}.function.")
+        past.append(PastCall(str(name), arguments_text(fn.get("arguments") or {}, f"{at}.function.arguments",
+                                                       "messages")))  # fmt: skip
+    return tuple(past)

@@ -541,6 +541,11 @@ class Engine:
     def context_length(self) -> int:
         return self.bundle.model.context_length
 
+    @property
+    def thinks(self) -> bool:
+        """Whether the model writes a thought before its answer (its template opens one)."""
+        return self.thought_format is not None
+
     def prepare(self, request: GenerationRequest) -> Prompt:
         """Validate, render and tokenize (pure CPU work: callers on an event loop run it in a
         thread); raises InvalidRequest before anything is queued."""
@@ -550,12 +555,13 @@ class Engine:
         prompt = self._render(request)
         if not prompt.ids:
             raise InvalidRequest("the prompt is empty after rendering", "messages")
-        need = len(prompt.ids) + request.max_tokens
+        max_tokens = self._fitted(request, len(prompt.ids), self.context_length)
+        need = len(prompt.ids) + max_tokens
         if need > self.context_length:
             raise ContextOverflow(
-                f"prompt ({len(prompt.ids)} tokens) + max_tokens ({request.max_tokens}) = {need} exceeds the "
+                f"prompt ({len(prompt.ids)} tokens) + max_tokens ({max_tokens}) = {need} exceeds the "
                 f"model's context of {self.context_length} tokens",
-                "max_tokens", len(prompt.ids), request.max_tokens, self.context_length,
+                "max_tokens", len(prompt.ids), max_tokens, self.context_length,
             )
         rules, fmt = request.output, prompt.call_format
         if fmt.channel and rules.calls_allowed:  # harmony: a call is a message of its own, the text answer another
@@ -569,6 +575,14 @@ class Engine:
         if self.thought_format is not None and request.raw_prompt is None:
             prompt = dataclasses.replace(prompt, thought_format=self.thought_format)
         return prompt
+
+    @staticmethod
+    def _fitted(request: GenerationRequest, prompt_tokens: int, room: int) -> int:
+        """The answer's limit: max_tokens, or where it fits the room (fit_context) what the prompt
+        leaves of it, one token at least (a prompt that fills the room overflows)."""
+        if not request.fit_context:
+            return request.max_tokens
+        return max(1, min(request.max_tokens, room - prompt_tokens))
 
     def _constraint(self, rules: OutputRules, fmt: CallFormat) -> Constraint | None:
         lark = grammar(rules, fmt)
@@ -650,6 +664,9 @@ class Engine:
         if request.prompt_logprobs is not None and not worker.session.scores_prompts:
             raise InvalidRequest(f"a prompt's log probabilities are not computed on {device} (a TensorRT session's "
                                  "graph gives the last position's logits only)", "logprobs")  # fmt: skip
+        if request.fit_context:
+            room = min(self.context_length, worker.scheduler.room)
+            request = dataclasses.replace(request, max_tokens=self._fitted(request, len(prompt.ids), room))
         trace = Trace(request_id=request.request_id, device=device, input_tokens=len(prompt.ids))
         stream = Stream(request, prompt, trace, asyncio.get_running_loop())
         gen = Generation(request, prompt, worker.session, self.tokenizer, self.prefix_cache,

@@ -47,6 +47,9 @@ class GenerationRequest:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, what is added to its logit before sampling)
     stop_sequences: tuple[str, ...] = ()
+    # max_tokens caps the answer where the context (or a device's KV room for one request) leaves
+    # fewer positions after the prompt: there it is as many as are left (Ollama's num_predict -1).
+    fit_context: bool = False
     seed: int | None = None
     output: OutputRules = field(default_factory=OutputRules)  # tools, tool choice, a JSON schema
     logprobs: int | None = None  # None: none; k: each token's log probability and the k most likely

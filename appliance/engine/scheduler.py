@@ -169,9 +169,14 @@ class Scheduler(Generic[T]):
 
     # --- the request side ---------------------------------------------------------------------
 
+    @property
+    def room(self) -> int:
+        """The most KV positions one request may fill."""
+        return min(self.slot_capacity, self.kv_tokens)
+
     def check_fits(self, kv_tokens: int) -> None:
         """Refuse at once what could never be admitted, whatever else finishes."""
-        room = min(self.slot_capacity, self.kv_tokens)
+        room = self.room
         if kv_tokens > room:
             raise ContextOverflow(f"prompt + max_tokens needs {kv_tokens} KV positions; this device's KV cache holds "
                                   f"{room} per request (engine.kv_cache_mb)", "max_tokens")  # fmt: skip

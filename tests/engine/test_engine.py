@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -1047,6 +1048,25 @@ def test_bad_requests_are_typed_errors(engine: Engine, request_kwargs: dict, err
     with pytest.raises(error) as info:
         engine.prepare(GenerationRequest(**kwargs))
     assert info.value.param == param
+
+
+def test_fit_context_caps_the_answer_at_what_the_prompt_leaves_of_a_request_s_room(bundle: firmware.Bundle) -> None:
+    """Ollama's num_predict -1: max_tokens is a cap, and where the context (here the device's KV
+    room for one request, 300 positions) leaves fewer after the prompt, the answer gets those."""
+    room = 300
+    engine = Engine(bundle, EngineConfig(prefix_cache_bytes=0,
+                                         kv_cache_bytes=room * ModelSession(bundle).kv_bytes_per_token))  # fmt: skip
+    try:
+        unbounded = _greedy(10**6, (Message("user", "Hi."),), fit_context=True)  # the tiny model's answer never ends
+        prompt = len(engine.prepare(unbounded).ids)
+        _, done, _ = _run(_collect(engine, unbounded))
+        assert done.stop_reason == "max_tokens" and done.output_tokens == room - prompt
+        with pytest.raises(ContextOverflow):
+            engine.prepare(dataclasses.replace(unbounded, fit_context=False))
+        with pytest.raises(ContextOverflow):  # a prompt that fills the room leaves no answer
+            _run(_in_loop(lambda: engine.submit(_greedy(10**6, (Message("user", "loop " * 400),), fit_context=True))))
+    finally:
+        engine.close()
 
 
 def test_huge_prompt_is_a_context_overflow_not_a_crash(engine: Engine) -> None:
