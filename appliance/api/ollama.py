@@ -15,10 +15,10 @@ from typing import Any, Self
 from appliance.api.dialect import Call, ModelInfo
 from appliance.api.errors import ApiError, not_served
 from appliance.api.fields import get_bool, get_int, get_number, get_str, reject_unknown, text_content
-from appliance.api.openai import function_tools, reasoning_of
+from appliance.api.openai import function_tools, logprob_entry, reasoning_of
 from appliance.api.tools import Answer, CallOut, chat_turns, new_call_id, past_calls, schema_object
 from appliance.engine import ContextOverflow, Finished, GenerationRequest, Message
-from appliance.engine.request import PromptLogprobs, TokenLogprob
+from appliance.engine.request import MAX_TOP_LOGPROBS, PromptLogprobs, TokenLogprob
 from appliance.engine.tools import OutputRules
 
 VERSION = "0.12.0"  # the Ollama API release whose fields these are (what /api/version tells its clients)
@@ -121,7 +121,15 @@ def _turn(m: dict[str, Any], where: str) -> Message:
     return Message("assistant", text, past, thought=get_str(m, "thinking", where=f"{where}.") or "")
 
 
-_COMMON = {"model", "stream", "format", "options", "keep_alive", "think"}
+_COMMON = {"model", "stream", "format", "options", "keep_alive", "think", "logprobs", "top_logprobs"}
+
+
+def _logprobs(doc: dict[str, Any]) -> int | None:
+    """`logprobs` and `top_logprobs` as GenerationRequest.logprobs (alternatives asked for are logprobs asked for)."""
+    top = get_int(doc, "top_logprobs", minimum=0)
+    if top is not None and top > MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"top_logprobs: at most {MAX_TOP_LOGPROBS}", param="top_logprobs")
+    return (top or 0) if get_bool(doc, "logprobs") or top else None
 
 
 def parse_chat(doc: dict[str, Any], served: Sequence[str]) -> Call:
@@ -130,7 +138,7 @@ def parse_chat(doc: dict[str, Any], served: Sequence[str]) -> Call:
     system, messages = chat_turns(doc.get("messages"), _turn)
     tools = function_tools({"tools": doc.get("tools")})
     request = GenerationRequest(messages=messages, system=system, output=_with_format(tools, _format(doc)),
-                                **_think(doc), **_options(doc))  # fmt: skip
+                                logprobs=_logprobs(doc), **_think(doc), **_options(doc))  # fmt: skip
     return Call(request, _stream(doc), model)
 
 
@@ -152,10 +160,11 @@ def parse_generate(doc: dict[str, Any], served: Sequence[str]) -> Call:
     if get_bool(doc, "raw"):
         if system:
             raise ApiError(400, "system: a raw prompt has no template to place it in", param="system")
-        request = GenerationRequest(messages=(), raw_prompt=prompt, output=output, **_options(doc))
+        request = GenerationRequest(messages=(), raw_prompt=prompt, output=output, logprobs=_logprobs(doc),
+                                    **_options(doc))  # fmt: skip
     else:
         request = GenerationRequest(messages=(Message("user", prompt),), system=system, output=output,
-                                    **_think(doc), **_options(doc))  # fmt: skip
+                                    logprobs=_logprobs(doc), **_think(doc), **_options(doc))  # fmt: skip
     return Call(request, _stream(doc), model)
 
 
@@ -190,14 +199,16 @@ def _calls(calls: Sequence[CallOut]) -> list[dict[str, Any]]:
 
 
 class OllamaStream:
-    """Engine events -> Ollama's stream: a JSON object a line, a piece of the answer each, then the
-    end with its figures. A call is sent whole once the answer is over (Ollama sends it complete)."""
+    """Engine events -> Ollama's stream: a JSON object a line, a piece of the answer each (with the
+    log probabilities of the tokens it came from, where asked for), then the end with its figures.
+    A call is sent whole once the answer is over (Ollama sends it complete)."""
 
     content_type = b"application/x-ndjson"
 
     def __init__(self, model: str, chat: bool) -> None:
         self.model, self.chat = model, chat
         self.calls: list[CallOut] = []
+        self.pending: list[dict[str, Any]] = []  # log probabilities, sent with the text their tokens make
 
     def choice(self, index: int) -> Self:
         return self  # (Ollama's requests have one answer)
@@ -216,6 +227,8 @@ class OllamaStream:
             doc["response"] = text
             if thought:
                 doc["thinking"] = thought
+        if self.pending:
+            doc["logprobs"], self.pending = self.pending, []
         doc.update(end or {"done": False})
         return json.dumps(doc, ensure_ascii=False).encode() + b"\n"
 
@@ -236,7 +249,8 @@ class OllamaStream:
         return b""
 
     def logprob(self, token: TokenLogprob) -> bytes:
-        return b""  # (never asked for: Ollama's requests have no log probabilities here)
+        self.pending.append(logprob_entry(token))
+        return b""
 
     def prompt_logprobs(self, scores: PromptLogprobs) -> bytes:
         return b""
@@ -281,6 +295,8 @@ class OllamaDialect:
             doc["response"] = answer.text
             if answer.thought:
                 doc["thinking"] = answer.thought
+        if answer.logprobs is not None:
+            doc["logprobs"] = [logprob_entry(t) for t in answer.logprobs]
         return {**doc, **_figures(done)}
 
     def new_call(self, name: str) -> CallOut:

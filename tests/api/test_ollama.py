@@ -98,6 +98,22 @@ def test_ollama_s_format_tools_history_and_seeds(client: ollama.Client) -> None:
 
 
 @pytest.mark.demo
+def test_ollama_s_logprobs_are_the_tokens_of_the_answer(client: ollama.Client,
+                                                        demo: tuple[RunningDaemon, DevSetup]) -> None:  # fmt: skip
+    asked: dict[str, Any] = {"model": MODEL, "messages": QUESTION, "options": {"num_predict": 8, "temperature": 0},
+                             "logprobs": True, "top_logprobs": 2}  # fmt: skip
+    whole = client.chat(**asked)
+    assert whole.logprobs and "".join(t.token for t in whole.logprobs) == whole.message.content
+    assert all(len(t.top_logprobs or []) == 2 and t.top_logprobs[0].token == t.token for t in whole.logprobs)  # type: ignore[index]
+    gpt = openai_client(*demo).chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0,  # type: ignore[call-overload]
+                                                       logprobs=True, top_logprobs=2)  # fmt: skip
+    assert [t.logprob for t in whole.logprobs] == [t.logprob for t in gpt.choices[0].logprobs.content]
+    streamed = [t for part in client.chat(**asked, stream=True) for t in part.logprobs or []]
+    assert [t.token for t in streamed] == [t.token for t in whole.logprobs]
+    assert client.chat(model=MODEL, messages=QUESTION, options={"num_predict": 2}).logprobs is None
+
+
+@pytest.mark.demo
 def test_ollama_s_errors_are_its_own_shape(client: ollama.Client, demo: tuple[RunningDaemon, DevSetup]) -> None:
     for call, status, says in (
         (lambda: client.chat(model="nope", messages=QUESTION), 404, "does not exist"),
