@@ -60,7 +60,7 @@ _HINTS: dict[str, Hint] = {**HINTS, "verbosity": ("low", "medium", "high")}
 _KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
           "stream", "stream_options", "frequency_penalty", "presence_penalty", "logprobs", "tools", "tool_choice",
           "parallel_tool_calls", "response_format", "top_k", "min_p", "repetition_penalty", "top_logprobs",
-          "reasoning_effort", "modalities", "logit_bias", *_HINTS}  # fmt: skip
+          "reasoning_effort", "modalities", "logit_bias", "chat_template_kwargs", *_HINTS}  # fmt: skip
 _UNSUPPORTED = {
     "moderation": "moderation is not supported by this server",
     "functions": "the legacy functions field is not supported by this server (use tools)",
@@ -332,10 +332,25 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[Generatio
         max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
         logprobs=(top or 0) if get_bool(doc, "logprobs") else None,
         output=function_tools(doc),
-        **reasoning_of(doc.get("reasoning_effort"), "reasoning_effort"),
+        **{**template_kwargs(doc), **reasoning_of(doc.get("reasoning_effort"), "reasoning_effort")},
         **common.sampling,
     )
     return request, common
+
+
+def template_kwargs(doc: dict[str, Any]) -> dict[str, Any]:
+    """`chat_template_kwargs` (vLLM's, SGLang's and llama.cpp's servers take it: Qwen3's users send
+    `enable_thinking`) as GenerationRequest's keyword arguments: `enable_thinking` is the thinking
+    switch, the rest variables for the template as they are."""
+    raw = doc.get("chat_template_kwargs")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ApiError(400, "chat_template_kwargs: must be an object", param="chat_template_kwargs")
+    out: dict[str, Any] = {"template_variables": tuple((k, v) for k, v in raw.items() if k != "enable_thinking")}
+    if raw.get("enable_thinking") is not None:
+        out["thinking"] = get_bool(raw, "enable_thinking")
+    return out
 
 
 def finish_reason(done: Finished) -> str:

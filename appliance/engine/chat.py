@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -182,15 +182,18 @@ class ChatTemplate:
 
     def prompt(self, messages: Sequence[Message], system: str | None = None, output: OutputRules | None = None,
                thinking: bool | None = None, effort: str | None = None,
-               budget: int | None = None) -> Prompt:  # fmt: skip
+               budget: int | None = None, variables: Mapping[str, Any] | None = None) -> Prompt:  # fmt: skip
         """The rendered, tokenized conversation. A final assistant message is continued, not
         answered (the answer carries on from its last character). The output rules' tools and
         schema are shown to the model: the grammar holds it to them, but it writes better
         arguments and values when it knows what they are for. `thinking`, where given, is the
         template's `enable_thinking`, `effort` its `reasoning_effort` and `budget` (thought tokens)
         its `thinking_budget`, which Seed-OSS's reads instead of a switch: 0 when thinking is off (a
-        template that does not read them ignores them)."""
-        extra: dict[str, Any] = {} if thinking is None else {"enable_thinking": thinking}
+        template that does not read them ignores them). `variables`: more of the template's own,
+        as a client names them; those above override them."""
+        extra: dict[str, Any] = dict(variables or {})
+        if thinking is not None:
+            extra["enable_thinking"] = thinking
         if effort is not None:
             extra["reasoning_effort"] = _nearest(effort, self.efforts)
         if thinking is False or budget is not None:

@@ -625,7 +625,8 @@ class Engine:
         with_tools = request.output.tools or any(m.calls or m.results for m in request.messages)
         template = self.tool_template if with_tools and self.tool_template is not None else self.template
         return template.prompt(request.messages, request.system, request.output, request.thinking,
-                               request.reasoning_effort, request.thinking_budget)  # fmt: skip
+                               request.reasoning_effort, request.thinking_budget,
+                               dict(request.template_variables))  # fmt: skip
 
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         """The model's token ids for a text (its BOS where `add_special_tokens` and it has one)."""

@@ -13,6 +13,9 @@ from appliance.engine.trace import Trace
 ROLES = ("system", "user", "assistant")
 MAX_MESSAGES = 2048  # a conversation longer than this is refused before it is rendered
 MAX_STOP_SEQUENCES = 16
+MAX_TEMPLATE_VARIABLES = 32
+# What the engine itself gives a chat template: a client's variable of one of these names is refused.
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"})
 MAX_STOP_SEQUENCE_CHARS = 256
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias (OpenAI's logit_bias)
@@ -63,6 +66,9 @@ class GenerationRequest:
     # False asks the template to think first or not (`enable_thinking`, as Qwen3's and SmolLM3's read).
     thinking: bool | None = None
     thinking_budget: int | None = None  # thought tokens at most; then it answers
+    # Further variables for the chat template, as a client names them (vLLM's chat_template_kwargs:
+    # DeepSeek V3.1's reads `thinking`); the settings above override theirs.
+    template_variables: tuple[tuple[str, object], ...] = ()
     reasoning_effort: str | None = None  # low, medium or high: the template's `reasoning_effort` (gpt-oss reads it)
     # Chain digests the client's flow saw last time (the kernel layer keeps them per connection).
     prior_digests: tuple[bytes, ...] = ()
@@ -111,6 +117,14 @@ class GenerationRequest:
                 _check_text(result, f"messages[{i}] tool result", "messages")
         if self.system is not None:
             _check_text(self.system, "system", "system")
+        if len(self.template_variables) > MAX_TEMPLATE_VARIABLES:
+            raise InvalidRequest(f"chat_template_kwargs: at most {MAX_TEMPLATE_VARIABLES} variables",
+                                 "chat_template_kwargs")  # fmt: skip
+        for name, _ in self.template_variables:
+            if not isinstance(name, str) or not name.isidentifier() or name in RESERVED_TEMPLATE_VARIABLES:
+                raise InvalidRequest(f"chat_template_kwargs: {name!r} is not a variable a client may set (a name, "
+                                     f"not one of {', '.join(sorted(RESERVED_TEMPLATE_VARIABLES))})",
+                                     "chat_template_kwargs")  # fmt: skip
         least = 0 if self.prompt_logprobs is not None else 1  # a scored prompt may be all there is to it
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < least:
             raise InvalidRequest(f"max_tokens must be an integer of at least {least}", "max_tokens")

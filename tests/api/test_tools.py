@@ -1761,6 +1761,19 @@ def test_logprobs_are_the_models_own_and_a_raw_prompt_skips_the_template(tiny_bu
     assert raw.text == "Once upon a time" and raw.message_starts == []
 
 
+def test_chat_template_kwargs_are_the_thinking_switch_and_the_template_s_variables() -> None:
+    from appliance.api.openai import OPENAI
+
+    base = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    call = OPENAI.parse({**base, "chat_template_kwargs": {"enable_thinking": False, "thinking": True,
+                                                          "custom": [1, "a"]}}, ["m"])  # fmt: skip
+    assert call.request.thinking is False
+    assert call.request.template_variables == (("thinking", True), ("custom", [1, "a"]))
+    call = OPENAI.parse({**base, "reasoning_effort": "high", "chat_template_kwargs": {"enable_thinking": False}}, ["m"])
+    assert call.request.thinking is True  # the API's own field decides
+    assert OPENAI.parse(base, ["m"]).request.template_variables == ()
+
+
 def test_plain_completions_parse_echo_and_answer_in_the_legacy_shape() -> None:
     from appliance.api.completions import COMPLETIONS
     from appliance.engine.request import PromptLogprobs, TokenLogprob

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import firmware
-from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, Message, TextDelta
+from appliance.engine import Engine, EngineConfig, Finished, GenerationRequest, InvalidRequest, Message, TextDelta
 from appliance.engine.reasoning import (
     MAX_BLANK_TOKENS,
     MAX_HEADER_TOKENS,
@@ -319,8 +319,6 @@ def test_a_model_without_tags_is_untouched(tiny_bundle_path: Path, trusted_keys:
 
 @pytest.mark.parametrize("budget", [0, 1, True, 2.5])
 def test_a_budget_below_the_tags_is_refused(engine: Engine, budget: object) -> None:
-    from appliance.engine import InvalidRequest
-
     with pytest.raises(InvalidRequest) as err:
         engine.prepare(_ask(8, thinking_budget=budget))
     assert err.value.param == "thinking_budget"
@@ -505,3 +503,21 @@ def test_the_end_a_template_asks_an_answer_for_ends_the_turn_and_is_shown_nowher
         assert (stopped, done.stop_reason) == (answer[: answer.index(stop)], "stop_sequence")  # the request's own
     finally:
         apriel.thought_format = fmt
+
+
+def test_a_client_s_template_variables_reach_the_chat_template(engine: Engine) -> None:
+    """chat_template_kwargs as vLLM passes them: SmolLM3's template reads `enable_thinking` (and its
+    `/no_think` in the system prompt) whether it comes as the switch or as a variable; the
+    switch, where both are given, decides; names the engine gives the template are refused."""
+    plain = Message("user", "Hi."),
+    off = engine.prepare(GenerationRequest(messages=plain, thinking=False)).ids
+    on = engine.prepare(GenerationRequest(messages=plain, thinking=True)).ids
+    assert off != on
+    as_variable = GenerationRequest(messages=plain, template_variables=(("enable_thinking", False),))
+    assert engine.prepare(as_variable).ids == off
+    overridden = dataclasses.replace(as_variable, thinking=True)
+    assert engine.prepare(overridden).ids == on
+    for name in ("messages", "bos_token", "not a name"):
+        with pytest.raises(InvalidRequest) as err:
+            engine.prepare(GenerationRequest(messages=plain, template_variables=((name, 1),)))
+        assert err.value.param == "chat_template_kwargs"
