@@ -60,7 +60,8 @@ _HINTS: dict[str, Hint] = {**HINTS, "verbosity": ("low", "medium", "high")}
 _KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
           "stream", "stream_options", "frequency_penalty", "presence_penalty", "logprobs", "tools", "tool_choice",
           "parallel_tool_calls", "response_format", "top_k", "min_p", "repetition_penalty", "top_logprobs",
-          "reasoning_effort", "modalities", "logit_bias", "chat_template_kwargs", *_HINTS}  # fmt: skip
+          "reasoning_effort", "modalities", "logit_bias", "chat_template_kwargs", "min_tokens", "ignore_eos",
+          *_HINTS}  # fmt: skip
 _UNSUPPORTED = {
     "moderation": "moderation is not supported by this server",
     "functions": "the legacy functions field is not supported by this server (use tools)",
@@ -283,6 +284,9 @@ def common_fields(doc: dict[str, Any], served: Sequence[str]) -> Common:
         logit_bias=logit_bias(doc),
         stop_sequences=stops,
         seed=get_int(doc, "seed"),
+        # vLLM's, which benchmark clients send for answers of a set length (vllm bench serve, genai-perf).
+        min_tokens=get_int(doc, "min_tokens", minimum=0) or 0,
+        ignore_eos=get_bool(doc, "ignore_eos"),
     )
     return Common(sampling, stream, include_usage, model, n)
 

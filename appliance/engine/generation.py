@@ -68,6 +68,7 @@ class Generation:
         self.shard_policy = shard_policy
         self.trace = trace
         self.eos = set(session.facts.eos_token_ids)
+        self.eos_ids = np.fromiter(self.eos, dtype=np.int64)
         facts = session.facts
         self.sampler = Sampler(
             facts.default_temperature if request.temperature is None else request.temperature,
@@ -274,6 +275,9 @@ class Generation:
         if self.bias_ids.size:
             logits = logits.copy()  # (the model's own stay as they were, for the log probabilities)
             np.add.at(logits, self.bias_ids, self.biases)
+        if req.ignore_eos or len(self.generated) < req.min_tokens:
+            logits = logits if self.bias_ids.size else logits.copy()
+            logits[self.eos_ids] = -np.inf
         if req.frequency_penalty or req.presence_penalty or req.repetition_penalty != 1.0:
             logits = penalize(logits, self.generated, self.prompt.ids, req.frequency_penalty, req.presence_penalty,
                               req.repetition_penalty)  # fmt: skip
@@ -282,7 +286,7 @@ class Generation:
         gate = self.thought.gate()
         if gate.free:  # a thought under a grammar: the answer the grammar holds must still come
             free = logits.copy()
-            free[list(self.eos)] = -np.inf
+            free[self.eos_ids] = -np.inf
             return self.sampler(free)
         constraint = self.constraint if gate.grammar else None
         if constraint is not None:

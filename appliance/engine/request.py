@@ -49,6 +49,10 @@ class GenerationRequest:
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, what is added to its logit before sampling)
+    # The model's end of sequence is not chosen before min_tokens, nor at all with ignore_eos (vLLM's:
+    # answers of a set length, as benchmark clients ask); stop sequences and a grammar's end still end it.
+    min_tokens: int = 0
+    ignore_eos: bool = False
     stop_sequences: tuple[str, ...] = ()
     # max_tokens caps the answer where the context (or a device's KV room for one request) leaves
     # fewer positions after the prompt: there it is as many as are left (Ollama's num_predict -1).
@@ -141,6 +145,11 @@ class GenerationRequest:
         _check_number(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)
         _check_number(self.presence_penalty, "presence_penalty", -2.0, 2.0)
         _check_number(self.repetition_penalty, "repetition_penalty", 0.01, 10.0)
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise InvalidRequest("min_tokens must be a non-negative integer", "min_tokens")
+        if self.min_tokens > self.max_tokens:
+            raise InvalidRequest(f"min_tokens ({self.min_tokens}) must not be more than max_tokens "
+                                 f"({self.max_tokens})", "min_tokens")  # fmt: skip
         if len(self.logit_bias) > MAX_LOGIT_BIAS:
             raise InvalidRequest(f"logit_bias: at most {MAX_LOGIT_BIAS} tokens may be biased", "logit_bias")
         for token, bias in self.logit_bias:

@@ -147,6 +147,28 @@ def test_openai_logit_bias_bans_and_favours_tokens(demo: tuple[RunningDaemon, De
         assert says in str(err.value) and err.value.body["param"] == "logit_bias", err.value.body  # type: ignore[index]
 
 
+@pytest.mark.demo
+def test_min_tokens_and_ignore_eos_set_an_answer_s_length(demo: tuple[RunningDaemon, DevSetup]) -> None:
+    """vLLM's fields, which benchmark clients send for answers of a set length: the end of sequence
+    is not chosen before min_tokens, nor at all with ignore_eos."""
+    client = openai_client(*demo)
+    asked: Any = dict(model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=40)
+    plain = client.chat.completions.create(**asked)
+    assert plain.choices[0].finish_reason == "stop" and plain.usage is not None and plain.usage.completion_tokens < 20
+    text = plain.choices[0].message.content or ""
+    fixed = client.chat.completions.create(**asked, extra_body={"ignore_eos": True})
+    assert fixed.choices[0].finish_reason == "length" and fixed.usage is not None
+    assert fixed.usage.completion_tokens == 40 and (fixed.choices[0].message.content or "").startswith(text)
+    at_least = client.chat.completions.create(**asked, extra_body={"min_tokens": 25})
+    assert at_least.usage is not None and at_least.usage.completion_tokens >= 25
+    plain_completion = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=30,
+                                                 temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+    assert plain_completion.usage is not None and plain_completion.usage.completion_tokens == 30
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(**{**asked, "max_tokens": 5}, extra_body={"min_tokens": 6})
+    assert err.value.body["param"] == "min_tokens"  # type: ignore[index]
+
+
 def test_a_completion_s_prompt_may_be_the_model_s_token_ids(demo: tuple[RunningDaemon, DevSetup],
                                                            demo_bundle_path: Path) -> None:  # fmt: skip
     """As evaluation harnesses send what they tokenized (lm-eval's local-completions by default):
