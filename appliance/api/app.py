@@ -501,6 +501,10 @@ class ApiApp:
         key = self._admit(ex)
         debug = self._may_debug(ex, key) and any(k == DEBUG_HEADER and v.strip() == b"1" for k, v in ex.headers)
         doc = parse_json_object(await _read_body(ex.receive, ex.headers, self.settings.max_body_bytes))
+        if isinstance(ex.dialect, ollama.OllamaDialect):
+            loaded = ollama.preload(doc, self.models.names(), ex.dialect.chat)
+            if loaded is not None:
+                return await _json(ex.send, 200, loaded)
         previous = get_str(doc, "previous_response_id") if ex.dialect is RESPONSES else None
         conversation = conversation_id(doc) if ex.dialect is RESPONSES else None
         if previous is not None:

@@ -153,8 +153,7 @@ def parse_generate(doc: dict[str, Any], served: Sequence[str]) -> Call:
     model = served_name(doc, served)
     prompt = get_str(doc, "prompt") or ""
     if not prompt:
-        raise ApiError(400, "prompt: must not be empty (the model is loaded at start here: nothing to preload)",
-                       param="prompt")  # fmt: skip
+        raise ApiError(400, "prompt: must not be empty", param="prompt")
     system = get_str(doc, "system")
     output = _with_format(OutputRules(), _format(doc))
     if get_bool(doc, "raw"):
@@ -166,6 +165,18 @@ def parse_generate(doc: dict[str, Any], served: Sequence[str]) -> Call:
         request = GenerationRequest(messages=(Message("user", prompt),), system=system, output=output,
                                     logprobs=_logprobs(doc), **_think(doc), **_options(doc))  # fmt: skip
     return Call(request, _stream(doc), model)
+
+
+def preload(doc: dict[str, Any], served: Sequence[str], chat: bool) -> dict[str, Any] | None:
+    """Ollama's answer to a request with nothing to answer (no prompt, or no messages), which its
+    clients send to load a model before they use it (`ollama run` does): every served model is
+    loaded at start here, so it is loaded. None for any other request."""
+    if doc.get("messages" if chat else "prompt") not in (None, "", []):
+        return None
+    model = served_name(doc, served)
+    answer: dict[str, Any] = {"model": model, "created_at": _now()}
+    answer.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
+    return {**answer, "done": True, "done_reason": "load"}
 
 
 def _with_format(rules: OutputRules, schema: dict[str, Any] | None) -> OutputRules:
