@@ -171,6 +171,7 @@ ROUTES: dict[str, Route] = {
     "/v1/models": Route(("GET",), "_models"),
     "/v1/models/{id}": Route(("GET",), "_model"),
     "/healthz": Route(("GET", "HEAD"), "_healthz"),
+    "/": Route(("GET", "HEAD"), "_root"),  # Ollama's CLI and libraries check that a server answers here
     "/readyz": Route(("GET", "HEAD"), "_readyz"),
     "/health": Route(("GET", "HEAD"), "_readyz"),  # llama.cpp's and vLLM's name: health checks written for them
     "/metrics": Route(("GET",), "_metrics"),
@@ -306,6 +307,10 @@ class ApiApp:
 
     async def _healthz(self, ex: Exchange) -> int:
         return await _json(ex.send, 200, {"status": "alive"})
+
+    async def _root(self, ex: Exchange) -> int:
+        await _respond(ex.send, 200, b"Zerolayer is running", [(b"content-type", b"text/plain; charset=utf-8")])
+        return 200
 
     async def _readyz(self, ex: Exchange) -> int:
         ok = self.ready and self.models.alive()

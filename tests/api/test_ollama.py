@@ -134,6 +134,7 @@ def test_ollama_s_errors_are_its_own_shape(client: ollama.Client, demo: tuple[Ru
             lines = [json.loads(line) for line in r.iter_lines() if line]
         assert r.headers["content-type"] == "application/x-ndjson" and lines[-1]["done"] is True
         assert raw.get("http://localhost/api/version").json()["version"]
+        assert raw.head("http://localhost/").status_code == 200  # the Ollama CLI's heartbeat
         for path, body in (("/api/generate", {"model": MODEL}), ("/api/chat", {"model": MODEL, "messages": []})):
             loaded = raw.post("http://localhost" + path, json=body).json()  # what `ollama run` sends first
             assert loaded["done"] is True and loaded["done_reason"] == "load", loaded
