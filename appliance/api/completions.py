@@ -12,15 +12,24 @@ from typing import Any, Self
 from appliance.api.dialect import Call
 from appliance.api.errors import ApiError
 from appliance.api.fields import Hint, check_hints, get_bool, get_int, reject_unknown
-from appliance.api.openai import OpenAIDialect, StreamEncoder, common_fields, finish_reason, usage
+from appliance.api.openai import (
+    GUIDED,
+    OpenAIDialect,
+    StreamEncoder,
+    common_fields,
+    finish_reason,
+    guided_output,
+    usage,
+)
 from appliance.api.tools import Answer, CallOut
 from appliance.engine import Finished, GenerationRequest
 from appliance.engine.request import MAX_TOP_LOGPROBS, PromptLogprobs, TokenLogprob
+from appliance.engine.tools import OutputRules
 
 _HINTS: dict[str, Hint] = {"user": str, "metadata": dict}
 _KNOWN = {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options",
           "frequency_penalty", "presence_penalty", "logprobs", "echo", "top_k", "min_p", "repetition_penalty",
-          "best_of", "logit_bias", "min_tokens", "ignore_eos", *_HINTS}  # fmt: skip
+          "best_of", "logit_bias", "min_tokens", "ignore_eos", *_HINTS, *GUIDED}  # fmt: skip
 _UNSUPPORTED = {
     "suffix": "suffix (insertion) is not supported by this server",
 }
@@ -77,7 +86,8 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> Call:
         raise ApiError(400, f"prompt: {len(prompts)} prompts of n={common.n} choices each are over {MAX_ANSWERS} "
                        "choices in one request", param="prompt")  # fmt: skip
     # With echo, logprobs scores the prompt too (as evaluation harnesses ask for a text's likelihood).
-    requests = [GenerationRequest(messages=(), raw_prompt=prompt, logprobs=logprobs,
+    output = guided_output(doc, OutputRules())
+    requests = [GenerationRequest(messages=(), raw_prompt=prompt, logprobs=logprobs, output=output,
                                   prompt_logprobs=logprobs if echo else None,
                                   max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                                   **common.sampling) for prompt in prompts]  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import time
@@ -38,7 +39,7 @@ from appliance.api.tools import (
 )
 from appliance.engine import ContextOverflow, Finished, GenerationRequest, Message
 from appliance.engine.request import LOGIT_BIAS, MAX_LOGIT_BIAS, PromptLogprobs, TokenLogprob
-from appliance.engine.tools import OutputRules, Tool, ToolChoice
+from appliance.engine.tools import OutputRules, Tool, ToolChoice, choice_rule, regex_rule
 
 # status -> (OpenAI error type, code)
 _ERROR_KINDS: dict[int, tuple[str, str | None]] = {
@@ -57,11 +58,14 @@ HINTS: dict[str, Hint] = {
 }  # fmt: skip
 # verbosity: a hint at the answer's length (the Responses API's text.verbosity); the model answers as it does.
 _HINTS: dict[str, Hint] = {**HINTS, "verbosity": ("low", "medium", "high")}
+# vLLM's structured outputs, as its users send them through the OpenAI SDK's extra_body: the older
+# guided_* fields (the kind each asks for), and the newer structured_outputs object.
+GUIDED = {"guided_json": "json", "guided_choice": "choice", "guided_regex": "regex", "structured_outputs": ""}
 _KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
           "stream", "stream_options", "frequency_penalty", "presence_penalty", "logprobs", "tools", "tool_choice",
           "parallel_tool_calls", "response_format", "top_k", "min_p", "repetition_penalty", "top_logprobs",
           "reasoning_effort", "modalities", "logit_bias", "chat_template_kwargs", "min_tokens", "ignore_eos",
-          *_HINTS}  # fmt: skip
+          *_HINTS, *GUIDED}  # fmt: skip
 _UNSUPPORTED = {
     "moderation": "moderation is not supported by this server",
     "functions": "the legacy functions field is not supported by this server (use tools)",
@@ -75,6 +79,8 @@ _ASSISTANT_UNSUPPORTED = {"audio": "audio is not supported by this server",
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "user"}
 DEFAULT_MAX_TOKENS = 1024
 MAX_CHOICES = 8  # n: each choice takes a slot of its own
+MAX_GUIDED_CHOICES = 256
+MAX_GUIDED_REGEX_CHARS = 4096
 
 
 def _messages(doc: dict[str, Any]) -> tuple[str | None, tuple[Message, ...]]:
@@ -335,11 +341,52 @@ def parse_request(doc: dict[str, Any], served: Sequence[str]) -> tuple[Generatio
         system=system,
         max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
         logprobs=(top or 0) if get_bool(doc, "logprobs") else None,
-        output=function_tools(doc),
+        output=guided_output(doc, function_tools(doc)),
         **{**template_kwargs(doc), **reasoning_of(doc.get("reasoning_effort"), "reasoning_effort")},
         **common.sampling,
     )
     return request, common
+
+
+def guided_output(doc: dict[str, Any], rules: OutputRules) -> OutputRules:
+    """vLLM's structured outputs on top of `rules`: a JSON schema (as JSON text or an object), one
+    of given strings, or a regular expression, the answer held to it by the grammar as
+    response_format's schema is."""
+    asked = [(name, kind, doc[name]) for name, kind in GUIDED.items() if kind and doc.get(name) is not None]
+    structured = doc.get("structured_outputs")
+    if structured is not None:
+        if not isinstance(structured, dict):
+            raise ApiError(400, "structured_outputs: must be an object", param="structured_outputs")
+        kinds = ("json", "choice", "regex")
+        reject_unknown(structured, set(kinds), {
+            "grammar": "a grammar of the client's is not taken here (json, choice or regex)",
+            "json_object": "send response_format {type: 'json_object'}",
+            "structural_tag": "structural tags are not taken here (json, choice or regex)"},
+            where="structured_outputs.")  # fmt: skip
+        asked += [(f"structured_outputs.{k}", k, structured[k]) for k in kinds if structured.get(k) is not None]
+    if not asked:
+        return rules
+    if len(asked) > 1 or rules.json_schema is not None:
+        raise ApiError(400, f"{asked[-1][0]}: one of response_format, guided_json, guided_choice, guided_regex and "
+                       "structured_outputs at a time", param=asked[-1][0].split(".")[0])  # fmt: skip
+    (name, kind, value), param = asked[0], asked[0][0].split(".")[0]
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                raise ApiError(400, f"{name}: must be a JSON schema (an object, or JSON text of one)",
+                               param=param) from None  # fmt: skip
+        return dataclasses.replace(rules, json_schema=schema_object(value, name, param), schema_field=param)
+    if kind == "choice":
+        if (not isinstance(value, list) or not 0 < len(value) <= MAX_GUIDED_CHOICES
+                or not all(isinstance(v, str) and v for v in value)):  # fmt: skip
+            raise ApiError(400, f"{name}: must be a list of 1 to {MAX_GUIDED_CHOICES} non-empty strings", param=param)
+        return dataclasses.replace(rules, answer_rule=choice_rule(value), schema_field=param)
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_GUIDED_REGEX_CHARS:
+        raise ApiError(400, f"{name}: must be a regular expression of 1 to {MAX_GUIDED_REGEX_CHARS} characters",
+                       param=param)  # fmt: skip
+    return dataclasses.replace(rules, answer_rule=regex_rule(value), schema_field=param)
 
 
 def template_kwargs(doc: dict[str, Any]) -> dict[str, Any]:

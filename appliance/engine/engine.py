@@ -600,8 +600,9 @@ class Engine:
         named as the client knows it (a tool's, or the answer's format). Only on that error path:
         each schema is compiled alone."""
         grammars = self.grammars()
-        if rules.json_schema is not None:
-            answer = OutputRules(json_schema=rules.json_schema, schema_strict=rules.schema_strict)
+        if rules.json_schema is not None or rules.answer_rule is not None:
+            answer = OutputRules(json_schema=rules.json_schema, schema_strict=rules.schema_strict,
+                                 answer_rule=rules.answer_rule)  # fmt: skip
             grammars.constraint(grammar(answer, fmt) or "", rules.schema_field)
         for tool in rules.tools:
             alone = grammar(OutputRules((tool,), ToolChoice("tool", tool.name)), fmt)

@@ -434,10 +434,13 @@ class OutputRules:
     json_schema: Mapping[str, Any] | None = None  # the text answer must be JSON valid against it
     schema_field: str = "response_format"  # what the client called it, for errors
     schema_strict: bool = False  # json_schema's every keyword enforced, or the request refused
+    # Else the text answer's own Lark rule: one of given strings, or a regular expression (choice_rule,
+    # regex_rule: vLLM's guided choice and regex).
+    answer_rule: str | None = None
 
     @property
     def constrained(self) -> bool:
-        return bool(self.tools) or self.json_schema is not None
+        return bool(self.tools) or self.json_schema is not None or self.answer_rule is not None
 
     @property
     def calls_allowed(self) -> bool:
@@ -659,6 +662,16 @@ def schema_block(schema: Mapping[str, Any]) -> str:
     return "Answer with JSON only, matching this JSON schema:\n" + json.dumps(schema, ensure_ascii=False)
 
 
+def choice_rule(options: Sequence[str]) -> str:
+    """An answer that is one of these strings, as they are."""
+    return " | ".join(json.dumps(option, ensure_ascii=False) for option in options)
+
+
+def regex_rule(pattern: str) -> str:
+    """An answer the regular expression matches whole (its slashes escaped for Lark's /.../)."""
+    return "/" + re.sub(r"(?<!\\)/", r"\/", pattern) + "/"
+
+
 def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
     """The Lark grammar (llguidance's dialect, with %json for schemas) the answer must match; None:
     unconstrained.
@@ -671,6 +684,8 @@ def grammar(rules: OutputRules, fmt: CallFormat = HERMES) -> str | None:
         return None
     if rules.json_schema is not None:
         text = "answer: " + schema_rule(rules.json_schema, rules.schema_strict)
+    elif rules.answer_rule is not None:
+        text = "answer: " + rules.answer_rule
     else:  # free text that does not begin as a call would (so a call is never half-written as text)
         lead = f"( |{fmt.lead})?".replace("\n", "\\n") if fmt.lead else " ?"
         text = f"answer: TEXT\nTEXT: /(.|\\n)*/ & ~/{lead}{re.escape(fmt.opening)}(.|\\n)*/"

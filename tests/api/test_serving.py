@@ -148,6 +148,39 @@ def test_openai_logit_bias_bans_and_favours_tokens(demo: tuple[RunningDaemon, De
 
 
 @pytest.mark.demo
+def test_vllm_s_structured_outputs_hold_the_answer(demo: tuple[RunningDaemon, DevSetup]) -> None:
+    """guided_choice, guided_regex and guided_json (vLLM's older fields) and structured_outputs
+    (its newer object), as its users send them through the SDK's extra_body."""
+    import re
+
+    client = openai_client(*demo)
+    asked: Any = dict(model=MODEL, temperature=0, max_tokens=24,
+                      messages=[{"role": "user", "content": "Is Paris the capital of France? Answer yes or no."}])
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    for extra, holds in (
+        ({"guided_choice": ["yes", "no"]}, lambda t: t in ("yes", "no")),
+        ({"structured_outputs": {"choice": ["Positive", "Negative"]}}, lambda t: t in ("Positive", "Negative")),
+        ({"guided_regex": r"\d{3}-\d{4}"}, lambda t: re.fullmatch(r"\d{3}-\d{4}", t)),
+        ({"structured_outputs": {"regex": "[a-z]{1,6}/[a-z]{1,6}"}}, lambda t: re.fullmatch("[a-z]+/[a-z]+", t)),
+        ({"guided_json": json.dumps(schema)}, lambda t: isinstance(json.loads(t)["a"], int)),
+        ({"structured_outputs": {"json": schema}}, lambda t: isinstance(json.loads(t)["a"], int)),
+    ):  # fmt: skip
+        text = client.chat.completions.create(**asked, extra_body=extra).choices[0].message.content or ""
+        assert holds(text), (extra, text)
+    plain = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0,
+                                      extra_body={"guided_choice": [" Rome", " Paris", " Berlin"]})  # fmt: skip
+    assert plain.choices[0].text == " Paris"
+    refused = [({"guided_regex": "(unclosed"}, "guided_regex"), ({"guided_choice": []}, "guided_choice"),
+               ({"guided_choice": ["a"], "guided_regex": "a"}, "guided_regex"),
+               ({"structured_outputs": {"grammar": "start: x"}}, "structured_outputs.grammar"),
+               ({"guided_json": "{", "response_format": {"type": "json_object"}}, "guided_json")]  # fmt: skip
+    for extra, param in refused:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(**asked, extra_body=extra)
+        assert err.value.body["param"] == param, (extra, err.value.body)  # type: ignore[index]
+
+
+@pytest.mark.demo
 def test_min_tokens_and_ignore_eos_set_an_answer_s_length(demo: tuple[RunningDaemon, DevSetup]) -> None:
     """vLLM's fields, which benchmark clients send for answers of a set length: the end of sequence
     is not chosen before min_tokens, nor at all with ignore_eos."""
