@@ -29,7 +29,7 @@ from appliance.engine.tools import OutputRules
 _HINTS: dict[str, Hint] = {"user": str, "metadata": dict}
 _KNOWN = {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options",
           "frequency_penalty", "presence_penalty", "logprobs", "echo", "top_k", "min_p", "repetition_penalty",
-          "best_of", "logit_bias", "min_tokens", "ignore_eos", *_HINTS, *GUIDED}  # fmt: skip
+          "best_of", "logit_bias", "min_tokens", "ignore_eos", "structured_outputs", *_HINTS, *GUIDED}  # fmt: skip
 _UNSUPPORTED = {
     "suffix": "suffix (insertion) is not supported by this server",
 }

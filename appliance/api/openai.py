@@ -59,13 +59,13 @@ HINTS: dict[str, Hint] = {
 # verbosity: a hint at the answer's length (the Responses API's text.verbosity); the model answers as it does.
 _HINTS: dict[str, Hint] = {**HINTS, "verbosity": ("low", "medium", "high")}
 # vLLM's structured outputs, as its users send them through the OpenAI SDK's extra_body: the older
-# guided_* fields (the kind each asks for), and the newer structured_outputs object.
-GUIDED = {"guided_json": "json", "guided_choice": "choice", "guided_regex": "regex", "structured_outputs": ""}
+# guided_* fields (the kind each asks for), and the newer structured_outputs object (its keys the kinds).
+GUIDED = {"guided_json": "json", "guided_choice": "choice", "guided_regex": "regex"}
 _KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
           "stream", "stream_options", "frequency_penalty", "presence_penalty", "logprobs", "tools", "tool_choice",
           "parallel_tool_calls", "response_format", "top_k", "min_p", "repetition_penalty", "top_logprobs",
           "reasoning_effort", "modalities", "logit_bias", "chat_template_kwargs", "min_tokens", "ignore_eos",
-          *_HINTS, *GUIDED}  # fmt: skip
+          "structured_outputs", *_HINTS, *GUIDED}  # fmt: skip
 _UNSUPPORTED = {
     "moderation": "moderation is not supported by this server",
     "functions": "the legacy functions field is not supported by this server (use tools)",
@@ -352,7 +352,7 @@ def guided_output(doc: dict[str, Any], rules: OutputRules) -> OutputRules:
     """vLLM's structured outputs on top of `rules`: a JSON schema (as JSON text or an object), one
     of given strings, or a regular expression, the answer held to it by the grammar as
     response_format's schema is."""
-    asked = [(name, kind, doc[name]) for name, kind in GUIDED.items() if kind and doc.get(name) is not None]
+    asked = [(name, kind, doc[name]) for name, kind in GUIDED.items() if doc.get(name) is not None]
     structured = doc.get("structured_outputs")
     if structured is not None:
         if not isinstance(structured, dict):

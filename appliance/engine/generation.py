@@ -272,12 +272,12 @@ class Generation:
         if forced is not None:
             return forced
         req = self.request
-        if self.bias_ids.size:
+        no_end = req.ignore_eos or len(self.generated) < req.min_tokens
+        if self.bias_ids.size or no_end:
             logits = logits.copy()  # (the model's own stay as they were, for the log probabilities)
             np.add.at(logits, self.bias_ids, self.biases)
-        if req.ignore_eos or len(self.generated) < req.min_tokens:
-            logits = logits if self.bias_ids.size else logits.copy()
-            logits[self.eos_ids] = -np.inf
+            if no_end:
+                logits[self.eos_ids] = -np.inf
         if req.frequency_penalty or req.presence_penalty or req.repetition_penalty != 1.0:
             logits = penalize(logits, self.generated, self.prompt.ids, req.frequency_penalty, req.presence_penalty,
                               req.repetition_penalty)  # fmt: skip
